@@ -1,0 +1,182 @@
+//! Identifiers: UUIDv7 newtypes for sessions, turns and events, and the thread id.
+//!
+//! UUIDv7 ids sort by creation time, so listing by id is listing by age. Every id
+//! serializes as its canonical hyphenated string.
+
+use std::fmt;
+use std::str::FromStr;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use uuid::Uuid;
+
+/// An id string could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind}: {value:?} is not a UUID")]
+pub struct InvalidId {
+    /// Which kind of id was expected (`session id`, `turn id`, …).
+    pub kind: &'static str,
+    /// The rejected input.
+    pub value: String,
+}
+
+macro_rules! uuid_id {
+    ($(#[$meta:meta])* $name:ident, $kind:literal) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// A new, time-ordered (UUIDv7) id.
+            #[must_use]
+            pub fn new() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            /// Wraps an existing UUID.
+            #[must_use]
+            pub const fn from_uuid(uuid: Uuid) -> Self {
+                Self(uuid)
+            }
+
+            /// The UUID inside.
+            #[must_use]
+            pub const fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0.hyphenated(), f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({})"), self.0.hyphenated())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = InvalidId;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::try_parse(s).map(Self).map_err(|_| InvalidId { kind: $kind, value: s.to_owned() })
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut buf = uuid::Uuid::encode_buffer();
+                serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buf))
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl JsonSchema for $name {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "format": "uuid" })
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// Identifies a session (a conversation with an agent or a team).
+    SessionId,
+    "session id"
+);
+uuid_id!(
+    /// Identifies a turn (one user interaction, also called a run).
+    TurnId,
+    "turn id"
+);
+uuid_id!(
+    /// Identifies an event. Deltas share the id of the `model.message` they build.
+    EventId,
+    "event id"
+);
+
+/// Identifies a thread inside a session: `"main"` for the root agent, a unique id for
+/// every sub-agent thread.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ThreadId(String);
+
+impl ThreadId {
+    /// The name of the root agent's thread.
+    pub const MAIN: &'static str = "main";
+
+    /// The root agent's thread.
+    #[must_use]
+    pub fn main() -> Self {
+        Self(Self::MAIN.to_owned())
+    }
+
+    /// A new, unique sub-agent thread id (a UUIDv7 string).
+    #[must_use]
+    pub fn new_sub_thread() -> Self {
+        Self(Uuid::now_v7().hyphenated().to_string())
+    }
+
+    /// A thread id from a string. An empty string is refused.
+    pub fn parse(value: impl Into<String>) -> Result<Self, InvalidId> {
+        let value = value.into();
+        if value.is_empty() {
+            return Err(InvalidId { kind: "thread id", value });
+        }
+        Ok(Self(value))
+    }
+
+    /// Whether this is the root agent's thread.
+    #[must_use]
+    pub fn is_main(&self) -> bool {
+        self.0 == Self::MAIN
+    }
+
+    /// The id as a string slice.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for ThreadId {
+    fn default() -> Self {
+        Self::main()
+    }
+}
+
+impl fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ThreadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ThreadId({})", self.0)
+    }
+}
+
+impl FromStr for ThreadId {
+    type Err = InvalidId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}

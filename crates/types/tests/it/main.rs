@@ -1,0 +1,8 @@
+//! Integration tests of `agentry-types`.
+
+// Test helpers fail loudly, like the tests that call them.
+#![allow(clippy::unwrap_used)]
+
+mod adalflow;
+mod input;
+mod values;

@@ -1,0 +1,129 @@
+//! Ids, timestamps, data URIs, finish reasons, turn states and Agno outputs.
+
+use agentry_types::agno::{MemberResponse, RunOutput, TeamRunOutput};
+use agentry_types::{
+    CancellationReason, DataUri, FinishReason, RunStatus, SessionId, ThreadId, Timestamp, TurnId,
+    TurnMetrics, TurnState, Usage,
+};
+use proptest::prelude::*;
+
+#[test]
+fn ids_are_time_ordered_uuid_v7_strings() {
+    let first = SessionId::new();
+    let second = SessionId::new();
+    assert!(first < second);
+    let text = first.to_string();
+    assert_eq!(text.len(), 36);
+    assert_eq!(&text[14..15], "7", "version 7");
+    assert_eq!(serde_json::to_string(&first).unwrap(), format!("\"{text}\""));
+    assert_eq!(serde_json::from_str::<SessionId>(&format!("\"{text}\"")).unwrap(), first);
+    let error = "not-a-uuid".parse::<TurnId>().unwrap_err();
+    assert_eq!(error.to_string(), "invalid turn id: \"not-a-uuid\" is not a UUID");
+    assert!(serde_json::from_str::<TurnId>("\"nope\"").is_err());
+}
+
+#[test]
+fn the_main_thread_is_named_main_and_sub_threads_are_unique() {
+    assert!(ThreadId::main().is_main());
+    assert_eq!(serde_json::to_string(&ThreadId::main()).unwrap(), "\"main\"");
+    let (a, b) = (ThreadId::new_sub_thread(), ThreadId::new_sub_thread());
+    assert_ne!(a, b);
+    assert!(!a.is_main());
+    assert!(ThreadId::parse("").is_err());
+}
+
+#[test]
+fn timestamps_render_in_each_vocabulary_unit() {
+    let at = Timestamp::from_unix_micros(1_739_850_000_123_456);
+    assert_eq!(at.to_rfc3339(), "2025-02-18T03:40:00.123456Z");
+    assert_eq!(at.unix_millis(), 1_739_850_000_123);
+    assert_eq!(at.unix_seconds(), 1_739_850_000);
+    assert_eq!("2025-02-18T04:40:00.123456+01:00".parse::<Timestamp>().unwrap(), at);
+    assert_eq!(Timestamp::from_unix_micros(-1).to_rfc3339(), "1969-12-31T23:59:59.999999Z");
+    assert!("yesterday".parse::<Timestamp>().is_err());
+}
+
+proptest! {
+    #[test]
+    fn timestamps_round_trip_through_their_rfc3339_form(micros in -62_000_000_000_000_000i64..253_000_000_000_000_000) {
+        let at = Timestamp::from_unix_micros(micros);
+        prop_assert_eq!(at.to_rfc3339().parse::<Timestamp>().unwrap(), at);
+    }
+
+    #[test]
+    fn data_uris_round_trip_their_bytes(bytes in proptest::collection::vec(any::<u8>(), 1..200)) {
+        let uri = DataUri::encode("application/octet-stream", &bytes).unwrap();
+        let parsed = DataUri::parse(uri.as_str()).unwrap();
+        prop_assert_eq!(parsed.decode(), bytes);
+        prop_assert_eq!(parsed.mime(), "application/octet-stream");
+    }
+
+    #[test]
+    fn data_uri_parsing_never_panics(text in ".{0,80}") {
+        let _ = DataUri::parse(format!("data:{text}"));
+        let _ = DataUri::parse(text);
+    }
+}
+
+#[test]
+fn data_uris_expose_their_mime_type_and_hide_their_payload_in_debug_output() {
+    let uri = DataUri::parse("data:image/png;charset=x;base64,iVBORw0KGgo=").unwrap();
+    assert_eq!(uri.mime(), "image/png");
+    assert!(uri.is_image());
+    assert_eq!(uri.payload(), "iVBORw0KGgo=");
+    assert_eq!(format!("{uri:?}"), "DataUri(image/png, 12 base64 chars)");
+}
+
+#[test]
+fn unknown_finish_reasons_are_kept() {
+    let reason: FinishReason = serde_json::from_str("\"end_turn\"").unwrap();
+    assert_eq!(reason, FinishReason::Other("end_turn".into()));
+    assert_eq!(serde_json::to_string(&reason).unwrap(), "\"end_turn\"");
+    assert_eq!(serde_json::from_str::<FinishReason>("\"tool_calls\"").unwrap(), FinishReason::ToolCalls);
+}
+
+#[test]
+fn turn_states_serialize_with_a_status_tag_and_map_to_run_statuses() {
+    let cancelled = TurnState::Cancelled {
+        reason: CancellationReason::ServerExecutionTimeout,
+        completed_at: Timestamp::from_unix_micros(0),
+        metrics: None,
+    };
+    let value = serde_json::to_value(&cancelled).unwrap();
+    assert_eq!(value["status"], "cancelled");
+    assert_eq!(value["reason"], "server-execution-timeout");
+    assert_eq!(cancelled.run_status(), RunStatus::Cancelled);
+    assert_eq!(TurnState::Running.run_status(), RunStatus::Running);
+    assert!(!TurnState::Running.is_terminal());
+    assert_eq!(serde_json::to_value(RunStatus::Paused).unwrap(), "PAUSED");
+    assert!(RunStatus::Completed.is_terminal() && !RunStatus::Paused.is_terminal());
+}
+
+#[test]
+fn turn_metrics_sum_usage() {
+    let mut metrics = TurnMetrics::default();
+    metrics.add(&Usage::new(10, 5));
+    metrics.add(&Usage { reasoning_tokens: Some(2), ..Usage::new(1, 1) });
+    assert_eq!((metrics.total_input_tokens, metrics.total_output_tokens, metrics.total_tokens), (11, 6, 17));
+    assert_eq!(metrics.total_reasoning_tokens, Some(2));
+    assert_eq!(metrics.total_cache_read_tokens, None);
+}
+
+#[test]
+fn team_outputs_nest_member_responses_and_read_them_back_by_shape() {
+    let mut member = RunOutput::new(100);
+    member.agent_name = Some("researcher".into());
+    member.status = RunStatus::Completed;
+    let mut nested = TeamRunOutput::new(101);
+    nested.team_name = Some("inner".into());
+    nested.member_responses.push(MemberResponse::Agent(Box::new(member.clone())));
+    let mut outer = TeamRunOutput::new(102);
+    outer.member_responses =
+        vec![MemberResponse::Agent(Box::new(member)), MemberResponse::Team(Box::new(nested))];
+    let json = serde_json::to_value(&outer).unwrap();
+    assert_eq!(json["member_responses"][1]["member_responses"][0]["agent_name"], "researcher");
+    assert_eq!(json["content_type"], "str");
+    let back: TeamRunOutput = serde_json::from_value(json).unwrap();
+    assert_eq!(back, outer);
+    assert!(matches!(back.member_responses[1], MemberResponse::Team(_)));
+}

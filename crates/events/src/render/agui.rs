@@ -1,0 +1,641 @@
+//! The AG-UI 1.x vocabulary (the events of `@ag-ui/core` / `ag-ui-protocol`, sent over
+//! HTTP + SSE).
+//!
+//! AG-UI streams messages as START / CONTENT / END frames, so this renderer is a fold over
+//! a turn's events ([`AguiRenderer`]): it opens a text message, a reasoning message or a
+//! tool call at its first delta and closes them when the message finishes. A complete
+//! `model.message` whose deltas were not seen (a replay from the stored log) is
+//! synthesized in full. Required actions end the run with an interrupt outcome;
+//! cancellation with the cancelled outcome; an error with `RUN_ERROR`. Events on a
+//! sub-agent thread carry that thread as their `subagentRunId`. Canonical events AG-UI
+//! has no frame for travel as `CUSTOM` events named by their canonical type.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use agentry_types::{
+    EventId, ModelMessage, ModelMessageDelta, PendingToolCall, RequiredAction, RequiredActionRecord,
+    ThreadId, TurnState,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::envelope::EventEnvelope;
+use crate::payload::{EventPayload, ThreadOutcome};
+
+/// Something a run needs from outside before it continues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Interrupt {
+    /// Unique within the run; a resume entry answers it by this id.
+    pub id: String,
+    /// Why the run stopped: `tool_approval`, `tool_response` or `mcp_auth`.
+    pub reason: String,
+    /// A prompt for whoever answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The tool call concerned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The shape of the expected answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
+    /// Details (thread, tool name and arguments, authorization URL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    /// The sub-agent thread that raised it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subagent_run_id: Option<String>,
+}
+
+/// Why a run finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum RunFinishedOutcome {
+    /// It completed.
+    Success {},
+    /// It paused for outside input.
+    Interrupt {
+        /// What it waits for (at least one).
+        interrupts: Vec<Interrupt>,
+    },
+    /// It was stopped.
+    Cancelled {},
+}
+
+/// Why a sub-agent's segment ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum SubagentFinishedOutcome {
+    /// It completed.
+    Success {},
+}
+
+/// An AG-UI event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE", rename_all_fields = "camelCase")]
+pub enum AguiEvent {
+    /// A run started.
+    RunStarted {
+        /// The conversation (session).
+        thread_id: String,
+        /// The run (turn).
+        run_id: String,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A run finished without failing.
+    RunFinished {
+        /// The conversation.
+        thread_id: String,
+        /// The run.
+        run_id: String,
+        /// The final answer, on success.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        /// Why it ended.
+        outcome: RunFinishedOutcome,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A run failed.
+    RunError {
+        /// What went wrong.
+        message: String,
+        /// A machine-readable code.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A text message opens.
+    TextMessageStart {
+        /// The message.
+        message_id: String,
+        /// Always `assistant`.
+        role: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A piece of a text message.
+    TextMessageContent {
+        /// The message.
+        message_id: String,
+        /// The text to append.
+        delta: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A text message closes.
+    TextMessageEnd {
+        /// The message.
+        message_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A tool call opens.
+    ToolCallStart {
+        /// The call.
+        tool_call_id: String,
+        /// The tool.
+        tool_call_name: String,
+        /// The assistant message holding the call.
+        parent_message_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A piece of a tool call's arguments.
+    ToolCallArgs {
+        /// The call.
+        tool_call_id: String,
+        /// The JSON text to append.
+        delta: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A tool call's arguments are complete.
+    ToolCallEnd {
+        /// The call.
+        tool_call_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A tool's result.
+    ToolCallResult {
+        /// The tool message this mints.
+        message_id: String,
+        /// The call.
+        tool_call_id: String,
+        /// The result.
+        content: String,
+        /// Always `tool`.
+        role: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// Reasoning begins.
+    ReasoningStart {
+        /// The reasoning message.
+        message_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A reasoning message opens.
+    ReasoningMessageStart {
+        /// The reasoning message.
+        message_id: String,
+        /// Always `reasoning`.
+        role: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A piece of reasoning.
+    ReasoningMessageContent {
+        /// The reasoning message.
+        message_id: String,
+        /// The text to append.
+        delta: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A reasoning message closes.
+    ReasoningMessageEnd {
+        /// The reasoning message.
+        message_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// Reasoning ends.
+    ReasoningEnd {
+        /// The reasoning message.
+        message_id: String,
+        /// The sub-agent thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A sub-agent started.
+    SubagentStarted {
+        /// Its thread.
+        subagent_run_id: String,
+        /// The agent's name.
+        name: String,
+        /// The thread's title.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+        /// The tool call that started it.
+        parent_tool_call_id: String,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A sub-agent finished.
+    SubagentFinished {
+        /// Its thread.
+        subagent_run_id: String,
+        /// Its answer.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        /// Why it ended.
+        outcome: SubagentFinishedOutcome,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// A sub-agent failed.
+    SubagentError {
+        /// Its thread.
+        subagent_run_id: String,
+        /// What went wrong.
+        message: String,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+    /// An application event: a canonical event AG-UI has no frame for.
+    Custom {
+        /// The canonical event type.
+        name: String,
+        /// The canonical payload.
+        value: Value,
+        /// Milliseconds since the Unix epoch.
+        timestamp: i64,
+    },
+}
+
+#[derive(Debug, Default)]
+struct OpenMessage {
+    subagent: Option<String>,
+    text: bool,
+    reasoning: bool,
+    /// Open tool calls by index: their call ids.
+    calls: BTreeMap<u32, String>,
+}
+
+/// Renders a turn's events into AG-UI events, one canonical event at a time.
+#[derive(Debug, Default)]
+pub struct AguiRenderer {
+    open: HashMap<EventId, OpenMessage>,
+    streamed: HashSet<EventId>,
+}
+
+impl AguiRenderer {
+    /// A renderer at the start of a turn.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The AG-UI events for the next canonical event of the turn.
+    pub fn render(&mut self, event: &EventEnvelope) -> Vec<AguiEvent> {
+        let timestamp = event.created_at.unix_millis();
+        let subagent = event.thread_id.as_ref().filter(|thread| !thread.is_main()).map(ThreadId::to_string);
+        let mut out = Vec::new();
+        match &event.payload {
+            EventPayload::TurnCreated { .. } => out.push(AguiEvent::RunStarted {
+                thread_id: event.session_id.to_string(),
+                run_id: event.turn_id.to_string(),
+                timestamp,
+            }),
+            EventPayload::ModelMessageDelta(delta) => {
+                self.streamed.insert(event.event_id);
+                self.delta(event.event_id, delta, subagent, timestamp, &mut out);
+            }
+            EventPayload::ModelMessage(message) => {
+                if !self.streamed.remove(&event.event_id) {
+                    synthesize(event.event_id, message, subagent.as_ref(), timestamp, &mut out);
+                }
+            }
+            EventPayload::ToolResponse { tool_call_id, content, .. } => out.push(AguiEvent::ToolCallResult {
+                message_id: event.event_id.to_string(),
+                tool_call_id: tool_call_id.clone(),
+                content: content.clone(),
+                role: "tool".to_owned(),
+                subagent_run_id: subagent,
+                timestamp,
+            }),
+            EventPayload::ThreadCreated { parent, agent, title } => out.push(AguiEvent::SubagentStarted {
+                subagent_run_id: event.thread_or_main().to_string(),
+                name: agent.name.clone(),
+                description: Some(title.clone()),
+                parent_tool_call_id: parent.tool_call_id.clone(),
+                timestamp,
+            }),
+            EventPayload::ThreadDone { outcome, .. } => {
+                let subagent_run_id = event.thread_or_main().to_string();
+                out.push(match outcome {
+                    ThreadOutcome::Done { output } => AguiEvent::SubagentFinished {
+                        subagent_run_id,
+                        result: output.message.content.clone().map(Value::String),
+                        outcome: SubagentFinishedOutcome::Success {},
+                        timestamp,
+                    },
+                    ThreadOutcome::Error { error, .. } => {
+                        AguiEvent::SubagentError { subagent_run_id, message: error.clone(), timestamp }
+                    }
+                });
+            }
+            EventPayload::TurnDone { state } => {
+                self.close_all(timestamp, &mut out);
+                out.extend(finish(event, state, timestamp));
+            }
+            // Reflected in the run's interrupt outcome and in the tool-call frames.
+            EventPayload::ToolApprovalRequired { .. }
+            | EventPayload::ToolResponseRequired { .. }
+            | EventPayload::McpAuthRequired { .. }
+            | EventPayload::ToolCallStarted { .. } => {}
+            other => out.push(AguiEvent::Custom {
+                name: other.kind().to_owned(),
+                value: serde_json::to_value(other).unwrap_or(Value::Null),
+                timestamp,
+            }),
+        }
+        out
+    }
+
+    fn delta(
+        &mut self,
+        id: EventId,
+        delta: &ModelMessageDelta,
+        subagent: Option<String>,
+        timestamp: i64,
+        out: &mut Vec<AguiEvent>,
+    ) {
+        let message_id = id.to_string();
+        let open = self
+            .open
+            .entry(id)
+            .or_insert_with(|| OpenMessage { subagent: subagent.clone(), ..OpenMessage::default() });
+        if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|text| !text.is_empty()) {
+            let reasoning_id = reasoning_message_id(&message_id);
+            if !open.reasoning {
+                open.reasoning = true;
+                out.push(AguiEvent::ReasoningStart {
+                    message_id: reasoning_id.clone(),
+                    subagent_run_id: subagent.clone(),
+                    timestamp,
+                });
+                out.push(AguiEvent::ReasoningMessageStart {
+                    message_id: reasoning_id.clone(),
+                    role: "reasoning".to_owned(),
+                    subagent_run_id: subagent.clone(),
+                    timestamp,
+                });
+            }
+            out.push(AguiEvent::ReasoningMessageContent {
+                message_id: reasoning_id,
+                delta: reasoning.to_owned(),
+                subagent_run_id: subagent.clone(),
+                timestamp,
+            });
+        }
+        if let Some(text) = delta.content.as_deref().filter(|text| !text.is_empty()) {
+            if !open.text {
+                open.text = true;
+                out.push(AguiEvent::TextMessageStart {
+                    message_id: message_id.clone(),
+                    role: "assistant".to_owned(),
+                    subagent_run_id: subagent.clone(),
+                    timestamp,
+                });
+            }
+            out.push(AguiEvent::TextMessageContent {
+                message_id: message_id.clone(),
+                delta: text.to_owned(),
+                subagent_run_id: subagent.clone(),
+                timestamp,
+            });
+        }
+        for chunk in &delta.tool_calls {
+            let function = chunk.function.as_ref();
+            if let std::collections::btree_map::Entry::Vacant(slot) = open.calls.entry(chunk.index) {
+                let (Some(id), Some(name)) = (chunk.id.clone(), function.and_then(|f| f.name.clone())) else {
+                    continue;
+                };
+                slot.insert(id.clone());
+                out.push(AguiEvent::ToolCallStart {
+                    tool_call_id: id,
+                    tool_call_name: name,
+                    parent_message_id: message_id.clone(),
+                    subagent_run_id: subagent.clone(),
+                    timestamp,
+                });
+            }
+            let arguments = function.and_then(|f| f.arguments.as_deref()).filter(|args| !args.is_empty());
+            if let (Some(arguments), Some(call_id)) = (arguments, open.calls.get(&chunk.index)) {
+                out.push(AguiEvent::ToolCallArgs {
+                    tool_call_id: call_id.clone(),
+                    delta: arguments.to_owned(),
+                    subagent_run_id: subagent.clone(),
+                    timestamp,
+                });
+            }
+        }
+        if delta.finish_reason.is_some()
+            && let Some(open) = self.open.remove(&id)
+        {
+            close(&message_id, open, timestamp, out);
+        }
+    }
+
+    fn close_all(&mut self, timestamp: i64, out: &mut Vec<AguiEvent>) {
+        let mut open: Vec<_> = self.open.drain().collect();
+        open.sort_by_key(|(id, _)| *id);
+        for (id, message) in open {
+            close(&id.to_string(), message, timestamp, out);
+        }
+    }
+}
+
+fn reasoning_message_id(message_id: &str) -> String {
+    format!("{message_id}-reasoning")
+}
+
+fn close(message_id: &str, open: OpenMessage, timestamp: i64, out: &mut Vec<AguiEvent>) {
+    let subagent = open.subagent.as_ref();
+    if open.reasoning {
+        let reasoning_id = reasoning_message_id(message_id);
+        out.push(AguiEvent::ReasoningMessageEnd {
+            message_id: reasoning_id.clone(),
+            subagent_run_id: subagent.cloned(),
+            timestamp,
+        });
+        out.push(AguiEvent::ReasoningEnd {
+            message_id: reasoning_id,
+            subagent_run_id: subagent.cloned(),
+            timestamp,
+        });
+    }
+    if open.text {
+        out.push(AguiEvent::TextMessageEnd {
+            message_id: message_id.to_owned(),
+            subagent_run_id: subagent.cloned(),
+            timestamp,
+        });
+    }
+    for tool_call_id in open.calls.into_values() {
+        out.push(AguiEvent::ToolCallEnd { tool_call_id, subagent_run_id: subagent.cloned(), timestamp });
+    }
+}
+
+fn synthesize(
+    id: EventId,
+    message: &ModelMessage,
+    subagent: Option<&String>,
+    timestamp: i64,
+    out: &mut Vec<AguiEvent>,
+) {
+    let delta = ModelMessageDelta {
+        content: message.content.clone(),
+        reasoning_content: message.reasoning_content.clone(),
+        refusal: None,
+        tool_calls: message
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(index, call)| agentry_types::ToolCallDelta {
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                id: Some(call.id.clone()),
+                kind: Some(call.kind),
+                function: Some(agentry_types::FunctionCallDelta {
+                    name: Some(call.function.name.clone()),
+                    arguments: Some(call.function.arguments.clone()),
+                }),
+                tool_info: None,
+            })
+            .collect(),
+        finish_reason: Some(message.finish_reason.clone().unwrap_or(agentry_types::FinishReason::Stop)),
+        usage: None,
+    };
+    AguiRenderer::new().delta(id, &delta, subagent.cloned(), timestamp, out);
+}
+
+fn finish(event: &EventEnvelope, state: &TurnState, timestamp: i64) -> Option<AguiEvent> {
+    let thread_id = event.session_id.to_string();
+    let run_id = event.turn_id.to_string();
+    Some(match state {
+        TurnState::Running => return None,
+        TurnState::Done { required_actions, .. } if !required_actions.is_empty() => AguiEvent::RunFinished {
+            thread_id,
+            run_id,
+            result: None,
+            outcome: RunFinishedOutcome::Interrupt { interrupts: interrupts(required_actions) },
+            timestamp,
+        },
+        TurnState::Done { output, .. } => AguiEvent::RunFinished {
+            thread_id,
+            run_id,
+            result: output.as_ref().and_then(|output| output.message.content.clone()).map(Value::String),
+            outcome: RunFinishedOutcome::Success {},
+            timestamp,
+        },
+        TurnState::Cancelled { .. } => AguiEvent::RunFinished {
+            thread_id,
+            run_id,
+            result: None,
+            outcome: RunFinishedOutcome::Cancelled {},
+            timestamp,
+        },
+        TurnState::Error { message, .. } => {
+            AguiEvent::RunError { message: message.clone(), code: Some("turn_error".to_owned()), timestamp }
+        }
+    })
+}
+
+/// The interrupts of a turn that ended with required actions: one per pending tool call
+/// (its id is the tool call's id) and one per MCP server to authorize (`mcp:<server id>`).
+#[must_use]
+pub fn interrupts(actions: &[RequiredActionRecord]) -> Vec<Interrupt> {
+    let mut interrupts = Vec::new();
+    for record in actions {
+        match &record.action {
+            RequiredAction::ToolApproval { thread_id, tool_calls } => {
+                interrupts.extend(tool_calls.iter().map(|call| tool_interrupt(thread_id, call, true)));
+            }
+            RequiredAction::ToolResponse { thread_id, tool_calls } => {
+                interrupts.extend(tool_calls.iter().map(|call| tool_interrupt(thread_id, call, false)));
+            }
+            RequiredAction::McpAuth { thread_id, servers } => {
+                interrupts.extend(servers.iter().map(|server| Interrupt {
+                    id: format!("mcp:{}", server.id),
+                    reason: "mcp_auth".to_owned(),
+                    message: Some(format!("Authorize access to {} at {}", server.name, server.auth_url)),
+                    tool_call_id: None,
+                    response_schema: None,
+                    metadata: Some(json!({ "serverName": server.name, "authUrl": server.auth_url })),
+                    subagent_run_id: thread_id.as_ref().filter(|t| !t.is_main()).map(ToString::to_string),
+                }));
+            }
+        }
+    }
+    interrupts
+}
+
+fn tool_interrupt(thread_id: &ThreadId, call: &PendingToolCall, approval: bool) -> Interrupt {
+    let arguments: Value =
+        serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments.clone()));
+    let question = arguments.get("question").and_then(Value::as_str).map(str::to_owned);
+    let (reason, message, schema) = if approval {
+        (
+            "tool_approval",
+            format!("Allow the call to {}?", call.name),
+            json!({
+                "type": "object",
+                "properties": { "approved": { "type": "boolean" }, "reason": { "type": "string" } },
+                "required": ["approved"]
+            }),
+        )
+    } else {
+        (
+            "tool_response",
+            question.unwrap_or_else(|| format!("Provide the result of {}", call.name)),
+            json!({
+                "type": "object",
+                "properties": { "content": { "type": "string" } },
+                "required": ["content"]
+            }),
+        )
+    };
+    Interrupt {
+        id: call.id.clone(),
+        reason: reason.to_owned(),
+        message: Some(message),
+        tool_call_id: Some(call.id.clone()),
+        response_schema: Some(schema),
+        metadata: Some(
+            json!({ "threadId": thread_id.to_string(), "toolName": call.name, "arguments": arguments }),
+        ),
+        subagent_run_id: (!thread_id.is_main()).then(|| thread_id.to_string()),
+    }
+}

@@ -1,0 +1,408 @@
+//! Renderers: the agent-team examples of seed 001, and each vocabulary's rendering of the
+//! sample turns.
+
+use std::collections::{BTreeSet, HashMap};
+
+use agentry_events::render::adalflow::{AdalFlowRenderer, AdalFlowStreamEvent, RunItem, RunItemName};
+use agentry_events::render::agent_team::{self, AgentTeamContext};
+use agentry_events::render::agno::{AgnoContext, AgnoEvent, AgnoRenderer};
+use agentry_events::render::agui::{AguiEvent, AguiRenderer, RunFinishedOutcome};
+use agentry_events::render::harness::{self, HarnessEvent};
+use agentry_events::sample;
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_types::{BudgetLimit, BudgetUsage, RunStatus, Timestamp};
+use serde_json::{Value, json};
+
+fn context(session: Option<&str>, message: Option<&str>, instance: Option<&str>) -> AgentTeamContext {
+    AgentTeamContext {
+        session_id: session.map(str::to_owned),
+        message_id: message.map(str::to_owned),
+        mission_id: Some("m1".to_owned()),
+        instance_id: instance.map(str::to_owned),
+        ..AgentTeamContext::default()
+    }
+}
+
+fn rendered(context: &AgentTeamContext, payload: &EventPayload, millis: i64) -> Value {
+    let event = agent_team::render_payload(context, payload, Timestamp::from_unix_millis(millis)).unwrap();
+    serde_json::to_value(event).unwrap()
+}
+
+#[test]
+fn the_agent_team_renderer_reproduces_the_five_examples_of_the_specification() {
+    let denied = rendered(
+        &context(None, None, None),
+        &EventPayload::SpawnDenied {
+            requested_role: "worker".into(),
+            code: "spawn_policy_missing".into(),
+            error: "spawn policy file missing".into(),
+        },
+        1_739_850_000_000,
+    );
+    assert_eq!(
+        denied,
+        json!({"type": "agent_team.spawn.denied", "properties": {"missionID": "m1", "requestedRole": "worker",
+            "code": "spawn_policy_missing", "error": "spawn policy file missing", "timestampMs": 1_739_850_000_000_i64}})
+    );
+
+    let started = rendered(
+        &context(Some("ses_123"), None, Some("ins_123")),
+        &EventPayload::InstanceStarted {
+            role: "worker".into(),
+            status: "running".into(),
+            budget_limit: BudgetLimit { max_tokens: Some(8000), ..BudgetLimit::default() },
+            skill_hash: Some("sha256:...".into()),
+        },
+        1_739_850_000_123,
+    );
+    assert_eq!(
+        started,
+        json!({"type": "agent_team.instance.started", "properties": {"sessionID": "ses_123", "missionID": "m1",
+            "instanceID": "ins_123", "role": "worker", "status": "running", "budgetLimit": {"max_tokens": 8000},
+            "skillHash": "sha256:...", "timestampMs": 1_739_850_000_123_i64}})
+    );
+
+    let exhausted = rendered(
+        &context(Some("ses_123"), None, Some("ins_123")),
+        &EventPayload::BudgetExhausted {
+            exhausted_by: "max_tool_calls".into(),
+            usage: BudgetUsage {
+                tokens_used: 1200,
+                steps_used: 3,
+                tool_calls_used: 10,
+                cost_used_usd: 0.42,
+                elapsed_ms: Some(42000),
+            },
+        },
+        1_739_850_002_222,
+    );
+    assert_eq!(
+        exhausted,
+        json!({"type": "agent_team.budget.exhausted", "properties": {"sessionID": "ses_123", "missionID": "m1",
+            "instanceID": "ins_123", "exhaustedBy": "max_tool_calls", "tokensUsed": 1200, "stepsUsed": 3,
+            "toolCallsUsed": 10, "costUsedUsd": 0.42, "elapsedMs": 42000, "timestampMs": 1_739_850_002_222_i64}})
+    );
+
+    let mission = rendered(
+        &context(None, None, None),
+        &EventPayload::MissionBudgetExhausted {
+            exhausted_by: "mission_max_tokens".into(),
+            usage: BudgetUsage {
+                tokens_used: 40000,
+                steps_used: 22,
+                tool_calls_used: 61,
+                cost_used_usd: 5.61,
+                elapsed_ms: None,
+            },
+        },
+        1_739_850_003_333,
+    );
+    assert_eq!(
+        mission,
+        json!({"type": "agent_team.mission.budget.exhausted", "properties": {"missionID": "m1",
+            "exhaustedBy": "mission_max_tokens", "tokensUsed": 40000, "stepsUsed": 22, "toolCallsUsed": 61,
+            "costUsedUsd": 5.61, "timestampMs": 1_739_850_003_333_i64}})
+    );
+
+    let denied_capability = rendered(
+        &context(Some("ses_123"), Some("msg_123"), Some("ins_123")),
+        &EventPayload::CapabilityDenied {
+            tool: "websearch".into(),
+            reason: "network disabled for this agent instance".into(),
+        },
+        1_739_850_003_333,
+    );
+    assert_eq!(
+        denied_capability,
+        json!({"type": "agent_team.capability.denied", "properties": {"sessionID": "ses_123", "messageID": "msg_123",
+            "missionID": "m1", "instanceID": "ins_123", "tool": "websearch",
+            "reason": "network disabled for this agent instance", "timestampMs": 1_739_850_003_333_i64}})
+    );
+}
+
+#[test]
+fn agent_team_events_of_a_turn_carry_its_session_run_and_team_context() {
+    let events = sample::everything_turn();
+    let mut names = BTreeSet::new();
+    for event in &events {
+        let Some(rendered) = agent_team::render(event) else {
+            assert!(!event.payload.is_agent_team(), "{} has no agent-team rendering", event.kind());
+            continue;
+        };
+        let value = serde_json::to_value(&rendered).unwrap();
+        names.insert(value["type"].as_str().unwrap().to_owned());
+        let properties = &value["properties"];
+        assert_eq!(properties["sessionID"], json!(event.session_id.to_string()));
+        assert_eq!(properties["runID"], json!(event.turn_id.to_string()));
+        assert_eq!(properties["missionID"], json!("m1"));
+        assert_eq!(properties["source"], json!("tool_call"));
+        assert_eq!(properties["timestampMs"], json!(event.created_at.unix_millis()));
+    }
+    assert!(names.contains("agent_team.spawn.requested") && names.contains("agent_team.capability.denied"));
+}
+
+#[test]
+fn every_agent_team_event_name_of_the_specification_is_rendered() {
+    let expected: BTreeSet<&str> = [
+        "agent_team.spawn.requested",
+        "agent_team.spawn.denied",
+        "agent_team.spawn.approved",
+        "agent_team.instance.started",
+        "agent_team.budget.usage",
+        "agent_team.budget.exhausted",
+        "agent_team.instance.cancelled",
+        "agent_team.instance.completed",
+        "agent_team.instance.failed",
+        "agent_team.mission.budget.exhausted",
+        "agent_team.capability.denied",
+    ]
+    .into();
+    let rendered: BTreeSet<String> = sample::all_turns()
+        .iter()
+        .flatten()
+        .filter_map(agent_team::render)
+        .map(|event| serde_json::to_value(event).unwrap()["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(rendered.iter().map(String::as_str).collect::<BTreeSet<_>>(), expected);
+}
+
+#[test]
+fn the_harness_renders_all_twelve_streaming_kinds_with_their_sequence_as_the_sse_id() {
+    let mut kinds = BTreeSet::new();
+    for event in sample::all_turns().iter().flatten() {
+        if let Some(rendered) = harness::render(event) {
+            kinds.insert(rendered.kind());
+            let frame = harness::sse_frame(event.seq, &rendered);
+            assert!(frame.starts_with(&format!("id: {}\ndata: {{", event.seq)));
+            assert!(frame.ends_with("}\n\n"));
+            let data: Value =
+                serde_json::from_str(frame.lines().nth(1).unwrap().trim_start_matches("data: ")).unwrap();
+            assert_eq!(data["type"], json!(rendered.kind()));
+        }
+    }
+    assert_eq!(kinds.len(), 12, "kinds: {kinds:?}");
+}
+
+#[test]
+fn harness_deltas_share_the_id_of_their_message_and_open_tool_calls_with_routing_metadata() {
+    let events = sample::failed_turn();
+    let mut ids = BTreeSet::new();
+    for event in &events {
+        match harness::render(event) {
+            Some(HarnessEvent::ModelMessageDelta(delta)) => {
+                ids.insert(delta.id.clone());
+                for chunk in delta.tool_calls.unwrap_or_default() {
+                    let opens = chunk.function.as_ref().is_some_and(|f| f.name.is_some());
+                    assert_eq!(opens, chunk.tool_info.is_some(), "tool_info comes with the first chunk only");
+                }
+            }
+            Some(HarnessEvent::ModelMessage(message)) => assert!(ids.contains(&message.id)),
+            _ => {}
+        }
+    }
+    assert_eq!(ids.len(), 1);
+}
+
+fn agui(events: &[EventEnvelope]) -> Vec<AguiEvent> {
+    let mut renderer = AguiRenderer::new();
+    events.iter().flat_map(|event| renderer.render(event)).collect()
+}
+
+fn assert_well_formed(frames: &[AguiEvent]) {
+    assert!(matches!(frames.first(), Some(AguiEvent::RunStarted { .. })));
+    assert!(matches!(frames.last(), Some(AguiEvent::RunFinished { .. } | AguiEvent::RunError { .. })));
+    let mut open: HashMap<String, usize> = HashMap::new();
+    for frame in frames {
+        let value = serde_json::to_value(frame).unwrap();
+        let kind = value["type"].as_str().unwrap().to_owned();
+        let key = value
+            .get("messageId")
+            .or_else(|| value.get("toolCallId"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if let Some(key) = key {
+            if kind.ends_with("_START") {
+                *open.entry(format!("{}:{key}", kind.trim_end_matches("_START"))).or_default() += 1;
+            } else if kind.ends_with("_END") {
+                let slot = open.entry(format!("{}:{key}", kind.trim_end_matches("_END"))).or_default();
+                assert_eq!(*slot, 1, "{kind} for {key} without an open START");
+                *slot = 0;
+            } else if kind.ends_with("_CONTENT") || kind.ends_with("_ARGS") {
+                let prefix = kind.rsplit_once('_').unwrap().0;
+                assert_eq!(
+                    open.get(&format!("{prefix}:{key}")),
+                    Some(&1),
+                    "{kind} for {key} outside START/END"
+                );
+            }
+        }
+    }
+    assert!(open.values().all(|count| *count == 0), "unclosed frames: {open:?}");
+}
+
+#[test]
+fn ag_ui_wraps_deltas_in_start_and_end_frames_and_ends_with_an_interrupt_for_required_actions() {
+    let frames = agui(&sample::everything_turn());
+    assert_well_formed(&frames);
+    let Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Interrupt { interrupts }, .. }) =
+        frames.last()
+    else {
+        panic!("expected an interrupt outcome, got {:?}", frames.last());
+    };
+    let reasons: Vec<&str> = interrupts.iter().map(|i| i.reason.as_str()).collect();
+    assert_eq!(reasons, ["tool_approval", "tool_response", "mcp_auth"]);
+    assert_eq!(interrupts[0].tool_call_id.as_deref(), Some("call_email"));
+    assert_eq!(interrupts[1].message.as_deref(), Some("Formal or casual?"));
+    assert!(frames.iter().any(|f| matches!(f, AguiEvent::SubagentStarted { .. })));
+    assert!(frames.iter().any(|f| matches!(f, AguiEvent::SubagentError { .. })));
+    assert!(frames.iter().any(|f| matches!(f, AguiEvent::ReasoningMessageContent { .. })));
+    assert!(frames.iter().any(|f| matches!(f, AguiEvent::ToolCallResult { .. })));
+    // Sub-agent text is attributed to its thread.
+    assert!(
+        frames.iter().any(|f| matches!(f, AguiEvent::TextMessageContent { subagent_run_id: Some(_), .. }))
+    );
+}
+
+#[test]
+fn ag_ui_replays_a_stored_log_without_deltas_as_the_same_text() {
+    let events = sample::answer_turn("Hi", "Hello there, friend");
+    let text = |frames: &[AguiEvent]| -> String {
+        frames
+            .iter()
+            .filter_map(|f| match f {
+                AguiEvent::TextMessageContent { delta, .. } => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect()
+    };
+    let live = agui(&events);
+    let stored: Vec<EventEnvelope> = events.iter().filter(|e| e.is_durable()).cloned().collect();
+    let replayed = agui(&stored);
+    assert_well_formed(&live);
+    assert_well_formed(&replayed);
+    assert_eq!(text(&live), "Hello there, friend");
+    assert_eq!(text(&replayed), "Hello there, friend");
+    assert!(matches!(
+        replayed.last(),
+        Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Success {}, result: Some(_), .. })
+    ));
+}
+
+#[test]
+fn ag_ui_closes_a_cut_off_message_and_reports_cancellation_and_errors() {
+    let cancelled = agui(&sample::cancelled_turn());
+    assert_well_formed(&cancelled);
+    assert!(matches!(
+        cancelled.last(),
+        Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Cancelled {}, .. })
+    ));
+    let failed = agui(&sample::failed_turn());
+    assert_well_formed(&failed);
+    assert!(
+        matches!(failed.last(), Some(AguiEvent::RunError { message, .. }) if message.contains("HTTP 500"))
+    );
+}
+
+#[test]
+fn agno_renders_the_team_run_with_member_responses_and_unix_seconds() {
+    let events = sample::everything_turn();
+    let mut renderer = AgnoRenderer::new(AgnoContext {
+        team_id: "team_1".into(),
+        team_name: "demo-team".into(),
+        model: "scripted".into(),
+        model_provider: "scripted".into(),
+        ..AgnoContext::default()
+    });
+    let rendered: Vec<AgnoEvent> = events.iter().filter_map(|event| renderer.render(event)).collect();
+    let names: BTreeSet<String> = rendered
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap()["event"].as_str().unwrap().to_owned())
+        .collect();
+    for name in [
+        "TeamRunStarted",
+        "TeamRunContent",
+        "TeamRunIntermediateContent",
+        "TeamRunCompleted",
+        "TeamToolCallStarted",
+        "TeamToolCallCompleted",
+        "TeamReasoningStarted",
+        "TeamReasoningStep",
+        "TeamReasoningCompleted",
+        "TeamMemoryUpdateStarted",
+        "TeamMemoryUpdateCompleted",
+    ] {
+        assert!(names.contains(name), "{name} missing from {names:?}");
+    }
+    let Some(AgnoEvent::TeamRunCompleted { base, member_responses, status, metrics, .. }) = rendered.last()
+    else {
+        panic!("the last event is TeamRunCompleted");
+    };
+    assert_eq!(member_responses.len(), 2);
+    assert_eq!(*status, RunStatus::Paused, "a run waiting on required actions is paused");
+    assert!(metrics.is_some());
+    assert_eq!(base.created_at, events.last().unwrap().created_at.unix_seconds());
+    let value = serde_json::to_value(rendered.last().unwrap()).unwrap();
+    assert_eq!(value["status"], json!("PAUSED"));
+    assert_eq!(value["team_name"], json!("demo-team"));
+    assert_eq!(value["member_responses"][0]["agent_name"], json!("researcher"));
+    assert_eq!(value["member_responses"][1]["status"], json!("ERROR"));
+    assert!(value.get("workflow_id").is_none(), "None fields are left out");
+
+    let tool = rendered.iter().find_map(|e| match e {
+        AgnoEvent::TeamToolCallCompleted { tool_name, tool_args, tool_result, .. } => {
+            Some((tool_name, tool_args, tool_result))
+        }
+        _ => None,
+    });
+    let (name, args, result) = tool.unwrap();
+    assert_eq!(name, "calculator");
+    assert_eq!(args["expression"], json!("12 * (3 + 4)"));
+    assert_eq!(result, &json!("84"));
+}
+
+#[test]
+fn agno_reports_cancellation_and_errors() {
+    let last = |events: Vec<EventEnvelope>| {
+        let mut renderer = AgnoRenderer::new(AgnoContext::default());
+        events.iter().filter_map(|event| renderer.render(event)).last().unwrap()
+    };
+    assert!(matches!(last(sample::cancelled_turn()), AgnoEvent::TeamRunCancelled { .. }));
+    assert!(
+        matches!(last(sample::failed_turn()), AgnoEvent::TeamRunError { error, .. } if error.contains("HTTP 500"))
+    );
+}
+
+#[test]
+fn adalflow_emits_every_run_item_name_and_a_final_result_with_the_step_history() {
+    let mut names = BTreeSet::new();
+    let mut raw = 0;
+    let mut finals = Vec::new();
+    for events in sample::all_turns() {
+        let mut renderer = AdalFlowRenderer::new();
+        for event in &events {
+            for rendered in renderer.render(event) {
+                let value = serde_json::to_value(&rendered).unwrap();
+                match rendered {
+                    AdalFlowStreamEvent::RawResponse { .. } => raw += 1,
+                    AdalFlowStreamEvent::RunItem { name, item } => {
+                        names.insert(value["name"].as_str().unwrap().to_owned());
+                        if let (RunItemName::FinalOutput, RunItem::FinalOutput(fields)) = (name, *item) {
+                            finals.push(fields.data.unwrap());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(raw > 0);
+    assert_eq!(names.len(), 7, "names: {names:?}");
+    assert_eq!(finals.len(), 4);
+    assert_eq!(finals[0].step_history.len(), 1);
+    assert_eq!(
+        finals[0].step_history[0].function.as_ref().unwrap().kwargs["expression"],
+        json!("12 * (3 + 4)")
+    );
+    assert_eq!(finals[1].answer.as_deref(), Some("Hello! How can I help you today?"));
+    assert_eq!(finals[2].error.as_deref(), Some("cancelled: client-cancelled"));
+    assert!(finals[3].error.as_deref().unwrap().contains("HTTP 500"));
+}

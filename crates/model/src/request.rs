@@ -1,0 +1,81 @@
+//! What is sent to a model.
+
+use agentry_types::{Message, ToolSpec};
+use serde::{Deserialize, Serialize};
+
+/// Which tool the model must call, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// No tool calls.
+    None,
+    /// At least one tool call.
+    Required,
+    /// This tool.
+    Function(String),
+}
+
+/// A completion request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequest {
+    /// The conversation so far, instructions first.
+    pub messages: Vec<Message>,
+    /// The tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    /// Which tool to call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// The most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Sequences that stop generation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+}
+
+impl ModelRequest {
+    /// A request with these messages and defaults for everything else.
+    #[must_use]
+    pub fn new(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            tools: Vec::new(),
+            tool_choice: None,
+            parallel_tool_calls: None,
+            temperature: None,
+            max_tokens: None,
+            stop: Vec::new(),
+        }
+    }
+
+    /// The same request with tools.
+    #[must_use]
+    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The text of the latest user message, if there is one.
+    #[must_use]
+    pub fn last_user_text(&self) -> Option<String> {
+        self.messages.iter().rev().find(|m| m.role == agentry_types::Role::User).map(Message::text)
+    }
+}
+
+/// Which model this is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The model id (`gpt-4o-mini`, `scripted`, …).
+    pub id: String,
+    /// The provider (`openai`, `scripted`, …).
+    pub provider: String,
+}

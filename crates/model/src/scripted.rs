@@ -1,0 +1,292 @@
+//! A deterministic model for tests and offline demos.
+//!
+//! A [`ScriptedModel`] answers each call with the next [`ScriptedResponse`] of its script,
+//! or with what a responder function decides from the request. Each response streams the
+//! way an OpenAI-compatible provider streams: reasoning pieces, then text pieces of a few
+//! characters, then each tool call as a first chunk with its id and name followed by
+//! argument pieces, then a last delta with the finish reason and usage.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentry_types::{FinishReason, FunctionCallDelta, ModelMessageDelta, ToolCallDelta, ToolCallKind, Usage};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+
+use crate::{Model, ModelError, ModelInfo, ModelRequest, ModelStream};
+
+/// A tool call a scripted response makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptedToolCall {
+    /// The call id; generated (`call_<call>_<index>`) when absent.
+    pub id: Option<String>,
+    /// The tool.
+    pub name: String,
+    /// The JSON arguments.
+    pub arguments: String,
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScriptedResponse {
+    /// The text.
+    pub text: Option<String>,
+    /// Reasoning streamed before the text.
+    pub reasoning: Option<String>,
+    /// Tool calls streamed after the text.
+    pub tool_calls: Vec<ScriptedToolCall>,
+    /// The finish reason; `tool_calls` when there are calls, `stop` otherwise.
+    pub finish_reason: Option<FinishReason>,
+    /// The usage; estimated from the text lengths when absent.
+    pub usage: Option<Usage>,
+    /// Characters per text and argument piece (at least 1; default 8).
+    pub chunk_chars: Option<usize>,
+    /// A pause before each delta, to simulate a slow provider.
+    pub delay: Option<Duration>,
+    /// The error the call fails with instead of answering.
+    pub error: Option<ModelError>,
+    /// The error the stream ends with after this many deltas (a mid-stream failure).
+    pub fail_after: Option<(usize, ModelError)>,
+}
+
+impl ScriptedResponse {
+    /// A text answer.
+    #[must_use]
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { text: Some(text.into()), ..Self::default() }
+    }
+
+    /// A single tool call with JSON arguments.
+    #[must_use]
+    pub fn tool_call(name: impl Into<String>, arguments: &serde_json::Value) -> Self {
+        Self::default().with_tool_call(name, arguments)
+    }
+
+    /// The same response with one more tool call.
+    #[must_use]
+    pub fn with_tool_call(mut self, name: impl Into<String>, arguments: &serde_json::Value) -> Self {
+        self.tool_calls.push(ScriptedToolCall {
+            id: None,
+            name: name.into(),
+            arguments: arguments.to_string(),
+        });
+        self
+    }
+
+    /// The same response with reasoning before it.
+    #[must_use]
+    pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> Self {
+        self.reasoning = Some(reasoning.into());
+        self
+    }
+
+    /// The same response with exact usage.
+    #[must_use]
+    pub const fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// The same response streamed in pieces of `chars` characters.
+    #[must_use]
+    pub const fn chunked(mut self, chars: usize) -> Self {
+        self.chunk_chars = Some(chars);
+        self
+    }
+
+    /// The same response with a pause before each delta.
+    #[must_use]
+    pub const fn delayed(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// A call that fails with `error` before any output.
+    #[must_use]
+    pub fn failing(error: ModelError) -> Self {
+        Self { error: Some(error), ..Self::default() }
+    }
+
+    /// The deltas this response streams as call number `call` (from 1) of a model.
+    #[must_use]
+    pub fn deltas(&self, call: usize, request: &ModelRequest) -> Vec<ModelMessageDelta> {
+        let chunk = self.chunk_chars.unwrap_or(8).max(1);
+        let mut deltas = Vec::new();
+        for piece in split_chars(self.reasoning.as_deref().unwrap_or_default(), chunk) {
+            deltas.push(ModelMessageDelta { reasoning_content: Some(piece), ..ModelMessageDelta::default() });
+        }
+        for piece in split_chars(self.text.as_deref().unwrap_or_default(), chunk) {
+            deltas.push(ModelMessageDelta::text(piece));
+        }
+        for (index, tool_call) in self.tool_calls.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            let id = tool_call.id.clone().unwrap_or_else(|| format!("call_{call}_{index}"));
+            deltas.push(ModelMessageDelta {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    id: Some(id),
+                    kind: Some(ToolCallKind::Function),
+                    function: Some(FunctionCallDelta { name: Some(tool_call.name.clone()), arguments: None }),
+                    tool_info: None,
+                }],
+                ..ModelMessageDelta::default()
+            });
+            for piece in split_chars(&tool_call.arguments, chunk) {
+                deltas.push(ModelMessageDelta {
+                    tool_calls: vec![ToolCallDelta {
+                        index,
+                        function: Some(FunctionCallDelta { name: None, arguments: Some(piece) }),
+                        ..ToolCallDelta::default()
+                    }],
+                    ..ModelMessageDelta::default()
+                });
+            }
+        }
+        let finish_reason = self.finish_reason.clone().unwrap_or(if self.tool_calls.is_empty() {
+            FinishReason::Stop
+        } else {
+            FinishReason::ToolCalls
+        });
+        deltas.push(ModelMessageDelta {
+            finish_reason: Some(finish_reason),
+            usage: Some(self.usage.unwrap_or_else(|| self.estimated_usage(request))),
+            ..ModelMessageDelta::default()
+        });
+        deltas
+    }
+
+    /// Usage estimated at four characters a token, for responses without exact usage.
+    fn estimated_usage(&self, request: &ModelRequest) -> Usage {
+        let tokens = |chars: usize| u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX);
+        let input: usize = request.messages.iter().map(|message| message.text().chars().count()).sum();
+        let output = self.text.as_deref().map_or(0, |text| text.chars().count())
+            + self.reasoning.as_deref().map_or(0, |text| text.chars().count())
+            + self
+                .tool_calls
+                .iter()
+                .map(|call| call.name.len() + call.arguments.chars().count())
+                .sum::<usize>();
+        Usage::new(tokens(input), tokens(output))
+    }
+}
+
+fn split_chars(text: &str, chunk: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(chunk).map(|piece| piece.iter().collect()).collect()
+}
+
+type Responder = dyn Fn(&ModelRequest) -> ScriptedResponse + Send + Sync;
+
+enum Script {
+    Sequence(Mutex<VecDeque<ScriptedResponse>>),
+    Responder(Arc<Responder>),
+}
+
+/// A model that answers from a script.
+pub struct ScriptedModel {
+    id: String,
+    script: Script,
+    calls: AtomicUsize,
+    requests: Mutex<Vec<ModelRequest>>,
+}
+
+impl fmt::Debug for ScriptedModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedModel")
+            .field("id", &self.id)
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScriptedModel {
+    /// A model answering its calls with these responses, in order; a call after the last
+    /// fails with [`ModelError::ScriptExhausted`].
+    #[must_use]
+    pub fn new(responses: Vec<ScriptedResponse>) -> Self {
+        Self::with_script(Script::Sequence(Mutex::new(responses.into())))
+    }
+
+    /// A model answering each call with what `responder` returns for the request.
+    #[must_use]
+    pub fn responder(responder: impl Fn(&ModelRequest) -> ScriptedResponse + Send + Sync + 'static) -> Self {
+        Self::with_script(Script::Responder(Arc::new(responder)))
+    }
+
+    fn with_script(script: Script) -> Self {
+        Self {
+            id: "scripted".to_owned(),
+            script,
+            calls: AtomicUsize::new(0),
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The same model under another id.
+    #[must_use]
+    pub fn named(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+
+    /// How many calls were made.
+    #[must_use]
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The requests received so far, in order.
+    #[must_use]
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn next_response(&self, request: &ModelRequest) -> Result<ScriptedResponse, ModelError> {
+        match &self.script {
+            Script::Sequence(queue) => queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front()
+                .ok_or(ModelError::ScriptExhausted { used: self.calls() - 1 }),
+            Script::Responder(responder) => Ok(responder(request)),
+        }
+    }
+}
+
+#[async_trait]
+impl Model for ScriptedModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo { id: self.id.clone(), provider: "scripted".to_owned() }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        if request.messages.is_empty() {
+            return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
+        }
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
+        let response = self.next_response(&request)?;
+        if let Some(error) = response.error.clone() {
+            return Err(error);
+        }
+        let mut items: Vec<Result<ModelMessageDelta, ModelError>> =
+            response.deltas(call, &request).into_iter().map(Ok).collect();
+        if let Some((after, error)) = response.fail_after.clone() {
+            items.truncate(after);
+            items.push(Err(error));
+        }
+        let stream = futures_util::stream::iter(items);
+        Ok(match response.delay {
+            Some(delay) => stream
+                .then(move |item| async move {
+                    tokio::time::sleep(delay).await;
+                    item
+                })
+                .boxed(),
+            None => stream.boxed(),
+        })
+    }
+}

@@ -1,0 +1,122 @@
+//! Integration tests of `agentry-model`: the scripted model streams like a provider.
+
+// Test helpers fail loudly, like the tests that call them.
+#![allow(clippy::unwrap_used)]
+
+use agentry_model::{Model, ModelError, ModelRequest, ScriptedModel, ScriptedResponse};
+use agentry_types::{FinishReason, Message, ModelMessageDelta, Role, Usage};
+use futures_util::StreamExt;
+use serde_json::json;
+
+async fn collect(model: &ScriptedModel, text: &str) -> Result<Vec<ModelMessageDelta>, ModelError> {
+    let mut stream = model.stream(ModelRequest::new(vec![Message::user(text)])).await?;
+    let mut deltas = Vec::new();
+    while let Some(delta) = stream.next().await {
+        deltas.push(delta?);
+    }
+    Ok(deltas)
+}
+
+#[tokio::test]
+async fn a_text_response_streams_in_pieces_and_ends_with_stop_and_usage() {
+    let model = ScriptedModel::new(vec![ScriptedResponse::text("Hello, world!").chunked(4)]);
+    let deltas = collect(&model, "hi").await.unwrap();
+    let pieces: Vec<&str> = deltas.iter().filter_map(|d| d.content.as_deref()).collect();
+    assert_eq!(pieces, ["Hell", "o, w", "orld", "!"]);
+    let last = deltas.last().unwrap();
+    assert_eq!(last.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(last.usage, Some(Usage::new(1, 4)), "four characters a token, rounded up");
+    assert!(deltas[..deltas.len() - 1].iter().all(|d| d.finish_reason.is_none()));
+}
+
+#[tokio::test]
+async fn tool_calls_open_with_id_and_name_then_stream_their_arguments() {
+    let model = ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("search", &json!({"query": "rust async"}))
+            .with_tool_call("fetch", &json!({"url": "https://example.com"}))
+            .with_reasoning("I should look it up")
+            .chunked(6),
+    ]);
+    let deltas = collect(&model, "find it").await.unwrap();
+    assert!(deltas[0].reasoning_content.is_some(), "reasoning streams first");
+    let chunks: Vec<_> = deltas.iter().flat_map(|d| d.tool_calls.iter()).collect();
+    let openers: Vec<_> = chunks.iter().filter(|c| c.id.is_some()).collect();
+    assert_eq!(openers.len(), 2);
+    assert_eq!(openers[0].id.as_deref(), Some("call_1_0"));
+    assert_eq!(openers[0].function.as_ref().unwrap().name.as_deref(), Some("search"));
+    assert_eq!(openers[1].index, 1);
+    let arguments: String = chunks
+        .iter()
+        .filter(|c| c.index == 0)
+        .filter_map(|c| c.function.as_ref().and_then(|f| f.arguments.as_deref()))
+        .collect();
+    assert_eq!(arguments, json!({"query": "rust async"}).to_string());
+    assert_eq!(deltas.last().unwrap().finish_reason, Some(FinishReason::ToolCalls));
+}
+
+#[tokio::test]
+async fn the_script_is_used_in_order_and_then_runs_out() {
+    let model = ScriptedModel::new(vec![ScriptedResponse::text("one"), ScriptedResponse::text("two")]);
+    let first = collect(&model, "a").await.unwrap();
+    let second = collect(&model, "b").await.unwrap();
+    assert_eq!(first[0].content.as_deref(), Some("one"));
+    assert_eq!(second[0].content.as_deref(), Some("two"));
+    assert_eq!(collect(&model, "c").await.unwrap_err(), ModelError::ScriptExhausted { used: 2 });
+    assert_eq!(model.calls(), 3);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[1].messages[0].text(), "b");
+}
+
+#[tokio::test]
+async fn a_responder_answers_from_the_request() {
+    let model = ScriptedModel::responder(|request| {
+        ScriptedResponse::text(format!("Echo: {}", request.last_user_text().unwrap_or_default()))
+    })
+    .named("echo");
+    assert_eq!(model.info().id, "echo");
+    assert_eq!(model.info().provider, "scripted");
+    let deltas = collect(&model, "ping").await.unwrap();
+    let text: String = deltas.iter().filter_map(|d| d.content.as_deref()).collect();
+    assert_eq!(text, "Echo: ping");
+}
+
+#[tokio::test]
+async fn failures_before_and_during_the_stream_are_typed_errors() {
+    let model = ScriptedModel::new(vec![
+        ScriptedResponse::failing(ModelError::Http { status: 503, message: "overloaded".into() }),
+        ScriptedResponse {
+            fail_after: Some((2, ModelError::Disconnected)),
+            ..ScriptedResponse::text("abcdefghijklmnopqrstuvwxyz").chunked(3)
+        },
+    ]);
+    assert_eq!(
+        collect(&model, "x").await.unwrap_err(),
+        ModelError::Http { status: 503, message: "overloaded".into() }
+    );
+    let mut stream = model.stream(ModelRequest::new(vec![Message::user("y")])).await.unwrap();
+    assert!(stream.next().await.unwrap().is_ok());
+    assert!(stream.next().await.unwrap().is_ok());
+    assert_eq!(stream.next().await.unwrap().unwrap_err(), ModelError::Disconnected);
+    assert!(stream.next().await.is_none());
+}
+
+#[tokio::test]
+async fn a_request_without_messages_is_refused() {
+    let model = ScriptedModel::new(vec![ScriptedResponse::text("unused")]);
+    let error = model.stream(ModelRequest::new(Vec::new())).await.err().unwrap();
+    assert!(matches!(error, ModelError::InvalidRequest(_)));
+    assert_eq!(model.calls(), 0, "a refused request does not consume the script");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delayed_response_waits_between_deltas() {
+    let model = ScriptedModel::new(vec![
+        ScriptedResponse::text("slow answer").chunked(2).delayed(std::time::Duration::from_secs(1)),
+    ]);
+    let started = tokio::time::Instant::now();
+    let mut stream = model.stream(ModelRequest::new(vec![Message::new(Role::User, "go")])).await.unwrap();
+    assert_eq!(stream.next().await.unwrap().unwrap().content.as_deref(), Some("sl"));
+    assert_eq!(stream.next().await.unwrap().unwrap().content.as_deref(), Some("ow"));
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(2));
+}

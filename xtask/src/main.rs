@@ -1,0 +1,146 @@
+//! `cargo xtask`: the workspace's development tasks (see `cargo xtask --help`).
+
+// A command-line tool prints its results.
+#![allow(clippy::print_stdout)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use xtask::{codegen, demo, fixtures, layering, tidy, workspace_root};
+
+#[derive(Parser)]
+#[command(about = "Development tasks of the Agentry workspace")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Runs a scripted demo turn and prints its event stream (SSE frames).
+    Demo {
+        /// The user's message.
+        #[arg(default_value = "What is 6 * 7?")]
+        message: String,
+    },
+    /// Runs every check: formatting, clippy, the Rust tests, the Python wire tests.
+    Test {
+        /// Skips formatting and clippy.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Writes the JSON Schemas of the events to docs/schemas/.
+    Codegen,
+    /// Writes the wire fixtures the Python tests parse.
+    Fixtures {
+        /// Where to write them.
+        #[arg(long, default_value = "target/wire-fixtures.json")]
+        out: PathBuf,
+    },
+    /// Runs the criterion benchmarks and prints their medians.
+    Bench {
+        /// Only benchmarks whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let root = workspace_root();
+    match cli.task {
+        Task::Demo { message } => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let mut stdout = std::io::stdout().lock();
+            runtime.block_on(demo::run(&message, &mut stdout))
+        }
+        Task::Codegen => {
+            let changed = codegen::write(&root)?;
+            if changed.is_empty() {
+                eprintln!("schemas are up to date");
+            } else {
+                eprintln!("updated: {}", changed.join(", "));
+            }
+            Ok(())
+        }
+        Task::Fixtures { out } => write_fixtures(&root.join(out)),
+        Task::Test { quick } => test(&root, quick),
+        Task::Bench { filter } => bench(&root, filter.as_deref()),
+    }
+}
+
+fn write_fixtures(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let document = fixtures::build()?;
+    std::fs::write(path, serde_json::to_vec_pretty(&document)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+fn test(root: &Path, quick: bool) -> Result<()> {
+    if !quick {
+        cargo(root, &["fmt", "--all", "--", "--check"])?;
+        cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    }
+    let problems = tidy::problems(root)?;
+    if !problems.is_empty() {
+        bail!("tidy check failed:\n{}", problems.join("\n"));
+    }
+    let violations = layering::violations(root)?;
+    if !violations.is_empty() {
+        bail!("layering check failed:\n{}", violations.join("\n"));
+    }
+    cargo(root, &["test", "--workspace", "--all-targets"])?;
+    cargo(root, &["test", "--workspace", "--doc"])?;
+    let fixtures = root.join("target/wire-fixtures.json");
+    write_fixtures(&fixtures)?;
+    eprintln!("$ bash tests/python/run.sh");
+    let status = Command::new("bash")
+        .arg("tests/python/run.sh")
+        .env("AGENTRY_FIXTURES", &fixtures)
+        .current_dir(root)
+        .status()
+        .context("running the Python wire tests")?;
+    if !status.success() {
+        bail!("the Python wire tests failed");
+    }
+    eprintln!("all checks passed");
+    Ok(())
+}
+
+fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
+    let mut args = vec!["bench", "-p", "agentry-benches", "--bench", "events", "--"];
+    if let Some(filter) = filter {
+        args.push(filter);
+    }
+    cargo(root, &args)?;
+    let summary = xtask::bench_summary(&root.join("target/criterion"))?;
+    println!("{summary}");
+    Ok(())
+}

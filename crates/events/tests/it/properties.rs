@@ -275,3 +275,52 @@ fn the_sample_splitter_and_the_builder_agree() {
     }
     assert_eq!(builder.build().unwrap(), message);
 }
+
+fn arbitrary_delta() -> impl Strategy<Value = ModelMessageDelta> {
+    let chunk = (
+        prop_oneof![0u32..4, any::<u32>()],
+        proptest::option::of("[a-c]{0,2}"),
+        proptest::option::of("[fg]{0,1}"),
+        proptest::option::of(".{0,4}"),
+    )
+        .prop_map(|(index, id, name, arguments)| ToolCallDelta {
+            index,
+            id,
+            kind: None,
+            function: Some(FunctionCallDelta { name, arguments }),
+            tool_info: None,
+        });
+    (
+        proptest::option::of(".{0,4}"),
+        vec(chunk, 0..3),
+        proptest::option::of(Just(FinishReason::Stop)),
+    )
+        .prop_map(|(content, tool_calls, finish_reason)| ModelMessageDelta {
+            content,
+            tool_calls,
+            finish_reason,
+            ..Default::default()
+        })
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_deltas_give_typed_errors_and_never_panic(
+        deltas in vec((0usize..3, arbitrary_delta()), 0..30),
+    ) {
+        let ids = [EventId::new(), EventId::new(), EventId::new()];
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
+        let mut last_seq = 0;
+        for (which, delta) in deltas {
+            match emitter.delta(ThreadId::main(), ids[which], delta) {
+                Ok(emission) => {
+                    prop_assert_eq!(emission.delta.seq, last_seq + 1);
+                    last_seq = emission.message.as_ref().map_or(emission.delta.seq, |m| m.seq);
+                }
+                Err(error) => prop_assert!(!error.to_string().is_empty()),
+            }
+            prop_assert_eq!(emitter.sequencer().last_seq(), last_seq, "a refused delta takes no number");
+        }
+        let _ = emitter.finish_partial(&ThreadId::main());
+    }
+}

@@ -28,6 +28,8 @@ macro_rules! uuid_id {
 
         impl $name {
             /// A new, time-ordered (UUIDv7) id.
+            // No `Default`: a default that silently mints a fresh id hides mistakes.
+            #[allow(clippy::new_without_default)]
             #[must_use]
             pub fn new() -> Self {
                 Self(Uuid::now_v7())
@@ -43,12 +45,6 @@ macro_rules! uuid_id {
             #[must_use]
             pub const fn as_uuid(&self) -> &Uuid {
                 &self.0
-            }
-        }
-
-        impl Default for $name {
-            fn default() -> Self {
-                Self::new()
             }
         }
 
@@ -114,9 +110,15 @@ uuid_id!(
 
 /// Identifies a thread inside a session: `"main"` for the root agent, a unique id for
 /// every sub-agent thread.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, JsonSchema)]
 #[serde(transparent)]
 pub struct ThreadId(String);
+
+impl<'de> Deserialize<'de> for ThreadId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+    }
+}
 
 impl ThreadId {
     /// The name of the root agent's thread.

@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ThreadId;
-use crate::message::{ContentPart, MessageContent};
+use crate::message::{ContentPart, DataUri, MessageContent};
 use crate::status::{McpServerAuth, RequiredAction, RequiredActionRecord};
 use crate::tool::PendingToolCall;
 
@@ -255,6 +255,14 @@ pub enum TurnInputError {
         /// Position in the input list.
         index: usize,
     },
+    /// An image part's URL is neither `http(s)://…` nor a valid `data:` URI.
+    #[error("input item {index}: invalid image URL: {reason}")]
+    InvalidImageUrl {
+        /// Position in the input list.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// User messages and tool answers were mixed.
     #[error("user.message cannot be mixed with user.tool_approval or user.tool_response in one input")]
     MessageMixedWithToolInput,
@@ -373,14 +381,37 @@ fn check_message(index: usize, message: &UserMessage) -> Result<(), TurnInputErr
     }
     if let MessageContent::Parts(parts) = &message.content {
         for part in parts {
-            if let ContentPart::File(file) = part
-                && file.name.trim().is_empty()
-            {
-                return Err(TurnInputError::UnnamedFile { index });
+            match part {
+                ContentPart::File(file) if file.name.trim().is_empty() => {
+                    return Err(TurnInputError::UnnamedFile { index });
+                }
+                ContentPart::Image { image_url } => check_image_url(index, &image_url.url)?,
+                _ => {}
             }
         }
     }
     Ok(())
+}
+
+fn check_image_url(index: usize, url: &str) -> Result<(), TurnInputError> {
+    if url.starts_with("data:") {
+        let uri = DataUri::parse(url)
+            .map_err(|error| TurnInputError::InvalidImageUrl { index, reason: error.to_string() })?;
+        if !uri.is_image() {
+            return Err(TurnInputError::InvalidImageUrl {
+                index,
+                reason: format!("{} is not an image type", uri.mime()),
+            });
+        }
+        return Ok(());
+    }
+    if url.starts_with("https://") || url.starts_with("http://") {
+        return Ok(());
+    }
+    Err(TurnInputError::InvalidImageUrl {
+        index,
+        reason: "expected an http(s):// URL or a data: URI".to_owned(),
+    })
 }
 
 fn validate_answers(

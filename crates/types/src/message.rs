@@ -498,6 +498,64 @@ pub struct ModelMessage {
     pub name: Option<String>,
 }
 
+impl ModelMessage {
+    /// The deltas a provider would stream for this message: reasoning, text and refusal in
+    /// pieces of `chunk` characters (at least 1), each tool call opened by a chunk with its
+    /// id, type, name and routing metadata and followed by its arguments in pieces, and a
+    /// last delta with the finish reason and usage. Merging them gives the message back
+    /// (its `name` aside, which deltas do not carry).
+    #[must_use]
+    pub fn to_deltas(&self, chunk: usize) -> Vec<ModelMessageDelta> {
+        let chunk = chunk.max(1);
+        let pieces = |text: &str| -> Vec<String> {
+            let chars: Vec<char> = text.chars().collect();
+            chars.chunks(chunk).map(|piece| piece.iter().collect()).collect()
+        };
+        let mut deltas = Vec::new();
+        for piece in pieces(self.reasoning_content.as_deref().unwrap_or_default()) {
+            deltas.push(ModelMessageDelta { reasoning_content: Some(piece), ..ModelMessageDelta::default() });
+        }
+        for piece in pieces(self.content.as_deref().unwrap_or_default()) {
+            deltas.push(ModelMessageDelta::text(piece));
+        }
+        for piece in pieces(self.refusal.as_deref().unwrap_or_default()) {
+            deltas.push(ModelMessageDelta { refusal: Some(piece), ..ModelMessageDelta::default() });
+        }
+        for (index, call) in self.tool_calls.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            deltas.push(ModelMessageDelta {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    id: Some(call.id.clone()),
+                    kind: Some(call.kind),
+                    function: Some(crate::tool::FunctionCallDelta {
+                        name: Some(call.function.name.clone()),
+                        arguments: None,
+                    }),
+                    tool_info: call.tool_info.clone(),
+                }],
+                ..ModelMessageDelta::default()
+            });
+            for piece in pieces(&call.function.arguments) {
+                deltas.push(ModelMessageDelta {
+                    tool_calls: vec![ToolCallDelta {
+                        index,
+                        function: Some(crate::tool::FunctionCallDelta { name: None, arguments: Some(piece) }),
+                        ..ToolCallDelta::default()
+                    }],
+                    ..ModelMessageDelta::default()
+                });
+            }
+        }
+        deltas.push(ModelMessageDelta {
+            finish_reason: self.finish_reason.clone(),
+            usage: self.usage,
+            ..ModelMessageDelta::default()
+        });
+        deltas
+    }
+}
+
 /// An increment of a [`ModelMessage`] as a model streams it.
 ///
 /// Text, reasoning and refusal are appended; tool-call chunks merge by `index`;

@@ -50,6 +50,19 @@ pub enum CancellationReason {
     Abandoned,
 }
 
+impl CancellationReason {
+    /// The wire value (`client-cancelled`, `server-execution-timeout`, …).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClientCancelled => "client-cancelled",
+            Self::ServerExecutionTimeout => "server-execution-timeout",
+            Self::CancelledForNextTurn => "cancelled-for-next-turn",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// The MCP server that needs its user to authorize access.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct McpServerAuth {

@@ -230,3 +230,28 @@ fn a_file_part_needs_a_name() {
         Err(TurnInputError::UnnamedFile { index: 0 })
     );
 }
+
+#[test]
+fn an_image_part_needs_an_http_url_or_an_image_data_uri() {
+    let image = |url: &str| {
+        let part: agentry_types::ContentPart =
+            serde_json::from_value(serde_json::json!({"type": "image_url", "image_url": {"url": url}}))
+                .unwrap();
+        [TurnInputItem::Message(UserMessage { content: MessageContent::Parts(vec![part]) })]
+    };
+    let none = PendingActions::none();
+    assert!(validate_turn_input(&image("https://example.com/cat.png"), &none).is_ok());
+    assert!(validate_turn_input(&image("data:image/png;base64,iVBORw0KGgo="), &none).is_ok());
+    for (url, why) in [
+        ("ftp://example.com/cat.png", "http(s)://"),
+        ("data:text/plain;base64,aGk=", "not an image type"),
+        ("data:image/png;base64,***", "not valid base64"),
+    ] {
+        let Err(TurnInputError::InvalidImageUrl { index: 0, reason }) =
+            validate_turn_input(&image(url), &none)
+        else {
+            panic!("{url} should be refused");
+        };
+        assert!(reason.contains(why), "{url}: {reason}");
+    }
+}

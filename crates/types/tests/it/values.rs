@@ -127,3 +127,21 @@ fn team_outputs_nest_member_responses_and_read_them_back_by_shape() {
     assert_eq!(back, outer);
     assert!(matches!(back.member_responses[1], MemberResponse::Team(_)));
 }
+
+#[test]
+fn an_empty_thread_id_is_refused_when_read_from_json() {
+    assert!(serde_json::from_str::<ThreadId>("\"\"").is_err());
+    assert_eq!(serde_json::from_str::<ThreadId>("\"main\"").unwrap(), ThreadId::main());
+}
+
+#[test]
+fn cancellation_reasons_spell_the_same_in_json_and_as_strings() {
+    for reason in [
+        CancellationReason::ClientCancelled,
+        CancellationReason::ServerExecutionTimeout,
+        CancellationReason::CancelledForNextTurn,
+        CancellationReason::Abandoned,
+    ] {
+        assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
+    }
+}

@@ -1,10 +1,14 @@
 //! The message builder: merges `model.message.delta`s into the `model.message` they build.
 //!
 //! Merge rules: text, reasoning and refusal are appended (empty pieces change nothing);
-//! tool-call chunks merge by `index`, with `id`, `type`, `name` and `tool_info` taken from
-//! the first chunk of an index and `arguments` concatenated; `finish_reason` and `usage`
-//! are overwritten. A delta for a different message id is an error; so is a chunk that
-//! opens an unknown index without a name. A failed push changes nothing.
+//! tool-call chunks merge by `index`, `arguments` concatenated, and `id`, `type`, `name`
+//! and `tool_info` taken from the first chunk of the index that carries each. A later
+//! chunk may repeat an id or name but not change it: where the SDK's `merge_event_delta`
+//! lets it overwrite, this builder refuses, because a provider that renames a call
+//! mid-stream has sent a broken stream. `finish_reason` and `usage` are overwritten. A
+//! delta for a different message id is an error; so is a chunk that opens an unknown index
+//! without a name, and a finishing delta that would leave a call without an id. A failed
+//! push changes nothing.
 
 use std::collections::HashMap;
 
@@ -96,6 +100,18 @@ struct PartialCall {
     name: String,
     arguments: String,
     tool_info: Option<ToolInfo>,
+}
+
+impl PartialCall {
+    /// The call, once it has an id.
+    fn assemble(&self) -> Option<ToolCall> {
+        Some(ToolCall {
+            id: self.id.clone()?,
+            kind: self.kind.unwrap_or_default(),
+            function: FunctionCall { name: self.name.clone(), arguments: self.arguments.clone() },
+            tool_info: self.tool_info.clone(),
+        })
+    }
 }
 
 /// Builds one model message from its deltas.
@@ -207,6 +223,12 @@ impl MessageBuilder {
     /// Merges a delta of message `id`. On error nothing changes.
     pub fn push(&mut self, id: EventId, delta: &ModelMessageDelta) -> Result<(), MergeError> {
         self.check(id, delta)?;
+        self.apply(id, delta);
+        Ok(())
+    }
+
+    /// Merges a delta that [`MessageBuilder::check`] accepted.
+    fn apply(&mut self, id: EventId, delta: &ModelMessageDelta) {
         self.id = Some(id);
         append(&mut self.message.content, delta.content.as_deref());
         append(&mut self.message.reasoning_content, delta.reasoning_content.as_deref());
@@ -220,7 +242,6 @@ impl MessageBuilder {
         if let Some(usage) = delta.usage {
             self.message.usage = Some(usage);
         }
-        Ok(())
     }
 
     fn merge_chunk(&mut self, chunk: &ToolCallDelta) {
@@ -251,13 +272,14 @@ impl MessageBuilder {
         }
     }
 
-    /// The message built so far, complete or not: what a cancelled stream leaves.
+    /// The message built so far, complete or not: what a cancelled stream leaves. Tool
+    /// calls that never received their id are left out.
     pub fn build_partial(&self) -> Result<ModelMessage, MergeError> {
         if self.id.is_none() {
             return Err(MergeError::Empty);
         }
         let mut message = self.message.clone();
-        message.tool_calls = self.assembled_calls()?;
+        message.tool_calls = self.calls.iter().flatten().filter_map(PartialCall::assemble).collect();
         Ok(message)
     }
 
@@ -267,23 +289,14 @@ impl MessageBuilder {
         if !self.is_complete() {
             return Err(MergeError::Incomplete { id });
         }
-        self.build_partial()
-    }
-
-    fn assembled_calls(&self) -> Result<Vec<ToolCall>, MergeError> {
-        let mut calls = Vec::with_capacity(self.calls.len());
+        let mut message = self.message.clone();
+        message.tool_calls = Vec::with_capacity(self.calls.len());
         for (index, slot) in self.calls.iter().enumerate() {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
             let call = slot.as_ref().ok_or(MergeError::MissingToolCall { index })?;
-            let id = call.id.clone().ok_or(MergeError::MissingToolCallId { index })?;
-            calls.push(ToolCall {
-                id,
-                kind: call.kind.unwrap_or_default(),
-                function: FunctionCall { name: call.name.clone(), arguments: call.arguments.clone() },
-                tool_info: call.tool_info.clone(),
-            });
+            message.tool_calls.push(call.assemble().ok_or(MergeError::MissingToolCallId { index })?);
         }
-        Ok(calls)
+        Ok(message)
     }
 
     /// Builds the complete message and empties the builder for the next one.
@@ -330,14 +343,18 @@ impl ThreadMessageBuilders {
         delta: &ModelMessageDelta,
     ) -> Result<Option<ModelMessage>, MergeError> {
         self.check(thread, id, delta)?;
-        let builder = self.builders.entry(thread.clone()).or_default();
-        builder.push(id, delta)?;
-        if builder.is_complete() {
-            let message = builder.build()?;
-            self.builders.remove(thread);
-            return Ok(Some(message));
+        let builder = match self.builders.get_mut(thread) {
+            Some(builder) => builder,
+            None => self.builders.entry(thread.clone()).or_default(),
+        };
+        builder.apply(id, delta);
+        if !builder.is_complete() {
+            return Ok(None);
         }
-        Ok(None)
+        // The check above made sure a finishing delta leaves a buildable message.
+        let message = builder.build()?;
+        self.builders.remove(thread);
+        Ok(Some(message))
     }
 
     /// Removes and returns the unfinished message of a thread, as built so far.

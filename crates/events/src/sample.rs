@@ -6,68 +6,18 @@
 
 use agentry_types::{
     BudgetLimit, BudgetUsage, CancellationReason, ContentPart, DataUri, EventId, FilePart, FinishReason,
-    FunctionCallDelta, McpServerAuth, MessageContent, ModelMessage, ModelMessageDelta, PendingToolCall,
-    RequiredAction, RequiredActionRecord, SessionId, Subject, ThreadId, ThreadMessage, Timestamp, ToolCall,
-    ToolCallDelta, ToolCallKind, TurnId, TurnInputItem, TurnMetrics, TurnState, Usage, UserMessage,
+    McpServerAuth, MessageContent, ModelMessage, ModelMessageDelta, PendingToolCall, RequiredAction,
+    RequiredActionRecord, SessionId, Subject, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolCallKind,
+    TurnId, TurnInputItem, TurnMetrics, TurnState, Usage, UserMessage,
 };
 use serde_json::json;
 
+use crate::builder::MergeError;
 use crate::envelope::{EventEnvelope, EventSource, TeamContext};
 use crate::payload::{
     EventPayload, McpServerSession, McpTransport, ThreadAgent, ThreadOutcome, ThreadParent,
 };
 use crate::sequencer::{TurnEmitter, TurnSequencer};
-
-/// Splits a complete message into the deltas a provider would stream: reasoning, text
-/// and each tool call's arguments in pieces of `chunk` characters, tool calls opened by
-/// a chunk with their id and name, and a last delta with the finish reason and usage.
-#[must_use]
-pub fn deltas_of(message: &ModelMessage, chunk: usize) -> Vec<ModelMessageDelta> {
-    let chunk = chunk.max(1);
-    let pieces = |text: &str| -> Vec<String> {
-        let chars: Vec<char> = text.chars().collect();
-        chars.chunks(chunk).map(|piece| piece.iter().collect()).collect()
-    };
-    let mut deltas = Vec::new();
-    for piece in pieces(message.reasoning_content.as_deref().unwrap_or_default()) {
-        deltas.push(ModelMessageDelta { reasoning_content: Some(piece), ..ModelMessageDelta::default() });
-    }
-    for piece in pieces(message.content.as_deref().unwrap_or_default()) {
-        deltas.push(ModelMessageDelta::text(piece));
-    }
-    for piece in pieces(message.refusal.as_deref().unwrap_or_default()) {
-        deltas.push(ModelMessageDelta { refusal: Some(piece), ..ModelMessageDelta::default() });
-    }
-    for (index, call) in message.tool_calls.iter().enumerate() {
-        let index = u32::try_from(index).unwrap_or(u32::MAX);
-        deltas.push(ModelMessageDelta {
-            tool_calls: vec![ToolCallDelta {
-                index,
-                id: Some(call.id.clone()),
-                kind: Some(call.kind),
-                function: Some(FunctionCallDelta { name: Some(call.function.name.clone()), arguments: None }),
-                tool_info: call.tool_info.clone(),
-            }],
-            ..ModelMessageDelta::default()
-        });
-        for piece in pieces(&call.function.arguments) {
-            deltas.push(ModelMessageDelta {
-                tool_calls: vec![ToolCallDelta {
-                    index,
-                    function: Some(FunctionCallDelta { name: None, arguments: Some(piece) }),
-                    ..ToolCallDelta::default()
-                }],
-                ..ModelMessageDelta::default()
-            });
-        }
-    }
-    deltas.push(ModelMessageDelta {
-        finish_reason: message.finish_reason.clone(),
-        usage: message.usage,
-        ..ModelMessageDelta::default()
-    });
-    deltas
-}
 
 /// Builds a sample turn event by event.
 #[derive(Debug)]
@@ -112,34 +62,41 @@ impl SampleTurn {
 
     /// Appends a team event with its context.
     pub fn push_team(&mut self, team: TeamContext, payload: EventPayload) -> &mut Self {
-        let mut event = self.emitter.emit(Some(ThreadId::main()), payload);
-        event.team = Some(team);
+        let event = self.emitter.emit_team(Some(ThreadId::main()), team, payload);
         self.events.push(event);
         self
     }
 
     /// Streams a message on a thread as deltas of `chunk` characters; returns its id.
-    pub fn stream(&mut self, thread: &ThreadId, message: &ModelMessage, chunk: usize) -> EventId {
+    pub fn stream(
+        &mut self,
+        thread: &ThreadId,
+        message: &ModelMessage,
+        chunk: usize,
+    ) -> Result<EventId, MergeError> {
         let id = EventId::new();
-        for delta in deltas_of(message, chunk) {
-            self.delta(thread, id, delta);
+        for delta in message.to_deltas(chunk) {
+            self.delta(thread, id, delta)?;
         }
-        id
+        Ok(id)
     }
 
     /// Appends one delta of message `id`, and the message when the delta completes it.
-    /// The samples only stream well-formed messages, whose deltas always merge.
-    pub fn delta(&mut self, thread: &ThreadId, id: EventId, delta: ModelMessageDelta) -> &mut Self {
-        if let Ok(emission) = self.emitter.delta(thread.clone(), id, delta) {
-            self.events.push(emission.delta);
-            if let Some(message) = emission.message {
-                if let EventPayload::ModelMessage(built) = &message.payload {
-                    self.messages.push((thread.clone(), id, built.clone()));
-                }
-                self.events.push(message);
+    pub fn delta(
+        &mut self,
+        thread: &ThreadId,
+        id: EventId,
+        delta: ModelMessageDelta,
+    ) -> Result<(), MergeError> {
+        let emission = self.emitter.delta(thread.clone(), id, delta)?;
+        self.events.push(emission.delta);
+        if let Some(message) = emission.message {
+            if let EventPayload::ModelMessage(built) = &message.payload {
+                self.messages.push((thread.clone(), id, built.clone()));
             }
+            self.events.push(message);
         }
-        self
+        Ok(())
     }
 
     /// The recorded form of the last message streamed on a thread.
@@ -193,8 +150,7 @@ fn metrics() -> TurnMetrics {
 /// streamed message with two tool calls, a tool run, two concurrent sub-agent threads
 /// (one fails), agent-team lifecycle events, memory updates, and an end that needs an
 /// approval, a client-side answer and an MCP authorization.
-#[must_use]
-pub fn everything_turn() -> Vec<EventEnvelope> {
+pub fn everything_turn() -> Result<Vec<EventEnvelope>, MergeError> {
     let main = ThreadId::main();
     let file = DataUri::encode("text/plain", b"quarterly numbers").ok();
     let mut parts =
@@ -251,7 +207,7 @@ pub fn everything_turn() -> Vec<EventEnvelope> {
         usage: Some(usage(80, 30)),
         ..ModelMessage::default()
     };
-    let planning_id = turn.stream(&main, &planning, 7);
+    let planning_id = turn.stream(&main, &planning, 7)?;
 
     turn.push(
         Some(main.clone()),
@@ -318,8 +274,8 @@ pub fn everything_turn() -> Vec<EventEnvelope> {
         usage: Some(usage(18, 7)),
         ..ModelMessage::default()
     };
-    let research_deltas = deltas_of(&research, 5);
-    let writing_deltas = deltas_of(&writing, 5);
+    let research_deltas = research.to_deltas(5);
+    let writing_deltas = writing.to_deltas(5);
     let (research_id, writing_id) = (EventId::new(), EventId::new());
     let longest = research_deltas.len().max(writing_deltas.len());
     for index in 0..longest {
@@ -327,7 +283,7 @@ pub fn everything_turn() -> Vec<EventEnvelope> {
             [(&researcher, research_id, &research_deltas), (&writer, writing_id, &writing_deltas)]
         {
             if let Some(delta) = deltas.get(index) {
-                turn.delta(thread, id, delta.clone());
+                turn.delta(thread, id, delta.clone())?;
             }
         }
     }
@@ -439,7 +395,7 @@ pub fn everything_turn() -> Vec<EventEnvelope> {
         usage: Some(usage(40, 18)),
         ..ModelMessage::default()
     };
-    let asking_id = turn.stream(&main, &asking, 9);
+    let asking_id = turn.stream(&main, &asking, 9)?;
     let approvals = vec![pending(
         "call_email",
         asking_id,
@@ -485,17 +441,16 @@ pub fn everything_turn() -> Vec<EventEnvelope> {
         })
         .collect();
     let output = turn.last_message(&main).map(Box::new);
-    turn.finish(TurnState::Done {
+    Ok(turn.finish(TurnState::Done {
         output,
         required_actions: required,
         completed_at: Timestamp::now(),
         metrics: Some(metrics()),
-    })
+    }))
 }
 
 /// A simple turn: a question, a streamed answer, done.
-#[must_use]
-pub fn answer_turn(question: &str, answer: &str) -> Vec<EventEnvelope> {
+pub fn answer_turn(question: &str, answer: &str) -> Result<Vec<EventEnvelope>, MergeError> {
     let main = ThreadId::main();
     let mut turn = SampleTurn::start(vec![TurnInputItem::message(question)]);
     let message = ModelMessage {
@@ -504,26 +459,25 @@ pub fn answer_turn(question: &str, answer: &str) -> Vec<EventEnvelope> {
         usage: Some(Usage::new(12, 6)),
         ..ModelMessage::default()
     };
-    turn.stream(&main, &message, 4);
+    turn.stream(&main, &message, 4)?;
     let output = turn.last_message(&main).map(Box::new);
-    turn.finish(TurnState::Done {
+    Ok(turn.finish(TurnState::Done {
         output,
         required_actions: Vec::new(),
         completed_at: Timestamp::now(),
         metrics: Some(metrics()),
-    })
+    }))
 }
 
 /// A turn cancelled by its client while the answer streamed, with budget exhaustion
 /// events on the way.
-#[must_use]
-pub fn cancelled_turn() -> Vec<EventEnvelope> {
+pub fn cancelled_turn() -> Result<Vec<EventEnvelope>, MergeError> {
     let main = ThreadId::main();
     let mut turn = SampleTurn::start(vec![TurnInputItem::message("Write a long story")]);
     let message = ModelMessage { content: Some("Once upon a time".to_owned()), ..ModelMessage::default() };
     let id = EventId::new();
-    for delta in deltas_of(&message, 4).into_iter().filter(|delta| delta.finish_reason.is_none()) {
-        turn.delta(&main, id, delta);
+    for delta in message.to_deltas(4).into_iter().filter(|delta| delta.finish_reason.is_none()) {
+        turn.delta(&main, id, delta)?;
     }
     if let Some(partial) = turn.emitter.finish_partial(&main) {
         turn.events.push(partial);
@@ -570,16 +524,15 @@ pub fn cancelled_turn() -> Vec<EventEnvelope> {
             error: "spawn policy file missing".to_owned(),
         },
     );
-    turn.finish(TurnState::Cancelled {
+    Ok(turn.finish(TurnState::Cancelled {
         reason: CancellationReason::ClientCancelled,
         completed_at: Timestamp::now(),
         metrics: None,
-    })
+    }))
 }
 
 /// A turn that fails: the provider errored after a tool call.
-#[must_use]
-pub fn failed_turn() -> Vec<EventEnvelope> {
+pub fn failed_turn() -> Result<Vec<EventEnvelope>, MergeError> {
     let main = ThreadId::main();
     let mut turn = SampleTurn::start(vec![TurnInputItem::message("What is the weather?")]);
     let message = ModelMessage {
@@ -591,7 +544,7 @@ pub fn failed_turn() -> Vec<EventEnvelope> {
         usage: Some(Usage::new(10, 4)),
         ..ModelMessage::default()
     };
-    turn.stream(&main, &message, 3);
+    turn.stream(&main, &message, 3)?;
     turn.push(
         Some(main),
         EventPayload::ToolResponse {
@@ -602,20 +555,19 @@ pub fn failed_turn() -> Vec<EventEnvelope> {
             is_error: true,
         },
     );
-    turn.finish(TurnState::Error {
+    Ok(turn.finish(TurnState::Error {
         message: "model provider returned HTTP 500: overloaded".to_owned(),
         completed_at: Timestamp::now(),
         metrics: None,
-    })
+    }))
 }
 
 /// Every sample turn.
-#[must_use]
-pub fn all_turns() -> Vec<Vec<EventEnvelope>> {
-    vec![
-        everything_turn(),
-        answer_turn("Hi!", "Hello! How can I help you today?"),
-        cancelled_turn(),
-        failed_turn(),
-    ]
+pub fn all_turns() -> Result<Vec<Vec<EventEnvelope>>, MergeError> {
+    Ok(vec![
+        everything_turn()?,
+        answer_turn("Hi!", "Hello! How can I help you today?")?,
+        cancelled_turn()?,
+        failed_turn()?,
+    ])
 }

@@ -114,9 +114,21 @@ impl TurnEmitter {
         &self.sequencer
     }
 
-    /// Numbers a non-delta event.
+    /// Numbers a non-delta event. A streamed model message goes through
+    /// [`TurnEmitter::delta`]; a complete message from a provider that does not stream may
+    /// be emitted here directly.
     pub fn emit(&mut self, thread_id: Option<ThreadId>, payload: EventPayload) -> EventEnvelope {
         self.sequencer.emit(thread_id, payload)
+    }
+
+    /// Numbers an agent-team event with its team context.
+    pub fn emit_team(
+        &mut self,
+        thread_id: Option<ThreadId>,
+        team: TeamContext,
+        payload: EventPayload,
+    ) -> EventEnvelope {
+        self.sequencer.emit_with(EventId::new(), thread_id, Some(team), Timestamp::now(), payload)
     }
 
     /// Numbers a delta of message `message_id` on `thread_id`, and the complete message

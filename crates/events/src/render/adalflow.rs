@@ -7,7 +7,7 @@
 //! `RunnerResult` carries.
 
 use agentry_types::adalflow::{Function, FunctionOutput, FunctionRequest, RunnerResult, StepOutput};
-use agentry_types::{CancellationReason, PendingToolCall, ToolCall, TurnState};
+use agentry_types::{PendingToolCall, ToolCall, TurnState};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -200,9 +200,7 @@ impl AdalFlowRenderer {
         let (answer, error) = match state {
             TurnState::Running => return None,
             TurnState::Done { output, .. } => (output.as_ref().and_then(|o| o.message.content.clone()), None),
-            TurnState::Cancelled { reason, .. } => {
-                (None, Some(format!("cancelled: {}", cancellation(*reason))))
-            }
+            TurnState::Cancelled { reason, .. } => (None, Some(format!("cancelled: {}", reason.as_str()))),
             TurnState::Error { message, .. } => (None, Some(message.clone())),
         };
         Some(RunnerResult { step_history: self.step_history.clone(), answer, error, ctx: None })
@@ -211,15 +209,6 @@ impl AdalFlowRenderer {
 
 fn with<T>(fields: RunItemFields<()>, data: T, error: Option<String>) -> RunItemFields<T> {
     RunItemFields { id: fields.id, data: Some(data), error, timestamp: fields.timestamp }
-}
-
-fn cancellation(reason: CancellationReason) -> &'static str {
-    match reason {
-        CancellationReason::ClientCancelled => "client-cancelled",
-        CancellationReason::ServerExecutionTimeout => "server-execution-timeout",
-        CancellationReason::CancelledForNextTurn => "cancelled-for-next-turn",
-        CancellationReason::Abandoned => "abandoned",
-    }
 }
 
 /// A tool call as an AdalFlow `Function`: JSON-object arguments become keyword

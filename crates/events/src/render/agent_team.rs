@@ -32,7 +32,8 @@ pub struct CommonProperties {
     /// Milliseconds since the Unix epoch.
     #[serde(rename = "timestampMs")]
     pub timestamp_ms: i64,
-    /// `ui_action`, `tool_call` or `orchestrator_runtime`.
+    /// `ui_action`, `tool_call` or `orchestrator_runtime`; on spawn lifecycle events only
+    /// (`spawn.*` and `instance.started`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<EventSource>,
 }
@@ -267,6 +268,16 @@ impl AgentTeamContext {
     }
 }
 
+fn is_spawn_lifecycle(payload: &EventPayload) -> bool {
+    matches!(
+        payload,
+        EventPayload::SpawnRequested { .. }
+            | EventPayload::SpawnDenied { .. }
+            | EventPayload::SpawnApproved { .. }
+            | EventPayload::InstanceStarted { .. }
+    )
+}
+
 /// Renders a turn's agent-team event; `None` for other events.
 #[must_use]
 pub fn render(event: &EventEnvelope) -> Option<AgentTeamEvent> {
@@ -289,7 +300,7 @@ pub fn render_payload(
         instance_id: context.instance_id.clone(),
         parent_instance_id: context.parent_instance_id.clone(),
         timestamp_ms: created_at.unix_millis(),
-        source: context.source,
+        source: is_spawn_lifecycle(payload).then_some(context.source).flatten(),
     };
     Some(match payload {
         EventPayload::SpawnRequested { requested_role, template, task, justification, budget_override } => {

@@ -5,12 +5,14 @@
 //! that `TeamRunCompleted` carries each member's response, and which messages streamed, so
 //! that a replay from the stored log (no deltas) still yields the content. Events of the
 //! main thread render as the team's events; a member thread contributes its final
-//! response to `member_responses`.
+//! response to `member_responses`, and a member that delegated in turn becomes a nested
+//! team run holding its own members' responses.
 
 use std::collections::{HashMap, HashSet};
 
 use agentry_types::agno::{
-    Audio, Citations, Image, MemberResponse, MessageReferences, Metrics, ReasoningStep, RunOutput, Video,
+    Audio, Citations, Image, MemberResponse, MessageReferences, Metrics, ReasoningStep, RunOutput,
+    TeamRunOutput, Video,
 };
 use agentry_types::{EventId, Message, RunStatus, ThreadId, TurnState};
 use schemars::JsonSchema;
@@ -18,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::envelope::EventEnvelope;
-use crate::payload::{EventPayload, ThreadAgent, ThreadOutcome};
+use crate::payload::{EventPayload, ThreadAgent, ThreadOutcome, ThreadParent};
 
 /// The fields every `TeamRun*` event carries (`BaseTeamRunEvent`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -152,8 +154,8 @@ pub enum AgnoEvent {
         /// Reasoning messages.
         #[serde(skip_serializing_if = "Option::is_none")]
         reasoning_messages: Option<Vec<Message>>,
-        /// The members' responses.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        /// The members' responses (a member that delegated in turn is a nested team).
+        #[serde(default)]
         member_responses: Vec<MemberResponse>,
         /// Metadata.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -264,16 +266,17 @@ pub struct AgnoContext {
 #[derive(Debug)]
 pub struct AgnoRenderer {
     context: AgnoContext,
-    threads: HashMap<ThreadId, ThreadAgent>,
+    threads: HashMap<ThreadId, (ThreadAgent, ThreadParent)>,
     streamed: HashSet<EventId>,
-    member_responses: Vec<MemberResponse>,
+    /// Finished members' responses, by the thread that started them (`main` for the team).
+    responses: HashMap<ThreadId, Vec<MemberResponse>>,
 }
 
 impl AgnoRenderer {
     /// A renderer for one turn of the team described by `context`.
     #[must_use]
     pub fn new(context: AgnoContext) -> Self {
-        Self { context, threads: HashMap::new(), streamed: HashSet::new(), member_responses: Vec::new() }
+        Self { context, threads: HashMap::new(), streamed: HashSet::new(), responses: HashMap::new() }
     }
 
     fn base(&self, event: &EventEnvelope, content: Option<Value>) -> BaseTeamRunEvent {
@@ -296,13 +299,24 @@ impl AgnoRenderer {
     pub fn render(&mut self, event: &EventEnvelope) -> Option<AgnoEvent> {
         let on_main = event.thread_id.as_ref().is_none_or(ThreadId::is_main);
         match &event.payload {
-            EventPayload::ThreadCreated { agent, .. } => {
-                self.threads.insert(event.thread_or_main(), agent.clone());
+            EventPayload::ThreadCreated { agent, parent, .. } => {
+                self.threads.insert(event.thread_or_main(), (agent.clone(), parent.clone()));
                 None
             }
-            EventPayload::ThreadDone { outcome, .. } => {
-                let response = self.member_response(event, outcome);
-                self.member_responses.push(MemberResponse::Agent(Box::new(response)));
+            EventPayload::ThreadDone { outcome, parent, .. } => {
+                let thread = event.thread_or_main();
+                let run = self.member_response(event, outcome);
+                let members = self.responses.remove(&thread).unwrap_or_default();
+                let response = if members.is_empty() {
+                    MemberResponse::Agent(Box::new(run))
+                } else {
+                    MemberResponse::Team(Box::new(nested_team(run, members)))
+                };
+                let parent = parent
+                    .as_ref()
+                    .or_else(|| self.threads.get(&thread).map(|(_, parent)| parent))
+                    .map_or_else(ThreadId::main, |parent| parent.thread_id.clone());
+                self.responses.entry(parent).or_default().push(response);
                 None
             }
             _ if !on_main => None,
@@ -389,7 +403,7 @@ impl AgnoRenderer {
 
     fn member_response(&self, event: &EventEnvelope, outcome: &ThreadOutcome) -> RunOutput {
         let thread = event.thread_or_main();
-        let agent = self.threads.get(&thread);
+        let agent = self.threads.get(&thread).map(|(agent, _)| agent);
         let (output, status) = match outcome {
             ThreadOutcome::Done { output } => (Some(output.as_ref()), RunStatus::Completed),
             ThreadOutcome::Error { output, .. } => (output.as_deref(), RunStatus::Error),
@@ -432,7 +446,7 @@ impl AgnoRenderer {
                     additional_input: None,
                     reasoning_steps: None,
                     reasoning_messages: None,
-                    member_responses: std::mem::take(&mut self.member_responses),
+                    member_responses: self.responses.remove(&ThreadId::main()).unwrap_or_default(),
                     metadata: None,
                     metrics: metrics.as_ref().map(Metrics::from),
                     status: state.run_status(),
@@ -445,6 +459,23 @@ impl AgnoRenderer {
             }
         })
     }
+}
+
+/// A member that delegated in turn, as Agno sees it: a nested team run.
+fn nested_team(run: RunOutput, members: Vec<MemberResponse>) -> TeamRunOutput {
+    let mut team = TeamRunOutput::new(run.created_at);
+    team.content = run.content;
+    team.reasoning_content = run.reasoning_content;
+    team.metrics = run.metrics;
+    team.model = run.model;
+    team.run_id = run.run_id;
+    team.team_id = run.agent_id;
+    team.team_name = run.agent_name;
+    team.session_id = run.session_id;
+    team.parent_run_id = run.parent_run_id;
+    team.status = run.status;
+    team.member_responses = members;
+    team
 }
 
 fn arguments_map(arguments: &str) -> Map<String, Value> {

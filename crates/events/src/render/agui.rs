@@ -2,15 +2,16 @@
 //! HTTP + SSE).
 //!
 //! AG-UI streams messages as START / CONTENT / END frames, so this renderer is a fold over
-//! a turn's events ([`AguiRenderer`]): it opens a text message, a reasoning message or a
-//! tool call at its first delta and closes them when the message finishes. A complete
-//! `model.message` whose deltas were not seen (a replay from the stored log) is
-//! synthesized in full. Required actions end the run with an interrupt outcome;
+//! a turn's events ([`AguiRenderer`]): it opens a reasoning message, a text message or a
+//! tool call (once its id and name are known) at its first delta, closes the reasoning
+//! when the answer begins, and closes everything when the message finishes. The complete
+//! `model.message` then closes what a cut-off stream left open and renders in full what
+//! its deltas did not show: everything, for a replay from the stored log. Required actions end the run with an interrupt outcome;
 //! cancellation with the cancelled outcome; an error with `RUN_ERROR`. Events on a
 //! sub-agent thread carry that thread as their `subagentRunId`. Canonical events AG-UI
 //! has no frame for travel as `CUSTOM` events named by their canonical type.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use agentry_types::{
     EventId, ModelMessage, ModelMessageDelta, PendingToolCall, RequiredAction, RequiredActionRecord,
@@ -22,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::envelope::EventEnvelope;
 use crate::payload::{EventPayload, ThreadOutcome};
+use crate::render::agent_team;
 
 /// Something a run needs from outside before it continues.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -65,10 +67,15 @@ pub enum RunFinishedOutcome {
 
 /// Why a sub-agent's segment ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[serde(tag = "type", rename_all = "lowercase", rename_all_fields = "camelCase")]
 pub enum SubagentFinishedOutcome {
     /// It completed.
     Success {},
+    /// It waits for outside input: the run's interrupts it raised itself.
+    Suspended {
+        /// Ids of its interrupts.
+        interrupt_ids: Vec<String>,
+    },
 }
 
 /// An AG-UI event.
@@ -257,6 +264,9 @@ pub enum AguiEvent {
         /// The thread's title.
         #[serde(skip_serializing_if = "Option::is_none")]
         description: Option<String>,
+        /// The sub-agent that started it, for nested delegation.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        parent_subagent_run_id: Option<String>,
         /// The tool call that started it.
         parent_tool_call_id: String,
         /// Milliseconds since the Unix epoch.
@@ -294,20 +304,46 @@ pub enum AguiEvent {
     },
 }
 
+/// A tool call being streamed: it opens once both its id and its name are known (they may
+/// arrive in different chunks); arguments that arrive before that wait.
+#[derive(Debug, Default)]
+struct OpenCall {
+    id: Option<String>,
+    name: Option<String>,
+    started: bool,
+    waiting_arguments: String,
+}
+
+/// A streamed message's open frames.
 #[derive(Debug, Default)]
 struct OpenMessage {
     subagent: Option<String>,
     text: bool,
     reasoning: bool,
-    /// Open tool calls by index: their call ids.
-    calls: BTreeMap<u32, String>,
+    calls: BTreeMap<u32, OpenCall>,
+    /// Its finishing delta arrived and closed its frames; the `model.message` is next.
+    finished: bool,
 }
 
 /// Renders a turn's events into AG-UI events, one canonical event at a time.
 #[derive(Debug, Default)]
 pub struct AguiRenderer {
+    /// Messages seen as deltas, until their `model.message` arrives.
     open: HashMap<EventId, OpenMessage>,
-    streamed: HashSet<EventId>,
+    /// Sub-agents started and not yet finished, in start order.
+    subagents: Vec<String>,
+}
+
+struct Frame<'a> {
+    message_id: &'a str,
+    subagent: Option<&'a String>,
+    timestamp: i64,
+}
+
+impl Frame<'_> {
+    fn subagent(&self) -> Option<String> {
+        self.subagent.cloned()
+    }
 }
 
 impl AguiRenderer {
@@ -329,13 +365,21 @@ impl AguiRenderer {
                 timestamp,
             }),
             EventPayload::ModelMessageDelta(delta) => {
-                self.streamed.insert(event.event_id);
-                self.delta(event.event_id, delta, subagent, timestamp, &mut out);
+                let message_id = event.event_id.to_string();
+                let open = self
+                    .open
+                    .entry(event.event_id)
+                    .or_insert_with(|| OpenMessage { subagent, ..OpenMessage::default() });
+                let subagent = open.subagent.clone();
+                let frame = Frame { message_id: &message_id, subagent: subagent.as_ref(), timestamp };
+                open.delta(delta, &frame, &mut out);
             }
             EventPayload::ModelMessage(message) => {
-                if !self.streamed.remove(&event.event_id) {
-                    synthesize(event.event_id, message, subagent.as_ref(), timestamp, &mut out);
-                }
+                let message_id = event.event_id.to_string();
+                let open = self.open.remove(&event.event_id).unwrap_or_default();
+                let subagent = open.subagent.clone().or(subagent);
+                let frame = Frame { message_id: &message_id, subagent: subagent.as_ref(), timestamp };
+                open.complete(message, &frame, &mut out);
             }
             EventPayload::ToolResponse { tool_call_id, content, .. } => out.push(AguiEvent::ToolCallResult {
                 message_id: event.event_id.to_string(),
@@ -345,15 +389,22 @@ impl AguiRenderer {
                 subagent_run_id: subagent,
                 timestamp,
             }),
-            EventPayload::ThreadCreated { parent, agent, title } => out.push(AguiEvent::SubagentStarted {
-                subagent_run_id: event.thread_or_main().to_string(),
-                name: agent.name.clone(),
-                description: Some(title.clone()),
-                parent_tool_call_id: parent.tool_call_id.clone(),
-                timestamp,
-            }),
+            EventPayload::ThreadCreated { parent, agent, title } => {
+                let subagent_run_id = event.thread_or_main().to_string();
+                self.subagents.push(subagent_run_id.clone());
+                out.push(AguiEvent::SubagentStarted {
+                    subagent_run_id,
+                    name: agent.name.clone(),
+                    description: Some(title.clone()),
+                    parent_subagent_run_id: (!parent.thread_id.is_main())
+                        .then(|| parent.thread_id.to_string()),
+                    parent_tool_call_id: parent.tool_call_id.clone(),
+                    timestamp,
+                });
+            }
             EventPayload::ThreadDone { outcome, .. } => {
                 let subagent_run_id = event.thread_or_main().to_string();
+                self.subagents.retain(|open| *open != subagent_run_id);
                 out.push(match outcome {
                     ThreadOutcome::Done { output } => AguiEvent::SubagentFinished {
                         subagent_run_id,
@@ -368,6 +419,7 @@ impl AguiRenderer {
             }
             EventPayload::TurnDone { state } => {
                 self.close_all(timestamp, &mut out);
+                self.close_subagents(state, timestamp, &mut out);
                 out.extend(finish(event, state, timestamp));
             }
             // Reflected in the run's interrupt outcome and in the tool-call frames.
@@ -377,168 +429,230 @@ impl AguiRenderer {
             | EventPayload::ToolCallStarted { .. } => {}
             other => out.push(AguiEvent::Custom {
                 name: other.kind().to_owned(),
-                value: serde_json::to_value(other).unwrap_or(Value::Null),
+                // Agent-team events travel in their own vocabulary, with their team context.
+                value: agent_team::render(event)
+                    .and_then(|frame| serde_json::to_value(frame).ok())
+                    .or_else(|| serde_json::to_value(other).ok())
+                    .unwrap_or(Value::Null),
                 timestamp,
             }),
         }
         out
     }
 
-    fn delta(
-        &mut self,
-        id: EventId,
-        delta: &ModelMessageDelta,
-        subagent: Option<String>,
-        timestamp: i64,
-        out: &mut Vec<AguiEvent>,
-    ) {
-        let message_id = id.to_string();
-        let open = self
-            .open
-            .entry(id)
-            .or_insert_with(|| OpenMessage { subagent: subagent.clone(), ..OpenMessage::default() });
-        if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|text| !text.is_empty()) {
-            let reasoning_id = reasoning_message_id(&message_id);
-            if !open.reasoning {
-                open.reasoning = true;
-                out.push(AguiEvent::ReasoningStart {
-                    message_id: reasoning_id.clone(),
-                    subagent_run_id: subagent.clone(),
-                    timestamp,
-                });
-                out.push(AguiEvent::ReasoningMessageStart {
-                    message_id: reasoning_id.clone(),
-                    role: "reasoning".to_owned(),
-                    subagent_run_id: subagent.clone(),
-                    timestamp,
-                });
-            }
-            out.push(AguiEvent::ReasoningMessageContent {
-                message_id: reasoning_id,
-                delta: reasoning.to_owned(),
-                subagent_run_id: subagent.clone(),
-                timestamp,
-            });
-        }
-        if let Some(text) = delta.content.as_deref().filter(|text| !text.is_empty()) {
-            if !open.text {
-                open.text = true;
-                out.push(AguiEvent::TextMessageStart {
-                    message_id: message_id.clone(),
-                    role: "assistant".to_owned(),
-                    subagent_run_id: subagent.clone(),
-                    timestamp,
-                });
-            }
-            out.push(AguiEvent::TextMessageContent {
-                message_id: message_id.clone(),
-                delta: text.to_owned(),
-                subagent_run_id: subagent.clone(),
-                timestamp,
-            });
-        }
-        for chunk in &delta.tool_calls {
-            let function = chunk.function.as_ref();
-            if let std::collections::btree_map::Entry::Vacant(slot) = open.calls.entry(chunk.index) {
-                let (Some(id), Some(name)) = (chunk.id.clone(), function.and_then(|f| f.name.clone())) else {
-                    continue;
-                };
-                slot.insert(id.clone());
-                out.push(AguiEvent::ToolCallStart {
-                    tool_call_id: id,
-                    tool_call_name: name,
-                    parent_message_id: message_id.clone(),
-                    subagent_run_id: subagent.clone(),
-                    timestamp,
-                });
-            }
-            let arguments = function.and_then(|f| f.arguments.as_deref()).filter(|args| !args.is_empty());
-            if let (Some(arguments), Some(call_id)) = (arguments, open.calls.get(&chunk.index)) {
-                out.push(AguiEvent::ToolCallArgs {
-                    tool_call_id: call_id.clone(),
-                    delta: arguments.to_owned(),
-                    subagent_run_id: subagent.clone(),
-                    timestamp,
-                });
-            }
-        }
-        if delta.finish_reason.is_some()
-            && let Some(open) = self.open.remove(&id)
-        {
-            close(&message_id, open, timestamp, out);
-        }
-    }
-
     fn close_all(&mut self, timestamp: i64, out: &mut Vec<AguiEvent>) {
         let mut open: Vec<_> = self.open.drain().collect();
         open.sort_by_key(|(id, _)| *id);
-        for (id, message) in open {
-            close(&id.to_string(), message, timestamp, out);
+        for (id, mut message) in open {
+            let message_id = id.to_string();
+            let subagent = message.subagent.clone();
+            message.close(&Frame { message_id: &message_id, subagent: subagent.as_ref(), timestamp }, out);
+        }
+    }
+
+    /// Ends the segments of sub-agents still running when the turn ends: suspended with
+    /// their interrupts when the turn waits for answers, failed when it was cancelled or
+    /// failed.
+    fn close_subagents(&mut self, state: &TurnState, timestamp: i64, out: &mut Vec<AguiEvent>) {
+        let interrupts = interrupts(state.required_actions());
+        for subagent_run_id in std::mem::take(&mut self.subagents) {
+            out.push(match state {
+                TurnState::Running | TurnState::Done { .. } => AguiEvent::SubagentFinished {
+                    outcome: SubagentFinishedOutcome::Suspended {
+                        interrupt_ids: interrupts
+                            .iter()
+                            .filter(|interrupt| interrupt.subagent_run_id.as_ref() == Some(&subagent_run_id))
+                            .map(|interrupt| interrupt.id.clone())
+                            .collect(),
+                    },
+                    subagent_run_id,
+                    result: None,
+                    timestamp,
+                },
+                TurnState::Cancelled { reason, .. } => AguiEvent::SubagentError {
+                    subagent_run_id,
+                    message: format!("cancelled: {}", reason.as_str()),
+                    timestamp,
+                },
+                TurnState::Error { message, .. } => {
+                    AguiEvent::SubagentError { subagent_run_id, message: message.clone(), timestamp }
+                }
+            });
+        }
+    }
+}
+
+impl OpenMessage {
+    fn delta(&mut self, delta: &ModelMessageDelta, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|text| !text.is_empty()) {
+            self.reasoning(reasoning, frame, out);
+        }
+        if let Some(text) = delta.content.as_deref().filter(|text| !text.is_empty()) {
+            self.close_reasoning(frame, out);
+            if !self.text {
+                self.text = true;
+                out.push(AguiEvent::TextMessageStart {
+                    message_id: frame.message_id.to_owned(),
+                    role: "assistant".to_owned(),
+                    subagent_run_id: frame.subagent(),
+                    timestamp: frame.timestamp,
+                });
+            }
+            out.push(AguiEvent::TextMessageContent {
+                message_id: frame.message_id.to_owned(),
+                delta: text.to_owned(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+        }
+        for chunk in &delta.tool_calls {
+            self.close_reasoning(frame, out);
+            let call = self.calls.entry(chunk.index).or_default();
+            if call.id.is_none() {
+                call.id = chunk.id.clone().filter(|id| !id.is_empty());
+            }
+            let function = chunk.function.as_ref();
+            if call.name.is_none() {
+                call.name = function.and_then(|f| f.name.clone()).filter(|name| !name.is_empty());
+            }
+            if let Some(arguments) = function.and_then(|f| f.arguments.as_deref()) {
+                call.waiting_arguments.push_str(arguments);
+            }
+            call.advance(frame, out);
+        }
+        if delta.finish_reason.is_some() {
+            self.close(frame, out);
+        }
+    }
+
+    fn reasoning(&mut self, text: &str, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        let reasoning_id = reasoning_message_id(frame.message_id);
+        if !self.reasoning {
+            self.reasoning = true;
+            out.push(AguiEvent::ReasoningStart {
+                message_id: reasoning_id.clone(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+            out.push(AguiEvent::ReasoningMessageStart {
+                message_id: reasoning_id.clone(),
+                role: "reasoning".to_owned(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+        }
+        out.push(AguiEvent::ReasoningMessageContent {
+            message_id: reasoning_id,
+            delta: text.to_owned(),
+            subagent_run_id: frame.subagent(),
+            timestamp: frame.timestamp,
+        });
+    }
+
+    fn close_reasoning(&mut self, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        if self.reasoning {
+            self.reasoning = false;
+            let reasoning_id = reasoning_message_id(frame.message_id);
+            out.push(AguiEvent::ReasoningMessageEnd {
+                message_id: reasoning_id.clone(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+            out.push(AguiEvent::ReasoningEnd {
+                message_id: reasoning_id,
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+        }
+    }
+
+    /// Closes every open frame; calls that never started are dropped here and synthesized
+    /// from the complete message, if it arrives.
+    fn close(&mut self, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.close_reasoning(frame, out);
+        if self.text {
+            out.push(AguiEvent::TextMessageEnd {
+                message_id: frame.message_id.to_owned(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+        }
+        for call in self.calls.values() {
+            if let (true, Some(id)) = (call.started, &call.id) {
+                out.push(AguiEvent::ToolCallEnd {
+                    tool_call_id: id.clone(),
+                    subagent_run_id: frame.subagent(),
+                    timestamp: frame.timestamp,
+                });
+            }
+        }
+    }
+
+    /// Handles the complete message: closes what its deltas left open, and renders in full
+    /// whatever its deltas did not show (everything, for a message replayed from storage).
+    fn complete(mut self, message: &ModelMessage, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        let replayed = self.calls.is_empty() && !self.text && !self.reasoning && !self.finished;
+        if replayed {
+            if let Some(reasoning) = message.reasoning_content.as_deref().filter(|text| !text.is_empty()) {
+                self.reasoning(reasoning, frame, out);
+            }
+            if let Some(text) = message.content.as_deref().filter(|text| !text.is_empty()) {
+                self.delta(&ModelMessageDelta::text(text), frame, out);
+            }
+        }
+        self.close(frame, out);
+        for (index, call) in message.tool_calls.iter().enumerate() {
+            let started =
+                u32::try_from(index).ok().and_then(|index| self.calls.get(&index)).is_some_and(|c| c.started);
+            if !started {
+                let mut full = OpenCall {
+                    id: Some(call.id.clone()),
+                    name: Some(call.function.name.clone()),
+                    started: false,
+                    waiting_arguments: call.function.arguments.clone(),
+                };
+                full.advance(frame, out);
+                out.push(AguiEvent::ToolCallEnd {
+                    tool_call_id: call.id.clone(),
+                    subagent_run_id: frame.subagent(),
+                    timestamp: frame.timestamp,
+                });
+            }
+        }
+    }
+}
+
+impl OpenCall {
+    /// Starts the call once its id and name are known, and sends the arguments waiting.
+    fn advance(&mut self, frame: &Frame<'_>, out: &mut Vec<AguiEvent>) {
+        let (Some(id), Some(name)) = (&self.id, &self.name) else { return };
+        if !self.started {
+            self.started = true;
+            out.push(AguiEvent::ToolCallStart {
+                tool_call_id: id.clone(),
+                tool_call_name: name.clone(),
+                parent_message_id: frame.message_id.to_owned(),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
+        }
+        if !self.waiting_arguments.is_empty() {
+            out.push(AguiEvent::ToolCallArgs {
+                tool_call_id: id.clone(),
+                delta: std::mem::take(&mut self.waiting_arguments),
+                subagent_run_id: frame.subagent(),
+                timestamp: frame.timestamp,
+            });
         }
     }
 }
 
 fn reasoning_message_id(message_id: &str) -> String {
     format!("{message_id}-reasoning")
-}
-
-fn close(message_id: &str, open: OpenMessage, timestamp: i64, out: &mut Vec<AguiEvent>) {
-    let subagent = open.subagent.as_ref();
-    if open.reasoning {
-        let reasoning_id = reasoning_message_id(message_id);
-        out.push(AguiEvent::ReasoningMessageEnd {
-            message_id: reasoning_id.clone(),
-            subagent_run_id: subagent.cloned(),
-            timestamp,
-        });
-        out.push(AguiEvent::ReasoningEnd {
-            message_id: reasoning_id,
-            subagent_run_id: subagent.cloned(),
-            timestamp,
-        });
-    }
-    if open.text {
-        out.push(AguiEvent::TextMessageEnd {
-            message_id: message_id.to_owned(),
-            subagent_run_id: subagent.cloned(),
-            timestamp,
-        });
-    }
-    for tool_call_id in open.calls.into_values() {
-        out.push(AguiEvent::ToolCallEnd { tool_call_id, subagent_run_id: subagent.cloned(), timestamp });
-    }
-}
-
-fn synthesize(
-    id: EventId,
-    message: &ModelMessage,
-    subagent: Option<&String>,
-    timestamp: i64,
-    out: &mut Vec<AguiEvent>,
-) {
-    let delta = ModelMessageDelta {
-        content: message.content.clone(),
-        reasoning_content: message.reasoning_content.clone(),
-        refusal: None,
-        tool_calls: message
-            .tool_calls
-            .iter()
-            .enumerate()
-            .map(|(index, call)| agentry_types::ToolCallDelta {
-                index: u32::try_from(index).unwrap_or(u32::MAX),
-                id: Some(call.id.clone()),
-                kind: Some(call.kind),
-                function: Some(agentry_types::FunctionCallDelta {
-                    name: Some(call.function.name.clone()),
-                    arguments: Some(call.function.arguments.clone()),
-                }),
-                tool_info: None,
-            })
-            .collect(),
-        finish_reason: Some(message.finish_reason.clone().unwrap_or(agentry_types::FinishReason::Stop)),
-        usage: None,
-    };
-    AguiRenderer::new().delta(id, &delta, subagent.cloned(), timestamp, out);
 }
 
 fn finish(event: &EventEnvelope, state: &TurnState, timestamp: i64) -> Option<AguiEvent> {

@@ -841,10 +841,7 @@ fn terminal_state(state: &TurnState) -> Option<TerminalTurnState> {
         }
         TurnState::Cancelled { reason, completed_at, metrics } => {
             TerminalTurnState::Cancelled(TurnStateCancelled {
-                reason: serde_json::to_value(reason)
-                    .ok()
-                    .and_then(|value| value.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
+                reason: reason.as_str().to_owned(),
                 completed_at: completed_at.to_rfc3339(),
                 metrics: *metrics,
             })

@@ -122,7 +122,7 @@ fn the_agent_team_renderer_reproduces_the_five_examples_of_the_specification() {
 
 #[test]
 fn agent_team_events_of_a_turn_carry_its_session_run_and_team_context() {
-    let events = sample::everything_turn();
+    let events = sample::everything_turn().unwrap();
     let mut names = BTreeSet::new();
     for event in &events {
         let Some(rendered) = agent_team::render(event) else {
@@ -135,7 +135,14 @@ fn agent_team_events_of_a_turn_carry_its_session_run_and_team_context() {
         assert_eq!(properties["sessionID"], json!(event.session_id.to_string()));
         assert_eq!(properties["runID"], json!(event.turn_id.to_string()));
         assert_eq!(properties["missionID"], json!("m1"));
-        assert_eq!(properties["source"], json!("tool_call"));
+        let lifecycle =
+            ["agent_team.spawn.requested", "agent_team.spawn.approved", "agent_team.instance.started"];
+        let expected_source = if lifecycle.contains(&value["type"].as_str().unwrap()) {
+            json!("tool_call")
+        } else {
+            Value::Null
+        };
+        assert_eq!(properties.get("source").cloned().unwrap_or(Value::Null), expected_source);
         assert_eq!(properties["timestampMs"], json!(event.created_at.unix_millis()));
     }
     assert!(names.contains("agent_team.spawn.requested") && names.contains("agent_team.capability.denied"));
@@ -158,6 +165,7 @@ fn every_agent_team_event_name_of_the_specification_is_rendered() {
     ]
     .into();
     let rendered: BTreeSet<String> = sample::all_turns()
+        .unwrap()
         .iter()
         .flatten()
         .filter_map(agent_team::render)
@@ -169,7 +177,7 @@ fn every_agent_team_event_name_of_the_specification_is_rendered() {
 #[test]
 fn the_harness_renders_all_twelve_streaming_kinds_with_their_sequence_as_the_sse_id() {
     let mut kinds = BTreeSet::new();
-    for event in sample::all_turns().iter().flatten() {
+    for event in sample::all_turns().unwrap().iter().flatten() {
         if let Some(rendered) = harness::render(event) {
             kinds.insert(rendered.kind());
             let frame = harness::sse_frame(event.seq, &rendered);
@@ -185,7 +193,7 @@ fn the_harness_renders_all_twelve_streaming_kinds_with_their_sequence_as_the_sse
 
 #[test]
 fn harness_deltas_share_the_id_of_their_message_and_open_tool_calls_with_routing_metadata() {
-    let events = sample::failed_turn();
+    let events = sample::failed_turn().unwrap();
     let mut ids = BTreeSet::new();
     for event in &events {
         match harness::render(event) {
@@ -242,7 +250,7 @@ fn assert_well_formed(frames: &[AguiEvent]) {
 
 #[test]
 fn ag_ui_wraps_deltas_in_start_and_end_frames_and_ends_with_an_interrupt_for_required_actions() {
-    let frames = agui(&sample::everything_turn());
+    let frames = agui(&sample::everything_turn().unwrap());
     assert_well_formed(&frames);
     let Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Interrupt { interrupts }, .. }) =
         frames.last()
@@ -265,7 +273,7 @@ fn ag_ui_wraps_deltas_in_start_and_end_frames_and_ends_with_an_interrupt_for_req
 
 #[test]
 fn ag_ui_replays_a_stored_log_without_deltas_as_the_same_text() {
-    let events = sample::answer_turn("Hi", "Hello there, friend");
+    let events = sample::answer_turn("Hi", "Hello there, friend").unwrap();
     let text = |frames: &[AguiEvent]| -> String {
         frames
             .iter()
@@ -290,13 +298,13 @@ fn ag_ui_replays_a_stored_log_without_deltas_as_the_same_text() {
 
 #[test]
 fn ag_ui_closes_a_cut_off_message_and_reports_cancellation_and_errors() {
-    let cancelled = agui(&sample::cancelled_turn());
+    let cancelled = agui(&sample::cancelled_turn().unwrap());
     assert_well_formed(&cancelled);
     assert!(matches!(
         cancelled.last(),
         Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Cancelled {}, .. })
     ));
-    let failed = agui(&sample::failed_turn());
+    let failed = agui(&sample::failed_turn().unwrap());
     assert_well_formed(&failed);
     assert!(
         matches!(failed.last(), Some(AguiEvent::RunError { message, .. }) if message.contains("HTTP 500"))
@@ -305,7 +313,7 @@ fn ag_ui_closes_a_cut_off_message_and_reports_cancellation_and_errors() {
 
 #[test]
 fn agno_renders_the_team_run_with_member_responses_and_unix_seconds() {
-    let events = sample::everything_turn();
+    let events = sample::everything_turn().unwrap();
     let mut renderer = AgnoRenderer::new(AgnoContext {
         team_id: "team_1".into(),
         team_name: "demo-team".into(),
@@ -366,9 +374,9 @@ fn agno_reports_cancellation_and_errors() {
         let mut renderer = AgnoRenderer::new(AgnoContext::default());
         events.iter().filter_map(|event| renderer.render(event)).last().unwrap()
     };
-    assert!(matches!(last(sample::cancelled_turn()), AgnoEvent::TeamRunCancelled { .. }));
+    assert!(matches!(last(sample::cancelled_turn().unwrap()), AgnoEvent::TeamRunCancelled { .. }));
     assert!(
-        matches!(last(sample::failed_turn()), AgnoEvent::TeamRunError { error, .. } if error.contains("HTTP 500"))
+        matches!(last(sample::failed_turn().unwrap()), AgnoEvent::TeamRunError { error, .. } if error.contains("HTTP 500"))
     );
 }
 
@@ -377,7 +385,7 @@ fn adalflow_emits_every_run_item_name_and_a_final_result_with_the_step_history()
     let mut names = BTreeSet::new();
     let mut raw = 0;
     let mut finals = Vec::new();
-    for events in sample::all_turns() {
+    for events in sample::all_turns().unwrap() {
         let mut renderer = AdalFlowRenderer::new();
         for event in &events {
             for rendered in renderer.render(event) {
@@ -405,4 +413,173 @@ fn adalflow_emits_every_run_item_name_and_a_final_result_with_the_step_history()
     assert_eq!(finals[1].answer.as_deref(), Some("Hello! How can I help you today?"));
     assert_eq!(finals[2].error.as_deref(), Some("cancelled: client-cancelled"));
     assert!(finals[3].error.as_deref().unwrap().contains("HTTP 500"));
+}
+
+#[test]
+fn ag_ui_starts_a_tool_call_once_its_id_and_name_are_both_known_and_keeps_early_arguments() {
+    use agentry_types::{
+        FinishReason, FunctionCallDelta, ModelMessageDelta, ThreadId, ToolCallDelta, TurnInputItem,
+    };
+    let main = ThreadId::main();
+    let mut turn = sample::SampleTurn::start(vec![TurnInputItem::message("go")]);
+    let id = agentry_types::EventId::new();
+    let chunk = |id: Option<&str>, name: Option<&str>, arguments: Option<&str>| ModelMessageDelta {
+        tool_calls: vec![ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_owned),
+            kind: None,
+            function: Some(FunctionCallDelta {
+                name: name.map(str::to_owned),
+                arguments: arguments.map(str::to_owned),
+            }),
+            tool_info: None,
+        }],
+        ..ModelMessageDelta::default()
+    };
+    turn.delta(&main, id, ModelMessageDelta { reasoning_content: Some("hmm".into()), ..Default::default() })
+        .unwrap();
+    turn.delta(&main, id, chunk(None, Some("search"), Some("{\"q\":"))).unwrap();
+    turn.delta(&main, id, chunk(Some("call_late"), None, Some("1}"))).unwrap();
+    turn.delta(
+        &main,
+        id,
+        ModelMessageDelta { finish_reason: Some(FinishReason::ToolCalls), ..Default::default() },
+    )
+    .unwrap();
+    let events = turn.finish(agentry_types::TurnState::Error {
+        message: "stop".into(),
+        completed_at: Timestamp::now(),
+        metrics: None,
+    });
+    let frames = agui(&events);
+    assert_well_formed(&frames);
+    let kinds: Vec<String> = frames
+        .iter()
+        .map(|f| serde_json::to_value(f).unwrap()["type"].as_str().unwrap().to_owned())
+        .collect();
+    let start = kinds.iter().position(|k| k == "TOOL_CALL_START").unwrap();
+    assert!(
+        kinds.iter().position(|k| k == "REASONING_END").unwrap() < start,
+        "reasoning closes before the call"
+    );
+    let args: String = frames
+        .iter()
+        .filter_map(|f| match f {
+            AguiEvent::ToolCallArgs { delta, tool_call_id, .. } if tool_call_id == "call_late" => {
+                Some(delta.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(args, "{\"q\":1}");
+}
+
+#[test]
+fn ag_ui_suspends_a_sub_agent_still_running_when_the_turn_waits_for_its_approval() {
+    use agentry_events::{ThreadAgent, ThreadParent};
+    use agentry_types::{
+        PendingToolCall, RequiredAction, RequiredActionRecord, ThreadId, TurnInputItem, TurnState,
+    };
+    let sub = ThreadId::new_sub_thread();
+    let mut turn = sample::SampleTurn::start(vec![TurnInputItem::message("go")]);
+    turn.push(
+        Some(sub.clone()),
+        EventPayload::ThreadCreated {
+            parent: ThreadParent { thread_id: ThreadId::main(), tool_call_id: "call_d".into() },
+            agent: ThreadAgent { name: "mailer".into(), input: "send it".into(), model: None },
+            title: "mailer".into(),
+        },
+    );
+    let call = PendingToolCall {
+        id: "call_mail".into(),
+        source_event_id: agentry_types::EventId::new(),
+        name: "send_email".into(),
+        arguments: "{}".into(),
+    };
+    let events = turn.finish(TurnState::Done {
+        output: None,
+        required_actions: vec![RequiredActionRecord {
+            id: agentry_types::EventId::new(),
+            created_at: Timestamp::now(),
+            action: RequiredAction::ToolApproval { thread_id: sub.clone(), tool_calls: vec![call] },
+        }],
+        completed_at: Timestamp::now(),
+        metrics: None,
+    });
+    let frames = agui(&events);
+    assert_well_formed(&frames);
+    let finished = frames.iter().find_map(|f| match f {
+        AguiEvent::SubagentFinished { subagent_run_id, outcome, .. } => {
+            Some((subagent_run_id.clone(), outcome.clone()))
+        }
+        _ => None,
+    });
+    let (subagent, outcome) = finished.unwrap();
+    assert_eq!(subagent, sub.to_string());
+    assert_eq!(
+        serde_json::to_value(outcome).unwrap(),
+        json!({"type": "suspended", "interruptIds": ["call_mail"]})
+    );
+    let Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Interrupt { interrupts }, .. }) =
+        frames.last()
+    else {
+        panic!("the run ends with an interrupt");
+    };
+    assert_eq!(interrupts[0].subagent_run_id.as_deref(), Some(sub.to_string().as_str()));
+}
+
+#[test]
+fn agno_nests_the_members_of_a_member_that_delegated() {
+    use agentry_events::{ThreadAgent, ThreadOutcome, ThreadParent};
+    use agentry_types::agno::MemberResponse;
+    use agentry_types::{ThreadId, ThreadMessage, TurnInputItem, TurnState};
+    let (lead, helper) = (ThreadId::new_sub_thread(), ThreadId::new_sub_thread());
+    let mut turn = sample::SampleTurn::start(vec![TurnInputItem::message("go")]);
+    let output = |thread: &ThreadId, text: &str| ThreadMessage {
+        id: agentry_types::EventId::new(),
+        thread_id: thread.clone(),
+        created_at: Timestamp::now(),
+        message: agentry_types::ModelMessage { content: Some(text.into()), ..Default::default() },
+    };
+    for (thread, parent, name) in [(&lead, ThreadId::main(), "lead"), (&helper, lead.clone(), "helper")] {
+        turn.push(
+            Some(thread.clone()),
+            EventPayload::ThreadCreated {
+                parent: ThreadParent { thread_id: parent, tool_call_id: format!("call_{name}") },
+                agent: ThreadAgent { name: name.into(), input: "task".into(), model: None },
+                title: name.into(),
+            },
+        );
+    }
+    for (thread, text) in [(&helper, "helped"), (&lead, "led")] {
+        turn.push(
+            Some(thread.clone()),
+            EventPayload::ThreadDone {
+                parent: None,
+                title: "t".into(),
+                outcome: ThreadOutcome::Done { output: Box::new(output(thread, text)) },
+            },
+        );
+    }
+    let events = turn.finish(TurnState::Done {
+        output: None,
+        required_actions: Vec::new(),
+        completed_at: Timestamp::now(),
+        metrics: None,
+    });
+    let mut renderer = AgnoRenderer::new(AgnoContext::default());
+    let last = events.iter().filter_map(|event| renderer.render(event)).last().unwrap();
+    let AgnoEvent::TeamRunCompleted { member_responses, .. } = last else {
+        panic!("expected TeamRunCompleted")
+    };
+    assert_eq!(member_responses.len(), 1);
+    let MemberResponse::Team(team) = &member_responses[0] else {
+        panic!("the lead delegated, so it is a team")
+    };
+    assert_eq!(team.team_name.as_deref(), Some("lead"));
+    assert_eq!(team.content, Some(json!("led")));
+    let MemberResponse::Agent(helper_run) = &team.member_responses[0] else {
+        panic!("the helper is an agent")
+    };
+    assert_eq!(helper_run.content, Some(json!("helped")));
 }

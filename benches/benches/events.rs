@@ -16,7 +16,7 @@ fn elements(events: &[EventEnvelope]) -> Throughput {
 }
 
 fn serialization(c: &mut Criterion) {
-    let events = sample_events();
+    let events = sample_events().unwrap();
     let mut group = c.benchmark_group("serialize");
     group.throughput(elements(&events));
     group.bench_function("envelope_to_json", |b| {
@@ -41,7 +41,7 @@ fn serialization(c: &mut Criterion) {
 }
 
 fn renderers(c: &mut Criterion) {
-    let events = sample_events();
+    let events = sample_events().unwrap();
     let mut group = c.benchmark_group("render_and_serialize");
     group.throughput(elements(&events));
     let mut buffer = Vec::with_capacity(4096);

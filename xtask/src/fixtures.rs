@@ -9,7 +9,7 @@
 
 use agentry_events::render::{agui::AguiRenderer, harness};
 use agentry_events::{EventEnvelope, EventPayload, sample};
-use agentry_types::{Subject, TurnInputItem, TurnRecord, TurnState};
+use agentry_types::{SessionId, Subject, Timestamp, TurnId, TurnInputItem, TurnRecord, TurnState};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
@@ -19,7 +19,7 @@ fn to_value<T: serde::Serialize>(value: &T) -> Result<Value> {
 
 /// Builds the fixture document.
 pub fn build() -> Result<Value> {
-    let turns = sample::all_turns();
+    let turns = sample::all_turns()?;
     let mut streaming = Vec::new();
     let mut session_events = Vec::new();
     let mut stored = Vec::new();
@@ -112,12 +112,12 @@ fn record_of(events: &[EventEnvelope]) -> TurnRecord {
         })
         .unwrap_or(TurnState::Running);
     TurnRecord {
-        id: first.map(|event| event.turn_id).unwrap_or_default(),
-        session_id: first.map(|event| event.session_id).unwrap_or_default(),
+        id: first.map_or_else(TurnId::new, |event| event.turn_id),
+        session_id: first.map_or_else(SessionId::new, |event| event.session_id),
         previous_turn_id,
         input,
         state,
         created_by,
-        created_at: first.map(|event| event.created_at).unwrap_or_default(),
+        created_at: first.map_or_else(Timestamp::now, |event| event.created_at),
     }
 }

@@ -6,6 +6,16 @@
 //! - [`fixtures`]: the wire fixtures the Python client tests parse;
 //! - [`demo`]: a scripted turn printed as the harness event stream;
 //! - [`bench`]: the medians of criterion's results.
+//!
+//! ```
+//! use std::collections::BTreeSet;
+//! use xtask::layering::{check, Edge, ALLOWED};
+//!
+//! // `types` may depend on no workspace crate.
+//! let packages: BTreeSet<String> = ["agentry-types".to_owned(), "agentry-model".to_owned()].into();
+//! let edge = Edge { from: "agentry-types".into(), to: "agentry-model".into(), kind: "normal".into() };
+//! assert_eq!(check(ALLOWED, &packages, &[edge]).len(), 1);
+//! ```
 
 pub mod bench;
 pub mod codegen;
@@ -21,9 +31,4 @@ use std::path::PathBuf;
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest_dir.parent().map(PathBuf::from).unwrap_or(manifest_dir)
-}
-
-/// The benchmark summary table of criterion's output directory.
-pub fn bench_summary(criterion_dir: &std::path::Path) -> anyhow::Result<String> {
-    bench::summary(criterion_dir)
 }

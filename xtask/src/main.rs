@@ -140,7 +140,7 @@ fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         args.push(filter);
     }
     cargo(root, &args)?;
-    let summary = xtask::bench_summary(&root.join("target/criterion"))?;
+    let summary = xtask::bench::summary(&root.join("target/criterion"))?;
     println!("{summary}");
     Ok(())
 }

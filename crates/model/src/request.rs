@@ -1,11 +1,9 @@
 //! What is sent to a model.
 
 use agentry_types::{Message, ToolSpec};
-use serde::{Deserialize, Serialize};
 
 /// Which tool the model must call, if any.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolChoice {
     /// The model decides.
     Auto,
@@ -18,27 +16,21 @@ pub enum ToolChoice {
 }
 
 /// A completion request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
     /// The conversation so far, instructions first.
     pub messages: Vec<Message>,
     /// The tools the model may call.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolSpec>,
     /// Which tool to call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
     /// Whether the model may call several tools in one message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
     /// Sampling temperature.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
     /// The most tokens to generate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     /// Sequences that stop generation.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
 }
 
@@ -72,7 +64,7 @@ impl ModelRequest {
 }
 
 /// Which model this is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
     /// The model id (`gpt-4o-mini`, `scripted`, …).
     pub id: String,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_types::{FinishReason, FunctionCallDelta, ModelMessageDelta, ToolCallDelta, ToolCallKind, Usage};
+use agentry_types::{FinishReason, ModelMessage, ModelMessageDelta, ToolCall, Usage};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
@@ -113,49 +113,28 @@ impl ScriptedResponse {
     /// The deltas this response streams as call number `call` (from 1) of a model.
     #[must_use]
     pub fn deltas(&self, call: usize, request: &ModelRequest) -> Vec<ModelMessageDelta> {
-        let chunk = self.chunk_chars.unwrap_or(8).max(1);
-        let mut deltas = Vec::new();
-        for piece in split_chars(self.reasoning.as_deref().unwrap_or_default(), chunk) {
-            deltas.push(ModelMessageDelta { reasoning_content: Some(piece), ..ModelMessageDelta::default() });
-        }
-        for piece in split_chars(self.text.as_deref().unwrap_or_default(), chunk) {
-            deltas.push(ModelMessageDelta::text(piece));
-        }
-        for (index, tool_call) in self.tool_calls.iter().enumerate() {
-            let index = u32::try_from(index).unwrap_or(u32::MAX);
-            let id = tool_call.id.clone().unwrap_or_else(|| format!("call_{call}_{index}"));
-            deltas.push(ModelMessageDelta {
-                tool_calls: vec![ToolCallDelta {
-                    index,
-                    id: Some(id),
-                    kind: Some(ToolCallKind::Function),
-                    function: Some(FunctionCallDelta { name: Some(tool_call.name.clone()), arguments: None }),
-                    tool_info: None,
-                }],
-                ..ModelMessageDelta::default()
-            });
-            for piece in split_chars(&tool_call.arguments, chunk) {
-                deltas.push(ModelMessageDelta {
-                    tool_calls: vec![ToolCallDelta {
-                        index,
-                        function: Some(FunctionCallDelta { name: None, arguments: Some(piece) }),
-                        ..ToolCallDelta::default()
-                    }],
-                    ..ModelMessageDelta::default()
-                });
-            }
-        }
         let finish_reason = self.finish_reason.clone().unwrap_or(if self.tool_calls.is_empty() {
             FinishReason::Stop
         } else {
             FinishReason::ToolCalls
         });
-        deltas.push(ModelMessageDelta {
+        let message = ModelMessage {
+            content: self.text.clone().filter(|text| !text.is_empty()),
+            reasoning_content: self.reasoning.clone().filter(|text| !text.is_empty()),
+            tool_calls: self
+                .tool_calls
+                .iter()
+                .enumerate()
+                .map(|(index, tool_call)| {
+                    let id = tool_call.id.clone().unwrap_or_else(|| format!("call_{call}_{index}"));
+                    ToolCall::function(id, tool_call.name.clone(), tool_call.arguments.clone())
+                })
+                .collect(),
             finish_reason: Some(finish_reason),
             usage: Some(self.usage.unwrap_or_else(|| self.estimated_usage(request))),
-            ..ModelMessageDelta::default()
-        });
-        deltas
+            ..ModelMessage::default()
+        };
+        message.to_deltas(self.chunk_chars.unwrap_or(8))
     }
 
     /// Usage estimated at four characters a token, for responses without exact usage.
@@ -171,11 +150,6 @@ impl ScriptedResponse {
                 .sum::<usize>();
         Usage::new(tokens(input), tokens(output))
     }
-}
-
-fn split_chars(text: &str, chunk: usize) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    chars.chunks(chunk).map(|piece| piece.iter().collect()).collect()
 }
 
 type Responder = dyn Fn(&ModelRequest) -> ScriptedResponse + Send + Sync;
@@ -244,13 +218,14 @@ impl ScriptedModel {
         self.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    fn next_response(&self, request: &ModelRequest) -> Result<ScriptedResponse, ModelError> {
+    /// The response to call number `call` (from 1).
+    fn next_response(&self, call: usize, request: &ModelRequest) -> Result<ScriptedResponse, ModelError> {
         match &self.script {
             Script::Sequence(queue) => queue
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop_front()
-                .ok_or(ModelError::ScriptExhausted { used: self.calls() - 1 }),
+                .ok_or(ModelError::ScriptExhausted { used: call - 1 }),
             Script::Responder(responder) => Ok(responder(request)),
         }
     }
@@ -268,7 +243,7 @@ impl Model for ScriptedModel {
         }
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         self.requests.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
-        let response = self.next_response(&request)?;
+        let response = self.next_response(call, &request)?;
         if let Some(error) = response.error.clone() {
             return Err(error);
         }

@@ -40,64 +40,49 @@ fn serialization(c: &mut Criterion) {
     group.finish();
 }
 
+/// Renders and serializes every sample event with a fresh renderer per iteration.
+fn bench_renderer<R, T: serde::Serialize>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    events: &[EventEnvelope],
+    new: impl Fn() -> R,
+    render: impl Fn(&mut R, &EventEnvelope) -> Vec<T>,
+) {
+    let mut buffer = Vec::with_capacity(4096);
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            let mut renderer = new();
+            for event in events {
+                for rendered in render(&mut renderer, black_box(event)) {
+                    buffer.clear();
+                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
+                }
+            }
+        });
+    });
+}
+
 fn renderers(c: &mut Criterion) {
     let events = sample_events().unwrap();
     let mut group = c.benchmark_group("render_and_serialize");
     group.throughput(elements(&events));
-    let mut buffer = Vec::with_capacity(4096);
-    group.bench_function("harness", |b| {
-        b.iter(|| {
-            for event in &events {
-                if let Some(rendered) = harness::render(black_box(event)) {
-                    buffer.clear();
-                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
-                }
-            }
-        });
-    });
-    group.bench_function("agent_team", |b| {
-        b.iter(|| {
-            for event in &events {
-                if let Some(rendered) = agent_team::render(black_box(event)) {
-                    buffer.clear();
-                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
-                }
-            }
-        });
-    });
-    group.bench_function("agno", |b| {
-        b.iter(|| {
-            let mut renderer = agno::AgnoRenderer::new(agno::AgnoContext::default());
-            for event in &events {
-                if let Some(rendered) = renderer.render(black_box(event)) {
-                    buffer.clear();
-                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
-                }
-            }
-        });
-    });
-    group.bench_function("adalflow", |b| {
-        b.iter(|| {
-            let mut renderer = adalflow::AdalFlowRenderer::new();
-            for event in &events {
-                for rendered in renderer.render(black_box(event)) {
-                    buffer.clear();
-                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
-                }
-            }
-        });
-    });
-    group.bench_function("agui", |b| {
-        b.iter(|| {
-            let mut renderer = agui::AguiRenderer::new();
-            for event in &events {
-                for rendered in renderer.render(black_box(event)) {
-                    buffer.clear();
-                    serde_json::to_writer(&mut buffer, &rendered).unwrap();
-                }
-            }
-        });
-    });
+    bench_renderer(&mut group, "harness", &events, || (), |(), e| harness::render(e).into_iter().collect());
+    bench_renderer(
+        &mut group,
+        "agent_team",
+        &events,
+        || (),
+        |(), e| agent_team::render(e).into_iter().collect(),
+    );
+    bench_renderer(
+        &mut group,
+        "agno",
+        &events,
+        || agno::AgnoRenderer::new(agno::AgnoContext::default()),
+        |r, e| r.render(e).into_iter().collect(),
+    );
+    bench_renderer(&mut group, "adalflow", &events, adalflow::AdalFlowRenderer::new, |r, e| r.render(e));
+    bench_renderer(&mut group, "agui", &events, agui::AguiRenderer::new, |r, e| r.render(e));
     group.finish();
 }
 

@@ -9,7 +9,7 @@
 
 use agentry_events::render::{agui::AguiRenderer, harness};
 use agentry_events::{EventEnvelope, EventPayload, sample};
-use agentry_types::{SessionId, Subject, Timestamp, TurnId, TurnInputItem, TurnRecord, TurnState};
+use agentry_types::{RunRecord, SessionId, Subject, Timestamp, TurnId, TurnInputItem, TurnState};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
@@ -67,7 +67,7 @@ pub fn build() -> Result<Value> {
     }
     if let Some(first) = turns.first() {
         let mut running = record_of(first);
-        running.state = TurnState::Running;
+        running.set_state(TurnState::Running);
         records.push(to_value(&harness::turn(&running))?);
     }
 
@@ -95,7 +95,7 @@ fn agui_stream<'a>(events: impl Iterator<Item = &'a EventEnvelope>) -> Result<Va
 }
 
 /// The turn record a sample turn's events describe.
-fn record_of(events: &[EventEnvelope]) -> TurnRecord {
+fn record_of(events: &[EventEnvelope]) -> RunRecord {
     let first = events.first();
     let (previous_turn_id, input, created_by) = match first.map(|event| &event.payload) {
         Some(EventPayload::TurnCreated { previous_turn_id, input, created_by }) => {
@@ -111,13 +111,11 @@ fn record_of(events: &[EventEnvelope]) -> TurnRecord {
             _ => None,
         })
         .unwrap_or(TurnState::Running);
-    TurnRecord {
-        id: first.map_or_else(TurnId::new, |event| event.turn_id),
-        session_id: first.map_or_else(SessionId::new, |event| event.session_id),
-        previous_turn_id,
-        input,
-        state,
-        created_by,
-        created_at: first.map_or_else(Timestamp::now, |event| event.created_at),
-    }
+    let mut record =
+        RunRecord::new(first.map_or_else(SessionId::new, |event| event.session_id), input, created_by);
+    record.id = first.map_or_else(TurnId::new, |event| event.turn_id);
+    record.previous_turn_id = previous_turn_id;
+    record.created_at = first.map_or_else(Timestamp::now, |event| event.created_at);
+    record.set_state(state);
+    record
 }

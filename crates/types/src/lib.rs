@@ -46,7 +46,10 @@ pub use message::{
     ContentPart, DataUri, DataUriError, FilePart, FinishReason, ImageUrl, Message, MessageContent,
     ModelMessage, ModelMessageDelta, Role, ThreadMessage,
 };
-pub use record::TurnRecord;
+pub use record::{
+    BudgetLedger, BudgetReservation, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, SessionRecord,
+    SessionType, ToolResult, UserMemory, UserProfile, lease_expiry,
+};
 pub use status::{
     CancellationReason, McpServerAuth, RequiredAction, RequiredActionRecord, RunStatus, Subject, TurnState,
 };

@@ -1,30 +1,305 @@
-//! Records of sessions' turns as the runtime keeps them.
+//! Records the runtime stores: sessions, runs (turns), history messages, user profiles and
+//! memories, tool-journal entries, budget ledgers and session leases.
+
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
-use crate::ids::{SessionId, TurnId};
+use crate::agno::SessionSummary;
+use crate::budget::{BudgetLimit, BudgetUsage};
+use crate::ids::{SessionId, ThreadId, TurnId};
 use crate::input::TurnInputItem;
-use crate::status::{Subject, TurnState};
+use crate::message::Message;
+use crate::status::{RunStatus, Subject, TurnState};
 use crate::time::Timestamp;
 
-/// A turn: its place in the session's chain, its input and its state.
+/// What a session belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionType {
+    /// A single agent.
+    Agent,
+    /// A team of agents.
+    Team,
+    /// A workflow.
+    Workflow,
+}
+
+impl SessionType {
+    /// The lowercase name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Team => "team",
+            Self::Workflow => "workflow",
+        }
+    }
+}
+
+/// A session: a conversation with an agent, a team or a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct TurnRecord {
+pub struct SessionRecord {
     /// Its id.
+    pub id: SessionId,
+    /// What it belongs to.
+    pub session_type: SessionType,
+    /// The agent, team or workflow name.
+    pub name: String,
+    /// The subject that owns it (who created it); only that subject sees it over the API.
+    pub owner: Subject,
+    /// The end user it serves, when the application tracks one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// A human-readable title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Application metadata.
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    /// Session state the agents keep between turns.
+    #[serde(default)]
+    pub state: Map<String, Value>,
+    /// The running summary of the conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<SessionSummary>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+impl SessionRecord {
+    /// A new, empty session created now.
+    #[must_use]
+    pub fn new(session_type: SessionType, name: impl Into<String>, owner: Subject) -> Self {
+        let now = Timestamp::now();
+        Self {
+            id: SessionId::new(),
+            session_type,
+            name: name.into(),
+            owner,
+            user_id: None,
+            title: None,
+            metadata: Map::new(),
+            state: Map::new(),
+            summary: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
+/// A run: one turn of a session, or a member's run inside a team turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunRecord {
+    /// Its id (the turn id for a turn).
     pub id: TurnId,
     /// The session it belongs to.
     pub session_id: SessionId,
-    /// The turn it chains from; absent for the first turn.
+    /// The turn it chains from; absent for the first turn and for member runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_turn_id: Option<TurnId>,
+    /// The run it belongs to, for a member's run inside a team run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<TurnId>,
+    /// The thread a member run ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<ThreadId>,
+    /// The agent that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The team that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team_id: Option<String>,
     /// The input that started it.
     #[serde(default)]
     pub input: Vec<TurnInputItem>,
-    /// Where it is in its life.
+    /// Where it is in its life (output, required actions and metrics once it ended).
     pub state: TurnState,
+    /// Its status. For turns it follows `state` ([`RunRecord::set_state`]); a run saved from
+    /// an output document carries that document's status.
+    pub status: RunStatus,
+    /// The run's output document (an Agno `RunOutput` or `TeamRunOutput`), when one was saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
     /// Who created it.
     pub created_by: Subject,
     /// When it was created.
     pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+impl RunRecord {
+    /// A new running turn of a session.
+    #[must_use]
+    pub fn new(session_id: SessionId, input: Vec<TurnInputItem>, created_by: Subject) -> Self {
+        let now = Timestamp::now();
+        Self {
+            id: TurnId::new(),
+            session_id,
+            previous_turn_id: None,
+            parent_run_id: None,
+            thread_id: None,
+            agent_id: None,
+            team_id: None,
+            input,
+            state: TurnState::Running,
+            status: RunStatus::Running,
+            output: None,
+            created_by,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// Moves the run to a new state, its status following.
+    pub fn set_state(&mut self, state: TurnState) {
+        self.status = state.run_status();
+        self.state = state;
+        self.updated_at = Timestamp::now();
+    }
+}
+
+/// A message kept for a run's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryMessage {
+    /// The run it belongs to.
+    pub run_id: TurnId,
+    /// Its position within the run, from 0.
+    pub index: u32,
+    /// The message.
+    pub message: Message,
+}
+
+/// What an application knows about an end user, as a JSON document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UserProfile {
+    /// The user.
+    pub user_id: String,
+    /// The profile (shaped by the memory's profile schema, when one is set).
+    pub profile: Value,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+/// A fact remembered about a user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UserMemory {
+    /// Its id.
+    pub id: String,
+    /// The user.
+    pub user_id: String,
+    /// The fact.
+    pub memory: String,
+    /// Topics it concerns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<String>,
+    /// When it was remembered.
+    pub created_at: Timestamp,
+}
+
+/// The result of a tool call as journaled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolResult {
+    /// The content given to the model.
+    pub content: String,
+    /// Whether it reports a failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+}
+
+/// A tool call in the journal: recorded before it runs, and with its result after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct JournalEntry {
+    /// The turn that made the call.
+    pub turn_id: TurnId,
+    /// The call id.
+    pub tool_call_id: String,
+    /// The tool.
+    pub tool_name: String,
+    /// The key passed to the tool so that a repeated call can be recognized (stable per call).
+    pub idempotency_key: String,
+    /// A hash of the call's arguments.
+    pub arguments_hash: String,
+    /// When it was recorded as started.
+    pub started_at: Timestamp,
+    /// Its result, once it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResult>,
+    /// When it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+}
+
+/// A budget scope's ledger: its limit, what was used and what is reserved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetLedger {
+    /// The scope (`mission:<id>`, `instance:<id>`, …).
+    pub scope: String,
+    /// The limit.
+    pub limit: BudgetLimit,
+    /// Settled usage.
+    pub used: BudgetUsage,
+    /// Usage reserved by unsettled, unexpired reservations.
+    pub reserved: BudgetUsage,
+}
+
+/// A reservation against one or more budget scopes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetReservation {
+    /// Its id.
+    pub id: String,
+    /// The scopes it holds amounts on (an instance and its mission, say).
+    pub scopes: Vec<String>,
+    /// The amount held on each.
+    pub amount: BudgetUsage,
+    /// When it lapses if not settled (a crashed holder's reservations expire).
+    pub expires_at: Timestamp,
+}
+
+/// The lease that lets one process run a session's turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Lease {
+    /// The session.
+    pub session_id: SessionId,
+    /// Who holds it (a process or runner id).
+    pub owner: String,
+    /// The fencing token: greater than every token granted before it.
+    pub token: u64,
+    /// When it lapses unless renewed.
+    pub expires_at: Timestamp,
+}
+
+impl Lease {
+    /// Whether it has lapsed at `now`.
+    #[must_use]
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at <= now
+    }
+
+    /// The fence that writes on behalf of the lease holder carry.
+    #[must_use]
+    pub const fn fence(&self) -> Fence {
+        Fence { session_id: self.session_id, token: self.token }
+    }
+}
+
+/// Proof of holding a session's lease, carried by writes made for its running turn. A store
+/// refuses a write whose token is not the session's current one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Fence {
+    /// The session.
+    pub session_id: SessionId,
+    /// The lease's token.
+    pub token: u64,
+}
+
+/// The time-to-live of a lease, for convenience.
+#[must_use]
+pub fn lease_expiry(now: Timestamp, ttl: Duration) -> Timestamp {
+    now.saturating_add(ttl)
 }

@@ -7,8 +7,8 @@
 
 use agentry_types::{
     ContentPart, McpServerAuth, MessageContent, ModelMessage, ModelMessageDelta, PendingToolCall,
-    RequiredAction, RequiredActionRecord, Subject, ThreadMessage, ToolCall, ToolCallDelta, ToolInfo,
-    TurnInputItem, TurnMetrics, TurnRecord, TurnState, Usage,
+    RequiredAction, RequiredActionRecord, RunRecord, Subject, ThreadMessage, ToolCall, ToolCallDelta,
+    ToolInfo, TurnInputItem, TurnMetrics, TurnState, Usage,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -805,7 +805,7 @@ pub fn sse_frame(seq: u64, event: &HarnessEvent) -> String {
 
 /// Renders a turn record (`Turn`).
 #[must_use]
-pub fn turn(record: &TurnRecord) -> HarnessTurn {
+pub fn turn(record: &RunRecord) -> HarnessTurn {
     HarnessTurn {
         id: record.id.to_string(),
         session_id: record.session_id.to_string(),

@@ -1,0 +1,1180 @@
+//! The backend conformance suite: one free async function per case, each taking a fresh
+//! store, and [`conformance_tests!`](crate::conformance_tests) to expand them (and the
+//! model test of [`model`]) into one named test each. A backend runs the whole suite with
+//! one line:
+//!
+//! ```text
+//! agentry_memory::conformance_tests!(|| async { Harness::new(Arc::new(MyStore::open_temp())) });
+//! ```
+
+// The suite asserts: a failing expectation is the result.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+pub mod model;
+
+use std::any::Any;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_events::{EventEnvelope, EventPayload, SCHEMA_VERSION};
+use agentry_types::agno::SessionSummary;
+use agentry_types::{
+    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, Message,
+    ModelMessageDelta, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject, ThreadId,
+    Timestamp, ToolResult, TurnId, TurnInputItem, TurnState, UserMemory, UserProfile,
+};
+use serde_json::json;
+
+use crate::error::{Conflict, StoreError};
+use crate::page::{Order, PageRequest};
+use crate::store::{
+    FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
+};
+
+/// A fresh store for one case, with whatever must live as long as it (a temporary
+/// directory, say).
+pub struct Harness {
+    /// The store under test.
+    pub store: Arc<dyn Store>,
+    _guard: Option<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness").field("store", &self.store).finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// A harness around a store that needs nothing else.
+    #[must_use]
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store, _guard: None }
+    }
+
+    /// A harness that keeps `guard` alive as long as the store.
+    #[must_use]
+    pub fn with_guard(store: Arc<dyn Store>, guard: impl Any + Send) -> Self {
+        Self { store, _guard: Some(Box::new(guard)) }
+    }
+}
+
+/// Expands the conformance suite into one `#[tokio::test]` per case, plus the model test,
+/// for a backend. `$factory` is a closure returning a future of a fresh [`Harness`].
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@cases $factory;
+            session_create_and_get_round_trips,
+            session_created_twice_conflicts,
+            session_unknown_is_not_found_everywhere,
+            session_update_merges_metadata_and_state_and_null_removes_keys,
+            session_delete_removes_its_runs_events_messages_journal_and_lease,
+            sessions_list_newest_first_across_pages,
+            sessions_list_filters_by_type_name_owner_user_and_creation_time,
+            sessions_list_refuses_a_garbage_or_foreign_page_token,
+            run_put_and_get_round_trips,
+            run_put_replaces_by_id_and_keeps_creation_order,
+            run_put_into_an_unknown_session_is_not_found,
+            run_cannot_move_to_another_session,
+            run_unknown_is_not_found,
+            runs_list_in_both_orders_across_pages,
+            runs_list_filters_by_parent_status_agent_and_team,
+            runs_list_of_an_unknown_session_is_not_found,
+            events_append_assigns_increasing_positions_and_read_back_by_turn,
+            events_with_a_stale_or_repeated_seq_are_refused_and_change_nothing,
+            events_in_a_batch_must_increase,
+            deltas_and_events_of_other_turns_are_refused,
+            events_of_an_unknown_run_are_not_found,
+            turn_events_read_after_a_cursor_in_both_orders,
+            feed_reads_store_wide_and_per_session_after_a_position,
+            high_water_mark_rises_never_falls_and_covers_stored_events,
+            concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
+            history_returns_the_last_runs_messages_oldest_first,
+            history_filters_roles_statuses_agents_teams_and_replayed_messages,
+            history_last_messages_bound_and_the_default_bound,
+            history_includes_member_runs_only_when_asked,
+            messages_of_an_unknown_run_or_session_are_not_found,
+            profiles_are_saved_and_replaced,
+            memories_list_newest_first_and_delete,
+            memory_ids_are_unique_and_unknown_deletes_are_not_found,
+            journal_start_is_idempotent_for_the_same_arguments,
+            journal_start_with_other_arguments_conflicts,
+            journal_complete_records_the_result_once,
+            journal_complete_of_an_unstarted_call_is_not_found,
+            journal_lists_calls_in_start_order,
+            budget_reserve_settle_and_release_account_correctly,
+            budget_reservation_past_any_limit_is_refused_on_every_scope,
+            budget_expired_reservations_stop_counting,
+            budget_unknown_scopes_and_reservations_and_duplicates,
+            concurrent_reservations_never_pass_the_limit,
+            lease_is_exclusive_while_live,
+            lease_tokens_increase_with_every_grant,
+            lease_takeover_after_expiry_fences_out_the_old_holder,
+            lease_renew_and_release_need_the_current_token,
+            lease_of_an_unknown_session_is_not_found,
+            fence_of_another_session_is_invalid_input,
+            oversized_records_are_refused_and_change_nothing,
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness: $crate::conformance::Harness = ($factory)().await;
+                $crate::conformance::$case(harness.store.clone()).await;
+            }
+        )*
+
+        #[test]
+        fn model_test_agrees_with_the_reference_model_after_every_read() {
+            $crate::conformance::model::run(|| Box::pin(($factory)()));
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------
+// Builders.
+// ---------------------------------------------------------------------------------------
+
+fn alice() -> Subject {
+    Subject::user("alice")
+}
+
+fn session_named(name: &str) -> SessionRecord {
+    SessionRecord::new(SessionType::Agent, name, alice())
+}
+
+async fn new_session(store: &dyn Store) -> SessionRecord {
+    let session = session_named("agent");
+    store.create_session(&session).await.unwrap();
+    session
+}
+
+fn run_in(session: SessionId) -> RunRecord {
+    RunRecord::new(session, vec![TurnInputItem::message("hello")], alice())
+}
+
+async fn new_run(store: &dyn Store, session: SessionId) -> RunRecord {
+    let run = run_in(session);
+    store.put_run(&run, None).await.unwrap();
+    run
+}
+
+/// A durable event of a run with the given seq.
+#[must_use]
+pub fn event(run: &RunRecord, seq: u64) -> EventEnvelope {
+    EventEnvelope {
+        event_id: EventId::new(),
+        seq,
+        session_id: run.session_id,
+        turn_id: run.id,
+        thread_id: Some(ThreadId::main()),
+        team: None,
+        created_at: Timestamp::now(),
+        schema_version: SCHEMA_VERSION,
+        payload: EventPayload::ToolResponse {
+            tool_call_id: format!("call_{seq}"),
+            name: "tool".into(),
+            arguments: "{}".into(),
+            content: format!("result {seq}"),
+            is_error: false,
+        },
+    }
+}
+
+fn seqs(events: &[crate::store::StoredEvent]) -> Vec<u64> {
+    events.iter().map(|stored| stored.event.seq).collect()
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_unix_micros(1_800_000_000_000_000 + seconds * 1_000_000)
+}
+
+fn assert_not_found<T: std::fmt::Debug>(result: Result<T, StoreError>) {
+    assert!(matches!(result, Err(StoreError::NotFound { .. })), "expected NotFound, got {result:?}");
+}
+
+fn assert_invalid<T: std::fmt::Debug>(result: Result<T, StoreError>) {
+    assert!(matches!(result, Err(StoreError::InvalidInput(_))), "expected InvalidInput, got {result:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions.
+// ---------------------------------------------------------------------------------------
+
+/// A created session reads back equal.
+pub async fn session_create_and_get_round_trips(store: Arc<dyn Store>) {
+    let mut session = session_named("support");
+    session.title = Some("Billing question".into());
+    session.user_id = Some("u1".into());
+    session.metadata.insert("plan".into(), json!("pro"));
+    session.summary = Some(SessionSummary {
+        summary: "so far".into(),
+        topics: Some(vec!["billing".into()]),
+        updated_at: None,
+    });
+    store.create_session(&session).await.unwrap();
+    assert_eq!(store.get_session(session.id).await.unwrap(), session);
+}
+
+/// Creating a session whose id exists is a conflict and keeps the first.
+pub async fn session_created_twice_conflicts(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut again = session.clone();
+    again.name = "other".into();
+    let error = store.create_session(&again).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Conflict(Conflict::AlreadyExists { kind: "session", .. })),
+        "{error:?}"
+    );
+    assert_eq!(store.get_session(session.id).await.unwrap().name, "agent");
+}
+
+/// Every session operation on an unknown id is not found.
+pub async fn session_unknown_is_not_found_everywhere(store: Arc<dyn Store>) {
+    let id = SessionId::new();
+    assert_not_found(store.get_session(id).await);
+    assert_not_found(store.update_session(id, &SessionUpdate::default()).await);
+    assert_not_found(store.delete_session(id).await);
+}
+
+/// An update sets fields, merges metadata and state, and a null removes a key.
+pub async fn session_update_merges_metadata_and_state_and_null_removes_keys(store: Arc<dyn Store>) {
+    let mut session = session_named("agent");
+    session.metadata.insert("keep".into(), json!(1));
+    session.metadata.insert("drop".into(), json!(2));
+    store.create_session(&session).await.unwrap();
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("drop".into(), serde_json::Value::Null);
+    metadata.insert("new".into(), json!("x"));
+    let mut state = serde_json::Map::new();
+    state.insert("cart".into(), json!(["apple"]));
+    let update = SessionUpdate {
+        title: Some("Renamed".into()),
+        user_id: Some("u9".into()),
+        metadata: Some(metadata),
+        state: Some(state),
+        summary: Some(SessionSummary { summary: "short".into(), topics: None, updated_at: Some(5) }),
+    };
+    let updated = store.update_session(session.id, &update).await.unwrap();
+    assert_eq!(updated.title.as_deref(), Some("Renamed"));
+    assert_eq!(updated.user_id.as_deref(), Some("u9"));
+    assert_eq!(updated.metadata.get("keep"), Some(&json!(1)));
+    assert_eq!(updated.metadata.get("new"), Some(&json!("x")));
+    assert!(!updated.metadata.contains_key("drop"));
+    assert_eq!(updated.state.get("cart"), Some(&json!(["apple"])));
+    assert_eq!(updated.summary.as_ref().map(|s| s.summary.as_str()), Some("short"));
+    assert!(updated.updated_at >= session.updated_at);
+    assert_eq!(store.get_session(session.id).await.unwrap(), updated);
+}
+
+/// Deleting a session deletes everything that belongs to it, and only that.
+pub async fn session_delete_removes_its_runs_events_messages_journal_and_lease(store: Arc<dyn Store>) {
+    let doomed = new_session(&*store).await;
+    let kept = new_session(&*store).await;
+    let doomed_run = new_run(&*store, doomed.id).await;
+    let kept_run = new_run(&*store, kept.id).await;
+    store.append_events(doomed_run.id, &[event(&doomed_run, 1)], None).await.unwrap();
+    store.append_events(kept_run.id, &[event(&kept_run, 1)], None).await.unwrap();
+    store.append_messages(doomed_run.id, &[Message::user("bye")], None).await.unwrap();
+    store.journal_start(&journal_entry(doomed_run.id, "c1", "h"), None).await.unwrap();
+    store.acquire_lease(doomed.id, "p1", Duration::from_secs(30), at(0)).await.unwrap();
+
+    store.delete_session(doomed.id).await.unwrap();
+    assert_not_found(store.get_session(doomed.id).await);
+    assert_not_found(store.get_run(doomed_run.id).await);
+    assert_not_found(store.turn_events(doomed_run.id, Order::Asc, None, 10).await);
+    assert_not_found(store.journal(doomed_run.id).await);
+    assert_eq!(store.lease(doomed.id).await.unwrap(), None);
+    let feed = store.feed(&FeedQuery::default(), 100).await.unwrap();
+    assert_eq!(feed.len(), 1, "only the kept session's event remains");
+    assert_eq!(feed[0].event.turn_id, kept_run.id);
+    assert_eq!(store.get_run(kept_run.id).await.unwrap(), kept_run);
+}
+
+/// Sessions list newest first; pages chain through tokens without gaps or repeats.
+pub async fn sessions_list_newest_first_across_pages(store: Arc<dyn Store>) {
+    let mut created = Vec::new();
+    for index in 0..7 {
+        let mut session = session_named("agent");
+        session.created_at = at(index);
+        session.updated_at = at(index);
+        store.create_session(&session).await.unwrap();
+        created.push(session.id);
+    }
+    let mut listed = Vec::new();
+    let mut page = PageRequest::first(3);
+    loop {
+        let result = store.list_sessions(&SessionQuery::default(), &page).await.unwrap();
+        assert!(result.items.len() <= 3);
+        listed.extend(result.items.iter().map(|session| session.id));
+        match result.next_token {
+            Some(token) => page = PageRequest::after(token, 3),
+            None => break,
+        }
+    }
+    created.reverse();
+    assert_eq!(listed, created);
+}
+
+/// Every session filter narrows the listing.
+pub async fn sessions_list_filters_by_type_name_owner_user_and_creation_time(store: Arc<dyn Store>) {
+    let make = |kind, name: &str, owner: &str, user: Option<&str>, seconds| {
+        let mut session = SessionRecord::new(kind, name, Subject::user(owner));
+        session.user_id = user.map(str::to_owned);
+        session.created_at = at(seconds);
+        session
+    };
+    let sessions = [
+        make(SessionType::Agent, "helper", "alice", Some("u1"), 10),
+        make(SessionType::Team, "crew", "alice", Some("u2"), 20),
+        make(SessionType::Agent, "helper", "bob", None, 30),
+        make(SessionType::Workflow, "flow", "bob", Some("u1"), 40),
+    ];
+    for session in &sessions {
+        store.create_session(session).await.unwrap();
+    }
+    let ids = |query: SessionQuery| {
+        let store = store.clone();
+        async move {
+            let page = store.list_sessions(&query, &PageRequest::first(100)).await.unwrap();
+            page.items.into_iter().map(|session| session.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        ids(SessionQuery { name: Some("helper".into()), ..Default::default() }).await,
+        [sessions[2].id, sessions[0].id]
+    );
+    assert_eq!(
+        ids(SessionQuery { session_type: Some(SessionType::Team), ..Default::default() }).await,
+        [sessions[1].id]
+    );
+    assert_eq!(
+        ids(SessionQuery { owner: Some("bob".into()), ..Default::default() }).await,
+        [sessions[3].id, sessions[2].id]
+    );
+    assert_eq!(
+        ids(SessionQuery { user_id: Some("u1".into()), ..Default::default() }).await,
+        [sessions[3].id, sessions[0].id]
+    );
+    assert_eq!(
+        ids(SessionQuery { created_from: Some(at(20)), created_until: Some(at(30)), ..Default::default() })
+            .await,
+        [sessions[2].id, sessions[1].id]
+    );
+    assert!(
+        ids(SessionQuery { name: Some("helper".into()), owner: Some("carol".into()), ..Default::default() })
+            .await
+            .is_empty()
+    );
+}
+
+/// A page token that this listing did not issue is invalid input.
+pub async fn sessions_list_refuses_a_garbage_or_foreign_page_token(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    for _ in 0..3 {
+        new_run(&*store, session.id).await;
+    }
+    let runs = store.list_runs(session.id, &RunQuery::default(), &PageRequest::first(1)).await.unwrap();
+    let foreign = runs.next_token.unwrap();
+    assert_invalid(store.list_sessions(&SessionQuery::default(), &PageRequest::after(foreign, 10)).await);
+    assert_invalid(
+        store.list_sessions(&SessionQuery::default(), &PageRequest::after("%%%not-a-token", 10)).await,
+    );
+    assert_invalid(
+        store.list_runs(session.id, &RunQuery::default(), &PageRequest::after("bm9wZQ", 10)).await,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Runs.
+// ---------------------------------------------------------------------------------------
+
+/// A run reads back equal, whatever its state.
+pub async fn run_put_and_get_round_trips(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut run = run_in(session.id);
+    run.agent_id = Some("helper".into());
+    run.output = Some(json!({"content": "done"}));
+    run.set_state(TurnState::Cancelled {
+        reason: CancellationReason::ClientCancelled,
+        completed_at: at(1),
+        metrics: None,
+    });
+    store.put_run(&run, None).await.unwrap();
+    assert_eq!(store.get_run(run.id).await.unwrap(), run);
+}
+
+/// Putting a run with an existing id replaces it and keeps its place in the listing.
+pub async fn run_put_replaces_by_id_and_keeps_creation_order(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let first = new_run(&*store, session.id).await;
+    let second = new_run(&*store, session.id).await;
+    let mut updated = first.clone();
+    updated.set_state(TurnState::Error { message: "boom".into(), completed_at: at(2), metrics: None });
+    store.put_run(&updated, None).await.unwrap();
+    assert_eq!(store.get_run(first.id).await.unwrap(), updated);
+    let listed = store.list_runs(session.id, &RunQuery::default(), &PageRequest::first(10)).await.unwrap();
+    assert_eq!(listed.items.iter().map(|run| run.id).collect::<Vec<_>>(), [first.id, second.id]);
+    assert_eq!(listed.items[0].status, RunStatus::Error);
+}
+
+/// A run needs its session.
+pub async fn run_put_into_an_unknown_session_is_not_found(store: Arc<dyn Store>) {
+    let run = run_in(SessionId::new());
+    assert_not_found(store.put_run(&run, None).await);
+    assert_not_found(store.get_run(run.id).await);
+}
+
+/// A run stays in its session.
+pub async fn run_cannot_move_to_another_session(store: Arc<dyn Store>) {
+    let first = new_session(&*store).await;
+    let second = new_session(&*store).await;
+    let run = new_run(&*store, first.id).await;
+    let mut moved = run.clone();
+    moved.session_id = second.id;
+    assert_invalid(store.put_run(&moved, None).await);
+    assert_eq!(store.get_run(run.id).await.unwrap().session_id, first.id);
+}
+
+/// Unknown runs are not found.
+pub async fn run_unknown_is_not_found(store: Arc<dyn Store>) {
+    let id = TurnId::new();
+    assert_not_found(store.get_run(id).await);
+    assert_not_found(store.high_water(id).await);
+    assert_not_found(store.raise_high_water(id, 3, None).await);
+}
+
+/// Runs list oldest or newest first, across pages.
+pub async fn runs_list_in_both_orders_across_pages(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(new_run(&*store, session.id).await.id);
+    }
+    for order in [Order::Asc, Order::Desc] {
+        let query = RunQuery { order, ..RunQuery::default() };
+        let mut listed = Vec::new();
+        let mut page = PageRequest::first(2);
+        loop {
+            let result = store.list_runs(session.id, &query, &page).await.unwrap();
+            listed.extend(result.items.iter().map(|run| run.id));
+            match result.next_token {
+                Some(token) => page = PageRequest::after(token, 2),
+                None => break,
+            }
+        }
+        let mut expected = ids.clone();
+        if order == Order::Desc {
+            expected.reverse();
+        }
+        assert_eq!(listed, expected, "{order:?}");
+    }
+}
+
+/// Runs filter by parent, status, agent and team.
+pub async fn runs_list_filters_by_parent_status_agent_and_team(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut turn = run_in(session.id);
+    turn.team_id = Some("crew".into());
+    store.put_run(&turn, None).await.unwrap();
+    let mut member = run_in(session.id);
+    member.parent_run_id = Some(turn.id);
+    member.agent_id = Some("researcher".into());
+    member.set_state(TurnState::Error { message: "x".into(), completed_at: at(1), metrics: None });
+    store.put_run(&member, None).await.unwrap();
+    let list = |query: RunQuery| {
+        let store = store.clone();
+        async move {
+            let page = store.list_runs(session.id, &query, &PageRequest::first(10)).await.unwrap();
+            page.items.into_iter().map(|run| run.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(RunQuery::default()).await, [turn.id], "top-level by default");
+    assert_eq!(
+        list(RunQuery { parent: ParentFilter::Any, ..Default::default() }).await,
+        [turn.id, member.id]
+    );
+    assert_eq!(list(RunQuery { parent: ParentFilter::Of(turn.id), ..Default::default() }).await, [member.id]);
+    let errors =
+        RunQuery { parent: ParentFilter::Any, statuses: vec![RunStatus::Error], ..Default::default() };
+    assert_eq!(list(errors).await, [member.id]);
+    let by_agent =
+        RunQuery { parent: ParentFilter::Any, agent_id: Some("researcher".into()), ..Default::default() };
+    assert_eq!(list(by_agent).await, [member.id]);
+    assert_eq!(list(RunQuery { team_id: Some("crew".into()), ..Default::default() }).await, [turn.id]);
+}
+
+/// Listing the runs of an unknown session is not found.
+pub async fn runs_list_of_an_unknown_session_is_not_found(store: Arc<dyn Store>) {
+    assert_not_found(store.list_runs(SessionId::new(), &RunQuery::default(), &PageRequest::first(10)).await);
+}
+
+// ---------------------------------------------------------------------------------------
+// Events.
+// ---------------------------------------------------------------------------------------
+
+/// Appended events get increasing positions and read back by turn with their seq.
+pub async fn events_append_assigns_increasing_positions_and_read_back_by_turn(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let batch: Vec<EventEnvelope> = [1, 4, 5].iter().map(|seq| event(&run, *seq)).collect();
+    let positions = store.append_events(run.id, &batch, None).await.unwrap();
+    assert_eq!(positions.len(), 3);
+    assert!(positions.windows(2).all(|pair| pair[0] < pair[1]));
+    let more = store.append_events(run.id, &[event(&run, 9)], None).await.unwrap();
+    assert!(more[0] > positions[2]);
+    let stored = store.turn_events(run.id, Order::Asc, None, 100).await.unwrap();
+    assert_eq!(seqs(&stored), [1, 4, 5, 9]);
+    assert_eq!(stored[0].event, batch[0]);
+    assert_eq!(stored.iter().map(|s| s.position).collect::<Vec<_>>(), [positions, more].concat());
+    assert!(store.append_events(run.id, &[], None).await.unwrap().is_empty(), "an empty batch is a no-op");
+}
+
+/// An event whose seq is not above the turn's last is refused, with its whole batch.
+pub async fn events_with_a_stale_or_repeated_seq_are_refused_and_change_nothing(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    store.append_events(run.id, &[event(&run, 1), event(&run, 2)], None).await.unwrap();
+    for stale in [vec![event(&run, 2)], vec![event(&run, 3), event(&run, 1)], vec![event(&run, 0)]] {
+        let error = store.append_events(run.id, &stale, None).await.unwrap_err();
+        assert!(matches!(error, StoreError::Conflict(Conflict::StaleSeq { .. })), "{error:?}");
+    }
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 100).await.unwrap()), [1, 2]);
+    store.append_events(run.id, &[event(&run, 3)], None).await.unwrap();
+}
+
+/// A batch's seqs must strictly increase.
+pub async fn events_in_a_batch_must_increase(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let error = store.append_events(run.id, &[event(&run, 5), event(&run, 5)], None).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleSeq { seq: 5, last: 5, .. })), "{error:?}");
+    assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
+}
+
+/// Deltas are not stored, and a turn takes only its own events.
+pub async fn deltas_and_events_of_other_turns_are_refused(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let other = new_run(&*store, session.id).await;
+    let mut delta = event(&run, 1);
+    delta.payload = EventPayload::ModelMessageDelta(ModelMessageDelta::text("hi"));
+    assert_invalid(store.append_events(run.id, &[delta], None).await);
+    assert_invalid(store.append_events(run.id, &[event(&other, 1)], None).await);
+    let mut wrong_session = event(&run, 1);
+    wrong_session.session_id = SessionId::new();
+    assert_invalid(store.append_events(run.id, &[wrong_session], None).await);
+    assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
+}
+
+/// Events need their run.
+pub async fn events_of_an_unknown_run_are_not_found(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let ghost = run_in(session.id);
+    assert_not_found(store.append_events(ghost.id, &[event(&ghost, 1)], None).await);
+    assert_not_found(store.turn_events(ghost.id, Order::Asc, None, 10).await);
+}
+
+/// A turn's events read after a seq cursor, ascending or descending, with a limit.
+pub async fn turn_events_read_after_a_cursor_in_both_orders(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let batch: Vec<EventEnvelope> = (1..=10).map(|seq| event(&run, seq * 2)).collect();
+    store.append_events(run.id, &batch, None).await.unwrap();
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, Some(7), 3).await.unwrap()), [8, 10, 12]);
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, Some(20), 3).await.unwrap()), Vec::<u64>::new());
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Desc, None, 2).await.unwrap()), [20, 18]);
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Desc, Some(7), 10).await.unwrap()), [6, 4, 2]);
+}
+
+/// The feed reads every stored event by position, store-wide or for one session.
+pub async fn feed_reads_store_wide_and_per_session_after_a_position(store: Arc<dyn Store>) {
+    let first = new_session(&*store).await;
+    let second = new_session(&*store).await;
+    let run_a = new_run(&*store, first.id).await;
+    let run_b = new_run(&*store, second.id).await;
+    store.append_events(run_a.id, &[event(&run_a, 1)], None).await.unwrap();
+    store.append_events(run_b.id, &[event(&run_b, 1), event(&run_b, 2)], None).await.unwrap();
+    store.append_events(run_a.id, &[event(&run_a, 2)], None).await.unwrap();
+    let all = store.feed(&FeedQuery::default(), 100).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert!(all.windows(2).all(|pair| pair[0].position < pair[1].position));
+    let after =
+        store.feed(&FeedQuery { after: Some(all[1].position), ..Default::default() }, 100).await.unwrap();
+    assert_eq!(after, all[2..].to_vec());
+    let only_first = FeedQuery { session_id: Some(first.id), ..Default::default() };
+    let first_events = store.feed(&only_first, 100).await.unwrap();
+    assert_eq!(
+        first_events.iter().map(|e| (e.event.turn_id, e.event.seq)).collect::<Vec<_>>(),
+        [(run_a.id, 1), (run_a.id, 2)]
+    );
+    let newest = FeedQuery { order: Order::Desc, ..Default::default() };
+    let desc = store.feed(&newest, 2).await.unwrap();
+    assert_eq!(desc, vec![all[3].clone(), all[2].clone()]);
+    let before = FeedQuery { order: Order::Desc, after: Some(all[2].position), session_id: Some(second.id) };
+    assert_eq!(store.feed(&before, 10).await.unwrap(), vec![all[1].clone()]);
+}
+
+/// The high-water mark only rises and is never below a stored seq.
+pub async fn high_water_mark_rises_never_falls_and_covers_stored_events(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    assert_eq!(store.high_water(run.id).await.unwrap(), 0);
+    assert_eq!(store.raise_high_water(run.id, 64, None).await.unwrap(), 64);
+    assert_eq!(store.raise_high_water(run.id, 10, None).await.unwrap(), 64, "it never falls");
+    store.append_events(run.id, &[event(&run, 70)], None).await.unwrap();
+    assert_eq!(store.high_water(run.id).await.unwrap(), 70);
+    assert_eq!(store.raise_high_water(run.id, 128, None).await.unwrap(), 128);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 128);
+}
+
+/// Concurrent writers on many turns: every turn's seqs increase, positions are unique and
+/// increase in each turn, and nothing is lost.
+pub async fn concurrent_appends_to_many_turns_keep_seq_and_positions_ordered(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        runs.push(new_run(&*store, session.id).await);
+    }
+    let mut tasks = Vec::new();
+    for run in runs.clone() {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for seq in 1..=25u64 {
+                store.append_events(run.id, &[event(&run, seq)], None).await.unwrap();
+            }
+            // A stale seq is still refused under contention.
+            let stale = store.append_events(run.id, &[event(&run, 10)], None).await;
+            assert!(matches!(stale, Err(StoreError::Conflict(Conflict::StaleSeq { .. }))));
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut positions = BTreeSet::new();
+    for run in &runs {
+        let stored = store.turn_events(run.id, Order::Asc, None, 1000).await.unwrap();
+        assert_eq!(seqs(&stored), (1..=25).collect::<Vec<_>>());
+        assert!(stored.windows(2).all(|pair| pair[0].position < pair[1].position));
+        for event in stored {
+            assert!(positions.insert(event.position), "position {} used twice", event.position);
+        }
+    }
+    assert_eq!(store.feed(&FeedQuery::default(), 1000).await.unwrap().len(), 200);
+}
+
+// ---------------------------------------------------------------------------------------
+// History.
+// ---------------------------------------------------------------------------------------
+
+async fn run_with_messages(
+    store: &dyn Store,
+    session: SessionId,
+    messages: &[Message],
+    configure: impl FnOnce(&mut RunRecord),
+) -> RunRecord {
+    let mut run = run_in(session);
+    configure(&mut run);
+    store.put_run(&run, None).await.unwrap();
+    store.append_messages(run.id, messages, None).await.unwrap();
+    run
+}
+
+fn texts(history: &[agentry_types::HistoryMessage]) -> Vec<String> {
+    history.iter().map(|message| message.message.text()).collect()
+}
+
+/// The window holds the last runs' messages, oldest first, in their order.
+pub async fn history_returns_the_last_runs_messages_oldest_first(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    for turn in 1..=4 {
+        let messages = [Message::user(format!("q{turn}")), Message::assistant(format!("a{turn}"))];
+        run_with_messages(&*store, session.id, &messages, |_| {}).await;
+    }
+    let window =
+        store.history(session.id, &HistoryQuery { last_runs: Some(2), ..Default::default() }).await.unwrap();
+    assert_eq!(texts(&window), ["q3", "a3", "q4", "a4"]);
+    assert_eq!(window[1].index, 1);
+}
+
+/// Roles, statuses, agents, teams and replayed messages are filtered out on request.
+pub async fn history_filters_roles_statuses_agents_teams_and_replayed_messages(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut replayed = Message::user("old question");
+    replayed.from_history = true;
+    run_with_messages(&*store, session.id, &[Message::system("sys"), replayed, Message::user("q1")], |run| {
+        run.agent_id = Some("a".into());
+    })
+    .await;
+    run_with_messages(&*store, session.id, &[Message::user("q2")], |run| {
+        run.agent_id = Some("b".into());
+        run.set_state(TurnState::Error { message: "x".into(), completed_at: at(1), metrics: None });
+    })
+    .await;
+    run_with_messages(&*store, session.id, &[Message::user("q3")], |run| run.team_id = Some("crew".into()))
+        .await;
+    let query = |configure: fn(&mut HistoryQuery)| {
+        let store = store.clone();
+        async move {
+            let mut query = HistoryQuery { last_runs: Some(10), ..Default::default() };
+            configure(&mut query);
+            texts(&store.history(session.id, &query).await.unwrap())
+        }
+    };
+    assert_eq!(query(|_| {}).await, ["sys", "old question", "q1", "q2", "q3"]);
+    assert_eq!(query(|q| q.skip_roles = vec![Role::System]).await, ["old question", "q1", "q2", "q3"]);
+    assert_eq!(query(|q| q.skip_history_messages = true).await, ["sys", "q1", "q2", "q3"]);
+    assert_eq!(
+        query(|q| q.skip_statuses = vec![RunStatus::Error]).await,
+        ["sys", "old question", "q1", "q3"]
+    );
+    assert_eq!(query(|q| q.agent_id = Some("b".into())).await, ["q2"]);
+    assert_eq!(query(|q| q.team_id = Some("crew".into())).await, ["q3"]);
+}
+
+/// `last_messages` keeps the latest messages; with no bound, the default run bound applies.
+pub async fn history_last_messages_bound_and_the_default_bound(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    for turn in 1..=3 {
+        run_with_messages(
+            &*store,
+            session.id,
+            &[Message::user(format!("q{turn}")), Message::assistant(format!("a{turn}"))],
+            |_| {},
+        )
+        .await;
+    }
+    let last3 = store
+        .history(session.id, &HistoryQuery { last_messages: Some(3), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(texts(&last3), ["a2", "q3", "a3"]);
+    let both = HistoryQuery { last_runs: Some(1), last_messages: Some(5), ..Default::default() };
+    assert_eq!(texts(&store.history(session.id, &both).await.unwrap()), ["q3", "a3"]);
+    let all = store.history(session.id, &HistoryQuery::default()).await.unwrap();
+    assert_eq!(all.len(), 6);
+}
+
+/// Member runs count only when asked for.
+pub async fn history_includes_member_runs_only_when_asked(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let turn = run_with_messages(&*store, session.id, &[Message::user("team question")], |_| {}).await;
+    run_with_messages(&*store, session.id, &[Message::assistant("member answer")], |run| {
+        run.parent_run_id = Some(turn.id)
+    })
+    .await;
+    let default = store.history(session.id, &HistoryQuery::default()).await.unwrap();
+    assert_eq!(texts(&default), ["team question"]);
+    let with_members = HistoryQuery { include_member_runs: true, ..Default::default() };
+    assert_eq!(
+        texts(&store.history(session.id, &with_members).await.unwrap()),
+        ["team question", "member answer"]
+    );
+}
+
+/// Messages need their run, history its session.
+pub async fn messages_of_an_unknown_run_or_session_are_not_found(store: Arc<dyn Store>) {
+    assert_not_found(store.append_messages(TurnId::new(), &[Message::user("x")], None).await);
+    assert_not_found(store.history(SessionId::new(), &HistoryQuery::default()).await);
+}
+
+// ---------------------------------------------------------------------------------------
+// Users.
+// ---------------------------------------------------------------------------------------
+
+/// A profile is saved, read and replaced.
+pub async fn profiles_are_saved_and_replaced(store: Arc<dyn Store>) {
+    assert_eq!(store.profile("u1").await.unwrap(), None);
+    let profile = UserProfile { user_id: "u1".into(), profile: json!({"name": "Ada"}), updated_at: at(1) };
+    store.put_profile(&profile).await.unwrap();
+    assert_eq!(store.profile("u1").await.unwrap(), Some(profile));
+    let replaced = UserProfile {
+        user_id: "u1".into(),
+        profile: json!({"name": "Ada", "lang": "fr"}),
+        updated_at: at(2),
+    };
+    store.put_profile(&replaced).await.unwrap();
+    assert_eq!(store.profile("u1").await.unwrap(), Some(replaced));
+    assert_eq!(store.profile("u2").await.unwrap(), None);
+}
+
+fn memory(user: &str, id: &str, seconds: i64) -> UserMemory {
+    UserMemory {
+        id: id.into(),
+        user_id: user.into(),
+        memory: format!("fact {id}"),
+        topics: vec!["t".into()],
+        created_at: at(seconds),
+    }
+}
+
+/// Memories list newest first, per user, and can be deleted.
+pub async fn memories_list_newest_first_and_delete(store: Arc<dyn Store>) {
+    for (id, seconds) in [("m1", 1), ("m2", 3), ("m3", 2)] {
+        store.add_memory(&memory("u1", id, seconds)).await.unwrap();
+    }
+    store.add_memory(&memory("u2", "m9", 9)).await.unwrap();
+    let ids = |memories: Vec<UserMemory>| memories.into_iter().map(|m| m.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.memories("u1", 10).await.unwrap()), ["m2", "m3", "m1"]);
+    assert_eq!(ids(store.memories("u1", 2).await.unwrap()), ["m2", "m3"]);
+    store.delete_memory("u1", "m3").await.unwrap();
+    assert_eq!(ids(store.memories("u1", 10).await.unwrap()), ["m2", "m1"]);
+    assert_eq!(ids(store.memories("u2", 10).await.unwrap()), ["m9"]);
+}
+
+/// A memory id is unique; deleting an unknown one is not found.
+pub async fn memory_ids_are_unique_and_unknown_deletes_are_not_found(store: Arc<dyn Store>) {
+    store.add_memory(&memory("u1", "m1", 1)).await.unwrap();
+    let error = store.add_memory(&memory("u1", "m1", 2)).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
+    assert_not_found(store.delete_memory("u1", "nope").await);
+    assert_not_found(store.delete_memory("u2", "m1").await);
+}
+
+// ---------------------------------------------------------------------------------------
+// Journal.
+// ---------------------------------------------------------------------------------------
+
+fn journal_entry(turn: TurnId, call: &str, hash: &str) -> JournalEntry {
+    JournalEntry {
+        turn_id: turn,
+        tool_call_id: call.into(),
+        tool_name: "send_email".into(),
+        idempotency_key: format!("{turn}:{call}"),
+        arguments_hash: hash.into(),
+        started_at: at(1),
+        result: None,
+        completed_at: None,
+    }
+}
+
+/// Starting a journaled call again with the same arguments returns the stored entry.
+pub async fn journal_start_is_idempotent_for_the_same_arguments(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let entry = journal_entry(run.id, "c1", "h1");
+    assert_eq!(store.journal_start(&entry, None).await.unwrap(), entry);
+    let result = ToolResult { content: "sent".into(), is_error: false };
+    store.journal_complete(run.id, "c1", &result, at(2), None).await.unwrap();
+    let again =
+        store.journal_start(&JournalEntry { started_at: at(9), ..entry.clone() }, None).await.unwrap();
+    assert_eq!(again.result, Some(result), "a restart learns the call already completed");
+    assert_eq!(again.started_at, at(1));
+    assert_eq!(store.journal(run.id).await.unwrap().len(), 1);
+}
+
+/// Journaling a call again with other arguments is a conflict.
+pub async fn journal_start_with_other_arguments_conflicts(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    store.journal_start(&journal_entry(run.id, "c1", "h1"), None).await.unwrap();
+    let error = store.journal_start(&journal_entry(run.id, "c1", "h2"), None).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::JournalMismatch { .. })), "{error:?}");
+    assert_not_found(store.journal_start(&journal_entry(TurnId::new(), "c1", "h1"), None).await);
+}
+
+/// A result is recorded once: the same result again is a no-op, another is a conflict.
+pub async fn journal_complete_records_the_result_once(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    store.journal_start(&journal_entry(run.id, "c1", "h1"), None).await.unwrap();
+    let result = ToolResult { content: "42".into(), is_error: false };
+    let done = store.journal_complete(run.id, "c1", &result, at(5), None).await.unwrap();
+    assert_eq!(done.result.as_ref(), Some(&result));
+    assert_eq!(done.completed_at, Some(at(5)));
+    assert_eq!(store.journal_complete(run.id, "c1", &result, at(6), None).await.unwrap(), done);
+    let other = ToolResult { content: "43".into(), is_error: true };
+    let error = store.journal_complete(run.id, "c1", &other, at(7), None).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyCompleted { .. })), "{error:?}");
+    assert_eq!(store.journal(run.id).await.unwrap(), vec![done]);
+}
+
+/// A call must be started before it completes.
+pub async fn journal_complete_of_an_unstarted_call_is_not_found(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let result = ToolResult { content: "x".into(), is_error: false };
+    assert_not_found(store.journal_complete(run.id, "ghost", &result, at(1), None).await);
+    assert_not_found(store.journal(TurnId::new()).await);
+}
+
+/// The journal lists calls in the order they started.
+pub async fn journal_lists_calls_in_start_order(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    for call in ["c3", "c1", "c2"] {
+        store.journal_start(&journal_entry(run.id, call, "h"), None).await.unwrap();
+    }
+    let calls: Vec<String> =
+        store.journal(run.id).await.unwrap().into_iter().map(|e| e.tool_call_id).collect();
+    assert_eq!(calls, ["c3", "c1", "c2"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Budgets.
+// ---------------------------------------------------------------------------------------
+
+fn tokens(amount: u64) -> BudgetUsage {
+    BudgetUsage { tokens_used: amount, steps_used: 1, ..BudgetUsage::default() }
+}
+
+fn reservation(id: &str, scopes: &[&str], amount: BudgetUsage, expires_at: Timestamp) -> BudgetReservation {
+    BudgetReservation {
+        id: id.into(),
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        amount,
+        expires_at,
+    }
+}
+
+/// Reservations hold amounts; settling moves the real amount to used; releasing frees.
+pub async fn budget_reserve_settle_and_release_account_correctly(store: Arc<dyn Store>) {
+    let limit = BudgetLimit { max_tokens: Some(1000), max_steps: Some(10), ..BudgetLimit::default() };
+    store.create_budget("mission:m1", &limit).await.unwrap();
+    store
+        .create_budget("instance:i1", &BudgetLimit { max_tokens: Some(500), ..BudgetLimit::default() })
+        .await
+        .unwrap();
+    store
+        .reserve(&reservation("r1", &["instance:i1", "mission:m1"], tokens(300), at(100)), at(0))
+        .await
+        .unwrap();
+    let ledger = store.budget("mission:m1", at(1)).await.unwrap();
+    assert_eq!(ledger.limit, limit);
+    assert_eq!(ledger.reserved.tokens_used, 300);
+    assert_eq!(ledger.used.tokens_used, 0);
+    store
+        .settle(
+            "r1",
+            &BudgetUsage {
+                tokens_used: 120,
+                steps_used: 1,
+                tool_calls_used: 0,
+                cost_used_usd: 0.5,
+                elapsed_ms: Some(40),
+            },
+        )
+        .await
+        .unwrap();
+    for scope in ["mission:m1", "instance:i1"] {
+        let ledger = store.budget(scope, at(2)).await.unwrap();
+        assert_eq!(ledger.used.tokens_used, 120, "{scope}");
+        assert!((ledger.used.cost_used_usd - 0.5).abs() < 1e-9);
+        assert_eq!(ledger.reserved.tokens_used, 0);
+    }
+    store.reserve(&reservation("r2", &["mission:m1"], tokens(50), at(100)), at(3)).await.unwrap();
+    store.release("r2").await.unwrap();
+    assert_eq!(store.budget("mission:m1", at(4)).await.unwrap().reserved.tokens_used, 0);
+    assert_not_found(store.settle("r1", &tokens(1)).await);
+}
+
+/// A reservation that passes any limit of any scope is refused whole.
+pub async fn budget_reservation_past_any_limit_is_refused_on_every_scope(store: Arc<dyn Store>) {
+    store
+        .create_budget("mission:m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() })
+        .await
+        .unwrap();
+    store
+        .create_budget("instance:a", &BudgetLimit { max_tool_calls: Some(2), ..BudgetLimit::default() })
+        .await
+        .unwrap();
+    let calls = |n| BudgetUsage { tool_calls_used: n, tokens_used: 10, ..BudgetUsage::default() };
+    store.reserve(&reservation("ok", &["instance:a", "mission:m"], calls(2), at(100)), at(0)).await.unwrap();
+    let error = store
+        .reserve(&reservation("over", &["mission:m", "instance:a"], calls(1), at(100)), at(0))
+        .await
+        .unwrap_err();
+    match error {
+        StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. }) => {
+            assert_eq!((scope.as_str(), dimension), ("instance:a", "max_tool_calls"));
+        }
+        other => panic!("expected BudgetExceeded, got {other:?}"),
+    }
+    assert_eq!(
+        store.budget("mission:m", at(1)).await.unwrap().reserved.tokens_used,
+        10,
+        "nothing held by the refusal"
+    );
+    let error =
+        store.reserve(&reservation("huge", &["mission:m"], tokens(991), at(100)), at(0)).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Conflict(Conflict::BudgetExceeded { dimension: "max_tokens", .. })),
+        "{error:?}"
+    );
+}
+
+/// An expired reservation no longer holds room.
+pub async fn budget_expired_reservations_stop_counting(store: Arc<dyn Store>) {
+    store.create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }).await.unwrap();
+    store.reserve(&reservation("r1", &["s"], tokens(80), at(10)), at(0)).await.unwrap();
+    assert!(store.reserve(&reservation("r2", &["s"], tokens(30), at(20)), at(5)).await.is_err());
+    assert_eq!(store.budget("s", at(11)).await.unwrap().reserved.tokens_used, 0);
+    store.reserve(&reservation("r3", &["s"], tokens(90), at(30)), at(11)).await.unwrap();
+}
+
+/// Unknown scopes and reservations are not found; ids are unique.
+pub async fn budget_unknown_scopes_and_reservations_and_duplicates(store: Arc<dyn Store>) {
+    assert_not_found(store.budget("nope", at(0)).await);
+    store.create_budget("s", &BudgetLimit::default()).await.unwrap();
+    let error = store.create_budget("s", &BudgetLimit::default()).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
+    assert_not_found(store.reserve(&reservation("r", &["s", "nope"], tokens(1), at(9)), at(0)).await);
+    assert_eq!(store.budget("s", at(0)).await.unwrap().reserved.tokens_used, 0);
+    store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap();
+    let error = store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
+    assert_not_found(store.settle("nope", &tokens(1)).await);
+    assert_not_found(store.release("nope").await);
+}
+
+/// Many concurrent reservations never hold more than the limit.
+pub async fn concurrent_reservations_never_pass_the_limit(store: Arc<dyn Store>) {
+    store
+        .create_budget("m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() })
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for worker in 0..10 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut granted = 0u64;
+            for attempt in 0..20 {
+                let id = format!("w{worker}-{attempt}");
+                if store.reserve(&reservation(&id, &["m"], tokens(30), at(1000)), at(0)).await.is_ok() {
+                    granted += 30;
+                }
+            }
+            granted
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert_eq!(total, 990, "exactly 33 reservations of 30 fit in 1000");
+    assert_eq!(store.budget("m", at(0)).await.unwrap().reserved.tokens_used, 990);
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases.
+// ---------------------------------------------------------------------------------------
+
+/// A live lease is exclusive.
+pub async fn lease_is_exclusive_while_live(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let lease = store.acquire_lease(session.id, "p1", Duration::from_secs(30), at(0)).await.unwrap();
+    assert_eq!(lease.owner, "p1");
+    assert_eq!(lease.expires_at, at(30));
+    for owner in ["p2", "p1"] {
+        let error =
+            store.acquire_lease(session.id, owner, Duration::from_secs(30), at(10)).await.unwrap_err();
+        assert!(matches!(error, StoreError::Conflict(Conflict::LeaseHeld { .. })), "{error:?}");
+    }
+    assert_eq!(store.lease(session.id).await.unwrap(), Some(lease));
+}
+
+/// Every grant's token is greater than every earlier one, across sessions.
+pub async fn lease_tokens_increase_with_every_grant(store: Arc<dyn Store>) {
+    let first = new_session(&*store).await;
+    let second = new_session(&*store).await;
+    let mut tokens = Vec::new();
+    for step in 0..3 {
+        let a = store.acquire_lease(first.id, "p", Duration::from_secs(1), at(step * 10)).await.unwrap();
+        let b = store.acquire_lease(second.id, "q", Duration::from_secs(1), at(step * 10)).await.unwrap();
+        tokens.extend([a.token, b.token]);
+        store.release_lease(first.id, a.token).await.unwrap();
+    }
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
+}
+
+/// After expiry another owner takes the lease over, and the old holder's writes are fenced out.
+pub async fn lease_takeover_after_expiry_fences_out_the_old_holder(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let old = store.acquire_lease(session.id, "dead", Duration::from_secs(5), at(0)).await.unwrap();
+    store.append_events(run.id, &[event(&run, 1)], Some(old.fence())).await.unwrap();
+    let new = store.acquire_lease(session.id, "alive", Duration::from_secs(5), at(6)).await.unwrap();
+    assert!(new.token > old.token);
+    let stale = Some(old.fence());
+    let is_stale = |result: Result<(), StoreError>| {
+        assert!(
+            matches!(result, Err(StoreError::Conflict(Conflict::StaleFence { .. }))),
+            "expected StaleFence, got {result:?}"
+        );
+    };
+    is_stale(store.append_events(run.id, &[event(&run, 2)], stale).await.map(|_| ()));
+    is_stale(store.put_run(&run, stale).await);
+    is_stale(store.append_messages(run.id, &[Message::user("x")], stale).await);
+    is_stale(store.journal_start(&journal_entry(run.id, "c", "h"), stale).await.map(|_| ()));
+    is_stale(store.raise_high_water(run.id, 9, stale).await.map(|_| ()));
+    is_stale(store.renew_lease(session.id, old.token, Duration::from_secs(5), at(7)).await.map(|_| ()));
+    store.append_events(run.id, &[event(&run, 2)], Some(new.fence())).await.unwrap();
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1, 2]);
+}
+
+/// Renewing and releasing need the current token; an expired lease not yet taken over can
+/// still be renewed by its holder.
+pub async fn lease_renew_and_release_need_the_current_token(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let lease = store.acquire_lease(session.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
+    let renewed = store.renew_lease(session.id, lease.token, Duration::from_secs(5), at(8)).await.unwrap();
+    assert_eq!((renewed.token, renewed.expires_at), (lease.token, at(13)));
+    let error = store.release_lease(session.id, lease.token + 1000).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
+    store.release_lease(session.id, lease.token).await.unwrap();
+    assert_eq!(store.lease(session.id).await.unwrap(), None);
+    let error = store.renew_lease(session.id, lease.token, Duration::from_secs(5), at(9)).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { current: None, .. })), "{error:?}");
+    let run = new_run(&*store, session.id).await;
+    let after_release = store.put_run(&run, Some(Fence { session_id: session.id, token: lease.token })).await;
+    assert!(
+        matches!(after_release, Err(StoreError::Conflict(Conflict::StaleFence { .. }))),
+        "{after_release:?}"
+    );
+    store.acquire_lease(session.id, "q", Duration::from_secs(5), at(9)).await.unwrap();
+}
+
+/// Leases need a session.
+pub async fn lease_of_an_unknown_session_is_not_found(store: Arc<dyn Store>) {
+    assert_not_found(store.acquire_lease(SessionId::new(), "p", Duration::from_secs(1), at(0)).await);
+    assert_eq!(store.lease(SessionId::new()).await.unwrap(), None);
+}
+
+/// A fence names the session it guards.
+pub async fn fence_of_another_session_is_invalid_input(store: Arc<dyn Store>) {
+    let first = new_session(&*store).await;
+    let second = new_session(&*store).await;
+    let run = new_run(&*store, first.id).await;
+    let lease = store.acquire_lease(second.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
+    assert_invalid(store.append_events(run.id, &[event(&run, 1)], Some(lease.fence())).await);
+}
+
+/// Records larger than the limit are refused with a clear error, and nothing changes.
+pub async fn oversized_records_are_refused_and_change_nothing(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let huge = "x".repeat(MAX_RECORD_BYTES + 1);
+    let mut big_event = event(&run, 1);
+    big_event.payload = EventPayload::ToolResponse {
+        tool_call_id: "c".into(),
+        name: "t".into(),
+        arguments: "{}".into(),
+        content: huge.clone(),
+        is_error: false,
+    };
+    let error = store.append_events(run.id, &[event(&run, 1), big_event], None).await.unwrap_err();
+    assert!(matches!(error, StoreError::TooLarge { what: "event", .. }), "{error:?}");
+    assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
+    let mut big_session = session_named("big");
+    big_session.title = Some(huge.clone());
+    assert!(matches!(store.create_session(&big_session).await, Err(StoreError::TooLarge { .. })));
+    assert_not_found(store.get_session(big_session.id).await);
+    assert!(matches!(
+        store.append_messages(run.id, &[Message::user(huge)], None).await,
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(store.history(session.id, &HistoryQuery::default()).await.unwrap().is_empty());
+}

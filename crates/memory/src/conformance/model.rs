@@ -1,0 +1,421 @@
+//! The model test: random sequences of store operations, applied to the backend and to a
+//! plain reference model, with every read compared.
+//!
+//! The model covers sessions, runs, events, the feed, high-water marks and leases; results
+//! are compared by outcome (ok, not found, conflict, invalid input) and by content.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use agentry_types::{
+    RunRecord, SessionId, SessionRecord, SessionType, Subject, Timestamp, TurnId, TurnInputItem, TurnState,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use super::{Harness, event};
+use crate::error::StoreError;
+use crate::page::{Order, PageRequest};
+use crate::store::{FeedQuery, RunQuery, SessionQuery, Store};
+
+const SESSIONS: u8 = 3;
+const RUNS: u8 = 6;
+
+/// One operation.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Create the session in a slot.
+    CreateSession(u8),
+    /// Delete the session in a slot.
+    DeleteSession(u8),
+    /// Put the run of a slot into a session slot, done or running.
+    PutRun {
+        /// The session slot.
+        session: u8,
+        /// The run slot.
+        run: u8,
+        /// Whether the run is finished.
+        done: bool,
+    },
+    /// Append events: each step adds to the model's last seq (0 makes a stale seq).
+    Append {
+        /// The run slot.
+        run: u8,
+        /// Seq steps.
+        steps: Vec<u8>,
+    },
+    /// Read a run's events.
+    ReadTurn {
+        /// The run slot.
+        run: u8,
+        /// Descending?
+        desc: bool,
+        /// The cursor.
+        after: Option<u8>,
+        /// The limit.
+        limit: u8,
+    },
+    /// List a session's runs through every page.
+    ListRuns {
+        /// The session slot.
+        session: u8,
+        /// Descending?
+        desc: bool,
+        /// The page size.
+        page: u8,
+    },
+    /// List every session through every page.
+    ListSessions {
+        /// The page size.
+        page: u8,
+    },
+    /// Read the whole feed.
+    Feed,
+    /// Raise a run's high-water mark, then read it.
+    HighWater {
+        /// The run slot.
+        run: u8,
+        /// The mark to raise to.
+        raise: u8,
+    },
+    /// Acquire a session's lease at a time (in seconds).
+    Acquire {
+        /// The session slot.
+        session: u8,
+        /// The owner number.
+        owner: u8,
+        /// The time.
+        now: u8,
+    },
+    /// Release a session's lease with the model's current token.
+    Release(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..SESSIONS).prop_map(Op::CreateSession),
+        1 => (0..SESSIONS).prop_map(Op::DeleteSession),
+        4 => (0..SESSIONS, 0..RUNS, any::<bool>()).prop_map(|(session, run, done)| Op::PutRun { session, run, done }),
+        6 => (0..RUNS, proptest::collection::vec(0u8..3, 1..4)).prop_map(|(run, steps)| Op::Append { run, steps }),
+        3 => (0..RUNS, any::<bool>(), proptest::option::of(0u8..12), 1u8..6)
+            .prop_map(|(run, desc, after, limit)| Op::ReadTurn { run, desc, after, limit }),
+        2 => (0..SESSIONS, any::<bool>(), 1u8..4).prop_map(|(session, desc, page)| Op::ListRuns { session, desc, page }),
+        1 => (1u8..4).prop_map(|page| Op::ListSessions { page }),
+        2 => Just(Op::Feed),
+        2 => (0..RUNS, 0u8..20).prop_map(|(run, raise)| Op::HighWater { run, raise }),
+        2 => (0..SESSIONS, 0u8..3, 0u8..40).prop_map(|(session, owner, now)| Op::Acquire { session, owner, now }),
+        1 => (0..SESSIONS).prop_map(Op::Release),
+    ]
+}
+
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Outcome {
+    Ok,
+    NotFound,
+    Conflict,
+    Invalid,
+    Other,
+}
+
+fn outcome<T>(result: &Result<T, StoreError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Ok,
+        Err(StoreError::NotFound { .. }) => Outcome::NotFound,
+        Err(StoreError::Conflict(_)) => Outcome::Conflict,
+        Err(StoreError::InvalidInput(_)) => Outcome::Invalid,
+        Err(_) => Outcome::Other,
+    }
+}
+
+#[derive(Debug, Default)]
+struct ModelRun {
+    session: u8,
+    seqs: Vec<u64>,
+    high_water: u64,
+}
+
+#[derive(Debug)]
+struct Model {
+    session_ids: Vec<SessionId>,
+    run_ids: Vec<TurnId>,
+    sessions: HashMap<u8, i64>,
+    runs: HashMap<u8, ModelRun>,
+    /// Creation order of runs per session (run slots).
+    run_order: HashMap<u8, Vec<u8>>,
+    feed: Vec<(u8, u64)>,
+    leases: HashMap<u8, (u8, u64, i64)>,
+    last_token: u64,
+    clock: i64,
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_unix_micros(1_800_000_000_000_000 + seconds * 1_000_000)
+}
+
+impl Model {
+    fn new() -> Self {
+        Self {
+            session_ids: (0..SESSIONS).map(|_| SessionId::new()).collect(),
+            run_ids: (0..RUNS).map(|_| TurnId::new()).collect(),
+            sessions: HashMap::new(),
+            runs: HashMap::new(),
+            run_order: HashMap::new(),
+            feed: Vec::new(),
+            leases: HashMap::new(),
+            last_token: 0,
+            clock: 0,
+        }
+    }
+
+    fn run_record(&self, slot: u8, session: u8, done: bool) -> RunRecord {
+        let mut run = RunRecord::new(
+            self.session_ids[session as usize],
+            vec![TurnInputItem::message("q")],
+            Subject::user("m"),
+        );
+        run.id = self.run_ids[slot as usize];
+        if done {
+            run.set_state(TurnState::Error { message: "x".into(), completed_at: at(0), metrics: None });
+        }
+        run
+    }
+}
+
+async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), TestCaseError> {
+    match *op {
+        Op::CreateSession(slot) => {
+            model.clock += 1;
+            let mut session = SessionRecord::new(SessionType::Agent, "model", Subject::user("m"));
+            session.id = model.session_ids[slot as usize];
+            session.created_at = at(model.clock);
+            let result = store.create_session(&session).await;
+            let expected = if model.sessions.contains_key(&slot) { Outcome::Conflict } else { Outcome::Ok };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if expected == Outcome::Ok {
+                model.sessions.insert(slot, model.clock);
+            }
+        }
+        Op::DeleteSession(slot) => {
+            let result = store.delete_session(model.session_ids[slot as usize]).await;
+            let expected = if model.sessions.contains_key(&slot) { Outcome::Ok } else { Outcome::NotFound };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if expected == Outcome::Ok {
+                model.sessions.remove(&slot);
+                model.leases.remove(&slot);
+                let gone: Vec<u8> = model.run_order.remove(&slot).unwrap_or_default();
+                for run in &gone {
+                    model.runs.remove(run);
+                }
+                model.feed.retain(|(run, _)| !gone.contains(run));
+            }
+        }
+        Op::PutRun { session, run, done } => {
+            let record = model.run_record(run, session, done);
+            let result = store.put_run(&record, None).await;
+            let expected = match (model.sessions.contains_key(&session), model.runs.get(&run)) {
+                (false, _) => Outcome::NotFound,
+                (true, Some(existing)) if existing.session != session => Outcome::Invalid,
+                _ => Outcome::Ok,
+            };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if expected == Outcome::Ok && !model.runs.contains_key(&run) {
+                model.runs.insert(run, ModelRun { session, ..ModelRun::default() });
+                model.run_order.entry(session).or_default().push(run);
+            }
+        }
+        Op::Append { run, ref steps } => {
+            let last = model.runs.get(&run).and_then(|r| r.seqs.last().copied()).unwrap_or(0);
+            let mut seq = last;
+            let mut seqs = Vec::new();
+            for step in steps {
+                seq += u64::from(*step);
+                seqs.push(seq);
+            }
+            let record = match model.runs.get(&run) {
+                Some(existing) => model.run_record(run, existing.session, false),
+                None => model.run_record(run, 0, false),
+            };
+            let events: Vec<_> = seqs.iter().map(|seq| event(&record, *seq)).collect();
+            let result = store.append_events(record.id, &events, None).await;
+            let increasing =
+                seqs.first().is_some_and(|first| *first > last) && seqs.windows(2).all(|p| p[0] < p[1]);
+            let expected = match model.runs.get(&run) {
+                None => Outcome::NotFound,
+                Some(_) if increasing => Outcome::Ok,
+                Some(_) => Outcome::Conflict,
+            };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if let (Ok(positions), Some(model_run)) = (&result, model.runs.get_mut(&run)) {
+                prop_assert!(positions.windows(2).all(|p| p[0] < p[1]));
+                model_run.seqs.extend(&seqs);
+                model_run.high_water = model_run.high_water.max(seq);
+                model.feed.extend(seqs.iter().map(|seq| (run, *seq)));
+            }
+        }
+        Op::ReadTurn { run, desc, after, limit } => {
+            let order = if desc { Order::Desc } else { Order::Asc };
+            let after = after.map(u64::from);
+            let result = store.turn_events(model.run_ids[run as usize], order, after, limit as usize).await;
+            match model.runs.get(&run) {
+                None => prop_assert_eq!(outcome(&result), Outcome::NotFound),
+                Some(model_run) => {
+                    let mut expected: Vec<u64> = model_run.seqs.clone();
+                    if desc {
+                        expected.reverse();
+                        expected.retain(|seq| after.is_none_or(|after| *seq < after));
+                    } else {
+                        expected.retain(|seq| after.is_none_or(|after| *seq > after));
+                    }
+                    expected.truncate(limit as usize);
+                    let got: Vec<u64> = result
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?
+                        .iter()
+                        .map(|s| s.event.seq)
+                        .collect();
+                    prop_assert_eq!(got, expected, "{:?}", op);
+                }
+            }
+        }
+        Op::ListRuns { session, desc, page } => {
+            let query =
+                RunQuery { order: if desc { Order::Desc } else { Order::Asc }, ..RunQuery::default() };
+            let session_id = model.session_ids[session as usize];
+            let mut request = PageRequest::first(page as usize);
+            let mut got = Vec::new();
+            loop {
+                let result = store.list_runs(session_id, &query, &request).await;
+                if !model.sessions.contains_key(&session) {
+                    prop_assert_eq!(outcome(&result), Outcome::NotFound);
+                    return Ok(());
+                }
+                let page_result = result.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(page_result.items.len() <= page as usize);
+                got.extend(page_result.items.iter().map(|run| run.id));
+                match page_result.next_token {
+                    Some(token) => request = PageRequest::after(token, page as usize),
+                    None => break,
+                }
+            }
+            let mut expected: Vec<TurnId> = model
+                .run_order
+                .get(&session)
+                .map(|runs| runs.iter().map(|slot| model.run_ids[*slot as usize]).collect())
+                .unwrap_or_default();
+            if desc {
+                expected.reverse();
+            }
+            prop_assert_eq!(got, expected, "{:?}", op);
+        }
+        Op::ListSessions { page } => {
+            let mut request = PageRequest::first(page as usize);
+            let mut got = Vec::new();
+            loop {
+                let result = store.list_sessions(&SessionQuery::default(), &request).await;
+                let page_result = result.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                got.extend(page_result.items.iter().map(|session| session.id));
+                match page_result.next_token {
+                    Some(token) => request = PageRequest::after(token, page as usize),
+                    None => break,
+                }
+            }
+            let mut expected: Vec<(i64, SessionId)> = model
+                .sessions
+                .iter()
+                .map(|(slot, created)| (*created, model.session_ids[*slot as usize]))
+                .collect();
+            expected.sort();
+            expected.reverse();
+            prop_assert_eq!(got, expected.into_iter().map(|(_, id)| id).collect::<Vec<_>>(), "{:?}", op);
+        }
+        Op::Feed => {
+            let feed = store
+                .feed(&FeedQuery::default(), 10_000)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(feed.windows(2).all(|p| p[0].position < p[1].position), "positions increase");
+            let got: Vec<(TurnId, u64)> = feed.iter().map(|s| (s.event.turn_id, s.event.seq)).collect();
+            let expected: Vec<(TurnId, u64)> =
+                model.feed.iter().map(|(run, seq)| (model.run_ids[*run as usize], *seq)).collect();
+            prop_assert_eq!(got, expected);
+        }
+        Op::HighWater { run, raise } => {
+            let id = model.run_ids[run as usize];
+            let raised = store.raise_high_water(id, u64::from(raise), None).await;
+            let read = store.high_water(id).await;
+            match model.runs.get_mut(&run) {
+                None => {
+                    prop_assert_eq!(outcome(&raised), Outcome::NotFound);
+                    prop_assert_eq!(outcome(&read), Outcome::NotFound);
+                }
+                Some(model_run) => {
+                    model_run.high_water = model_run.high_water.max(u64::from(raise));
+                    prop_assert_eq!(raised.ok(), Some(model_run.high_water));
+                    prop_assert_eq!(read.ok(), Some(model_run.high_water));
+                }
+            }
+        }
+        Op::Acquire { session, owner, now } => {
+            let now_s = i64::from(now);
+            let result = store
+                .acquire_lease(
+                    model.session_ids[session as usize],
+                    &format!("owner{owner}"),
+                    Duration::from_secs(10),
+                    at(now_s),
+                )
+                .await;
+            let expected = if !model.sessions.contains_key(&session) {
+                Outcome::NotFound
+            } else if model.leases.get(&session).is_some_and(|(_, _, expires)| *expires > now_s) {
+                Outcome::Conflict
+            } else {
+                Outcome::Ok
+            };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if let Ok(lease) = result {
+                prop_assert!(lease.token > model.last_token, "tokens increase");
+                model.last_token = lease.token;
+                model.leases.insert(session, (owner, lease.token, now_s + 10));
+            }
+        }
+        Op::Release(session) => {
+            let token = model.leases.get(&session).map_or(0, |(_, token, _)| *token);
+            let result = store.release_lease(model.session_ids[session as usize], token).await;
+            let expected = if model.leases.contains_key(&session) { Outcome::Ok } else { Outcome::Conflict };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            model.leases.remove(&session);
+            let lease = store
+                .lease(model.session_ids[session as usize])
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(lease, None);
+        }
+    }
+    Ok(())
+}
+
+/// A factory of fresh stores.
+pub type Factory<'a> = dyn Fn() -> Pin<Box<dyn Future<Output = Harness>>> + 'a;
+
+/// Runs the model test against fresh stores from `factory`: `AGENTRY_MODEL_CASES` cases
+/// (default 48) of up to 60 operations each.
+pub fn run(factory: impl Fn() -> Pin<Box<dyn Future<Output = Harness>>>) {
+    let cases = std::env::var("AGENTRY_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let result = runner.run(&proptest::collection::vec(op(), 1..60), |ops| {
+        runtime.block_on(async {
+            let harness = factory().await;
+            let mut model = Model::new();
+            for op in &ops {
+                apply(&*harness.store, &mut model, op).await?;
+            }
+            Ok(())
+        })
+    });
+    if let Err(error) = result {
+        panic!("the store disagrees with the model: {error}");
+    }
+}

@@ -1,0 +1,592 @@
+//! [`InMemoryStore`]: the reference implementation of the storage traits, kept in process
+//! memory. Nothing survives the process; everything else behaves as the durable backends.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use agentry_events::EventEnvelope;
+use agentry_types::{
+    BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
+    Message, RunRecord, SessionId, SessionRecord, Timestamp, ToolResult, TurnId, UserMemory, UserProfile,
+};
+use async_trait::async_trait;
+
+use crate::error::{Conflict, StoreError, StoreResult};
+use crate::page::{Order, Page, PageRequest, decode_token};
+use crate::rules;
+use crate::store::{
+    BudgetStore, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore, RunQuery,
+    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, UserStore,
+};
+
+#[derive(Debug)]
+struct RunRow {
+    record: RunRecord,
+    last_seq: u64,
+    high_water: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<SessionId, SessionRecord>,
+    /// (created_at, id) of every session, for newest-first listing.
+    session_index: BTreeSet<(Timestamp, SessionId)>,
+    runs: HashMap<TurnId, RunRow>,
+    /// Each session's runs by creation order.
+    session_runs: HashMap<SessionId, BTreeMap<u64, TurnId>>,
+    next_run_order: u64,
+    events: BTreeMap<u64, EventEnvelope>,
+    turn_events: HashMap<TurnId, BTreeMap<u64, u64>>,
+    session_events: HashMap<SessionId, BTreeSet<u64>>,
+    next_position: u64,
+    messages: HashMap<TurnId, Vec<Message>>,
+    profiles: HashMap<String, UserProfile>,
+    memories: HashMap<String, BTreeMap<(Timestamp, String), UserMemory>>,
+    journal: HashMap<TurnId, Vec<JournalEntry>>,
+    budgets: HashMap<String, (BudgetLimit, BudgetUsage)>,
+    reservations: HashMap<String, BudgetReservation>,
+    leases: HashMap<SessionId, Lease>,
+    last_token: u64,
+}
+
+impl State {
+    fn run(&self, id: TurnId) -> StoreResult<&RunRow> {
+        self.runs.get(&id).ok_or_else(|| StoreError::not_found("run", id))
+    }
+
+    fn fence(&self, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
+        rules::check_fence(session, self.leases.get(&session), fence)
+    }
+
+    fn reserved(&self, scope: &str, now: Timestamp) -> BudgetUsage {
+        self.reservations
+            .values()
+            .filter(|reservation| {
+                reservation.expires_at > now && reservation.scopes.iter().any(|s| s == scope)
+            })
+            .fold(BudgetUsage::default(), |total, reservation| rules::add_usage(&total, &reservation.amount))
+    }
+}
+
+/// A store in process memory.
+#[derive(Debug, Default)]
+pub struct InMemoryStore {
+    state: Mutex<State>,
+}
+
+impl InMemoryStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied write: every write
+        // validates first and mutates last, so the state stays consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+const SESSIONS: &str = "sessions";
+const RUNS: &str = "runs";
+
+#[async_trait]
+impl SessionStore for InMemoryStore {
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
+        rules::encode("session", session)?;
+        let mut state = self.state();
+        if state.sessions.contains_key(&session.id) {
+            return Err(Conflict::AlreadyExists { kind: "session", id: session.id.to_string() }.into());
+        }
+        state.session_index.insert((session.created_at, session.id));
+        state.sessions.insert(session.id, session.clone());
+        Ok(())
+    }
+
+    async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
+        self.state().sessions.get(&id).cloned().ok_or_else(|| StoreError::not_found("session", id))
+    }
+
+    async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord> {
+        let mut state = self.state();
+        let mut session =
+            state.sessions.get(&id).cloned().ok_or_else(|| StoreError::not_found("session", id))?;
+        update.apply(&mut session, Timestamp::now());
+        rules::encode("session", &session)?;
+        state.sessions.insert(id, session.clone());
+        Ok(session)
+    }
+
+    async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
+        let mut state = self.state();
+        let session = state.sessions.remove(&id).ok_or_else(|| StoreError::not_found("session", id))?;
+        state.session_index.remove(&(session.created_at, id));
+        for (_, run) in state.session_runs.remove(&id).unwrap_or_default() {
+            state.runs.remove(&run);
+            state.turn_events.remove(&run);
+            state.messages.remove(&run);
+            state.journal.remove(&run);
+        }
+        for position in state.session_events.remove(&id).unwrap_or_default() {
+            state.events.remove(&position);
+        }
+        state.leases.remove(&id);
+        Ok(())
+    }
+
+    async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<SessionRecord>> {
+        let limit = page.effective_limit();
+        let after = match &page.token {
+            Some(token) => Some(session_key(&decode_token(SESSIONS, token)?, token)?),
+            None => None,
+        };
+        let state = self.state();
+        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match after {
+            Some(after) => Box::new(state.session_index.range(..after).rev()),
+            None => Box::new(state.session_index.iter().rev()),
+        };
+        let items: Vec<SessionRecord> = keys
+            .filter_map(|(_, id)| state.sessions.get(id))
+            .filter(|session| query.matches(session))
+            .take(limit + 1)
+            .cloned()
+            .collect();
+        Ok(Page::from_lookahead(items, limit, SESSIONS, |s| {
+            format!("{}:{}", s.created_at.unix_micros(), s.id)
+        }))
+    }
+}
+
+/// Parses a session listing key `micros:id`.
+pub(crate) fn session_key(key: &str, token: &str) -> StoreResult<(Timestamp, SessionId)> {
+    let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
+    let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
+    Ok((
+        Timestamp::from_unix_micros(micros.parse().map_err(|_| invalid())?),
+        id.parse().map_err(|_| invalid())?,
+    ))
+}
+
+#[async_trait]
+impl RunStore for InMemoryStore {
+    async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
+        rules::encode("run", run)?;
+        let mut state = self.state();
+        if !state.sessions.contains_key(&run.session_id) {
+            return Err(StoreError::not_found("session", run.session_id));
+        }
+        state.fence(run.session_id, fence)?;
+        if let Some(row) = state.runs.get_mut(&run.id) {
+            if row.record.session_id != run.session_id {
+                return Err(StoreError::InvalidInput(format!(
+                    "run {} belongs to session {}, not {}",
+                    run.id, row.record.session_id, run.session_id
+                )));
+            }
+            row.record = run.clone();
+            return Ok(());
+        }
+        state.next_run_order += 1;
+        let order = state.next_run_order;
+        state.session_runs.entry(run.session_id).or_default().insert(order, run.id);
+        state.runs.insert(run.id, RunRow { record: run.clone(), last_seq: 0, high_water: 0 });
+        Ok(())
+    }
+
+    async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
+        Ok(self.state().run(id)?.record.clone())
+    }
+
+    async fn list_runs(
+        &self,
+        session: SessionId,
+        query: &RunQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<RunRecord>> {
+        let limit = page.effective_limit();
+        let after: Option<u64> = crate::page::decode_key(RUNS, page)?;
+        let state = self.state();
+        if !state.sessions.contains_key(&session) {
+            return Err(StoreError::not_found("session", session));
+        }
+        let empty = BTreeMap::new();
+        let runs = state.session_runs.get(&session).unwrap_or(&empty);
+        let ordered: Box<dyn Iterator<Item = (&u64, &TurnId)>> = match (query.order, after) {
+            (Order::Asc, None) => Box::new(runs.iter()),
+            (Order::Asc, Some(after)) => Box::new(runs.range(after + 1..)),
+            (Order::Desc, None) => Box::new(runs.iter().rev()),
+            (Order::Desc, Some(after)) => Box::new(runs.range(..after).rev()),
+        };
+        let items: Vec<(u64, RunRecord)> = ordered
+            .filter_map(|(order, id)| state.runs.get(id).map(|row| (*order, row)))
+            .filter(|(_, row)| query.matches(&row.record))
+            .take(limit + 1)
+            .map(|(order, row)| (order, row.record.clone()))
+            .collect();
+        let page = Page::from_lookahead(items, limit, RUNS, |(order, _)| order.to_string());
+        Ok(Page { items: page.items.into_iter().map(|(_, run)| run).collect(), next_token: page.next_token })
+    }
+}
+
+#[async_trait]
+impl EventStore for InMemoryStore {
+    async fn append_events(
+        &self,
+        turn: TurnId,
+        events: &[EventEnvelope],
+        fence: Option<Fence>,
+    ) -> StoreResult<Vec<u64>> {
+        for event in events {
+            rules::encode("event", event)?;
+        }
+        let mut state = self.state();
+        let row = state.run(turn)?;
+        let session = row.record.session_id;
+        rules::check_event_batch(&row.record, row.last_seq, events)?;
+        state.fence(session, fence)?;
+        let mut positions = Vec::with_capacity(events.len());
+        for event in events {
+            state.next_position += 1;
+            let position = state.next_position;
+            state.events.insert(position, event.clone());
+            state.turn_events.entry(turn).or_default().insert(event.seq, position);
+            state.session_events.entry(session).or_default().insert(position);
+            positions.push(position);
+        }
+        if let (Some(last), Some(row)) = (events.last(), state.runs.get_mut(&turn)) {
+            row.last_seq = last.seq;
+            row.high_water = row.high_water.max(last.seq);
+        }
+        Ok(positions)
+    }
+
+    async fn turn_events(
+        &self,
+        turn: TurnId,
+        order: Order,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredEvent>> {
+        let state = self.state();
+        state.run(turn)?;
+        let empty = BTreeMap::new();
+        let events = state.turn_events.get(&turn).unwrap_or(&empty);
+        let ordered: Box<dyn Iterator<Item = (&u64, &u64)>> = match (order, after) {
+            (Order::Asc, None) => Box::new(events.iter()),
+            (Order::Asc, Some(after)) => Box::new(events.range(after.saturating_add(1)..)),
+            (Order::Desc, None) => Box::new(events.iter().rev()),
+            (Order::Desc, Some(after)) => Box::new(events.range(..after).rev()),
+        };
+        Ok(ordered
+            .take(limit)
+            .filter_map(|(_, position)| {
+                state
+                    .events
+                    .get(position)
+                    .map(|event| StoredEvent { position: *position, event: event.clone() })
+            })
+            .collect())
+    }
+
+    async fn feed(&self, query: &FeedQuery, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let state = self.state();
+        let positions: Box<dyn Iterator<Item = u64>> = match query.session_id {
+            Some(session) => match state.session_events.get(&session) {
+                Some(set) => match (query.order, query.after) {
+                    (Order::Asc, None) => Box::new(set.iter().copied()),
+                    (Order::Asc, Some(after)) => Box::new(set.range(after.saturating_add(1)..).copied()),
+                    (Order::Desc, None) => Box::new(set.iter().rev().copied()),
+                    (Order::Desc, Some(after)) => Box::new(set.range(..after).rev().copied()),
+                },
+                None => Box::new(std::iter::empty()),
+            },
+            None => match (query.order, query.after) {
+                (Order::Asc, None) => Box::new(state.events.keys().copied()),
+                (Order::Asc, Some(after)) => {
+                    Box::new(state.events.range(after.saturating_add(1)..).map(|(p, _)| *p))
+                }
+                (Order::Desc, None) => Box::new(state.events.keys().rev().copied()),
+                (Order::Desc, Some(after)) => Box::new(state.events.range(..after).rev().map(|(p, _)| *p)),
+            },
+        };
+        Ok(positions
+            .take(limit)
+            .filter_map(|position| {
+                state.events.get(&position).map(|event| StoredEvent { position, event: event.clone() })
+            })
+            .collect())
+    }
+
+    async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        let mut state = self.state();
+        let session = state.run(turn)?.record.session_id;
+        state.fence(session, fence)?;
+        let row = state.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
+        row.high_water = row.high_water.max(seq);
+        Ok(row.high_water)
+    }
+
+    async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
+        let state = self.state();
+        let row = state.run(turn)?;
+        Ok(row.high_water.max(row.last_seq))
+    }
+}
+
+#[async_trait]
+impl MessageStore for InMemoryStore {
+    async fn append_messages(
+        &self,
+        run: TurnId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> StoreResult<()> {
+        for message in messages {
+            rules::encode("message", message)?;
+        }
+        let mut state = self.state();
+        let session = state.run(run)?.record.session_id;
+        state.fence(session, fence)?;
+        state.messages.entry(run).or_default().extend(messages.iter().cloned());
+        Ok(())
+    }
+
+    async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {
+        let state = self.state();
+        if !state.sessions.contains_key(&session) {
+            return Err(StoreError::not_found("session", session));
+        }
+        let empty = BTreeMap::new();
+        let runs = state
+            .session_runs
+            .get(&session)
+            .unwrap_or(&empty)
+            .values()
+            .rev()
+            .map(|id| state.run(*id).map(|row| row.record.clone()));
+        rules::history_window(runs, query, |run| {
+            Ok(state
+                .messages
+                .get(&run.id)
+                .map(|messages| {
+                    messages
+                        .iter()
+                        .enumerate()
+                        .map(|(index, message)| HistoryMessage {
+                            run_id: run.id,
+                            index: u32::try_from(index).unwrap_or(u32::MAX),
+                            message: message.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default())
+        })
+    }
+}
+
+#[async_trait]
+impl UserStore for InMemoryStore {
+    async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>> {
+        Ok(self.state().profiles.get(user_id).cloned())
+    }
+
+    async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()> {
+        rules::encode("user profile", profile)?;
+        self.state().profiles.insert(profile.user_id.clone(), profile.clone());
+        Ok(())
+    }
+
+    async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
+        rules::encode("user memory", memory)?;
+        let mut state = self.state();
+        let memories = state.memories.entry(memory.user_id.clone()).or_default();
+        if memories.values().any(|existing| existing.id == memory.id) {
+            return Err(Conflict::AlreadyExists { kind: "user memory", id: memory.id.clone() }.into());
+        }
+        memories.insert((memory.created_at, memory.id.clone()), memory.clone());
+        Ok(())
+    }
+
+    async fn memories(&self, user_id: &str, limit: usize) -> StoreResult<Vec<UserMemory>> {
+        let state = self.state();
+        Ok(state
+            .memories
+            .get(user_id)
+            .map(|memories| memories.values().rev().take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn delete_memory(&self, user_id: &str, id: &str) -> StoreResult<()> {
+        let mut state = self.state();
+        let memories = state.memories.get_mut(user_id);
+        let key = memories
+            .as_ref()
+            .and_then(|m| m.iter().find(|(_, memory)| memory.id == id).map(|(k, _)| k.clone()));
+        match (memories, key) {
+            (Some(memories), Some(key)) => {
+                memories.remove(&key);
+                Ok(())
+            }
+            _ => Err(StoreError::not_found("user memory", id)),
+        }
+    }
+}
+
+#[async_trait]
+impl JournalStore for InMemoryStore {
+    async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
+        rules::encode("journal entry", entry)?;
+        let mut state = self.state();
+        let session = state.run(entry.turn_id)?.record.session_id;
+        state.fence(session, fence)?;
+        let journal = state.journal.entry(entry.turn_id).or_default();
+        let existing = journal.iter().find(|stored| stored.tool_call_id == entry.tool_call_id);
+        if let Some(stored) = rules::journal_start(existing, entry)? {
+            return Ok(stored);
+        }
+        journal.push(entry.clone());
+        Ok(entry.clone())
+    }
+
+    async fn journal_complete(
+        &self,
+        turn: TurnId,
+        tool_call_id: &str,
+        result: &ToolResult,
+        completed_at: Timestamp,
+        fence: Option<Fence>,
+    ) -> StoreResult<JournalEntry> {
+        rules::encode("tool result", result)?;
+        let mut state = self.state();
+        let session = state.run(turn)?.record.session_id;
+        state.fence(session, fence)?;
+        let journal = state.journal.entry(turn).or_default();
+        let slot = journal.iter_mut().find(|stored| stored.tool_call_id == tool_call_id);
+        let (completed, _) =
+            rules::journal_complete(slot.as_deref(), turn, tool_call_id, result, completed_at)?;
+        if let Some(slot) = slot {
+            *slot = completed.clone();
+        }
+        Ok(completed)
+    }
+
+    async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>> {
+        let state = self.state();
+        state.run(turn)?;
+        Ok(state.journal.get(&turn).cloned().unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl BudgetStore for InMemoryStore {
+    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+        let mut state = self.state();
+        if state.budgets.contains_key(scope) {
+            return Err(Conflict::AlreadyExists { kind: "budget", id: scope.to_owned() }.into());
+        }
+        state.budgets.insert(scope.to_owned(), (*limit, BudgetUsage::default()));
+        Ok(())
+    }
+
+    async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
+        let state = self.state();
+        let (limit, used) = state.budgets.get(scope).ok_or_else(|| StoreError::not_found("budget", scope))?;
+        Ok(BudgetLedger {
+            scope: scope.to_owned(),
+            limit: *limit,
+            used: *used,
+            reserved: state.reserved(scope, now),
+        })
+    }
+
+    async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        let mut state = self.state();
+        if state.reservations.contains_key(&reservation.id) {
+            return Err(
+                Conflict::AlreadyExists { kind: "budget reservation", id: reservation.id.clone() }.into()
+            );
+        }
+        for scope in &reservation.scopes {
+            let (limit, used) =
+                state.budgets.get(scope).ok_or_else(|| StoreError::not_found("budget", scope))?;
+            let held = rules::add_usage(used, &state.reserved(scope, now));
+            rules::check_room(scope, limit, &held, &reservation.amount)?;
+        }
+        state.reservations.retain(|_, existing| existing.expires_at > now);
+        state.reservations.insert(reservation.id.clone(), reservation.clone());
+        Ok(())
+    }
+
+    async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        let mut state = self.state();
+        let reservation = state
+            .reservations
+            .remove(reservation_id)
+            .ok_or_else(|| StoreError::not_found("budget reservation", reservation_id))?;
+        for scope in &reservation.scopes {
+            if let Some((_, used)) = state.budgets.get_mut(scope) {
+                *used = rules::add_usage(used, actual);
+            }
+        }
+        Ok(())
+    }
+
+    async fn release(&self, reservation_id: &str) -> StoreResult<()> {
+        self.state()
+            .reservations
+            .remove(reservation_id)
+            .map(|_| ())
+            .ok_or_else(|| StoreError::not_found("budget reservation", reservation_id))
+    }
+}
+
+#[async_trait]
+impl LeaseStore for InMemoryStore {
+    async fn acquire_lease(
+        &self,
+        session: SessionId,
+        owner: &str,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        let mut state = self.state();
+        if !state.sessions.contains_key(&session) {
+            return Err(StoreError::not_found("session", session));
+        }
+        let lease =
+            rules::grant_lease(session, state.leases.get(&session), owner, ttl, now, state.last_token + 1)?;
+        state.last_token = lease.token;
+        state.leases.insert(session, lease.clone());
+        Ok(lease)
+    }
+
+    async fn renew_lease(
+        &self,
+        session: SessionId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        let mut state = self.state();
+        let lease = rules::renew_lease(session, state.leases.get(&session), token, ttl, now)?;
+        state.leases.insert(session, lease.clone());
+        Ok(lease)
+    }
+
+    async fn release_lease(&self, session: SessionId, token: u64) -> StoreResult<()> {
+        let mut state = self.state();
+        rules::check_release(session, state.leases.get(&session), token)?;
+        state.leases.remove(&session);
+        Ok(())
+    }
+
+    async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
+        Ok(self.state().leases.get(&session).cloned())
+    }
+}

@@ -1,0 +1,447 @@
+//! The storage traits: what every backend (in-memory, SQLite, redb) provides, and the
+//! contract each method keeps.
+//!
+//! Contracts common to every method:
+//! - every write is atomic: it happens whole or not at all, and a failed write changes
+//!   nothing;
+//! - an acknowledged write (the future resolved `Ok`) is visible to every later read of the
+//!   same store, and survives a crash when the backend's durability mode says so;
+//! - records larger than [`MAX_RECORD_BYTES`] serialized are refused with
+//!   [`StoreError::TooLarge`](crate::StoreError::TooLarge);
+//! - writes made on behalf of a running turn may carry a [`Fence`]; the store refuses them
+//!   with [`Conflict::StaleFence`](crate::Conflict::StaleFence) unless the fence's token is
+//!   the session's current lease token.
+
+use std::time::Duration;
+
+use agentry_events::EventEnvelope;
+use agentry_types::agno::SessionSummary;
+use agentry_types::{
+    BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
+    Message, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Timestamp, ToolResult,
+    TurnId, UserMemory, UserProfile,
+};
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use crate::error::StoreResult;
+use crate::page::{Order, Page, PageRequest};
+
+/// The largest record, event or message a store accepts, serialized.
+pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
+
+/// Which sessions to list. Every set filter must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionQuery {
+    /// Sessions of this type.
+    pub session_type: Option<SessionType>,
+    /// Sessions of this agent, team or workflow name.
+    pub name: Option<String>,
+    /// Sessions owned by this subject id.
+    pub owner: Option<String>,
+    /// Sessions of this end user.
+    pub user_id: Option<String>,
+    /// Sessions created at or after this time.
+    pub created_from: Option<Timestamp>,
+    /// Sessions created at or before this time.
+    pub created_until: Option<Timestamp>,
+}
+
+impl SessionQuery {
+    /// Whether a session matches.
+    #[must_use]
+    pub fn matches(&self, session: &SessionRecord) -> bool {
+        self.session_type.is_none_or(|kind| session.session_type == kind)
+            && self.name.as_ref().is_none_or(|name| &session.name == name)
+            && self.owner.as_ref().is_none_or(|owner| &session.owner.subject_id == owner)
+            && self.user_id.as_ref().is_none_or(|user| session.user_id.as_ref() == Some(user))
+            && self.created_from.is_none_or(|from| session.created_at >= from)
+            && self.created_until.is_none_or(|until| session.created_at <= until)
+    }
+}
+
+/// Changes to a session's mutable fields; unset fields are left as they are.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionUpdate {
+    /// A new title.
+    pub title: Option<String>,
+    /// A new end user.
+    pub user_id: Option<String>,
+    /// Metadata keys to set; a `null` value removes its key.
+    pub metadata: Option<Map<String, Value>>,
+    /// Session-state keys to set; a `null` value removes its key.
+    pub state: Option<Map<String, Value>>,
+    /// A new summary.
+    pub summary: Option<SessionSummary>,
+}
+
+impl SessionUpdate {
+    /// Applies the update to a session, stamping `updated_at` with `now`.
+    pub fn apply(&self, session: &mut SessionRecord, now: Timestamp) {
+        fn merge(target: &mut Map<String, Value>, changes: &Map<String, Value>) {
+            for (key, value) in changes {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    target.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        if let Some(title) = &self.title {
+            session.title = Some(title.clone());
+        }
+        if let Some(user_id) = &self.user_id {
+            session.user_id = Some(user_id.clone());
+        }
+        if let Some(metadata) = &self.metadata {
+            merge(&mut session.metadata, metadata);
+        }
+        if let Some(state) = &self.state {
+            merge(&mut session.state, state);
+        }
+        if let Some(summary) = &self.summary {
+            session.summary = Some(summary.clone());
+        }
+        session.updated_at = now.max(session.updated_at);
+    }
+}
+
+/// Which runs of a session to list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ParentFilter {
+    /// Top-level runs (turns) only.
+    #[default]
+    TopLevel,
+    /// Every run, member runs included.
+    Any,
+    /// The member runs of this run.
+    Of(TurnId),
+}
+
+/// Which runs of a session to list, and in which order (creation order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Oldest or newest first.
+    pub order: Order,
+    /// Top-level runs, all runs, or the members of one run.
+    pub parent: ParentFilter,
+    /// Runs with one of these statuses (empty: any status).
+    pub statuses: Vec<RunStatus>,
+    /// Runs of this agent.
+    pub agent_id: Option<String>,
+    /// Runs of this team.
+    pub team_id: Option<String>,
+}
+
+impl RunQuery {
+    /// Whether a run matches (the order aside).
+    #[must_use]
+    pub fn matches(&self, run: &RunRecord) -> bool {
+        let parent = match &self.parent {
+            ParentFilter::TopLevel => run.parent_run_id.is_none(),
+            ParentFilter::Any => true,
+            ParentFilter::Of(parent) => run.parent_run_id == Some(*parent),
+        };
+        parent
+            && (self.statuses.is_empty() || self.statuses.contains(&run.status))
+            && self.agent_id.as_ref().is_none_or(|agent| run.agent_id.as_ref() == Some(agent))
+            && self.team_id.as_ref().is_none_or(|team| run.team_id.as_ref() == Some(team))
+    }
+}
+
+/// The runs considered when neither bound of a [`HistoryQuery`] is set.
+pub const DEFAULT_HISTORY_RUNS: usize = 100;
+
+/// A window of a session's history: the messages of its latest runs, oldest first.
+///
+/// Runs are taken newest first, skipping those that do not match the filters, until
+/// `last_runs` runs are taken or `last_messages` messages are collected; with neither set,
+/// the last [`DEFAULT_HISTORY_RUNS`] runs. A window never reads the whole session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryQuery {
+    /// Take the messages of at most this many runs.
+    pub last_runs: Option<usize>,
+    /// Keep at most this many messages (the latest).
+    pub last_messages: Option<usize>,
+    /// Only runs of this agent.
+    pub agent_id: Option<String>,
+    /// Only runs of this team.
+    pub team_id: Option<String>,
+    /// Leave out messages with these roles.
+    pub skip_roles: Vec<Role>,
+    /// Leave out runs with these statuses.
+    pub skip_statuses: Vec<RunStatus>,
+    /// Leave out messages that were themselves replayed history.
+    pub skip_history_messages: bool,
+    /// Include member runs (by default only top-level runs count).
+    pub include_member_runs: bool,
+}
+
+impl HistoryQuery {
+    /// Whether a run's messages belong to the window.
+    #[must_use]
+    pub fn run_matches(&self, run: &RunRecord) -> bool {
+        (self.include_member_runs || run.parent_run_id.is_none())
+            && !self.skip_statuses.contains(&run.status)
+            && self.agent_id.as_ref().is_none_or(|agent| run.agent_id.as_ref() == Some(agent))
+            && self.team_id.as_ref().is_none_or(|team| run.team_id.as_ref() == Some(team))
+    }
+
+    /// Whether a message of a matching run is kept.
+    #[must_use]
+    pub fn message_matches(&self, message: &Message) -> bool {
+        let replayed = self.skip_history_messages && message.from_history;
+        !replayed && !self.skip_roles.contains(&message.role)
+    }
+
+    /// The most runs to take.
+    #[must_use]
+    pub fn run_bound(&self) -> Option<usize> {
+        match (self.last_runs, self.last_messages) {
+            (None, None) => Some(DEFAULT_HISTORY_RUNS),
+            (runs, _) => runs,
+        }
+    }
+}
+
+/// A durable event as stored: the event and its store-wide position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// Store-wide, increasing in append order; may have gaps.
+    pub position: u64,
+    /// The event.
+    pub event: EventEnvelope,
+}
+
+/// Which events a feed reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FeedQuery {
+    /// Only this session's events.
+    pub session_id: Option<SessionId>,
+    /// Oldest or newest first.
+    pub order: Order,
+    /// Start after this position (exclusive, in the feed's order).
+    pub after: Option<u64>,
+}
+
+/// Sessions.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Creates a session. `Conflict::AlreadyExists` when the id is taken.
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()>;
+
+    /// Reads a session. `NotFound` when it does not exist.
+    async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord>;
+
+    /// Applies an update atomically and returns the updated session. `NotFound` when it
+    /// does not exist.
+    async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord>;
+
+    /// Deletes a session with its runs, events, messages, journal and lease. `NotFound`
+    /// when it does not exist.
+    async fn delete_session(&self, id: SessionId) -> StoreResult<()>;
+
+    /// Lists sessions newest first (by creation time, then id). `InvalidInput` for a token
+    /// not issued by this listing.
+    async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<SessionRecord>>;
+}
+
+/// Runs (turns and member runs).
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Creates a run, or replaces the run with the same id (its session must stay the
+    /// same: `InvalidInput` otherwise). `NotFound` when the session does not exist.
+    async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()>;
+
+    /// Reads a run. `NotFound` when it does not exist.
+    async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord>;
+
+    /// Lists a session's runs in creation order. `NotFound` when the session does not
+    /// exist; `InvalidInput` for a foreign token.
+    async fn list_runs(
+        &self,
+        session: SessionId,
+        query: &RunQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<RunRecord>>;
+}
+
+/// Durable events.
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Appends durable events of one turn atomically and returns their store-wide
+    /// positions. Every event must belong to `turn` and its session (`InvalidInput`), be
+    /// durable (`InvalidInput` for deltas), and carry a `seq` greater than the turn's last
+    /// stored one and than the previous event of the batch (`Conflict::StaleSeq`). Raises
+    /// the turn's high-water mark to the last `seq`. `NotFound` when the run does not exist.
+    async fn append_events(
+        &self,
+        turn: TurnId,
+        events: &[EventEnvelope],
+        fence: Option<Fence>,
+    ) -> StoreResult<Vec<u64>>;
+
+    /// Reads a turn's stored events by `seq`: ascending after `after`, or descending
+    /// before it. `NotFound` when the run does not exist.
+    async fn turn_events(
+        &self,
+        turn: TurnId,
+        order: Order,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredEvent>>;
+
+    /// Reads the store-wide feed (or one session's) by position.
+    async fn feed(&self, query: &FeedQuery, limit: usize) -> StoreResult<Vec<StoredEvent>>;
+
+    /// Raises the turn's high-water mark of issued `seq` values to at least `seq`, durably,
+    /// and returns the mark. `NotFound` when the run does not exist.
+    async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64>;
+
+    /// The turn's high-water mark: no `seq` at or below it may be issued again.
+    async fn high_water(&self, turn: TurnId) -> StoreResult<u64>;
+}
+
+/// Messages kept for history.
+#[async_trait]
+pub trait MessageStore: Send + Sync {
+    /// Appends messages to a run's history, after the ones it has. `NotFound` when the run
+    /// does not exist.
+    async fn append_messages(
+        &self,
+        run: TurnId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> StoreResult<()>;
+
+    /// Reads a window of a session's history, oldest first. `NotFound` when the session
+    /// does not exist.
+    async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>>;
+}
+
+/// User profiles and memories.
+#[async_trait]
+pub trait UserStore: Send + Sync {
+    /// A user's profile, if one was saved.
+    async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>>;
+
+    /// Saves (replaces) a user's profile.
+    async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()>;
+
+    /// Adds a memory. `Conflict::AlreadyExists` when its id is taken.
+    async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()>;
+
+    /// A user's memories, newest first.
+    async fn memories(&self, user_id: &str, limit: usize) -> StoreResult<Vec<UserMemory>>;
+
+    /// Deletes a memory. `NotFound` when the user has no memory with that id.
+    async fn delete_memory(&self, user_id: &str, id: &str) -> StoreResult<()>;
+}
+
+/// The tool journal: exactly-once tool calls across crashes.
+#[async_trait]
+pub trait JournalStore: Send + Sync {
+    /// Records that a call is about to run. When the call was journaled before, returns
+    /// that entry (with its result, if it completed) if the arguments hash is the same,
+    /// and `Conflict::JournalMismatch` otherwise. `NotFound` when the run does not exist.
+    async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry>;
+
+    /// Records a call's result. Completing again with the same result returns the entry;
+    /// with another, `Conflict::AlreadyCompleted`. `NotFound` when the call was not started.
+    async fn journal_complete(
+        &self,
+        turn: TurnId,
+        tool_call_id: &str,
+        result: &ToolResult,
+        completed_at: Timestamp,
+        fence: Option<Fence>,
+    ) -> StoreResult<JournalEntry>;
+
+    /// A turn's journal, in the order the calls started.
+    async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>>;
+}
+
+/// Budget ledgers shared by a mission and its instances.
+#[async_trait]
+pub trait BudgetStore: Send + Sync {
+    /// Creates a scope's ledger with nothing used. `Conflict::AlreadyExists` when it exists.
+    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()>;
+
+    /// A scope's ledger; reservations expired at `now` do not count. `NotFound` when the
+    /// scope does not exist.
+    async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger>;
+
+    /// Holds an amount on every scope of the reservation, all or none:
+    /// `Conflict::BudgetExceeded` when used + reserved + amount would pass any limit of any
+    /// scope; `NotFound` for an unknown scope; `Conflict::AlreadyExists` for a reused id.
+    async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()>;
+
+    /// Settles a reservation: its scopes' used amounts grow by `actual` and the hold is
+    /// released. `NotFound` when the reservation does not exist (settled or released).
+    async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()>;
+
+    /// Releases a reservation unused. `NotFound` when it does not exist.
+    async fn release(&self, reservation_id: &str) -> StoreResult<()>;
+}
+
+/// Session leases: one running turn per session, across processes.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Grants the session's lease to `owner` for `ttl` when no unexpired lease exists,
+    /// with a fencing token greater than every token granted before.
+    /// `Conflict::LeaseHeld` when another lease is live; `NotFound` for an unknown session.
+    async fn acquire_lease(
+        &self,
+        session: SessionId,
+        owner: &str,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease>;
+
+    /// Extends the lease holding `token` to `now + ttl`. `Conflict::StaleFence` when the
+    /// token is not the session's current one.
+    async fn renew_lease(
+        &self,
+        session: SessionId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease>;
+
+    /// Gives the lease up. `Conflict::StaleFence` when the token is not the current one.
+    async fn release_lease(&self, session: SessionId, token: u64) -> StoreResult<()>;
+
+    /// The session's current lease, expired or not, if one is held.
+    async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>>;
+}
+
+/// Everything a backend provides.
+pub trait Store:
+    SessionStore
+    + RunStore
+    + EventStore
+    + MessageStore
+    + UserStore
+    + JournalStore
+    + BudgetStore
+    + LeaseStore
+    + std::fmt::Debug
+{
+}
+
+impl<T> Store for T where
+    T: SessionStore
+        + RunStore
+        + EventStore
+        + MessageStore
+        + UserStore
+        + JournalStore
+        + BudgetStore
+        + LeaseStore
+        + std::fmt::Debug
+{
+}

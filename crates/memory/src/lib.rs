@@ -23,12 +23,14 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod durability;
 mod error;
 mod in_memory;
 mod page;
 pub mod rules;
 mod store;
 
+pub use durability::Durability;
 pub use error::{Conflict, StoreError, StoreResult};
 pub use in_memory::InMemoryStore;
 pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token};

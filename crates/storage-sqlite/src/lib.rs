@@ -1,0 +1,334 @@
+//! Agentry's storage over SQLite.
+//!
+//! [`SqliteStore`] keeps every record of the storage traits in one SQLite file in WAL
+//! mode. All writes go through one writer thread that commits concurrent writes together
+//! (group commit, each write in its own savepoint so that a failed write leaves the others
+//! alone); reads run on a small pool of read-only connections on blocking threads. Nothing
+//! blocks the async executor. The schema is versioned and migrated forward on open; a file
+//! from a newer version, a damaged file or a foreign database is refused with a clear error
+//! and left as it was.
+//!
+//! ```
+//! use agentry_memory::{Durability, SessionStore};
+//! use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+//! use agentry_types::{SessionRecord, SessionType, Subject};
+//!
+//! # tokio::runtime::Builder::new_multi_thread().build().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = SqliteStore::open(dir.path().join("agentry.db"), SqliteOptions::default()).unwrap();
+//! let session = SessionRecord::new(SessionType::Agent, "demo", Subject::user("alice"));
+//! store.create_session(&session).await.unwrap();
+//! assert_eq!(store.get_session(session.id).await.unwrap(), session);
+//! # });
+//! ```
+
+mod error;
+mod ops;
+mod schema;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use agentry_memory::{Durability, StoreError, StoreResult};
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::sqlite;
+
+/// How a [`SqliteStore`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// How hard to work to keep acknowledged writes across a crash.
+    pub durability: Durability,
+    /// How many read-only connections to keep open.
+    pub readers: usize,
+    /// How long to wait for a lock held by another process.
+    pub busy_timeout: Duration,
+    /// The most writes committed in one transaction.
+    pub max_batch: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Batched,
+            readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            max_batch: 512,
+        }
+    }
+}
+
+/// What the writer thread does with a job once its savepoint is settled: report the
+/// outcome, `Ok` only once the enclosing transaction has committed.
+type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// A write waiting for the writer thread.
+trait WriteJob: Send {
+    /// Runs inside a savepoint; says whether it succeeded (so the savepoint is kept or
+    /// rolled back) and how to report once the transaction is settled.
+    fn run(self: Box<Self>, connection: &Connection) -> (bool, Finish);
+
+    /// Reports that the job could not run.
+    fn fail(self: Box<Self>, error: StoreError);
+}
+
+type Job = Box<dyn WriteJob>;
+
+struct TypedJob<W, R> {
+    work: W,
+    reply: tokio::sync::oneshot::Sender<StoreResult<R>>,
+}
+
+impl<W, R> WriteJob for TypedJob<W, R>
+where
+    W: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn run(self: Box<Self>, connection: &Connection) -> (bool, Finish) {
+        let Self { work, reply } = *self;
+        let result = work(connection);
+        let ok = result.is_ok();
+        (
+            ok,
+            Box::new(move |commit: Result<(), StoreError>| {
+                let _ = reply.send(commit.and(result));
+            }),
+        )
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    options: SqliteOptions,
+    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer loop after the jobs already queued.
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A store in one SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.options.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+fn configure(connection: &Connection, options: &SqliteOptions) -> StoreResult<()> {
+    connection.busy_timeout(options.busy_timeout).map_err(sqlite)?;
+    connection.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Refuses a main file shorter than its header says, unless a WAL may hold the rest.
+fn check_not_truncated(path: &Path) -> StoreResult<()> {
+    let Ok(bytes) = std::fs::read(path).map(|bytes| bytes.get(..100).map(<[u8]>::to_vec)) else {
+        return Ok(());
+    };
+    let Some(header) = bytes else {
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        return if len == 0 {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt(format!("{} is too short to be a database", path.display())))
+        };
+    };
+    if &header[..16] != b"SQLite format 3\0" {
+        return Err(StoreError::Corrupt(format!("{} is not an SQLite database", path.display())));
+    }
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        size => u64::from(size),
+    };
+    let pages = u64::from(u32::from_be_bytes([header[28], header[29], header[30], header[31]]));
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    if pages > 0 && len < pages * page_size && !wal.exists() {
+        return Err(StoreError::Corrupt(format!(
+            "{} is truncated: its header says {} bytes, the file has {len}",
+            path.display(),
+            pages * page_size
+        )));
+    }
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` and migrates its schema forward.
+    ///
+    /// Errors: `Io` when the file cannot be created or opened, `Corrupt` when it is not an
+    /// Agentry store or is damaged, `VersionTooNew` when a newer Agentry wrote it. A refused
+    /// file is left as it was.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            return Err(StoreError::Io(format!(
+                "cannot create {}: {} is not a directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+        check_not_truncated(&path)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut writer = Connection::open_with_flags(&path, flags)
+            .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
+        configure(&writer, &options)?;
+        // Validate before changing anything in the file.
+        schema::migrate(&mut writer)?;
+        writer.pragma_update(None, "journal_mode", "WAL").map_err(sqlite)?;
+        let synchronous = match options.durability {
+            Durability::Strict | Durability::Batched => "FULL",
+            Durability::Relaxed => "NORMAL",
+        };
+        writer.pragma_update(None, "synchronous", synchronous).map_err(sqlite)?;
+        writer.pragma_update(None, "foreign_keys", "OFF").map_err(sqlite)?;
+
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let batch = match options.durability {
+            Durability::Strict => 1,
+            Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
+        };
+        let thread = std::thread::Builder::new()
+            .name("agentry-sqlite-writer".to_owned())
+            .spawn(move || write_loop(writer, &receiver, batch))
+            .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                options,
+                writer: Mutex::new(Some(sender)),
+                thread: Mutex::new(Some(thread)),
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The file the store lives in.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The store's durability mode.
+    #[must_use]
+    pub fn durability(&self) -> Durability {
+        self.inner.options.durability
+    }
+
+    /// Runs a write on the writer thread; resolves once it is committed (or refused).
+    pub(crate) async fn write<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let (reply, receive) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(TypedJob { work, reply });
+        let sender = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        sender.ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
+        receive.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs a read on a pooled read-only connection, on a blocking thread.
+    pub(crate) async fn read<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let connection = match pooled {
+                Some(connection) => connection,
+                None => {
+                    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                    let connection = Connection::open_with_flags(&inner.path, flags).map_err(sqlite)?;
+                    configure(&connection, &inner.options)?;
+                    connection
+                }
+            };
+            let result = work(&connection);
+            let mut pool = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
+            if pool.len() < inner.options.readers {
+                pool.push(connection);
+            }
+            result
+        })
+        .await
+        .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+    }
+}
+
+/// The writer thread: takes the jobs waiting, runs each in a savepoint of one transaction,
+/// commits, then reports to every job.
+fn write_loop(mut connection: Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        let mut transaction = match connection.transaction() {
+            Ok(transaction) => transaction,
+            Err(error) => {
+                let error = sqlite(error);
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
+            }
+        };
+        for job in batch {
+            let savepoint = match transaction.savepoint() {
+                Ok(savepoint) => savepoint,
+                Err(error) => {
+                    job.fail(sqlite(error));
+                    continue;
+                }
+            };
+            let (ok, finish) = job.run(&savepoint);
+            if ok {
+                match savepoint.commit() {
+                    Ok(()) => finishes.push(finish),
+                    Err(error) => finish(Err(sqlite(error))),
+                }
+            } else {
+                // Dropping the savepoint rolls the failed write back; report at once.
+                drop(savepoint);
+                finish(Ok(()));
+            }
+        }
+        let committed = transaction.commit().map_err(sqlite);
+        for finish in finishes {
+            finish(committed.clone());
+        }
+    }
+}

@@ -1,0 +1,900 @@
+//! The storage traits over SQLite. Records are stored as JSON bodies next to the columns
+//! that index them; records are encoded before they reach the writer thread, so the single
+//! writer spends its time on SQL.
+
+use std::time::Duration;
+
+use agentry_events::EventEnvelope;
+use agentry_memory::{
+    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
+    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
+    StoreResult, StoredEvent, UserStore, decode_key, decode_token, rules,
+};
+use agentry_types::{
+    BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
+    Message, RunRecord, SessionId, SessionRecord, Timestamp, ToolResult, TurnId, UserMemory, UserProfile,
+};
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::SqliteStore;
+use crate::error::sqlite;
+
+const SESSIONS: &str = "sessions";
+const RUNS: &str = "runs";
+
+fn session_row(connection: &Connection, id: &str) -> StoreResult<Option<SessionRecord>> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("SELECT body FROM sessions WHERE id = ?1")
+        .map_err(sqlite)?
+        .query_row([id], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    body.map(|body| rules::decode("session", &body)).transpose()
+}
+
+/// A run row: the record, its store order and its seq bookkeeping.
+struct RunRow {
+    record: RunRecord,
+    last_seq: u64,
+    high_water: u64,
+}
+
+fn run_row(connection: &Connection, id: &str) -> StoreResult<Option<RunRow>> {
+    let row: Option<(Vec<u8>, i64, i64)> = connection
+        .prepare_cached("SELECT body, last_seq, high_water FROM runs WHERE id = ?1")
+        .map_err(sqlite)?
+        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()
+        .map_err(sqlite)?;
+    row.map(|(body, last_seq, high_water)| {
+        Ok(RunRow {
+            record: rules::decode("run", &body)?,
+            last_seq: as_u64(last_seq),
+            high_water: as_u64(high_water),
+        })
+    })
+    .transpose()
+}
+
+fn require_run(connection: &Connection, id: TurnId) -> StoreResult<RunRow> {
+    run_row(connection, &id.to_string())?.ok_or_else(|| StoreError::not_found("run", id))
+}
+
+fn lease_row(connection: &Connection, session: &str) -> StoreResult<Option<Lease>> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("SELECT body FROM leases WHERE session_id = ?1")
+        .map_err(sqlite)?
+        .query_row([session], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    body.map(|body| rules::decode("lease", &body)).transpose()
+}
+
+fn check_fence(connection: &Connection, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
+    if fence.is_none() {
+        return Ok(());
+    }
+    rules::check_fence(session, lease_row(connection, &session.to_string())?.as_ref(), fence)
+}
+
+fn as_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn as_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
+        let body = rules::encode("session", session)?;
+        let (id, created) = (session.id.to_string(), session.created_at.unix_micros());
+        self.write(move |connection| {
+            let inserted = connection
+                .prepare_cached("INSERT OR IGNORE INTO sessions (id, created_us, body) VALUES (?1, ?2, ?3)")
+                .map_err(sqlite)?
+                .execute(params![id, created, body])
+                .map_err(sqlite)?;
+            if inserted == 0 {
+                return Err(Conflict::AlreadyExists { kind: "session", id }.into());
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
+        self.read(move |connection| {
+            session_row(connection, &id.to_string())?.ok_or_else(|| StoreError::not_found("session", id))
+        })
+        .await
+    }
+
+    async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord> {
+        let update = update.clone();
+        self.write(move |connection| {
+            let key = id.to_string();
+            let mut session =
+                session_row(connection, &key)?.ok_or_else(|| StoreError::not_found("session", id))?;
+            update.apply(&mut session, Timestamp::now());
+            let body = rules::encode("session", &session)?;
+            connection
+                .prepare_cached("UPDATE sessions SET body = ?2 WHERE id = ?1")
+                .map_err(sqlite)?
+                .execute(params![key, body])
+                .map_err(sqlite)?;
+            Ok(session)
+        })
+        .await
+    }
+
+    async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
+        self.write(move |connection| {
+            let key = id.to_string();
+            let deleted = connection.execute("DELETE FROM sessions WHERE id = ?1", [&key]).map_err(sqlite)?;
+            if deleted == 0 {
+                return Err(StoreError::not_found("session", id));
+            }
+            for sql in [
+                "DELETE FROM messages WHERE run_id IN (SELECT id FROM runs WHERE session_id = ?1)",
+                "DELETE FROM journal WHERE turn_id IN (SELECT id FROM runs WHERE session_id = ?1)",
+                "DELETE FROM events WHERE session_id = ?1",
+                "DELETE FROM runs WHERE session_id = ?1",
+                "DELETE FROM leases WHERE session_id = ?1",
+            ] {
+                connection.prepare_cached(sql).map_err(sqlite)?.execute([&key]).map_err(sqlite)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<SessionRecord>> {
+        let limit = page.effective_limit();
+        let after = match &page.token {
+            Some(token) => {
+                let key = decode_token(SESSIONS, token)?;
+                let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
+                let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
+                let micros: i64 = micros.parse().map_err(|_| invalid())?;
+                let id: SessionId = id.parse().map_err(|_| invalid())?;
+                Some((micros, id.to_string()))
+            }
+            None => None,
+        };
+        let query = query.clone();
+        self.read(move |connection| {
+            let (micros, id) = after.unwrap_or((i64::MAX, String::new()));
+            let unbounded = id.is_empty();
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT body FROM sessions WHERE ?3 OR (created_us, id) < (?1, ?2)
+                     ORDER BY created_us DESC, id DESC",
+                )
+                .map_err(sqlite)?;
+            let mut rows = statement.query(params![micros, id, unbounded]).map_err(sqlite)?;
+            let mut items = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                let body: Vec<u8> = row.get(0).map_err(sqlite)?;
+                let session: SessionRecord = rules::decode("session", &body)?;
+                if query.matches(&session) {
+                    items.push(session);
+                    if items.len() > limit {
+                        break;
+                    }
+                }
+            }
+            Ok(Page::from_lookahead(items, limit, SESSIONS, |s| {
+                format!("{}:{}", s.created_at.unix_micros(), s.id)
+            }))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
+        let body = rules::encode("run", run)?;
+        let (id, session) = (run.id, run.session_id);
+        self.write(move |connection| {
+            let session_key = session.to_string();
+            if session_row(connection, &session_key)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            check_fence(connection, session, fence)?;
+            let key = id.to_string();
+            let existing: Option<String> = connection
+                .prepare_cached("SELECT session_id FROM runs WHERE id = ?1")
+                .map_err(sqlite)?
+                .query_row([&key], |row| row.get(0))
+                .optional()
+                .map_err(sqlite)?;
+            match existing {
+                Some(stored) if stored != session_key => Err(StoreError::InvalidInput(format!(
+                    "run {id} belongs to session {stored}, not {session_key}"
+                ))),
+                Some(_) => {
+                    connection
+                        .prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")
+                        .map_err(sqlite)?
+                        .execute(params![key, body])
+                        .map_err(sqlite)?;
+                    Ok(())
+                }
+                None => {
+                    connection
+                        .prepare_cached("INSERT INTO runs (id, session_id, body) VALUES (?1, ?2, ?3)")
+                        .map_err(sqlite)?
+                        .execute(params![key, session_key, body])
+                        .map_err(sqlite)?;
+                    Ok(())
+                }
+            }
+        })
+        .await
+    }
+
+    async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
+        self.read(move |connection| Ok(require_run(connection, id)?.record)).await
+    }
+
+    async fn list_runs(
+        &self,
+        session: SessionId,
+        query: &RunQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<RunRecord>> {
+        let limit = page.effective_limit();
+        let after: Option<i64> = decode_key(RUNS, page)?;
+        let query = query.clone();
+        self.read(move |connection| {
+            let key = session.to_string();
+            if session_row(connection, &key)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            let sql = match query.order {
+                Order::Asc => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order > ?2 ORDER BY run_order ASC",
+                Order::Desc => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order < ?2 ORDER BY run_order DESC",
+            };
+            let bound = after.unwrap_or(match query.order {
+                Order::Asc => i64::MIN,
+                Order::Desc => i64::MAX,
+            });
+            let mut statement = connection.prepare_cached(sql).map_err(sqlite)?;
+            let mut rows = statement.query(params![key, bound]).map_err(sqlite)?;
+            let mut items: Vec<(i64, RunRecord)> = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                let order: i64 = row.get(0).map_err(sqlite)?;
+                let body: Vec<u8> = row.get(1).map_err(sqlite)?;
+                let run: RunRecord = rules::decode("run", &body)?;
+                if query.matches(&run) {
+                    items.push((order, run));
+                    if items.len() > limit {
+                        break;
+                    }
+                }
+            }
+            let page = Page::from_lookahead(items, limit, RUNS, |(order, _)| order.to_string());
+            Ok(Page { items: page.items.into_iter().map(|(_, run)| run).collect(), next_token: page.next_token })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn append_events(
+        &self,
+        turn: TurnId,
+        events: &[EventEnvelope],
+        fence: Option<Fence>,
+    ) -> StoreResult<Vec<u64>> {
+        let mut bodies = Vec::with_capacity(events.len());
+        for event in events {
+            bodies.push(rules::encode("event", event)?);
+        }
+        let events = events.to_vec();
+        self.write(move |connection| {
+            let row = require_run(connection, turn)?;
+            rules::check_event_batch(&row.record, row.last_seq, &events)?;
+            check_fence(connection, row.record.session_id, fence)?;
+            let (turn_key, session_key) = (turn.to_string(), row.record.session_id.to_string());
+            let mut insert = connection
+                .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
+                .map_err(sqlite)?;
+            let mut positions = Vec::with_capacity(events.len());
+            for (event, body) in events.iter().zip(&bodies) {
+                insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
+                positions.push(as_u64(connection.last_insert_rowid()));
+            }
+            if let Some(last) = events.last() {
+                connection
+                    .prepare_cached(
+                        "UPDATE runs SET last_seq = ?2, high_water = max(high_water, ?2) WHERE id = ?1",
+                    )
+                    .map_err(sqlite)?
+                    .execute(params![turn_key, as_i64(last.seq)])
+                    .map_err(sqlite)?;
+            }
+            Ok(positions)
+        })
+        .await
+    }
+
+    async fn turn_events(
+        &self,
+        turn: TurnId,
+        order: Order,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredEvent>> {
+        self.read(move |connection| {
+            let key = turn.to_string();
+            let exists: bool = connection
+                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
+                .map_err(sqlite)?
+                .exists([&key])
+                .map_err(sqlite)?;
+            if !exists {
+                return Err(StoreError::not_found("run", turn));
+            }
+            let (sql, bound) = match order {
+                Order::Asc => (
+                    "SELECT position, body FROM events WHERE turn_id = ?1 AND seq > ?2 ORDER BY seq ASC LIMIT ?3",
+                    after.map_or(-1, as_i64),
+                ),
+                Order::Desc => (
+                    "SELECT position, body FROM events WHERE turn_id = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+                    after.map_or(i64::MAX, as_i64),
+                ),
+            };
+            collect_events(connection, sql, params![key, bound, as_i64(limit as u64)])
+        })
+        .await
+    }
+
+    async fn feed(&self, query: &FeedQuery, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let query = *query;
+        self.read(move |connection| {
+            let session = query.session_id.map(|id| id.to_string());
+            let limit = as_i64(limit as u64);
+            match (query.order, session) {
+                (Order::Asc, None) => collect_events(
+                    connection,
+                    "SELECT position, body FROM events WHERE position > ?1 ORDER BY position ASC LIMIT ?2",
+                    params![query.after.map_or(0, as_i64), limit],
+                ),
+                (Order::Desc, None) => collect_events(
+                    connection,
+                    "SELECT position, body FROM events WHERE position < ?1 ORDER BY position DESC LIMIT ?2",
+                    params![query.after.map_or(i64::MAX, as_i64), limit],
+                ),
+                (Order::Asc, Some(session)) => collect_events(
+                    connection,
+                    "SELECT position, body FROM events WHERE session_id = ?1 AND position > ?2 ORDER BY position ASC LIMIT ?3",
+                    params![session, query.after.map_or(0, as_i64), limit],
+                ),
+                (Order::Desc, Some(session)) => collect_events(
+                    connection,
+                    "SELECT position, body FROM events WHERE session_id = ?1 AND position < ?2 ORDER BY position DESC LIMIT ?3",
+                    params![session, query.after.map_or(i64::MAX, as_i64), limit],
+                ),
+            }
+        })
+        .await
+    }
+
+    async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        self.write(move |connection| {
+            let row = require_run(connection, turn)?;
+            check_fence(connection, row.record.session_id, fence)?;
+            let mark = row.high_water.max(seq);
+            connection
+                .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
+                .map_err(sqlite)?
+                .execute(params![turn.to_string(), as_i64(mark)])
+                .map_err(sqlite)?;
+            Ok(mark)
+        })
+        .await
+    }
+
+    async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
+        self.read(move |connection| {
+            let row = require_run(connection, turn)?;
+            Ok(row.high_water.max(row.last_seq))
+        })
+        .await
+    }
+}
+
+fn collect_events(
+    connection: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> StoreResult<Vec<StoredEvent>> {
+    let mut statement = connection.prepare_cached(sql).map_err(sqlite)?;
+    let mut rows = statement.query(params).map_err(sqlite)?;
+    let mut events = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let position: i64 = row.get(0).map_err(sqlite)?;
+        let body =
+            row.get_ref(1).map_err(sqlite)?.as_blob().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        events.push(StoredEvent { position: as_u64(position), event: rules::decode("event", body)? });
+    }
+    Ok(events)
+}
+
+#[async_trait]
+impl MessageStore for SqliteStore {
+    async fn append_messages(
+        &self,
+        run: TurnId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> StoreResult<()> {
+        let mut bodies = Vec::with_capacity(messages.len());
+        for message in messages {
+            bodies.push(rules::encode("message", message)?);
+        }
+        self.write(move |connection| {
+            let row = require_run(connection, run)?;
+            check_fence(connection, row.record.session_id, fence)?;
+            let key = run.to_string();
+            let next: i64 = connection
+                .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
+                .map_err(sqlite)?
+                .query_row([&key], |row| row.get(0))
+                .map_err(sqlite)?;
+            let mut insert = connection
+                .prepare_cached("INSERT INTO messages (run_id, idx, body) VALUES (?1, ?2, ?3)")
+                .map_err(sqlite)?;
+            for (offset, body) in bodies.iter().enumerate() {
+                insert.execute(params![key, next + as_i64(offset as u64), body]).map_err(sqlite)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {
+        let query = query.clone();
+        self.read(move |connection| {
+            let key = session.to_string();
+            if session_row(connection, &key)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            let mut runs_statement = connection
+                .prepare_cached("SELECT body FROM runs WHERE session_id = ?1 ORDER BY run_order DESC")
+                .map_err(sqlite)?;
+            let mut rows = runs_statement.query([&key]).map_err(sqlite)?;
+            let runs = std::iter::from_fn(|| match rows.next() {
+                Ok(Some(row)) => Some(
+                    row.get::<_, Vec<u8>>(0)
+                        .map_err(sqlite)
+                        .and_then(|body| rules::decode::<RunRecord>("run", &body)),
+                ),
+                Ok(None) => None,
+                Err(error) => Some(Err(sqlite(error))),
+            });
+            let mut messages_statement = connection
+                .prepare_cached("SELECT idx, body FROM messages WHERE run_id = ?1 ORDER BY idx ASC")
+                .map_err(sqlite)?;
+            rules::history_window(runs, &query, |run| {
+                let mut rows = messages_statement.query([run.id.to_string()]).map_err(sqlite)?;
+                let mut messages = Vec::new();
+                while let Some(row) = rows.next().map_err(sqlite)? {
+                    let index: i64 = row.get(0).map_err(sqlite)?;
+                    let body: Vec<u8> = row.get(1).map_err(sqlite)?;
+                    messages.push(HistoryMessage {
+                        run_id: run.id,
+                        index: u32::try_from(index).unwrap_or(u32::MAX),
+                        message: rules::decode("message", &body)?,
+                    });
+                }
+                Ok(messages)
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl UserStore for SqliteStore {
+    async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>> {
+        let user = user_id.to_owned();
+        self.read(move |connection| {
+            let body: Option<Vec<u8>> = connection
+                .prepare_cached("SELECT body FROM profiles WHERE user_id = ?1")
+                .map_err(sqlite)?
+                .query_row([user], |row| row.get(0))
+                .optional()
+                .map_err(sqlite)?;
+            body.map(|body| rules::decode("user profile", &body)).transpose()
+        })
+        .await
+    }
+
+    async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()> {
+        let body = rules::encode("user profile", profile)?;
+        let user = profile.user_id.clone();
+        self.write(move |connection| {
+            connection
+                .prepare_cached("INSERT INTO profiles (user_id, body) VALUES (?1, ?2) ON CONFLICT (user_id) DO UPDATE SET body = ?2")
+                .map_err(sqlite)?
+                .execute(params![user, body])
+                .map_err(sqlite)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
+        let body = rules::encode("user memory", memory)?;
+        let (user, id, created) =
+            (memory.user_id.clone(), memory.id.clone(), memory.created_at.unix_micros());
+        self.write(move |connection| {
+            let inserted = connection
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO memories (user_id, id, created_us, body) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(sqlite)?
+                .execute(params![user, id, created, body])
+                .map_err(sqlite)?;
+            if inserted == 0 {
+                return Err(Conflict::AlreadyExists { kind: "user memory", id }.into());
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn memories(&self, user_id: &str, limit: usize) -> StoreResult<Vec<UserMemory>> {
+        let user = user_id.to_owned();
+        self.read(move |connection| {
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT body FROM memories WHERE user_id = ?1 ORDER BY created_us DESC, id DESC LIMIT ?2",
+                )
+                .map_err(sqlite)?;
+            let mut rows = statement.query(params![user, as_i64(limit as u64)]).map_err(sqlite)?;
+            let mut memories = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                let body: Vec<u8> = row.get(0).map_err(sqlite)?;
+                memories.push(rules::decode("user memory", &body)?);
+            }
+            Ok(memories)
+        })
+        .await
+    }
+
+    async fn delete_memory(&self, user_id: &str, id: &str) -> StoreResult<()> {
+        let (user, id) = (user_id.to_owned(), id.to_owned());
+        self.write(move |connection| {
+            let deleted = connection
+                .prepare_cached("DELETE FROM memories WHERE user_id = ?1 AND id = ?2")
+                .map_err(sqlite)?
+                .execute(params![user, id])
+                .map_err(sqlite)?;
+            if deleted == 0 {
+                return Err(StoreError::not_found("user memory", id));
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn journal_row(connection: &Connection, turn: &str, call: &str) -> StoreResult<Option<JournalEntry>> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("SELECT body FROM journal WHERE turn_id = ?1 AND tool_call_id = ?2")
+        .map_err(sqlite)?
+        .query_row([turn, call], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    body.map(|body| rules::decode("journal entry", &body)).transpose()
+}
+
+#[async_trait]
+impl JournalStore for SqliteStore {
+    async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
+        let body = rules::encode("journal entry", entry)?;
+        let entry = entry.clone();
+        self.write(move |connection| {
+            let row = require_run(connection, entry.turn_id)?;
+            check_fence(connection, row.record.session_id, fence)?;
+            let turn = entry.turn_id.to_string();
+            let existing = journal_row(connection, &turn, &entry.tool_call_id)?;
+            if let Some(stored) = rules::journal_start(existing.as_ref(), &entry)? {
+                return Ok(stored);
+            }
+            connection
+                .prepare_cached("INSERT INTO journal (turn_id, tool_call_id, body) VALUES (?1, ?2, ?3)")
+                .map_err(sqlite)?
+                .execute(params![turn, entry.tool_call_id, body])
+                .map_err(sqlite)?;
+            Ok(entry)
+        })
+        .await
+    }
+
+    async fn journal_complete(
+        &self,
+        turn: TurnId,
+        tool_call_id: &str,
+        result: &ToolResult,
+        completed_at: Timestamp,
+        fence: Option<Fence>,
+    ) -> StoreResult<JournalEntry> {
+        rules::encode("tool result", result)?;
+        let (call, result) = (tool_call_id.to_owned(), result.clone());
+        self.write(move |connection| {
+            let row = require_run(connection, turn)?;
+            check_fence(connection, row.record.session_id, fence)?;
+            let key = turn.to_string();
+            let existing = journal_row(connection, &key, &call)?;
+            let (entry, changed) =
+                rules::journal_complete(existing.as_ref(), turn, &call, &result, completed_at)?;
+            if changed {
+                let body = rules::encode("journal entry", &entry)?;
+                connection
+                    .prepare_cached("UPDATE journal SET body = ?3 WHERE turn_id = ?1 AND tool_call_id = ?2")
+                    .map_err(sqlite)?
+                    .execute(params![key, call, body])
+                    .map_err(sqlite)?;
+            }
+            Ok(entry)
+        })
+        .await
+    }
+
+    async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>> {
+        self.read(move |connection| {
+            require_run(connection, turn)?;
+            let mut statement = connection
+                .prepare_cached("SELECT body FROM journal WHERE turn_id = ?1 ORDER BY entry_order ASC")
+                .map_err(sqlite)?;
+            let mut rows = statement.query([turn.to_string()]).map_err(sqlite)?;
+            let mut entries = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                let body: Vec<u8> = row.get(0).map_err(sqlite)?;
+                entries.push(rules::decode("journal entry", &body)?);
+            }
+            Ok(entries)
+        })
+        .await
+    }
+}
+
+/// A budget row: the limit and what is used.
+#[derive(Serialize, Deserialize)]
+struct BudgetRow {
+    limit: BudgetLimit,
+    used: BudgetUsage,
+}
+
+fn budget_row(connection: &Connection, scope: &str) -> StoreResult<Option<BudgetRow>> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("SELECT body FROM budgets WHERE scope = ?1")
+        .map_err(sqlite)?
+        .query_row([scope], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    body.map(|body| rules::decode("budget", &body)).transpose()
+}
+
+fn reserved(connection: &Connection, scope: &str, now: Timestamp) -> StoreResult<BudgetUsage> {
+    let mut statement = connection
+        .prepare_cached(
+            "SELECT r.body FROM reservation_scopes s JOIN reservations r ON r.id = s.reservation_id
+             WHERE s.scope = ?1 AND r.expires_us > ?2",
+        )
+        .map_err(sqlite)?;
+    let mut rows = statement.query(params![scope, now.unix_micros()]).map_err(sqlite)?;
+    let mut total = BudgetUsage::default();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let body: Vec<u8> = row.get(0).map_err(sqlite)?;
+        let reservation: BudgetReservation = rules::decode("budget reservation", &body)?;
+        total = rules::add_usage(&total, &reservation.amount);
+    }
+    Ok(total)
+}
+
+fn take_reservation(connection: &Connection, id: &str) -> StoreResult<BudgetReservation> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("DELETE FROM reservations WHERE id = ?1 RETURNING body")
+        .map_err(sqlite)?
+        .query_row([id], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    let body = body.ok_or_else(|| StoreError::not_found("budget reservation", id))?;
+    connection
+        .prepare_cached("DELETE FROM reservation_scopes WHERE reservation_id = ?1")
+        .map_err(sqlite)?
+        .execute([id])
+        .map_err(sqlite)?;
+    rules::decode("budget reservation", &body)
+}
+
+#[async_trait]
+impl BudgetStore for SqliteStore {
+    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+        let body = rules::encode("budget", &BudgetRow { limit: *limit, used: BudgetUsage::default() })?;
+        let scope = scope.to_owned();
+        self.write(move |connection| {
+            let inserted = connection
+                .prepare_cached("INSERT OR IGNORE INTO budgets (scope, body) VALUES (?1, ?2)")
+                .map_err(sqlite)?
+                .execute(params![scope, body])
+                .map_err(sqlite)?;
+            if inserted == 0 {
+                return Err(Conflict::AlreadyExists { kind: "budget", id: scope }.into());
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
+        let scope = scope.to_owned();
+        self.read(move |connection| {
+            let row =
+                budget_row(connection, &scope)?.ok_or_else(|| StoreError::not_found("budget", &scope))?;
+            let reserved = reserved(connection, &scope, now)?;
+            Ok(BudgetLedger { scope, limit: row.limit, used: row.used, reserved })
+        })
+        .await
+    }
+
+    async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        let body = rules::encode("budget reservation", reservation)?;
+        let reservation = reservation.clone();
+        self.write(move |connection| {
+            for scope in &reservation.scopes {
+                let row = budget_row(connection, scope)?.ok_or_else(|| StoreError::not_found("budget", scope))?;
+                let held = rules::add_usage(&row.used, &reserved(connection, scope, now)?);
+                rules::check_room(scope, &row.limit, &held, &reservation.amount)?;
+            }
+            let inserted = connection
+                .prepare_cached("INSERT OR IGNORE INTO reservations (id, expires_us, body) VALUES (?1, ?2, ?3)")
+                .map_err(sqlite)?
+                .execute(params![reservation.id, reservation.expires_at.unix_micros(), body])
+                .map_err(sqlite)?;
+            if inserted == 0 {
+                return Err(Conflict::AlreadyExists { kind: "budget reservation", id: reservation.id.clone() }.into());
+            }
+            let mut link = connection
+                .prepare_cached("INSERT OR IGNORE INTO reservation_scopes (scope, reservation_id) VALUES (?1, ?2)")
+                .map_err(sqlite)?;
+            for scope in &reservation.scopes {
+                link.execute(params![scope, reservation.id]).map_err(sqlite)?;
+            }
+            // Expired reservations hold nothing; drop them.
+            for sql in [
+                "DELETE FROM reservation_scopes WHERE reservation_id IN (SELECT id FROM reservations WHERE expires_us <= ?1)",
+                "DELETE FROM reservations WHERE expires_us <= ?1",
+            ] {
+                connection.prepare_cached(sql).map_err(sqlite)?.execute([now.unix_micros()]).map_err(sqlite)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        let (id, actual) = (reservation_id.to_owned(), *actual);
+        self.write(move |connection| {
+            let reservation = take_reservation(connection, &id)?;
+            for scope in &reservation.scopes {
+                if let Some(mut row) = budget_row(connection, scope)? {
+                    row.used = rules::add_usage(&row.used, &actual);
+                    let body = rules::encode("budget", &row)?;
+                    connection
+                        .prepare_cached("UPDATE budgets SET body = ?2 WHERE scope = ?1")
+                        .map_err(sqlite)?
+                        .execute(params![scope, body])
+                        .map_err(sqlite)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn release(&self, reservation_id: &str) -> StoreResult<()> {
+        let id = reservation_id.to_owned();
+        self.write(move |connection| take_reservation(connection, &id).map(|_| ())).await
+    }
+}
+
+fn put_lease(connection: &Connection, lease: &Lease) -> StoreResult<()> {
+    let body = rules::encode("lease", lease)?;
+    connection
+        .prepare_cached("INSERT INTO leases (session_id, body) VALUES (?1, ?2) ON CONFLICT (session_id) DO UPDATE SET body = ?2")
+        .map_err(sqlite)?
+        .execute(params![lease.session_id.to_string(), body])
+        .map_err(sqlite)?;
+    Ok(())
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn acquire_lease(
+        &self,
+        session: SessionId,
+        owner: &str,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        let owner = owner.to_owned();
+        self.write(move |connection| {
+            let key = session.to_string();
+            if session_row(connection, &key)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            let last: i64 = connection
+                .prepare_cached("SELECT value FROM meta WHERE key = 'last_token'")
+                .map_err(sqlite)?
+                .query_row([], |row| row.get(0))
+                .map_err(sqlite)?;
+            let lease = rules::grant_lease(
+                session,
+                lease_row(connection, &key)?.as_ref(),
+                &owner,
+                ttl,
+                now,
+                as_u64(last) + 1,
+            )?;
+            connection
+                .prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'last_token'")
+                .map_err(sqlite)?
+                .execute([as_i64(lease.token)])
+                .map_err(sqlite)?;
+            put_lease(connection, &lease)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        session: SessionId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        self.write(move |connection| {
+            let current = lease_row(connection, &session.to_string())?;
+            let lease = rules::renew_lease(session, current.as_ref(), token, ttl, now)?;
+            put_lease(connection, &lease)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, session: SessionId, token: u64) -> StoreResult<()> {
+        self.write(move |connection| {
+            let key = session.to_string();
+            rules::check_release(session, lease_row(connection, &key)?.as_ref(), token)?;
+            connection
+                .prepare_cached("DELETE FROM leases WHERE session_id = ?1")
+                .map_err(sqlite)?
+                .execute([key])
+                .map_err(sqlite)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
+        self.read(move |connection| lease_row(connection, &session.to_string())).await
+    }
+}

@@ -1,0 +1,122 @@
+//! The SQLite schema and its forward migrations.
+//!
+//! The schema version lives in `PRAGMA user_version`; `PRAGMA application_id` marks the
+//! file as an Agentry store. Opening a file of a newer version is refused; an older one
+//! is migrated forward, each step in its own transaction.
+
+use rusqlite::Connection;
+
+use agentry_memory::StoreError;
+
+use crate::error::sqlite;
+
+/// `AGTR`: the application id of an Agentry store.
+pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
+
+/// The schema version this build writes.
+pub(crate) const VERSION: u32 = 1;
+
+/// Each migration takes the schema from version `index` to `index + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1: the first schema.
+    r"
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO meta (key, value) VALUES ('last_token', 0);
+
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created_us INTEGER NOT NULL,
+        body BLOB NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX sessions_by_creation ON sessions (created_us, id);
+
+    CREATE TABLE runs (
+        run_order INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        session_id TEXT NOT NULL,
+        last_seq INTEGER NOT NULL DEFAULT 0,
+        high_water INTEGER NOT NULL DEFAULT 0,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX runs_by_session ON runs (session_id, run_order);
+
+    CREATE TABLE events (
+        position INTEGER PRIMARY KEY AUTOINCREMENT,
+        turn_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE UNIQUE INDEX events_by_turn ON events (turn_id, seq);
+    CREATE INDEX events_by_session ON events (session_id, position);
+
+    CREATE TABLE messages (
+        run_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (run_id, idx)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE profiles (user_id TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;
+
+    CREATE TABLE memories (
+        user_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        created_us INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (user_id, id)
+    ) WITHOUT ROWID;
+    CREATE INDEX memories_by_time ON memories (user_id, created_us, id);
+
+    CREATE TABLE journal (
+        entry_order INTEGER PRIMARY KEY AUTOINCREMENT,
+        turn_id TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        body BLOB NOT NULL,
+        UNIQUE (turn_id, tool_call_id)
+    );
+
+    CREATE TABLE budgets (scope TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;
+
+    CREATE TABLE reservations (id TEXT PRIMARY KEY, expires_us INTEGER NOT NULL, body BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE reservation_scopes (
+        scope TEXT NOT NULL,
+        reservation_id TEXT NOT NULL,
+        PRIMARY KEY (scope, reservation_id)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE leases (session_id TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;
+    ",
+];
+
+fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {
+    connection.pragma_query_value(None, name, |row| row.get(0)).map_err(sqlite)
+}
+
+/// Brings a connection's database to [`VERSION`], or refuses it.
+pub(crate) fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
+    let version = pragma_i64(connection, "user_version")?;
+    let application = pragma_i64(connection, "application_id")?;
+    let tables: i64 = connection
+        .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |row| row.get(0))
+        .map_err(sqlite)?;
+    if application != APPLICATION_ID && (version != 0 || tables != 0) {
+        return Err(StoreError::Corrupt(format!(
+            "the file is an SQLite database but not an Agentry store (application id {application:#x})"
+        )));
+    }
+    let version = u32::try_from(version)
+        .map_err(|_| StoreError::Corrupt(format!("invalid schema version {version}")))?;
+    if version > VERSION {
+        return Err(StoreError::VersionTooNew { found: version, supported: VERSION });
+    }
+    for (step, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let next = step + 1;
+        let transaction = connection.transaction().map_err(sqlite)?;
+        transaction.execute_batch(sql).map_err(sqlite)?;
+        transaction.pragma_update(None, "application_id", APPLICATION_ID).map_err(sqlite)?;
+        transaction.pragma_update(None, "user_version", next as i64).map_err(sqlite)?;
+        transaction.commit().map_err(sqlite)?;
+    }
+    Ok(())
+}

@@ -31,20 +31,26 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreRes
         .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
 }
 
-/// Checks a batch of events for one turn against the turn's last stored `seq`.
-pub fn check_event_batch(run: &RunRecord, last_seq: u64, events: &[EventEnvelope]) -> StoreResult<()> {
+/// Checks a batch of events for turn `turn` of session `session` against the turn's last
+/// stored `seq`.
+pub fn check_event_batch(
+    turn: TurnId,
+    session: SessionId,
+    last_seq: u64,
+    events: &[EventEnvelope],
+) -> StoreResult<()> {
     let mut previous = last_seq;
     for event in events {
-        if event.turn_id != run.id {
+        if event.turn_id != turn {
             return Err(StoreError::InvalidInput(format!(
-                "event {} belongs to turn {}, not {}",
-                event.event_id, event.turn_id, run.id
+                "event {} belongs to turn {}, not {turn}",
+                event.event_id, event.turn_id
             )));
         }
-        if event.session_id != run.session_id {
+        if event.session_id != session {
             return Err(StoreError::InvalidInput(format!(
-                "event {} names session {}, but turn {} is in session {}",
-                event.event_id, event.session_id, run.id, run.session_id
+                "event {} names session {}, but turn {turn} is in session {session}",
+                event.event_id, event.session_id
             )));
         }
         if !event.is_durable() {
@@ -55,7 +61,7 @@ pub fn check_event_batch(run: &RunRecord, last_seq: u64, events: &[EventEnvelope
             )));
         }
         if event.seq <= previous {
-            return Err(Conflict::StaleSeq { turn_id: run.id, seq: event.seq, last: previous }.into());
+            return Err(Conflict::StaleSeq { turn_id: turn, seq: event.seq, last: previous }.into());
         }
         previous = event.seq;
     }

@@ -303,10 +303,19 @@ impl EventStore for SqliteStore {
         }
         let events = events.to_vec();
         self.write(move |connection| {
-            let row = require_run(connection, turn)?;
-            rules::check_event_batch(&row.record, row.last_seq, &events)?;
-            check_fence(connection, row.record.session_id, fence)?;
-            let (turn_key, session_key) = (turn.to_string(), row.record.session_id.to_string());
+            let turn_key = turn.to_string();
+            let (session_key, last_seq): (String, i64) = connection
+                .prepare_cached("SELECT session_id, last_seq FROM runs WHERE id = ?1")
+                .map_err(sqlite)?
+                .query_row([&turn_key], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+                .map_err(sqlite)?
+                .ok_or_else(|| StoreError::not_found("run", turn))?;
+            let session: SessionId = session_key
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("run {turn} has an invalid session id")))?;
+            rules::check_event_batch(turn, session, as_u64(last_seq), &events)?;
+            check_fence(connection, session, fence)?;
             let mut insert = connection
                 .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
                 .map_err(sqlite)?;

@@ -1,0 +1,413 @@
+//! Agentry's storage over redb.
+//!
+//! [`RedbStore`] keeps every record of the storage traits in one redb file, in tables
+//! with composite keys over 128-bit ids. All writes go through one writer thread that
+//! commits the writes waiting together (group commit); each write validates everything
+//! before it changes anything, so a refused write leaves its batch-mates alone. Reads run
+//! on MVCC snapshots on blocking threads. The file opens in redb's multi-writer mode, so
+//! several processes can share one store (the session lease keeps their turns apart).
+//!
+//! Durability maps onto redb's: `strict` commits every write alone with
+//! `Durability::Immediate`; `batched` commits groups with `Immediate`; `relaxed` commits
+//! groups with `Durability::None` and makes them durable with an `Immediate` commit at
+//! least every [`RedbOptions::relaxed_sync_interval`].
+//!
+//! ```
+//! use agentry_memory::SessionStore;
+//! use agentry_storage_redb::{RedbOptions, RedbStore};
+//! use agentry_types::{SessionRecord, SessionType, Subject};
+//!
+//! # tokio::runtime::Builder::new_multi_thread().build().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = RedbStore::open(dir.path().join("agentry.redb"), RedbOptions::default()).unwrap();
+//! let session = SessionRecord::new(SessionType::Agent, "demo", Subject::user("alice"));
+//! store.create_session(&session).await.unwrap();
+//! assert_eq!(store.get_session(session.id).await.unwrap(), session);
+//! # });
+//! ```
+
+mod ops;
+mod tables;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use agentry_memory::{Durability, StoreError, StoreResult};
+use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
+
+use crate::tables::META;
+
+/// The schema version this build writes.
+pub(crate) const VERSION: u64 = 1;
+
+/// How a [`RedbStore`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedbOptions {
+    /// How hard to work to keep acknowledged writes across a crash.
+    pub durability: Durability,
+    /// The most writes committed in one transaction.
+    pub max_batch: usize,
+    /// Under `relaxed`, the longest time commits stay non-durable.
+    pub relaxed_sync_interval: Duration,
+    /// redb's page cache size in bytes.
+    pub cache_bytes: usize,
+}
+
+impl Default for RedbOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Batched,
+            max_batch: 512,
+            relaxed_sync_interval: Duration::from_millis(100),
+            cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Turns any redb error into a store error that names the problem.
+pub(crate) fn redb_error(error: impl Into<redb::Error>) -> StoreError {
+    match error.into() {
+        redb::Error::Corrupted(message) => {
+            StoreError::Corrupt(format!("the redb file is damaged: {message}"))
+        }
+        redb::Error::DatabaseAlreadyOpen => {
+            StoreError::Io("the redb file is already open exclusively by another process".to_owned())
+        }
+        redb::Error::UpgradeRequired(version) => StoreError::Corrupt(format!(
+            "the redb file uses the old file format {version} and must be upgraded"
+        )),
+        redb::Error::ValueTooLarge(size) => {
+            StoreError::TooLarge { what: "value", size, limit: agentry_memory::MAX_RECORD_BYTES }
+        }
+        other => StoreError::Io(format!("redb failed: {other}")),
+    }
+}
+
+type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// How a write ended on the writer thread.
+enum Outcome {
+    /// It succeeded; its changes stand with the transaction.
+    Done,
+    /// It was refused before it changed anything.
+    Refused,
+    /// Storage failed while it was changing things: the transaction must be abandoned.
+    Poisoned(StoreError),
+}
+
+trait WriteJob: Send {
+    fn run(self: Box<Self>, transaction: &WriteTransaction) -> (Outcome, Finish);
+    fn fail(self: Box<Self>, error: StoreError);
+}
+
+struct TypedJob<W, R> {
+    work: W,
+    reply: tokio::sync::oneshot::Sender<StoreResult<R>>,
+}
+
+impl<W, R> WriteJob for TypedJob<W, R>
+where
+    W: FnOnce(&WriteTransaction) -> StoreResult<R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn run(self: Box<Self>, transaction: &WriteTransaction) -> (Outcome, Finish) {
+        let Self { work, reply } = *self;
+        let result = work(transaction);
+        let outcome = match &result {
+            Ok(_) => Outcome::Done,
+            Err(error @ (StoreError::Io(_) | StoreError::Corrupt(_) | StoreError::Closed)) => {
+                Outcome::Poisoned(error.clone())
+            }
+            Err(_) => Outcome::Refused,
+        };
+        (
+            outcome,
+            Box::new(move |commit: Result<(), StoreError>| {
+                let _ = reply.send(commit.and(result));
+            }),
+        )
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+type Job = Box<dyn WriteJob>;
+
+struct Inner {
+    path: PathBuf,
+    options: RedbOptions,
+    database: Arc<Database>,
+    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A store in one redb file.
+#[derive(Clone)]
+pub struct RedbStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.options.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the schema version without writing, and creates the tables of a new store.
+fn prepare(database: &Database) -> StoreResult<()> {
+    let read = database.begin_read().map_err(redb_error)?;
+    let version = match read.open_table(META) {
+        Ok(meta) => meta.get("schema_version").map_err(redb_error)?.map(|value| value.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(error) => return Err(redb_error(error)),
+    };
+    let tables = read.list_tables().map_err(redb_error)?.count();
+    drop(read);
+    match version {
+        Some(found) if found > VERSION => {
+            return Err(StoreError::VersionTooNew {
+                found: u32::try_from(found).unwrap_or(u32::MAX),
+                supported: u32::try_from(VERSION).unwrap_or(u32::MAX),
+            });
+        }
+        Some(_) => {}
+        None if tables > 0 => {
+            return Err(StoreError::Corrupt(
+                "the file is a redb database but not an Agentry store".to_owned(),
+            ));
+        }
+        None => {}
+    }
+    let write = database.begin_write().map_err(redb_error)?;
+    {
+        let mut meta = write.open_table(META).map_err(redb_error)?;
+        if meta.get("schema_version").map_err(redb_error)?.is_none() {
+            meta.insert("schema_version", VERSION).map_err(redb_error)?;
+        }
+        for counter in ["last_token", "last_position", "last_run_order", "last_journal_order"] {
+            if meta.get(counter).map_err(redb_error)?.is_none() {
+                meta.insert(counter, 0).map_err(redb_error)?;
+            }
+        }
+    }
+    ops::create_tables(&write)?;
+    write.commit().map_err(redb_error)?;
+    Ok(())
+}
+
+impl RedbStore {
+    /// Opens (creating if needed) the store at `path`.
+    ///
+    /// Errors: `Io` when the file cannot be created or opened, `Corrupt` when it is not an
+    /// Agentry store or is damaged, `VersionTooNew` when a newer Agentry wrote it.
+    pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            return Err(StoreError::Io(format!(
+                "cannot create {}: {} is not a directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+        let database = Database::builder()
+            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .set_cache_size(options.cache_bytes)
+            .create(&path)
+            .map_err(|error| match redb_error(error) {
+                StoreError::Io(message) => {
+                    StoreError::Io(format!("cannot open {}: {message}", path.display()))
+                }
+                other => other,
+            })?;
+        prepare(&database)?;
+        let database = Arc::new(database);
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let writer_database = database.clone();
+        let writer_options = options.clone();
+        let thread = std::thread::Builder::new()
+            .name("agentry-redb-writer".to_owned())
+            .spawn(move || write_loop(&writer_database, &receiver, &writer_options))
+            .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                options,
+                database,
+                writer: Mutex::new(Some(sender)),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The file the store lives in.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The store's durability mode.
+    #[must_use]
+    pub fn durability(&self) -> Durability {
+        self.inner.options.durability
+    }
+
+    /// Runs a write on the writer thread; resolves once it is committed (or refused). The
+    /// write must validate before it changes anything.
+    pub(crate) async fn write<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&WriteTransaction) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let (reply, receive) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(TypedJob { work, reply });
+        let sender = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        sender.ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
+        receive.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs a read on a snapshot, on a blocking thread.
+    pub(crate) async fn read<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let database = self.inner.database.clone();
+        tokio::task::spawn_blocking(move || {
+            let transaction = database.begin_read().map_err(redb_error)?;
+            work(&transaction)
+        })
+        .await
+        .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+    }
+}
+
+fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOptions) {
+    let max_batch = match options.durability {
+        Durability::Strict => 1,
+        Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
+    };
+    let relaxed = options.durability == Durability::Relaxed;
+    let mut last_sync = Instant::now();
+    let mut unsynced = false;
+    loop {
+        let first = match jobs.recv_timeout(options.relaxed_sync_interval) {
+            Ok(job) => job,
+            Err(RecvTimeoutError::Timeout) => {
+                if unsynced && sync(database).is_ok() {
+                    unsynced = false;
+                    last_sync = Instant::now();
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut transaction = match database.begin_write() {
+            Ok(transaction) => transaction,
+            Err(error) => {
+                let error = redb_error(error);
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
+            }
+        };
+        let durable = !relaxed || last_sync.elapsed() >= options.relaxed_sync_interval;
+        let durability = if durable { redb::Durability::Immediate } else { redb::Durability::None };
+        if let Err(error) = transaction.set_durability(durability) {
+            let error = StoreError::Io(format!("redb refused the durability level: {error}"));
+            for job in batch {
+                job.fail(error.clone());
+            }
+            continue;
+        }
+        transaction.set_quick_repair(true);
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        let mut poisoned: Option<StoreError> = None;
+        let mut jobs_left = batch.into_iter();
+        for job in jobs_left.by_ref() {
+            let (outcome, finish) = job.run(&transaction);
+            match outcome {
+                Outcome::Done => finishes.push(finish),
+                Outcome::Refused => finish(Ok(())),
+                Outcome::Poisoned(error) => {
+                    finish(Ok(()));
+                    poisoned = Some(error);
+                    break;
+                }
+            }
+        }
+        if let Some(error) = poisoned {
+            let _ = transaction.abort();
+            for finish in finishes {
+                finish(Err(error.clone()));
+            }
+            for job in jobs_left {
+                job.fail(error.clone());
+            }
+            continue;
+        }
+        let committed = transaction.commit().map_err(redb_error);
+        if committed.is_ok() {
+            if durable {
+                last_sync = Instant::now();
+                unsynced = false;
+            } else {
+                unsynced = true;
+            }
+        }
+        for finish in finishes {
+            finish(committed.clone());
+        }
+    }
+    if unsynced {
+        let _ = sync(database);
+    }
+}
+
+/// Makes every earlier non-durable commit durable with an empty immediate commit.
+fn sync(database: &Database) -> StoreResult<()> {
+    let mut transaction = database.begin_write().map_err(redb_error)?;
+    transaction
+        .set_durability(redb::Durability::Immediate)
+        .map_err(|error| StoreError::Io(error.to_string()))?;
+    transaction.commit().map_err(redb_error)
+}
+
+/// Reads a counter.
+pub(crate) fn counter(transaction: &WriteTransaction, name: &str) -> StoreResult<u64> {
+    let meta = transaction.open_table(META).map_err(redb_error)?;
+    let value = meta.get(name).map_err(redb_error)?.map_or(0, |value| value.value());
+    Ok(value)
+}
+
+/// Sets a counter.
+pub(crate) fn set_counter(transaction: &WriteTransaction, name: &str, value: u64) -> StoreResult<()> {
+    let mut meta = transaction.open_table(META).map_err(redb_error)?;
+    meta.insert(name, value).map_err(redb_error)?;
+    Ok(())
+}

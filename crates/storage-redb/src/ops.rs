@@ -1,0 +1,987 @@
+//! The storage traits over redb. Every write reads and validates first and changes tables
+//! last, so a refused write leaves its transaction (shared with its batch) untouched.
+
+use std::time::Duration;
+
+use agentry_events::EventEnvelope;
+use agentry_memory::{
+    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
+    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
+    StoreResult, StoredEvent, UserStore, decode_key, decode_token, rules,
+};
+use agentry_types::{
+    BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
+    Message, RunRecord, SessionId, SessionRecord, Timestamp, ToolResult, TurnId, UserMemory, UserProfile,
+};
+use async_trait::async_trait;
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use uuid_bits::{session_key, turn_key};
+
+use crate::tables::{
+    BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
+    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_EVENTS, SESSION_INDEX, SESSION_RUNS, SESSIONS,
+    TURN_EVENTS,
+};
+use crate::{RedbStore, counter, redb_error, set_counter};
+
+mod uuid_bits {
+    use agentry_types::{SessionId, TurnId};
+
+    pub(super) fn session_key(id: SessionId) -> u128 {
+        id.as_uuid().as_u128()
+    }
+
+    pub(super) fn turn_key(id: TurnId) -> u128 {
+        id.as_uuid().as_u128()
+    }
+}
+
+const SESSIONS_KIND: &str = "sessions";
+const RUNS_KIND: &str = "runs";
+
+/// Creates every table, so that reads of a new store find them.
+pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
+    fn touch<K: redb::Key + 'static, V: redb::Value + 'static>(
+        transaction: &WriteTransaction,
+        table: TableDefinition<'_, K, V>,
+    ) -> StoreResult<()> {
+        transaction.open_table(table).map(drop).map_err(redb_error)
+    }
+    touch(transaction, SESSIONS)?;
+    touch(transaction, SESSION_INDEX)?;
+    touch(transaction, RUNS)?;
+    touch(transaction, RUN_META)?;
+    touch(transaction, SESSION_RUNS)?;
+    touch(transaction, EVENTS)?;
+    touch(transaction, TURN_EVENTS)?;
+    touch(transaction, SESSION_EVENTS)?;
+    touch(transaction, MESSAGES)?;
+    touch(transaction, PROFILES)?;
+    touch(transaction, MEMORIES)?;
+    touch(transaction, MEMORY_INDEX)?;
+    touch(transaction, JOURNAL)?;
+    touch(transaction, JOURNAL_ORDER)?;
+    touch(transaction, BUDGETS)?;
+    touch(transaction, RESERVATIONS)?;
+    touch(transaction, RESERVATION_SCOPES)?;
+    touch(transaction, LEASES)
+}
+
+/// Reads one JSON record from any table keyed by `K`.
+fn get_json<T: serde::de::DeserializeOwned, K: redb::Key + 'static>(
+    table: &impl ReadableTable<K, &'static [u8]>,
+    key: impl std::borrow::Borrow<K::SelfType<'static>>,
+    what: &'static str,
+) -> StoreResult<Option<T>> {
+    match table.get(key).map_err(redb_error)? {
+        Some(value) => rules::decode(what, value.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// (session, order, last seq, high water) of a run.
+type RunMeta = (u128, u64, u64, u64);
+
+fn run_meta(table: &impl ReadableTable<u128, RunMeta>, turn: TurnId) -> StoreResult<RunMeta> {
+    table
+        .get(turn_key(turn))
+        .map_err(redb_error)?
+        .map(|value| value.value())
+        .ok_or_else(|| StoreError::not_found("run", turn))
+}
+
+fn session_of(meta: RunMeta) -> SessionId {
+    SessionId::from_uuid(uuid::Uuid::from_u128(meta.0))
+}
+
+fn lease_of(transaction: &WriteTransaction, session: SessionId) -> StoreResult<Option<Lease>> {
+    let leases = transaction.open_table(LEASES).map_err(redb_error)?;
+    get_json(&leases, session_key(session), "lease")
+}
+
+fn check_fence(transaction: &WriteTransaction, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
+    if fence.is_none() {
+        return Ok(());
+    }
+    rules::check_fence(session, lease_of(transaction, session)?.as_ref(), fence)
+}
+
+fn session_exists(transaction: &WriteTransaction, session: SessionId) -> StoreResult<bool> {
+    let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+    Ok(sessions.get(session_key(session)).map_err(redb_error)?.is_some())
+}
+
+#[async_trait]
+impl SessionStore for RedbStore {
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
+        let body = rules::encode("session", session)?;
+        let (id, created) = (session.id, session.created_at.unix_micros());
+        self.write(move |transaction| {
+            let mut sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            if sessions.get(session_key(id)).map_err(redb_error)?.is_some() {
+                return Err(Conflict::AlreadyExists { kind: "session", id: id.to_string() }.into());
+            }
+            sessions.insert(session_key(id), body.as_slice()).map_err(redb_error)?;
+            let mut index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
+            index.insert((created, session_key(id)), ()).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
+        self.read(move |transaction| {
+            let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            get_json(&sessions, session_key(id), "session")?
+                .ok_or_else(|| StoreError::not_found("session", id))
+        })
+        .await
+    }
+
+    async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord> {
+        let update = update.clone();
+        self.write(move |transaction| {
+            let mut sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            let mut session: SessionRecord = get_json(&sessions, session_key(id), "session")?
+                .ok_or_else(|| StoreError::not_found("session", id))?;
+            update.apply(&mut session, Timestamp::now());
+            let body = rules::encode("session", &session)?;
+            sessions.insert(session_key(id), body.as_slice()).map_err(redb_error)?;
+            Ok(session)
+        })
+        .await
+    }
+
+    async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
+        self.write(move |transaction| {
+            let key = session_key(id);
+            let session: SessionRecord = {
+                let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+                get_json(&sessions, key, "session")?.ok_or_else(|| StoreError::not_found("session", id))?
+            };
+            let runs: Vec<u128> = {
+                let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+                let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
+                range
+                    .map(|entry| entry.map(|(_, run)| run.value()).map_err(redb_error))
+                    .collect::<StoreResult<_>>()?
+            };
+            let positions: Vec<u64> = {
+                let session_events = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
+                let range = session_events.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
+                range
+                    .map(|entry| entry.map(|(k, _)| k.value().1).map_err(redb_error))
+                    .collect::<StoreResult<_>>()?
+            };
+            transaction.open_table(SESSIONS).map_err(redb_error)?.remove(key).map_err(redb_error)?;
+            transaction
+                .open_table(SESSION_INDEX)
+                .map_err(redb_error)?
+                .remove((session.created_at.unix_micros(), key))
+                .map_err(redb_error)?;
+            transaction.open_table(LEASES).map_err(redb_error)?.remove(key).map_err(redb_error)?;
+            transaction
+                .open_table(SESSION_RUNS)
+                .map_err(redb_error)?
+                .retain_in((key, 0)..=(key, u64::MAX), |_, _| false)
+                .map_err(redb_error)?;
+            transaction
+                .open_table(SESSION_EVENTS)
+                .map_err(redb_error)?
+                .retain_in((key, 0)..=(key, u64::MAX), |_, _| false)
+                .map_err(redb_error)?;
+            let mut events = transaction.open_table(EVENTS).map_err(redb_error)?;
+            for position in positions {
+                events.remove(position).map_err(redb_error)?;
+            }
+            drop(events);
+            for run in runs {
+                transaction.open_table(RUNS).map_err(redb_error)?.remove(run).map_err(redb_error)?;
+                transaction.open_table(RUN_META).map_err(redb_error)?.remove(run).map_err(redb_error)?;
+                transaction
+                    .open_table(TURN_EVENTS)
+                    .map_err(redb_error)?
+                    .retain_in((run, 0)..=(run, u64::MAX), |_, _| false)
+                    .map_err(redb_error)?;
+                transaction
+                    .open_table(MESSAGES)
+                    .map_err(redb_error)?
+                    .retain_in((run, 0)..=(run, u32::MAX), |_, _| false)
+                    .map_err(redb_error)?;
+                transaction
+                    .open_table(JOURNAL_ORDER)
+                    .map_err(redb_error)?
+                    .retain_in((run, 0)..=(run, u64::MAX), |_, _| false)
+                    .map_err(redb_error)?;
+                let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+                journal.retain(|(turn, _), _| turn != run).map_err(redb_error)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<SessionRecord>> {
+        let limit = page.effective_limit();
+        let after = match &page.token {
+            Some(token) => {
+                let key = decode_token(SESSIONS_KIND, token)?;
+                let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
+                let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
+                let micros: i64 = micros.parse().map_err(|_| invalid())?;
+                let id: SessionId = id.parse().map_err(|_| invalid())?;
+                Some((micros, session_key(id)))
+            }
+            None => None,
+        };
+        let query = query.clone();
+        self.read(move |transaction| {
+            let index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
+            let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            let range = match after {
+                Some(after) => index.range(..after).map_err(redb_error)?,
+                None => index.range::<(i64, u128)>(..).map_err(redb_error)?,
+            };
+            let mut items = Vec::new();
+            for entry in range.rev() {
+                let (key, _) = entry.map_err(redb_error)?;
+                let (_, id) = key.value();
+                let Some(session) = get_json::<SessionRecord, u128>(&sessions, id, "session")? else {
+                    continue;
+                };
+                if query.matches(&session) {
+                    items.push(session);
+                    if items.len() > limit {
+                        break;
+                    }
+                }
+            }
+            Ok(Page::from_lookahead(items, limit, SESSIONS_KIND, |s| {
+                format!("{}:{}", s.created_at.unix_micros(), s.id)
+            }))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl RunStore for RedbStore {
+    async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
+        let body = rules::encode("run", run)?;
+        let (id, session) = (run.id, run.session_id);
+        self.write(move |transaction| {
+            if !session_exists(transaction, session)? {
+                return Err(StoreError::not_found("session", session));
+            }
+            check_fence(transaction, session, fence)?;
+            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            let existing = metas.get(turn_key(id)).map_err(redb_error)?.map(|value| value.value());
+            match existing {
+                Some(meta) if meta.0 != session_key(session) => {
+                    return Err(StoreError::InvalidInput(format!(
+                        "run {id} belongs to session {}, not {session}",
+                        session_of(meta)
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    let order = counter(transaction, "last_run_order")? + 1;
+                    set_counter(transaction, "last_run_order", order)?;
+                    metas.insert(turn_key(id), (session_key(session), order, 0, 0)).map_err(redb_error)?;
+                    let mut session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+                    session_runs.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
+                }
+            }
+            let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
+            runs.insert(turn_key(id), body.as_slice()).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
+        self.read(move |transaction| {
+            let runs = transaction.open_table(RUNS).map_err(redb_error)?;
+            get_json(&runs, turn_key(id), "run")?.ok_or_else(|| StoreError::not_found("run", id))
+        })
+        .await
+    }
+
+    async fn list_runs(
+        &self,
+        session: SessionId,
+        query: &RunQuery,
+        page: &PageRequest,
+    ) -> StoreResult<Page<RunRecord>> {
+        let limit = page.effective_limit();
+        let after: Option<u64> = decode_key(RUNS_KIND, page)?;
+        let query = query.clone();
+        self.read(move |transaction| {
+            let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            let key = session_key(session);
+            let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+            let runs = transaction.open_table(RUNS).map_err(redb_error)?;
+            let range = match (query.order, after) {
+                (Order::Asc, Some(after)) => {
+                    session_runs.range((key, after.saturating_add(1))..=(key, u64::MAX))
+                }
+                (Order::Asc, None) | (Order::Desc, None) => session_runs.range((key, 0)..=(key, u64::MAX)),
+                (Order::Desc, Some(after)) => session_runs.range((key, 0)..(key, after)),
+            }
+            .map_err(redb_error)?;
+            let entries: Box<dyn Iterator<Item = _>> =
+                if query.order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+            let mut items: Vec<(u64, RunRecord)> = Vec::new();
+            for entry in entries {
+                let (order_key, run) = entry.map_err(redb_error)?;
+                let order = order_key.value().1;
+                let Some(record) = get_json::<RunRecord, u128>(&runs, run.value(), "run")? else { continue };
+                if query.matches(&record) {
+                    items.push((order, record));
+                    if items.len() > limit {
+                        break;
+                    }
+                }
+            }
+            let page = Page::from_lookahead(items, limit, RUNS_KIND, |(order, _)| order.to_string());
+            Ok(Page {
+                items: page.items.into_iter().map(|(_, run)| run).collect(),
+                next_token: page.next_token,
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl EventStore for RedbStore {
+    async fn append_events(
+        &self,
+        turn: TurnId,
+        events: &[EventEnvelope],
+        fence: Option<Fence>,
+    ) -> StoreResult<Vec<u64>> {
+        let mut bodies = Vec::with_capacity(events.len());
+        for event in events {
+            bodies.push(rules::encode("event", event)?);
+        }
+        let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+        let events = events.to_vec();
+        self.write(move |transaction| {
+            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            let meta = run_meta(&metas, turn)?;
+            let session = session_of(meta);
+            rules::check_event_batch(turn, session, meta.2, &events)?;
+            check_fence(transaction, session, fence)?;
+            let Some(&last) = seqs.last() else { return Ok(Vec::new()) };
+            let first_position = counter(transaction, "last_position")? + 1;
+            let mut positions = Vec::with_capacity(bodies.len());
+            {
+                let mut table = transaction.open_table(EVENTS).map_err(redb_error)?;
+                let mut by_turn = transaction.open_table(TURN_EVENTS).map_err(redb_error)?;
+                let mut by_session = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
+                for (offset, (seq, body)) in seqs.iter().zip(&bodies).enumerate() {
+                    let position = first_position + offset as u64;
+                    table.insert(position, body.as_slice()).map_err(redb_error)?;
+                    by_turn.insert((turn_key(turn), *seq), position).map_err(redb_error)?;
+                    by_session.insert((meta.0, position), ()).map_err(redb_error)?;
+                    positions.push(position);
+                }
+            }
+            set_counter(transaction, "last_position", first_position + bodies.len() as u64 - 1)?;
+            metas.insert(turn_key(turn), (meta.0, meta.1, last, meta.3.max(last))).map_err(redb_error)?;
+            Ok(positions)
+        })
+        .await
+    }
+
+    async fn turn_events(
+        &self,
+        turn: TurnId,
+        order: Order,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredEvent>> {
+        self.read(move |transaction| {
+            let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            run_meta(&metas, turn)?;
+            let key = turn_key(turn);
+            let by_turn = transaction.open_table(TURN_EVENTS).map_err(redb_error)?;
+            let table = transaction.open_table(EVENTS).map_err(redb_error)?;
+            let range = match (order, after) {
+                (Order::Asc, Some(after)) if after == u64::MAX => return Ok(Vec::new()),
+                (Order::Asc, Some(after)) => by_turn.range((key, after + 1)..=(key, u64::MAX)),
+                (_, None) => by_turn.range((key, 0)..=(key, u64::MAX)),
+                (Order::Desc, Some(after)) => by_turn.range((key, 0)..(key, after)),
+            }
+            .map_err(redb_error)?;
+            let entries: Box<dyn Iterator<Item = _>> =
+                if order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+            let mut events = Vec::new();
+            for entry in entries.take(limit) {
+                let (_, position) = entry.map_err(redb_error)?;
+                events.push(load_event(&table, position.value())?);
+            }
+            Ok(events)
+        })
+        .await
+    }
+
+    async fn feed(&self, query: &FeedQuery, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let query = *query;
+        self.read(move |transaction| {
+            let table = transaction.open_table(EVENTS).map_err(redb_error)?;
+            let mut events = Vec::new();
+            match query.session_id {
+                None => {
+                    let range = match (query.order, query.after) {
+                        (Order::Asc, Some(after)) => table.range(after.saturating_add(1)..),
+                        (_, None) => table.range::<u64>(..),
+                        (Order::Desc, Some(after)) => table.range(..after),
+                    }
+                    .map_err(redb_error)?;
+                    let entries: Box<dyn Iterator<Item = _>> =
+                        if query.order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+                    for entry in entries.take(limit) {
+                        let (position, body) = entry.map_err(redb_error)?;
+                        events.push(StoredEvent {
+                            position: position.value(),
+                            event: rules::decode("event", body.value())?,
+                        });
+                    }
+                }
+                Some(session) => {
+                    let key = session_key(session);
+                    let by_session = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
+                    let range = match (query.order, query.after) {
+                        (Order::Asc, Some(after)) => {
+                            by_session.range((key, after.saturating_add(1))..=(key, u64::MAX))
+                        }
+                        (_, None) => by_session.range((key, 0)..=(key, u64::MAX)),
+                        (Order::Desc, Some(after)) => by_session.range((key, 0)..(key, after)),
+                    }
+                    .map_err(redb_error)?;
+                    let entries: Box<dyn Iterator<Item = _>> =
+                        if query.order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+                    for entry in entries.take(limit) {
+                        let (key, _) = entry.map_err(redb_error)?;
+                        events.push(load_event(&table, key.value().1)?);
+                    }
+                }
+            }
+            Ok(events)
+        })
+        .await
+    }
+
+    async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        self.write(move |transaction| {
+            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            let meta = run_meta(&metas, turn)?;
+            check_fence(transaction, session_of(meta), fence)?;
+            let mark = meta.3.max(seq);
+            if mark != meta.3 {
+                metas.insert(turn_key(turn), (meta.0, meta.1, meta.2, mark)).map_err(redb_error)?;
+            }
+            Ok(mark)
+        })
+        .await
+    }
+
+    async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
+        self.read(move |transaction| {
+            let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            let meta = run_meta(&metas, turn)?;
+            Ok(meta.3.max(meta.2))
+        })
+        .await
+    }
+}
+
+fn load_event(table: &impl ReadableTable<u64, &'static [u8]>, position: u64) -> StoreResult<StoredEvent> {
+    let body = table
+        .get(position)
+        .map_err(redb_error)?
+        .ok_or_else(|| StoreError::Corrupt(format!("event position {position} is indexed but missing")))?;
+    Ok(StoredEvent { position, event: rules::decode("event", body.value())? })
+}
+
+#[async_trait]
+impl MessageStore for RedbStore {
+    async fn append_messages(
+        &self,
+        run: TurnId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> StoreResult<()> {
+        let mut bodies = Vec::with_capacity(messages.len());
+        for message in messages {
+            bodies.push(rules::encode("message", message)?);
+        }
+        self.write(move |transaction| {
+            let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, run)?;
+            check_fence(transaction, session_of(meta), fence)?;
+            let key = turn_key(run);
+            let mut table = transaction.open_table(MESSAGES).map_err(redb_error)?;
+            let next = match table.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)?.next_back() {
+                Some(entry) => entry.map_err(redb_error)?.0.value().1 + 1,
+                None => 0,
+            };
+            for (offset, body) in bodies.iter().enumerate() {
+                let index = next + u32::try_from(offset).unwrap_or(u32::MAX);
+                table.insert((key, index), body.as_slice()).map_err(redb_error)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {
+        let query = query.clone();
+        self.read(move |transaction| {
+            let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
+                return Err(StoreError::not_found("session", session));
+            }
+            let key = session_key(session);
+            let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+            let runs_table = transaction.open_table(RUNS).map_err(redb_error)?;
+            let messages = transaction.open_table(MESSAGES).map_err(redb_error)?;
+            let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
+            let runs = range.rev().map(|entry| {
+                let (_, run) = entry.map_err(redb_error)?;
+                get_json::<RunRecord, u128>(&runs_table, run.value(), "run")?
+                    .ok_or_else(|| StoreError::Corrupt("a session's run is indexed but missing".to_owned()))
+            });
+            rules::history_window(runs, &query, |run| {
+                let key = turn_key(run.id);
+                let mut found = Vec::new();
+                for entry in messages.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)? {
+                    let (index, body) = entry.map_err(redb_error)?;
+                    found.push(HistoryMessage {
+                        run_id: run.id,
+                        index: index.value().1,
+                        message: rules::decode("message", body.value())?,
+                    });
+                }
+                Ok(found)
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl UserStore for RedbStore {
+    async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>> {
+        let user = user_id.to_owned();
+        self.read(move |transaction| {
+            let profiles = transaction.open_table(PROFILES).map_err(redb_error)?;
+            let value = profiles.get(user.as_str()).map_err(redb_error)?;
+            value.map(|body| rules::decode("user profile", body.value())).transpose()
+        })
+        .await
+    }
+
+    async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()> {
+        let body = rules::encode("user profile", profile)?;
+        let user = profile.user_id.clone();
+        self.write(move |transaction| {
+            let mut profiles = transaction.open_table(PROFILES).map_err(redb_error)?;
+            profiles.insert(user.as_str(), body.as_slice()).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
+        let body = rules::encode("user memory", memory)?;
+        let (user, id, created) =
+            (memory.user_id.clone(), memory.id.clone(), memory.created_at.unix_micros());
+        self.write(move |transaction| {
+            let mut memories = transaction.open_table(MEMORIES).map_err(redb_error)?;
+            if memories.get((user.as_str(), id.as_str())).map_err(redb_error)?.is_some() {
+                return Err(Conflict::AlreadyExists { kind: "user memory", id }.into());
+            }
+            memories.insert((user.as_str(), id.as_str()), body.as_slice()).map_err(redb_error)?;
+            let mut index = transaction.open_table(MEMORY_INDEX).map_err(redb_error)?;
+            index.insert((user.as_str(), created, id.as_str()), ()).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn memories(&self, user_id: &str, limit: usize) -> StoreResult<Vec<UserMemory>> {
+        let user = user_id.to_owned();
+        self.read(move |transaction| {
+            let index = transaction.open_table(MEMORY_INDEX).map_err(redb_error)?;
+            let memories = transaction.open_table(MEMORIES).map_err(redb_error)?;
+            let range = index
+                .range((user.as_str(), i64::MIN, "")..=(user.as_str(), i64::MAX, "\u{10FFFF}"))
+                .map_err(redb_error)?;
+            let mut found = Vec::new();
+            for entry in range.rev().take(limit) {
+                let (key, _) = entry.map_err(redb_error)?;
+                let (_, _, id) = key.value();
+                if let Some(body) = memories.get((user.as_str(), id)).map_err(redb_error)? {
+                    found.push(rules::decode("user memory", body.value())?);
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn delete_memory(&self, user_id: &str, id: &str) -> StoreResult<()> {
+        let (user, id) = (user_id.to_owned(), id.to_owned());
+        self.write(move |transaction| {
+            let mut memories = transaction.open_table(MEMORIES).map_err(redb_error)?;
+            let memory: UserMemory = match memories.get((user.as_str(), id.as_str())).map_err(redb_error)? {
+                Some(body) => rules::decode("user memory", body.value())?,
+                None => return Err(StoreError::not_found("user memory", id)),
+            };
+            memories.remove((user.as_str(), id.as_str())).map_err(redb_error)?;
+            let mut index = transaction.open_table(MEMORY_INDEX).map_err(redb_error)?;
+            index
+                .remove((user.as_str(), memory.created_at.unix_micros(), id.as_str()))
+                .map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn journal_entry(
+    transaction: &WriteTransaction,
+    turn: TurnId,
+    call: &str,
+) -> StoreResult<Option<(u64, JournalEntry)>> {
+    let journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+    let value = journal.get((turn_key(turn), call)).map_err(redb_error)?;
+    value
+        .map(|value| {
+            let (order, body) = value.value();
+            rules::decode("journal entry", body).map(|entry| (order, entry))
+        })
+        .transpose()
+}
+
+#[async_trait]
+impl JournalStore for RedbStore {
+    async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
+        let body = rules::encode("journal entry", entry)?;
+        let entry = entry.clone();
+        self.write(move |transaction| {
+            let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, entry.turn_id)?;
+            check_fence(transaction, session_of(meta), fence)?;
+            let existing = journal_entry(transaction, entry.turn_id, &entry.tool_call_id)?;
+            if let Some(stored) = rules::journal_start(existing.as_ref().map(|(_, e)| e), &entry)? {
+                return Ok(stored);
+            }
+            let order = counter(transaction, "last_journal_order")? + 1;
+            set_counter(transaction, "last_journal_order", order)?;
+            let key = turn_key(entry.turn_id);
+            let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+            journal
+                .insert((key, entry.tool_call_id.as_str()), (order, body.as_slice()))
+                .map_err(redb_error)?;
+            let mut orders = transaction.open_table(JOURNAL_ORDER).map_err(redb_error)?;
+            orders.insert((key, order), entry.tool_call_id.as_str()).map_err(redb_error)?;
+            Ok(entry)
+        })
+        .await
+    }
+
+    async fn journal_complete(
+        &self,
+        turn: TurnId,
+        tool_call_id: &str,
+        result: &ToolResult,
+        completed_at: Timestamp,
+        fence: Option<Fence>,
+    ) -> StoreResult<JournalEntry> {
+        rules::encode("tool result", result)?;
+        let (call, result) = (tool_call_id.to_owned(), result.clone());
+        self.write(move |transaction| {
+            let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
+            check_fence(transaction, session_of(meta), fence)?;
+            let existing = journal_entry(transaction, turn, &call)?;
+            let order = existing.as_ref().map_or(0, |(order, _)| *order);
+            let (entry, changed) = rules::journal_complete(
+                existing.as_ref().map(|(_, e)| e),
+                turn,
+                &call,
+                &result,
+                completed_at,
+            )?;
+            if changed {
+                let body = rules::encode("journal entry", &entry)?;
+                let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+                journal
+                    .insert((turn_key(turn), call.as_str()), (order, body.as_slice()))
+                    .map_err(redb_error)?;
+            }
+            Ok(entry)
+        })
+        .await
+    }
+
+    async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>> {
+        self.read(move |transaction| {
+            let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            run_meta(&metas, turn)?;
+            let key = turn_key(turn);
+            let orders = transaction.open_table(JOURNAL_ORDER).map_err(redb_error)?;
+            let journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+            let mut entries = Vec::new();
+            for entry in orders.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)? {
+                let (_, call) = entry.map_err(redb_error)?;
+                if let Some(value) = journal.get((key, call.value())).map_err(redb_error)? {
+                    entries.push(rules::decode("journal entry", value.value().1)?);
+                }
+            }
+            Ok(entries)
+        })
+        .await
+    }
+}
+
+/// A budget's limit and what is used.
+#[derive(Serialize, Deserialize)]
+struct BudgetRow {
+    limit: BudgetLimit,
+    used: BudgetUsage,
+}
+
+fn reserved_in(
+    scopes: &impl ReadableTable<(&'static str, &'static str), ()>,
+    reservations: &impl ReadableTable<&'static str, &'static [u8]>,
+    scope: &str,
+    now: Timestamp,
+) -> StoreResult<BudgetUsage> {
+    let mut total = BudgetUsage::default();
+    for entry in scopes.range((scope, "")..=(scope, "\u{10FFFF}")).map_err(redb_error)? {
+        let (key, _) = entry.map_err(redb_error)?;
+        let (_, id) = key.value();
+        if let Some(body) = reservations.get(id).map_err(redb_error)? {
+            let reservation: BudgetReservation = rules::decode("budget reservation", body.value())?;
+            if reservation.expires_at > now {
+                total = rules::add_usage(&total, &reservation.amount);
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn take_reservation(transaction: &WriteTransaction, id: &str) -> StoreResult<BudgetReservation> {
+    let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+    let reservation: BudgetReservation = match reservations.get(id).map_err(redb_error)? {
+        Some(body) => rules::decode("budget reservation", body.value())?,
+        None => return Err(StoreError::not_found("budget reservation", id)),
+    };
+    reservations.remove(id).map_err(redb_error)?;
+    let mut scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+    for scope in &reservation.scopes {
+        scopes.remove((scope.as_str(), id)).map_err(redb_error)?;
+    }
+    Ok(reservation)
+}
+
+#[async_trait]
+impl BudgetStore for RedbStore {
+    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+        let body = rules::encode("budget", &BudgetRow { limit: *limit, used: BudgetUsage::default() })?;
+        let scope = scope.to_owned();
+        self.write(move |transaction| {
+            let mut budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+            if budgets.get(scope.as_str()).map_err(redb_error)?.is_some() {
+                return Err(Conflict::AlreadyExists { kind: "budget", id: scope }.into());
+            }
+            budgets.insert(scope.as_str(), body.as_slice()).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
+        let scope = scope.to_owned();
+        self.read(move |transaction| {
+            let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+            let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
+                Some(body) => rules::decode("budget", body.value())?,
+                None => return Err(StoreError::not_found("budget", &scope)),
+            };
+            let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+            let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+            let reserved = reserved_in(&scopes, &reservations, &scope, now)?;
+            Ok(BudgetLedger { scope, limit: row.limit, used: row.used, reserved })
+        })
+        .await
+    }
+
+    async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        let body = rules::encode("budget reservation", reservation)?;
+        let reservation = reservation.clone();
+        self.write(move |transaction| {
+            let expired: Vec<String> = {
+                let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+                let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+                let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+                if reservations.get(reservation.id.as_str()).map_err(redb_error)?.is_some() {
+                    return Err(Conflict::AlreadyExists {
+                        kind: "budget reservation",
+                        id: reservation.id.clone(),
+                    }
+                    .into());
+                }
+                for scope in &reservation.scopes {
+                    let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
+                        Some(body) => rules::decode("budget", body.value())?,
+                        None => return Err(StoreError::not_found("budget", scope)),
+                    };
+                    let held = rules::add_usage(&row.used, &reserved_in(&scopes, &reservations, scope, now)?);
+                    rules::check_room(scope, &row.limit, &held, &reservation.amount)?;
+                }
+                let mut expired = Vec::new();
+                for entry in reservations.iter().map_err(redb_error)? {
+                    let (id, body) = entry.map_err(redb_error)?;
+                    let existing: BudgetReservation = rules::decode("budget reservation", body.value())?;
+                    if existing.expires_at <= now {
+                        expired.push(id.value().to_owned());
+                    }
+                }
+                expired
+            };
+            for id in expired {
+                take_reservation(transaction, &id)?;
+            }
+            let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+            reservations.insert(reservation.id.as_str(), body.as_slice()).map_err(redb_error)?;
+            let mut scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+            for scope in &reservation.scopes {
+                scopes.insert((scope.as_str(), reservation.id.as_str()), ()).map_err(redb_error)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        let (id, actual) = (reservation_id.to_owned(), *actual);
+        self.write(move |transaction| {
+            let scopes = {
+                let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+                match reservations.get(id.as_str()).map_err(redb_error)? {
+                    Some(body) => {
+                        rules::decode::<BudgetReservation>("budget reservation", body.value())?.scopes
+                    }
+                    None => return Err(StoreError::not_found("budget reservation", &id)),
+                }
+            };
+            let mut updates = Vec::new();
+            {
+                let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+                for scope in &scopes {
+                    if let Some(body) = budgets.get(scope.as_str()).map_err(redb_error)? {
+                        let mut row: BudgetRow = rules::decode("budget", body.value())?;
+                        row.used = rules::add_usage(&row.used, &actual);
+                        updates.push((scope.clone(), rules::encode("budget", &row)?));
+                    }
+                }
+            }
+            take_reservation(transaction, &id)?;
+            let mut budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+            for (scope, body) in updates {
+                budgets.insert(scope.as_str(), body.as_slice()).map_err(redb_error)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn release(&self, reservation_id: &str) -> StoreResult<()> {
+        let id = reservation_id.to_owned();
+        self.write(move |transaction| take_reservation(transaction, &id).map(|_| ())).await
+    }
+}
+
+fn put_lease(transaction: &WriteTransaction, lease: &Lease, body: &[u8]) -> StoreResult<()> {
+    let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
+    leases.insert(session_key(lease.session_id), body).map_err(redb_error)?;
+    Ok(())
+}
+
+#[async_trait]
+impl LeaseStore for RedbStore {
+    async fn acquire_lease(
+        &self,
+        session: SessionId,
+        owner: &str,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        let owner = owner.to_owned();
+        self.write(move |transaction| {
+            if !session_exists(transaction, session)? {
+                return Err(StoreError::not_found("session", session));
+            }
+            let last = counter(transaction, "last_token")?;
+            let lease = rules::grant_lease(
+                session,
+                lease_of(transaction, session)?.as_ref(),
+                &owner,
+                ttl,
+                now,
+                last + 1,
+            )?;
+            let body = rules::encode("lease", &lease)?;
+            set_counter(transaction, "last_token", lease.token)?;
+            put_lease(transaction, &lease, &body)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        session: SessionId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> StoreResult<Lease> {
+        self.write(move |transaction| {
+            let lease =
+                rules::renew_lease(session, lease_of(transaction, session)?.as_ref(), token, ttl, now)?;
+            let body = rules::encode("lease", &lease)?;
+            put_lease(transaction, &lease, &body)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, session: SessionId, token: u64) -> StoreResult<()> {
+        self.write(move |transaction| {
+            rules::check_release(session, lease_of(transaction, session)?.as_ref(), token)?;
+            let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
+            leases.remove(session_key(session)).map_err(redb_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
+        self.read(move |transaction| {
+            let leases = transaction.open_table(LEASES).map_err(redb_error)?;
+            get_json(&leases, session_key(session), "lease")
+        })
+        .await
+    }
+}

@@ -1,4 +1,5 @@
-//! Workload drivers shared by the criterion benchmarks in `benches/` (run them with
+//! Workload drivers shared by the criterion benchmarks in `benches/`, the
+//! `agentry-workload` binary and the crash tests (run the benchmarks with
 //! `cargo xtask bench`).
 //!
 //! ```
@@ -8,9 +9,14 @@
 //! assert_eq!(deltas.len(), 11);
 //! ```
 
-use agentry_events::EventEnvelope;
-use agentry_events::sample;
-use agentry_types::{EventId, ModelMessage, ModelMessageDelta};
+use std::path::Path;
+use std::sync::Arc;
+
+use agentry_events::{EventEnvelope, EventPayload, SCHEMA_VERSION, sample};
+use agentry_memory::{Durability, Store, StoreError};
+use agentry_storage_redb::{RedbOptions, RedbStore};
+use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+use agentry_types::{EventId, ModelMessage, ModelMessageDelta, RunRecord, ThreadId, Timestamp};
 
 /// Every event of every sample turn, in stream order (deltas included).
 pub fn sample_events() -> Result<Vec<EventEnvelope>, agentry_events::MergeError> {
@@ -26,4 +32,37 @@ pub fn long_answer(pieces: usize) -> (EventId, Vec<ModelMessageDelta>) {
         ..ModelMessage::default()
     };
     (EventId::new(), message.to_deltas(6))
+}
+
+/// A typical durable event of a run (a tool result of about 100 bytes) with the given seq.
+#[must_use]
+pub fn event_for(run: &RunRecord, seq: u64) -> EventEnvelope {
+    EventEnvelope {
+        event_id: EventId::new(),
+        seq,
+        session_id: run.session_id,
+        turn_id: run.id,
+        thread_id: Some(ThreadId::main()),
+        team: None,
+        created_at: Timestamp::now(),
+        schema_version: SCHEMA_VERSION,
+        payload: EventPayload::ToolResponse {
+            tool_call_id: format!("call_{seq}"),
+            name: "calculator".to_owned(),
+            arguments: "{\"expression\":\"6 * 7\"}".to_owned(),
+            content: "42".to_owned(),
+            is_error: false,
+        },
+    }
+}
+
+/// Opens a store of a backend (`sqlite` or `redb`) at `path`.
+pub fn open_store(backend: &str, path: &Path, durability: Durability) -> Result<Arc<dyn Store>, StoreError> {
+    match backend {
+        "sqlite" => {
+            Ok(Arc::new(SqliteStore::open(path, SqliteOptions { durability, ..SqliteOptions::default() })?))
+        }
+        "redb" => Ok(Arc::new(RedbStore::open(path, RedbOptions { durability, ..RedbOptions::default() })?)),
+        other => Err(StoreError::InvalidInput(format!("unknown backend {other:?}: expected sqlite or redb"))),
+    }
 }

@@ -171,31 +171,44 @@ impl fmt::Debug for RedbStore {
     }
 }
 
-/// Checks the schema version without writing, and creates the tables of a new store.
-fn prepare(database: &Database) -> StoreResult<()> {
-    let read = database.begin_read().map_err(redb_error)?;
+/// Checks an existing file's schema version and marker through a read-only handle, which
+/// never changes the file. A file that needs crash recovery is checked after it is repaired.
+fn check_existing(path: &Path) -> StoreResult<()> {
+    let exists = std::fs::metadata(path).map(|metadata| metadata.len() > 0).unwrap_or(false);
+    if !exists {
+        return Ok(());
+    }
+    match Database::builder().set_concurrency_mode(ConcurrencyMode::MultiWriter).open_read_only(path) {
+        Ok(database) => check_version(&database.begin_read().map_err(redb_error)?),
+        Err(redb::DatabaseError::RepairAborted) => Ok(()),
+        Err(error) => Err(redb_error(error)),
+    }
+}
+
+/// Refuses a store of a newer version, or a redb file that is not an Agentry store.
+fn check_version(read: &ReadTransaction) -> StoreResult<()> {
     let version = match read.open_table(META) {
         Ok(meta) => meta.get("schema_version").map_err(redb_error)?.map(|value| value.value()),
         Err(redb::TableError::TableDoesNotExist(_)) => None,
         Err(error) => return Err(redb_error(error)),
     };
     let tables = read.list_tables().map_err(redb_error)?.count();
-    drop(read);
     match version {
-        Some(found) if found > VERSION => {
-            return Err(StoreError::VersionTooNew {
-                found: u32::try_from(found).unwrap_or(u32::MAX),
-                supported: u32::try_from(VERSION).unwrap_or(u32::MAX),
-            });
-        }
-        Some(_) => {}
+        Some(found) if found > VERSION => Err(StoreError::VersionTooNew {
+            found: u32::try_from(found).unwrap_or(u32::MAX),
+            supported: u32::try_from(VERSION).unwrap_or(u32::MAX),
+        }),
         None if tables > 0 => {
-            return Err(StoreError::Corrupt(
-                "the file is a redb database but not an Agentry store".to_owned(),
-            ));
+            Err(StoreError::Corrupt("the file is a redb database but not an Agentry store".to_owned()))
         }
-        None => {}
+        _ => Ok(()),
     }
+}
+
+/// Checks the version again (a repaired file was not checked before) and creates the
+/// tables and counters of a new store.
+fn prepare(database: &Database) -> StoreResult<()> {
+    check_version(&database.begin_read().map_err(redb_error)?)?;
     let write = database.begin_write().map_err(redb_error)?;
     {
         let mut meta = write.open_table(META).map_err(redb_error)?;
@@ -229,6 +242,7 @@ impl RedbStore {
                 parent.display()
             )));
         }
+        check_existing(&path)?;
         let database = Database::builder()
             .set_concurrency_mode(ConcurrencyMode::MultiWriter)
             .set_cache_size(options.cache_bytes)

@@ -3,6 +3,8 @@
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]
 
+mod bad_input;
+
 use std::sync::Arc;
 
 use agentry_memory::conformance::Harness;

@@ -1,0 +1,115 @@
+//! `agentry-workload`: workload drivers run as separate processes.
+//!
+//! `agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>` opens the
+//! store and writes forever from several concurrent tasks (sessions, runs, events,
+//! messages, high-water marks, and continuations of turns found in the store), printing one
+//! line per acknowledged write: `session <id>`, `run <id>`, `event <turn> <seq>`,
+//! `message <run> <count>`, `mark <turn> <value>`. The crash tests kill it with SIGKILL at
+//! random moments and check that every acknowledged write survived.
+
+// A workload driver reports on standard output.
+#![allow(clippy::print_stdout)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use agentry_benches::{event_for, open_store};
+use agentry_memory::{Order, PageRequest, RunQuery, SessionQuery, Store};
+use agentry_types::{Message, RunRecord, SessionRecord, SessionType, Subject, TurnInputItem};
+use anyhow::{Context, Result, bail};
+
+type Acks = Arc<Mutex<std::io::Stdout>>;
+
+fn ack(acks: &Acks, line: &str) {
+    let mut out = acks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn turn_writer(store: Arc<dyn Store>, acks: Acks, worker: u64) -> Result<()> {
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        let mut session =
+            SessionRecord::new(SessionType::Agent, format!("crash-{worker}"), Subject::user("crash"));
+        session.metadata.insert("round".into(), round.into());
+        store.create_session(&session).await?;
+        ack(&acks, &format!("session {}", session.id));
+        for _ in 0..3 {
+            let run = RunRecord::new(session.id, vec![TurnInputItem::message("go")], Subject::user("crash"));
+            store.put_run(&run, None).await?;
+            ack(&acks, &format!("run {}", run.id));
+            let mut seq = 0;
+            for step in 0..12u64 {
+                let batch: Vec<_> = (0..1 + step % 3)
+                    .map(|_| {
+                        seq += 1 + step % 2;
+                        event_for(&run, seq)
+                    })
+                    .collect();
+                store.append_events(run.id, &batch, None).await?;
+                for event in &batch {
+                    ack(&acks, &format!("event {} {}", run.id, event.seq));
+                }
+                if step % 5 == 4 {
+                    let mark = seq + 16;
+                    store.raise_high_water(run.id, mark, None).await?;
+                    ack(&acks, &format!("mark {} {mark}", run.id));
+                    seq = mark;
+                }
+            }
+            store.append_messages(run.id, &[Message::user("q"), Message::assistant("a")], None).await?;
+            ack(&acks, &format!("message {} 2", run.id));
+        }
+    }
+}
+
+/// Continues turns a killed writer left behind, above their high-water marks.
+async fn continue_turns(store: Arc<dyn Store>, acks: Acks) -> Result<()> {
+    let sessions = store.list_sessions(&SessionQuery::default(), &PageRequest::first(3)).await?;
+    for session in sessions.items {
+        let runs = store
+            .list_runs(
+                session.id,
+                &RunQuery { order: Order::Desc, ..RunQuery::default() },
+                &PageRequest::first(1),
+            )
+            .await?;
+        for run in runs.items {
+            let mut seq = store.high_water(run.id).await?;
+            for _ in 0..5 {
+                seq += 1;
+                store.append_events(run.id, &[event_for(&run, seq)], None).await?;
+                ack(&acks, &format!("event {} {seq}", run.id));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn crash_writer(backend: &str, path: &str, durability: &str) -> Result<()> {
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
+    let acks: Acks = Arc::new(Mutex::new(std::io::stdout()));
+    continue_turns(store.clone(), acks.clone()).await?;
+    ack(&acks, "ready");
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        tasks.push(tokio::spawn(turn_writer(store.clone(), acks.clone(), worker)));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["crash-writer", backend, path, durability] => {
+            runtime.block_on(crash_writer(backend, path, durability))
+        }
+        _ => bail!("usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>"),
+    }
+}

@@ -1,0 +1,6 @@
+//! Integration tests of the workload drivers: crash tests of both storage backends.
+
+// Test helpers fail loudly, like the tests that call them.
+#![allow(clippy::unwrap_used)]
+
+mod crash;

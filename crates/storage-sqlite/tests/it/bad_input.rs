@@ -1,0 +1,119 @@
+//! Bad files and paths: each is refused with an error naming the problem, and the file is
+//! left as it was.
+
+use std::path::Path;
+
+use agentry_memory::{RunStore, SessionStore, StoreError};
+use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+use agentry_types::{RunRecord, SessionRecord, SessionType, Subject, TurnInputItem};
+
+fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+    SqliteStore::open(path, SqliteOptions::default())
+}
+
+async fn populated(path: &Path) {
+    let store = open(path).unwrap();
+    for _ in 0..50 {
+        let session = SessionRecord::new(SessionType::Agent, "a".repeat(2000), Subject::user("u"));
+        store.create_session(&session).await.unwrap();
+        store
+            .put_run(
+                &RunRecord::new(
+                    session.id,
+                    vec![TurnInputItem::message("x".repeat(3000))],
+                    Subject::user("u"),
+                ),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_file_of_random_bytes_is_refused_as_corrupt_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("garbage.db");
+    let bytes: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Corrupt(ref message) if message.contains("not an SQLite database")),
+        "{error}"
+    );
+    assert!(std::fs::read(&path).unwrap() == bytes, "the refused file was changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_file_is_refused_as_corrupt_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    populated(&path).await;
+    let full = std::fs::read(&path).unwrap();
+    assert!(
+        !dir.path().join("store.db-wal").exists()
+            || std::fs::metadata(dir.path().join("store.db-wal")).unwrap().len() == 0
+    );
+    let truncated = &full[..full.len() / 2];
+    std::fs::write(&path, truncated).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(matches!(error, StoreError::Corrupt(ref message) if message.contains("truncated")), "{error}");
+    assert!(std::fs::read(&path).unwrap() == truncated, "the refused file was changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_from_a_newer_schema_version_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    populated(&path).await;
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection.pragma_update(None, "user_version", 99).unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let error = open(&path).unwrap_err();
+    assert_eq!(error, StoreError::VersionTooNew { found: 99, supported: 1 });
+    assert!(error.to_string().contains("upgrade Agentry"));
+    assert!(std::fs::read(&path).unwrap() == before, "the refused file was changed");
+}
+
+#[test]
+fn another_applications_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.db");
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute_batch("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('hello');")
+            .unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Corrupt(ref message) if message.contains("not an Agentry store")),
+        "{error}"
+    );
+    assert!(std::fs::read(&path).unwrap() == before, "the refused file was changed");
+}
+
+#[test]
+fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
+    let error = open(Path::new("/nonexistent-agentry-dir/sub/store.db")).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Io(ref message) if message.contains("/nonexistent-agentry-dir/sub")),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_reopens_with_everything_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let session = SessionRecord::new(SessionType::Team, "crew", Subject::user("u"));
+    {
+        let store = open(&path).unwrap();
+        store.create_session(&session).await.unwrap();
+    }
+    let store = open(&path).unwrap();
+    assert_eq!(store.get_session(session.id).await.unwrap(), session);
+}

@@ -25,13 +25,19 @@
 pub mod conformance;
 mod durability;
 mod error;
+mod facade;
 mod in_memory;
 mod page;
 pub mod rules;
 mod store;
+mod views;
 
 pub use durability::Durability;
 pub use error::{Conflict, StoreError, StoreResult};
+pub use facade::{
+    Memory, MemoryConfig, MemoryError, PreparedInputs, RunOutputDocument, SessionMemory, UserMemoryHandle,
+    UserMemoryMode,
+};
 pub use in_memory::InMemoryStore;
 pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token};
 pub use store::{
@@ -39,3 +45,4 @@ pub use store::{
     MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,
     SessionUpdate, Store, StoredEvent, UserStore,
 };
+pub use views::{LastRunsQuery, TeamSession};

@@ -1,4 +1,11 @@
-//! Integration tests of `agentry-memory`: the in-memory store passes the conformance suite.
+//! Integration tests of `agentry-memory`: the in-memory store passes the conformance suite;
+//! the Memory facade and the session views.
+
+// Test helpers fail loudly, like the tests that call them.
+#![allow(clippy::unwrap_used)]
+
+mod facade;
+mod views;
 
 use std::sync::Arc;
 

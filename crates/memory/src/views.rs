@@ -1,0 +1,215 @@
+//! Session views (seed 000): [`TeamSession`] over a stored team session, with Agno's
+//! methods. Runs are the stored run documents; every read takes a bounded window of the
+//! latest runs, never the whole session.
+
+use std::sync::Arc;
+
+use agentry_types::agno::{MemberResponse, SessionSummary};
+use agentry_types::{Message, Role, RunRecord, RunStatus, SessionId, TurnId};
+use serde_json::{Map, Value, json};
+
+use crate::error::{StoreError, StoreResult};
+use crate::page::{MAX_PAGE, Order, PageRequest};
+use crate::store::{DEFAULT_HISTORY_RUNS, ParentFilter, RunQuery, Store};
+
+/// The filters of `get_messages_from_last_n_runs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LastRunsQuery {
+    /// Only runs of this agent (member runs included).
+    pub agent_id: Option<String>,
+    /// Only runs of this team.
+    pub team_id: Option<String>,
+    /// The most runs to read (default [`DEFAULT_HISTORY_RUNS`]).
+    pub last_n: Option<usize>,
+    /// Leave out messages of this role.
+    pub skip_role: Option<Role>,
+    /// Leave out runs with these statuses.
+    pub skip_status: Vec<RunStatus>,
+    /// Leave out messages that were themselves replayed history.
+    pub skip_history_messages: bool,
+}
+
+/// A team session (Agno's `TeamSession`), read from the store.
+#[derive(Debug, Clone)]
+pub struct TeamSession {
+    store: Arc<dyn Store>,
+    /// The session's id.
+    pub session_id: SessionId,
+    /// The team it belongs to.
+    pub team_id: Option<String>,
+    /// The user it serves.
+    pub user_id: Option<String>,
+    /// The workflow it belongs to (from metadata `workflow_id`).
+    pub workflow_id: Option<String>,
+    /// Team data: name and team id.
+    pub team_data: Option<Map<String, Value>>,
+    /// Session data: the session state.
+    pub session_data: Option<Map<String, Value>>,
+    /// Metadata.
+    pub metadata: Option<Map<String, Value>>,
+    /// The summary.
+    pub summary: Option<SessionSummary>,
+    /// Unix seconds.
+    pub created_at: Option<i64>,
+    /// Unix seconds.
+    pub updated_at: Option<i64>,
+}
+
+impl TeamSession {
+    /// Loads a session's view. `NotFound` when it does not exist.
+    pub async fn load(store: Arc<dyn Store>, session_id: SessionId) -> StoreResult<Self> {
+        let session = store.get_session(session_id).await?;
+        let mut team_data = Map::new();
+        team_data.insert("name".to_owned(), json!(session.name));
+        team_data.insert("team_id".to_owned(), json!(session.name));
+        let mut session_data = Map::new();
+        session_data.insert("session_state".to_owned(), Value::Object(session.state.clone()));
+        Ok(Self {
+            store,
+            session_id,
+            team_id: Some(session.name.clone()),
+            user_id: session.user_id.clone(),
+            workflow_id: session.metadata.get("workflow_id").and_then(Value::as_str).map(str::to_owned),
+            team_data: Some(team_data),
+            session_data: Some(session_data),
+            metadata: (!session.metadata.is_empty()).then(|| session.metadata.clone()),
+            summary: session.summary.clone(),
+            created_at: Some(session.created_at.unix_seconds()),
+            updated_at: Some(session.updated_at.unix_seconds()),
+        })
+    }
+
+    /// Adds a run, or replaces the run with the same `run_id`. The run needs a `run_id`
+    /// (`InvalidInput` otherwise).
+    pub async fn upsert_run(&self, run: &MemberResponse) -> StoreResult<()> {
+        let (run_id, status, parent, agent, team) = match run {
+            MemberResponse::Agent(run) => (
+                run.run_id.as_deref(),
+                run.status,
+                run.parent_run_id.as_deref(),
+                run.agent_id.as_deref(),
+                None,
+            ),
+            MemberResponse::Team(run) => (
+                run.run_id.as_deref(),
+                run.status,
+                run.parent_run_id.as_deref(),
+                None,
+                run.team_id.as_deref(),
+            ),
+        };
+        let run_id =
+            parse_run_id(run_id.ok_or_else(|| StoreError::InvalidInput("a run needs a run_id".to_owned()))?)?;
+        let parent = parent.map(parse_run_id).transpose()?;
+        let mut record = match self.store.get_run(run_id).await {
+            Ok(existing) => existing,
+            Err(StoreError::NotFound { .. }) => {
+                let owner = self.store.get_session(self.session_id).await?.owner;
+                RunRecord::new(self.session_id, Vec::new(), owner)
+            }
+            Err(error) => return Err(error),
+        };
+        record.id = run_id;
+        record.parent_run_id = parent;
+        record.agent_id = agent.map(str::to_owned);
+        record.team_id = team.map(str::to_owned);
+        record.status = status;
+        record.output = Some(serde_json::to_value(run).map_err(|e| StoreError::InvalidInput(e.to_string()))?);
+        record.updated_at = agentry_types::Timestamp::now();
+        self.store.put_run(&record, None).await
+    }
+
+    /// A run of this session by its `run_id`.
+    pub async fn get_run(&self, run_id: &str) -> StoreResult<Option<MemberResponse>> {
+        let Ok(id) = parse_run_id(run_id) else { return Ok(None) };
+        match self.store.get_run(id).await {
+            Ok(run) if run.session_id == self.session_id => document(&run),
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The latest runs, newest first, at most `limit`.
+    pub async fn runs(&self, limit: usize) -> StoreResult<Vec<MemberResponse>> {
+        let query = RunQuery { order: Order::Desc, parent: ParentFilter::Any, ..RunQuery::default() };
+        let page =
+            self.store.list_runs(self.session_id, &query, &PageRequest::first(limit.min(MAX_PAGE))).await?;
+        Ok(page.items.iter().filter_map(|run| document(run).ok().flatten()).collect())
+    }
+
+    /// The messages of the last `last_n` runs that match the filters, oldest first.
+    pub async fn get_messages_from_last_n_runs(&self, query: &LastRunsQuery) -> StoreResult<Vec<Message>> {
+        let wanted = query.last_n.unwrap_or(DEFAULT_HISTORY_RUNS);
+        let run_query = RunQuery {
+            order: Order::Desc,
+            parent: if query.agent_id.is_some() { ParentFilter::Any } else { ParentFilter::TopLevel },
+            agent_id: query.agent_id.clone(),
+            team_id: query.team_id.clone(),
+            ..RunQuery::default()
+        };
+        let mut taken: Vec<Vec<Message>> = Vec::new();
+        let mut page = PageRequest::first(wanted.clamp(1, MAX_PAGE));
+        'pages: while taken.len() < wanted {
+            let result = self.store.list_runs(self.session_id, &run_query, &page).await?;
+            for run in &result.items {
+                if query.skip_status.contains(&run.status) {
+                    continue;
+                }
+                let messages = document(run)?.map(|doc| messages_of(&doc)).unwrap_or_default();
+                taken.push(
+                    messages
+                        .into_iter()
+                        .filter(|message| query.skip_role.is_none_or(|role| message.role != role))
+                        .filter(|message| !(query.skip_history_messages && message.from_history))
+                        .collect(),
+                );
+                if taken.len() == wanted {
+                    break 'pages;
+                }
+            }
+            match result.next_token {
+                Some(token) => page = PageRequest::after(token, wanted.clamp(1, MAX_PAGE)),
+                None => break,
+            }
+        }
+        Ok(taken.into_iter().rev().flatten().collect())
+    }
+
+    /// The session's summary, read afresh.
+    pub async fn get_session_summary(&self) -> StoreResult<Option<SessionSummary>> {
+        Ok(self.store.get_session(self.session_id).await?.summary)
+    }
+
+    /// The conversation: the messages of the latest runs (at most
+    /// [`DEFAULT_HISTORY_RUNS`]), without replayed history, oldest first.
+    pub async fn get_chat_history(&self) -> StoreResult<Vec<Message>> {
+        self.get_messages_from_last_n_runs(&LastRunsQuery {
+            skip_history_messages: true,
+            ..LastRunsQuery::default()
+        })
+        .await
+    }
+}
+
+fn parse_run_id(id: &str) -> StoreResult<TurnId> {
+    id.parse().map_err(|_| StoreError::InvalidInput(format!("run_id {id:?} is not a UUID")))
+}
+
+/// The run's output document, if it has one.
+fn document(run: &RunRecord) -> StoreResult<Option<MemberResponse>> {
+    run.output
+        .as_ref()
+        .map(|value| {
+            serde_json::from_value(value.clone()).map_err(|error| {
+                StoreError::Corrupt(format!("run {} has an unreadable output document: {error}", run.id))
+            })
+        })
+        .transpose()
+}
+
+fn messages_of(document: &MemberResponse) -> Vec<Message> {
+    match document {
+        MemberResponse::Agent(run) => run.messages.clone().unwrap_or_default(),
+        MemberResponse::Team(run) => run.messages.clone().unwrap_or_default(),
+    }
+}

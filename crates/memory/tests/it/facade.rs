@@ -1,0 +1,369 @@
+//! The Memory facade: every parameter of seed 003, on the in-memory store and the scripted
+//! model.
+
+use std::sync::Arc;
+
+use agentry_memory::{InMemoryStore, Memory, MemoryConfig, MemoryError, Store, UserMemoryMode};
+use agentry_model::{Model, ModelError, ScriptedModel, ScriptedResponse};
+use agentry_types::agno::{MemberResponse, RunOutput, TeamRunOutput};
+use agentry_types::{Message, RunStatus, SessionId, SessionType, ToolCall, TurnId};
+use serde_json::{Map, Value, json};
+
+fn store() -> Arc<dyn Store> {
+    Arc::new(InMemoryStore::new())
+}
+
+fn agent_run(status: RunStatus, messages: Vec<Message>) -> MemberResponse {
+    let mut run = RunOutput::new(1_800_000_000);
+    run.run_id = Some(TurnId::new().to_string());
+    run.agent_id = Some("helper".into());
+    run.status = status;
+    run.content = Some(json!(messages.last().map(Message::text).unwrap_or_default()));
+    run.messages = Some(messages);
+    MemberResponse::Agent(Box::new(run))
+}
+
+fn exchange(question: &str, answer: &str) -> Vec<Message> {
+    vec![Message::user(question), Message::assistant(answer)]
+}
+
+fn memory(store: Arc<dyn Store>, model: Option<Arc<ScriptedModel>>, config: MemoryConfig) -> Memory {
+    Memory::new(store, model.map(|model| model as Arc<dyn Model>), config).unwrap()
+}
+
+#[test]
+fn summary_or_user_analysis_without_a_model_is_refused_and_a_profile_schema_must_describe_an_object() {
+    for config in [
+        MemoryConfig { summary_memory: true, ..MemoryConfig::default() },
+        MemoryConfig { user_analysis_memory: true, ..MemoryConfig::default() },
+        MemoryConfig { user_profile_schema: Some(json!({"type": "string"})), ..MemoryConfig::default() },
+        MemoryConfig { num_last_messages: Some(0), ..MemoryConfig::default() },
+    ] {
+        assert!(matches!(Memory::new(store(), None, config), Err(MemoryError::InvalidConfig(_))));
+    }
+    let memory = Memory::new(store(), None, MemoryConfig::default()).unwrap();
+    assert!(memory.user_id().starts_with("user-"), "a user id is generated when none is given");
+    assert!(memory.user_memory().is_none(), "no user memory without user analysis");
+}
+
+#[tokio::test]
+async fn without_full_session_memory_no_history_is_replayed() {
+    let memory = memory(store(), None, MemoryConfig::default());
+    memory
+        .save_session(&agent_run(RunStatus::Completed, exchange("hi", "hello")), SessionType::Agent, None)
+        .await
+        .unwrap();
+    let prepared = memory.prepare_inputs_for_task(None, None).await.unwrap();
+    assert!(prepared.message_history.is_empty());
+    assert!(memory.get_messages().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn full_session_memory_replays_completed_runs_as_history_bounded_by_num_last_messages() {
+    let config =
+        MemoryConfig { full_session_memory: true, num_last_messages: Some(3), ..MemoryConfig::default() };
+    let memory = memory(store(), None, config);
+    for (question, answer) in [("q1", "a1"), ("q2", "a2"), ("q3", "a3")] {
+        memory
+            .save_session(
+                &agent_run(RunStatus::Completed, exchange(question, answer)),
+                SessionType::Agent,
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    memory
+        .save_session(&agent_run(RunStatus::Paused, exchange("q4", "a4")), SessionType::Agent, None)
+        .await
+        .unwrap();
+    let prepared = memory.prepare_inputs_for_task(Some(SessionType::Agent), None).await.unwrap();
+    let texts: Vec<String> = prepared.message_history.iter().map(Message::text).collect();
+    assert_eq!(texts, ["a2", "q3", "a3"], "the last three messages; the paused run is not history");
+    assert!(prepared.message_history.iter().all(|message| message.from_history));
+}
+
+#[tokio::test]
+async fn saving_a_completed_run_twice_keeps_its_messages_once() {
+    let memory = memory(store(), None, MemoryConfig { full_session_memory: true, ..MemoryConfig::default() });
+    let run = agent_run(RunStatus::Completed, exchange("once", "only once"));
+    memory.save_session(&run, SessionType::Agent, None).await.unwrap();
+    memory.save_session(&run, SessionType::Agent, None).await.unwrap();
+    assert_eq!(memory.get_messages().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn summary_memory_summarizes_completed_runs_through_the_model_and_injects_the_summary() {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("The user greeted the assistant.")]));
+    let config = MemoryConfig { summary_memory: true, ..MemoryConfig::default() };
+    let memory = memory(store(), Some(model.clone()), config);
+    memory
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("hello there", "hi!")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap();
+    let prompt = model.requests()[0].messages[0].text();
+    assert!(prompt.contains("user: hello there") && prompt.contains("assistant: hi!"), "{prompt}");
+    let prepared = memory.prepare_inputs_for_task(None, None).await.unwrap();
+    assert_eq!(
+        prepared.context_injection.as_deref(),
+        Some("Summary of the conversation so far:\nThe user greeted the assistant.")
+    );
+    let session = memory.get_session(None).await.unwrap().unwrap();
+    assert_eq!(session.summary.unwrap().summary, "The user greeted the assistant.");
+}
+
+#[tokio::test]
+async fn incomplete_runs_are_checkpointed_without_memory_processing_and_can_be_resumed() {
+    let model = Arc::new(ScriptedModel::new(Vec::new()));
+    let config = MemoryConfig {
+        summary_memory: true,
+        user_analysis_memory: true,
+        full_session_memory: true,
+        ..MemoryConfig::default()
+    };
+    let memory = memory(store(), Some(model.clone()), config);
+    let mut ids = Vec::new();
+    for status in [RunStatus::Paused, RunStatus::Error, RunStatus::Cancelled] {
+        let run = agent_run(status, exchange("send the email", "waiting for approval"));
+        let saved = memory.save_session(&run, SessionType::Agent, Some("helper")).await.unwrap();
+        assert_eq!(saved.status, status);
+        ids.push(saved.id);
+    }
+    assert_eq!(model.calls(), 0, "no summary or profile work for incomplete runs");
+    assert!(memory.get_messages().await.unwrap().is_empty());
+    for id in &ids {
+        let resumable = memory.load_resumable_run(*id, Some("helper")).await.unwrap().unwrap();
+        let output: RunOutput = serde_json::from_value(resumable.output.unwrap()).unwrap();
+        assert_eq!(output.messages.unwrap().len(), 2, "the checkpoint holds the run's state");
+    }
+    assert!(memory.load_resumable_run(ids[0], Some("someone-else")).await.unwrap().is_none());
+    assert!(memory.load_resumable_run(TurnId::new(), None).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn load_run_returns_any_status_but_a_completed_run_is_not_resumable() {
+    let memory = memory(store(), None, MemoryConfig::default());
+    let saved = memory
+        .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+        .await
+        .unwrap();
+    assert_eq!(memory.load_run(saved.id, None).await.unwrap().unwrap().status, RunStatus::Completed);
+    assert!(memory.load_resumable_run(saved.id, None).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn user_analysis_builds_a_profile_from_the_model_and_injects_it_into_the_system_prompt() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::text("```json\n{\"name\": \"Ada\", \"language\": \"French\"}\n```"),
+        ScriptedResponse::text("{\"city\": \"Lyon\"}"),
+    ]));
+    let config =
+        MemoryConfig { user_analysis_memory: true, user_id: Some("ada".into()), ..MemoryConfig::default() };
+    let memory = memory(store(), Some(model), config);
+    memory
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("I'm Ada, I speak French", "Bonjour Ada")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap();
+    memory
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap();
+    let profile = memory.user_memory().unwrap().profile().await.unwrap().unwrap();
+    assert_eq!(profile, json!({"name": "Ada", "language": "French", "city": "Lyon"}), "update mode merges");
+    let prepared = memory.prepare_inputs_for_task(None, None).await.unwrap();
+    let injection = prepared.system_prompt_injection.unwrap();
+    assert!(
+        injection.starts_with("What you know about the user:") && injection.contains("Lyon"),
+        "{injection}"
+    );
+}
+
+#[tokio::test]
+async fn replace_mode_overwrites_the_profile() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::text("{\"name\": \"Ada\"}"),
+        ScriptedResponse::text("{\"city\": \"Lyon\"}"),
+    ]));
+    let config = MemoryConfig {
+        user_analysis_memory: true,
+        user_memory_mode: UserMemoryMode::Replace,
+        ..MemoryConfig::default()
+    };
+    let memory = memory(store(), Some(model), config);
+    for _ in 0..2 {
+        memory
+            .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(memory.user_memory().unwrap().profile().await.unwrap(), Some(json!({"city": "Lyon"})));
+}
+
+#[tokio::test]
+async fn a_profile_schema_keeps_only_its_fields_unless_the_profile_is_dynamic_and_wrong_types_are_refused() {
+    let schema =
+        json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}});
+    let answer = "{\"name\": \"Ada\", \"age\": 36, \"hobby\": \"chess\"}";
+    for (dynamic, expected) in [
+        (false, json!({"name": "Ada", "age": 36})),
+        (true, json!({"name": "Ada", "age": 36, "hobby": "chess"})),
+    ] {
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text(answer)]));
+        let config = MemoryConfig {
+            user_analysis_memory: true,
+            user_profile_schema: Some(schema.clone()),
+            dynamic_user_profile: dynamic,
+            ..MemoryConfig::default()
+        };
+        let memory = memory(store(), Some(model.clone()), config);
+        memory
+            .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+            .await
+            .unwrap();
+        assert!(
+            model.requests()[0].messages[0].text().contains("\"age\""),
+            "the schema is shown to the model"
+        );
+        assert_eq!(memory.user_memory().unwrap().profile().await.unwrap(), Some(expected));
+    }
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("{\"age\": \"old\"}")]));
+    let config = MemoryConfig {
+        user_analysis_memory: true,
+        user_profile_schema: Some(schema),
+        ..MemoryConfig::default()
+    };
+    let memory = memory(store(), Some(model), config);
+    let run = agent_run(RunStatus::Completed, exchange("q", "a"));
+    let error = memory.save_session(&run, SessionType::Agent, None).await.unwrap_err();
+    let MemoryError::MemoryUpdate { run_id, reason } = error else {
+        panic!("expected MemoryUpdate, got {error:?}")
+    };
+    assert!(reason.contains("\"age\""), "{reason}");
+    assert!(
+        memory.load_run(run_id, None).await.unwrap().is_some(),
+        "the run was saved before the analysis failed"
+    );
+    assert_eq!(memory.user_memory().unwrap().profile().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn tool_calls_and_results_reach_the_analysis_only_with_feed_tool_call_results() {
+    let messages = vec![
+        Message::user("what is 6*7"),
+        Message {
+            tool_calls: vec![ToolCall::function("c1", "calculator", "{\"e\":\"6*7\"}")],
+            ..Message::assistant("")
+        },
+        Message::tool("c1", "42"),
+        Message::assistant("It is 42."),
+    ];
+    for feed in [false, true] {
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("summary")]));
+        let config =
+            MemoryConfig { summary_memory: true, feed_tool_call_results: feed, ..MemoryConfig::default() };
+        let memory = memory(store(), Some(model.clone()), config);
+        memory
+            .save_session(&agent_run(RunStatus::Completed, messages.clone()), SessionType::Agent, None)
+            .await
+            .unwrap();
+        let prompt = model.requests()[0].messages[0].text();
+        assert_eq!(prompt.contains("tool: 42"), feed, "{prompt}");
+        assert_eq!(prompt.contains("calculator"), feed, "{prompt}");
+        assert!(prompt.contains("assistant: It is 42."));
+    }
+}
+
+#[tokio::test]
+async fn a_model_failure_is_reported_after_the_run_is_saved() {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::failing(ModelError::Http {
+        status: 500,
+        message: "down".into(),
+    })]));
+    let memory = memory(
+        store(),
+        Some(model),
+        MemoryConfig { summary_memory: true, full_session_memory: true, ..MemoryConfig::default() },
+    );
+    let error = memory
+        .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+        .await
+        .unwrap_err();
+    let MemoryError::MemoryUpdate { run_id, reason } = error else { panic!("expected MemoryUpdate") };
+    assert!(reason.contains("HTTP 500"));
+    assert!(memory.load_run(run_id, None).await.unwrap().is_some());
+    assert_eq!(memory.get_messages().await.unwrap().len(), 2, "history was kept before the analysis");
+}
+
+#[tokio::test]
+async fn one_memory_serves_agents_and_teams_and_routes_by_the_session_type_of_each_call() {
+    let store = store();
+    let memory =
+        memory(store.clone(), None, MemoryConfig { full_session_memory: true, ..MemoryConfig::default() });
+    let agent_session = memory.session_memory(SessionType::Agent);
+    assert_eq!(agent_session.session_type(), SessionType::Agent);
+    agent_session.save(&agent_run(RunStatus::Completed, exchange("q", "a")), None).await.unwrap();
+
+    let team_session_id = SessionId::new();
+    let mut team = TeamRunOutput::new(1_800_000_000);
+    team.session_id = Some(team_session_id.to_string());
+    team.team_id = Some("crew".into());
+    team.status = RunStatus::Completed;
+    team.messages = Some(exchange("team q", "team a"));
+    let team = MemberResponse::Team(Box::new(team));
+    memory.session_memory(SessionType::Team).save(&team, None).await.unwrap();
+
+    assert_eq!(store.get_session(memory.session_id()).await.unwrap().session_type, SessionType::Agent);
+    let team_record = store.get_session(team_session_id).await.unwrap();
+    assert_eq!((team_record.session_type, team_record.name.as_str()), (SessionType::Team, "crew"));
+    let error = memory.save_session(&team, SessionType::Workflow, None).await.unwrap_err();
+    assert!(
+        matches!(error, MemoryError::SessionTypeMismatch { expected: "workflow", found: "team", .. }),
+        "{error:?}"
+    );
+    let error = memory.prepare_inputs_for_task(Some(SessionType::Team), None).await.unwrap_err();
+    assert!(matches!(error, MemoryError::SessionTypeMismatch { .. }));
+    let prepared = agent_session.prepare(None).await.unwrap();
+    assert_eq!(prepared.message_history.len(), 2);
+}
+
+#[tokio::test]
+async fn sessions_can_be_found_listed_deleted_and_carry_metadata_into_the_prompt() {
+    let config = MemoryConfig { user_id: Some("u1".into()), ..MemoryConfig::default() };
+    let memory = memory(store(), None, config);
+    assert_eq!(memory.get_session(None).await.unwrap(), None);
+    assert_eq!(memory.get_metadata().await.unwrap(), None);
+    memory
+        .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+        .await
+        .unwrap();
+    let mut metadata = Map::new();
+    metadata.insert("plan".into(), json!("pro"));
+    memory.set_metadata(metadata.clone()).await.unwrap();
+    assert_eq!(memory.get_metadata().await.unwrap(), Some(metadata));
+    let mut agent = Map::new();
+    agent.insert("agent".into(), Value::from("helper"));
+    let prepared = memory.prepare_inputs_for_task(None, Some(&agent)).await.unwrap();
+    assert_eq!(
+        prepared.metadata_injection.as_deref(),
+        Some("Session metadata: {\"plan\":\"pro\"}\nAgent metadata: {\"agent\":\"helper\"}")
+    );
+    assert_eq!(memory.find_session(None).await.unwrap().map(|s| s.id), Some(memory.session_id()));
+    let listed = memory.list_sessions(None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(memory.list_sessions(Some("someone-else")).await.unwrap().is_empty());
+    assert!(memory.delete_session(None).await.unwrap());
+    assert!(!memory.delete_session(None).await.unwrap());
+    assert_eq!(memory.find_session(None).await.unwrap(), None);
+}

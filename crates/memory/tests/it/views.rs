@@ -1,0 +1,138 @@
+//! Session views (seed 000): `TeamSession` over stored runs.
+
+use std::sync::Arc;
+
+use agentry_memory::{InMemoryStore, LastRunsQuery, SessionUpdate, Store, StoreError, TeamSession};
+use agentry_types::agno::{MemberResponse, RunOutput, SessionSummary, TeamRunOutput};
+use agentry_types::{Message, Role, RunStatus, SessionRecord, SessionType, Subject, TurnId};
+use serde_json::json;
+
+async fn session(store: &Arc<dyn Store>) -> SessionRecord {
+    let mut session = SessionRecord::new(SessionType::Team, "crew", Subject::user("u"));
+    session.user_id = Some("u1".into());
+    session.state.insert("cart".into(), json!(["apple"]));
+    store.create_session(&session).await.unwrap();
+    session
+}
+
+fn team_run(status: RunStatus, messages: Vec<Message>) -> MemberResponse {
+    let mut run = TeamRunOutput::new(1_800_000_000);
+    run.run_id = Some(TurnId::new().to_string());
+    run.team_id = Some("crew".into());
+    run.status = status;
+    run.messages = Some(messages);
+    MemberResponse::Team(Box::new(run))
+}
+
+fn member_run(agent: &str, parent: &MemberResponse, messages: Vec<Message>) -> MemberResponse {
+    let MemberResponse::Team(parent) = parent else { unreachable!() };
+    let mut run = RunOutput::new(1_800_000_000);
+    run.run_id = Some(TurnId::new().to_string());
+    run.parent_run_id = parent.run_id.clone();
+    run.agent_id = Some(agent.into());
+    run.status = RunStatus::Completed;
+    run.messages = Some(messages);
+    MemberResponse::Agent(Box::new(run))
+}
+
+fn texts(messages: &[Message]) -> Vec<String> {
+    messages.iter().map(Message::text).collect()
+}
+
+#[tokio::test]
+async fn a_team_session_view_shows_the_stored_session() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let record = session(&store).await;
+    let view = TeamSession::load(store.clone(), record.id).await.unwrap();
+    assert_eq!(view.team_id.as_deref(), Some("crew"));
+    assert_eq!(view.user_id.as_deref(), Some("u1"));
+    assert_eq!(view.session_data.unwrap()["session_state"], json!({"cart": ["apple"]}));
+    assert_eq!(view.created_at, Some(record.created_at.unix_seconds()));
+    assert!(matches!(
+        TeamSession::load(store, agentry_types::SessionId::new()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn upsert_run_replaces_a_run_with_the_same_run_id_and_get_run_reads_it() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let view = TeamSession::load(store.clone(), session(&store).await.id).await.unwrap();
+    let mut run = team_run(RunStatus::Running, vec![Message::user("q")]);
+    view.upsert_run(&run).await.unwrap();
+    if let MemberResponse::Team(team) = &mut run {
+        team.status = RunStatus::Completed;
+        team.content = Some(json!("done"));
+    }
+    view.upsert_run(&run).await.unwrap();
+    let MemberResponse::Team(team) = &run else { unreachable!() };
+    let stored = view.get_run(team.run_id.as_deref().unwrap()).await.unwrap().unwrap();
+    assert_eq!(stored, run);
+    assert_eq!(view.runs(10).await.unwrap().len(), 1, "replaced, not added");
+    assert_eq!(view.get_run("not-an-id").await.unwrap(), None);
+    let mut no_id = TeamRunOutput::new(0);
+    no_id.status = RunStatus::Completed;
+    assert!(matches!(
+        view.upsert_run(&MemberResponse::Team(Box::new(no_id))).await,
+        Err(StoreError::InvalidInput(_))
+    ));
+}
+
+#[tokio::test]
+async fn messages_from_the_last_runs_honour_every_filter() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let view = TeamSession::load(store.clone(), session(&store).await.id).await.unwrap();
+    let mut replayed = Message::user("old");
+    replayed.from_history = true;
+    let first = team_run(RunStatus::Completed, vec![Message::system("sys"), replayed, Message::user("q1")]);
+    let failed = team_run(RunStatus::Error, vec![Message::user("q2")]);
+    let last = team_run(RunStatus::Completed, vec![Message::user("q3"), Message::assistant("a3")]);
+    for run in [&first, &failed, &last] {
+        view.upsert_run(run).await.unwrap();
+    }
+    view.upsert_run(&member_run("researcher", &last, vec![Message::assistant("found it")])).await.unwrap();
+    let get = |query: LastRunsQuery| {
+        let view = view.clone();
+        async move { texts(&view.get_messages_from_last_n_runs(&query).await.unwrap()) }
+    };
+    assert_eq!(get(LastRunsQuery::default()).await, ["sys", "old", "q1", "q2", "q3", "a3"]);
+    assert_eq!(get(LastRunsQuery { last_n: Some(2), ..Default::default() }).await, ["q2", "q3", "a3"]);
+    assert_eq!(
+        get(LastRunsQuery { skip_role: Some(Role::System), ..Default::default() }).await,
+        ["old", "q1", "q2", "q3", "a3"]
+    );
+    assert_eq!(
+        get(LastRunsQuery { skip_status: vec![RunStatus::Error], ..Default::default() }).await,
+        ["sys", "old", "q1", "q3", "a3"]
+    );
+    assert_eq!(
+        get(LastRunsQuery { skip_history_messages: true, ..Default::default() }).await,
+        ["sys", "q1", "q2", "q3", "a3"]
+    );
+    assert_eq!(
+        get(LastRunsQuery { agent_id: Some("researcher".into()), ..Default::default() }).await,
+        ["found it"]
+    );
+    assert!(get(LastRunsQuery { team_id: Some("other".into()), ..Default::default() }).await.is_empty());
+    assert_eq!(
+        get(LastRunsQuery { last_n: Some(1), skip_status: vec![RunStatus::Completed], ..Default::default() })
+            .await,
+        ["q2"],
+        "skipped runs do not count toward last_n"
+    );
+    assert_eq!(texts(&view.get_chat_history().await.unwrap()), ["sys", "q1", "q2", "q3", "a3"]);
+}
+
+#[tokio::test]
+async fn the_session_summary_is_read_from_the_store() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let record = session(&store).await;
+    let view = TeamSession::load(store.clone(), record.id).await.unwrap();
+    assert_eq!(view.get_session_summary().await.unwrap(), None);
+    let summary = SessionSummary { summary: "they planned a trip".into(), topics: None, updated_at: None };
+    store
+        .update_session(record.id, &SessionUpdate { summary: Some(summary.clone()), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(view.get_session_summary().await.unwrap(), Some(summary));
+}

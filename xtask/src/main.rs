@@ -135,7 +135,7 @@ fn test(root: &Path, quick: bool) -> Result<()> {
 }
 
 fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
-    let mut args = vec!["bench", "-p", "agentry-benches", "--bench", "events", "--"];
+    let mut args = vec!["bench", "-p", "agentry-benches", "--benches", "--"];
     if let Some(filter) = filter {
         args.push(filter);
     }

@@ -10,7 +10,8 @@
 //! Durability maps onto redb's: `strict` commits every write alone with
 //! `Durability::Immediate`; `batched` commits groups with `Immediate`; `relaxed` commits
 //! groups with `Durability::None` and makes them durable with an `Immediate` commit at
-//! least every [`RedbOptions::relaxed_sync_interval`].
+//! least every [`RedbOptions::relaxed_sync_interval`]. redb allows non-durable commits only
+//! on a file no other process shares, so a `relaxed` store opens its file exclusively.
 //!
 //! ```
 //! use agentry_memory::SessionStore;
@@ -173,12 +174,12 @@ impl fmt::Debug for RedbStore {
 
 /// Checks an existing file's schema version and marker through a read-only handle, which
 /// never changes the file. A file that needs crash recovery is checked after it is repaired.
-fn check_existing(path: &Path) -> StoreResult<()> {
+fn check_existing(path: &Path, mode: ConcurrencyMode) -> StoreResult<()> {
     let exists = std::fs::metadata(path).map(|metadata| metadata.len() > 0).unwrap_or(false);
     if !exists {
         return Ok(());
     }
-    match Database::builder().set_concurrency_mode(ConcurrencyMode::MultiWriter).open_read_only(path) {
+    match Database::builder().set_concurrency_mode(mode).open_read_only(path) {
         Ok(database) => check_version(&database.begin_read().map_err(redb_error)?),
         Err(redb::DatabaseError::RepairAborted) => Ok(()),
         Err(error) => Err(redb_error(error)),
@@ -242,9 +243,13 @@ impl RedbStore {
                 parent.display()
             )));
         }
-        check_existing(&path)?;
+        let mode = match options.durability {
+            Durability::Relaxed => ConcurrencyMode::ExclusiveWriter,
+            Durability::Strict | Durability::Batched => ConcurrencyMode::MultiWriter,
+        };
+        check_existing(&path, mode)?;
         let database = Database::builder()
-            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .set_concurrency_mode(mode)
             .set_cache_size(options.cache_bytes)
             .create(&path)
             .map_err(|error| match redb_error(error) {

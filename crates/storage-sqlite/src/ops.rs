@@ -24,6 +24,14 @@ use crate::error::sqlite;
 const SESSIONS: &str = "sessions";
 const RUNS: &str = "runs";
 
+fn session_exists(connection: &Connection, id: &str) -> StoreResult<bool> {
+    connection
+        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+        .map_err(sqlite)?
+        .exists([id])
+        .map_err(sqlite)
+}
+
 fn session_row(connection: &Connection, id: &str) -> StoreResult<Option<SessionRecord>> {
     let body: Option<Vec<u8>> = connection
         .prepare_cached("SELECT body FROM sessions WHERE id = ?1")
@@ -206,7 +214,7 @@ impl RunStore for SqliteStore {
         let (id, session) = (run.id, run.session_id);
         self.write(move |connection| {
             let session_key = session.to_string();
-            if session_row(connection, &session_key)?.is_none() {
+            if !session_exists(connection, &session_key)? {
                 return Err(StoreError::not_found("session", session));
             }
             check_fence(connection, session, fence)?;
@@ -257,7 +265,7 @@ impl RunStore for SqliteStore {
         let query = query.clone();
         self.read(move |connection| {
             let key = session.to_string();
-            if session_row(connection, &key)?.is_none() {
+            if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
             let sql = match query.order {
@@ -478,7 +486,7 @@ impl MessageStore for SqliteStore {
         let query = query.clone();
         self.read(move |connection| {
             let key = session.to_string();
-            if session_row(connection, &key)?.is_none() {
+            if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
             let mut runs_statement = connection
@@ -846,7 +854,7 @@ impl LeaseStore for SqliteStore {
         let owner = owner.to_owned();
         self.write(move |connection| {
             let key = session.to_string();
-            if session_row(connection, &key)?.is_none() {
+            if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
             let last: i64 = connection

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bad_input;
+mod durability;
 mod memory_facade;
 
 use std::sync::Arc;

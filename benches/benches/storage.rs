@@ -1,0 +1,228 @@
+//! Storage benchmarks, per backend (in-memory as the baseline, SQLite, redb):
+//! - `append_run`: the cost of appending a run to a session holding about 10 or 10,000 runs
+//!   (flat cost as sessions grow);
+//! - `event_appends_50_writers`: durable event appends from 50 concurrent writers, one event
+//!   per call, in each durability mode;
+//! - `replay_1000_events`: reading one turn's 1,000 stored events;
+//! - `history_window_20`: loading a 20-message history window from a session with 10,000 runs.
+//!
+//! Stores live under `target/bench-stores` on the real disk, so syncs cost what they cost.
+
+// A benchmark whose workload fails should stop loudly.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentry_benches::{event_for, open_store};
+use agentry_memory::{Durability, HistoryQuery, InMemoryStore, Order, Store};
+use agentry_types::{Message, RunRecord, SessionId, SessionRecord, SessionType, Subject, TurnInputItem};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tokio::runtime::Runtime;
+
+const BACKENDS: [&str; 3] = ["memory", "sqlite", "redb"];
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+struct Fresh {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn fresh(backend: &str, durability: Durability) -> Fresh {
+    if backend == "memory" {
+        return Fresh { store: Arc::new(InMemoryStore::new()), _dir: None };
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
+    std::fs::create_dir_all(&root).unwrap();
+    let dir = tempfile::tempdir_in(root).unwrap();
+    let store = open_store(backend, &dir.path().join(format!("bench.{backend}")), durability).unwrap();
+    Fresh { store, _dir: Some(dir) }
+}
+
+async fn session(store: &dyn Store) -> SessionId {
+    let session = SessionRecord::new(SessionType::Agent, "bench", Subject::user("bench"));
+    store.create_session(&session).await.unwrap();
+    session.id
+}
+
+fn run(session: SessionId) -> RunRecord {
+    RunRecord::new(session, vec![TurnInputItem::message("What is 6 * 7?")], Subject::user("bench"))
+}
+
+async fn fill(store: &Arc<dyn Store>, session: SessionId, runs: usize, messages: bool) {
+    // Concurrent writers so the group commit fills large transactions.
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in (worker..runs).step_by(8) {
+                let record = run(session);
+                store.put_run(&record, None).await.unwrap();
+                if messages {
+                    store
+                        .append_messages(record.id, &[Message::user("q"), Message::assistant("a")], None)
+                        .await
+                        .unwrap();
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+fn append_run(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("append_run");
+    group.sample_size(30).measurement_time(Duration::from_secs(4));
+    for backend in BACKENDS {
+        for k in [10usize, 10_000] {
+            let fresh = fresh(backend, Durability::Relaxed);
+            let store = fresh.store.clone();
+            // Many sessions of k runs for k = 10 (so appends keep k near 10), one for 10,000.
+            let sessions: Vec<SessionId> = runtime.block_on(async {
+                let count = if k == 10 { 400 } else { 1 };
+                let mut ids = Vec::new();
+                for _ in 0..count {
+                    let id = session(&*store).await;
+                    fill(&store, id, k, false).await;
+                    ids.push(id);
+                }
+                ids
+            });
+            let mut next = 0usize;
+            group.bench_with_input(BenchmarkId::new(backend, format!("k={k}")), &k, |b, _| {
+                b.to_async(&runtime).iter(|| {
+                    next += 1;
+                    let session = sessions[next % sessions.len()];
+                    let store = store.clone();
+                    async move { store.put_run(&run(session), None).await.unwrap() }
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+fn event_appends(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("event_appends_50_writers");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for backend in BACKENDS {
+        for durability in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+            if backend == "memory" && durability != Durability::Batched {
+                continue;
+            }
+            let per_writer: u64 = match durability {
+                Durability::Strict => 4,
+                Durability::Batched => 40,
+                Durability::Relaxed => 200,
+            };
+            let fresh = fresh(backend, durability);
+            let store = fresh.store.clone();
+            group.throughput(Throughput::Elements(50 * per_writer));
+            group.bench_function(BenchmarkId::new(backend, durability.as_str()), |b| {
+                b.to_async(&runtime).iter_custom(|iters| {
+                    let store = store.clone();
+                    async move {
+                        let session = session(&*store).await;
+                        let mut runs = Vec::new();
+                        for _ in 0..50 {
+                            let record = run(session);
+                            store.put_run(&record, None).await.unwrap();
+                            runs.push(record);
+                        }
+                        let mut next_seq = 0u64;
+                        let started = Instant::now();
+                        for _ in 0..iters {
+                            let mut tasks = Vec::new();
+                            for record in runs.clone() {
+                                let store = store.clone();
+                                let first = next_seq;
+                                tasks.push(tokio::spawn(async move {
+                                    for seq in first + 1..=first + per_writer {
+                                        store
+                                            .append_events(record.id, &[event_for(&record, seq)], None)
+                                            .await
+                                            .unwrap();
+                                    }
+                                }));
+                            }
+                            for task in tasks {
+                                task.await.unwrap();
+                            }
+                            next_seq += per_writer;
+                        }
+                        started.elapsed()
+                    }
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+fn replay(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("replay_1000_events");
+    group.throughput(Throughput::Elements(1000));
+    for backend in BACKENDS {
+        let fresh = fresh(backend, Durability::Relaxed);
+        let store = fresh.store.clone();
+        let turn = runtime.block_on(async {
+            let session = session(&*store).await;
+            let record = run(session);
+            store.put_run(&record, None).await.unwrap();
+            for chunk in (1..=1000u64).collect::<Vec<_>>().chunks(100) {
+                let events: Vec<_> = chunk.iter().map(|seq| event_for(&record, *seq)).collect();
+                store.append_events(record.id, &events, None).await.unwrap();
+            }
+            record.id
+        });
+        group.bench_function(backend, |b| {
+            b.to_async(&runtime).iter(|| {
+                let store = store.clone();
+                async move {
+                    let events = store.turn_events(turn, Order::Asc, None, 1000).await.unwrap();
+                    assert_eq!(events.len(), 1000);
+                    events
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+fn history_window(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("history_window_20");
+    for backend in BACKENDS {
+        let fresh = fresh(backend, Durability::Relaxed);
+        let store = fresh.store.clone();
+        let session = runtime.block_on(async {
+            let id = session(&*store).await;
+            fill(&store, id, 10_000, true).await;
+            id
+        });
+        group.bench_function(backend, |b| {
+            b.to_async(&runtime).iter(|| {
+                let store = store.clone();
+                async move {
+                    let query = HistoryQuery { last_messages: Some(20), ..HistoryQuery::default() };
+                    let window = store.history(session, &query).await.unwrap();
+                    assert_eq!(window.len(), 20);
+                    window
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append_run, event_appends, replay, history_window);
+criterion_main!(benches);

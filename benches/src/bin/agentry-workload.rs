@@ -4,8 +4,9 @@
 //! store and writes forever from several concurrent tasks (sessions, runs, events,
 //! messages, high-water marks, and continuations of turns found in the store), printing one
 //! line per acknowledged write: `session <id>`, `run <id>`, `event <turn> <seq>`,
-//! `message <run> <count>`, `mark <turn> <value>`. The crash tests kill it with SIGKILL at
-//! random moments and check that every acknowledged write survived.
+//! `message <run> <count>`, `mark <turn> <value>`; before each event batch it prints
+//! `try <event id>...`. The crash tests kill it with SIGKILL at random moments and check
+//! that every acknowledged write survived and that every batch is stored whole or not at all.
 
 // A workload driver reports on standard output.
 #![allow(clippy::print_stdout)]
@@ -47,6 +48,8 @@ async fn turn_writer(store: Arc<dyn Store>, acks: Acks, worker: u64) -> Result<(
                         event_for(&run, seq)
                     })
                     .collect();
+                let ids: Vec<String> = batch.iter().map(|event| event.event_id.to_string()).collect();
+                ack(&acks, &format!("try {}", ids.join(" ")));
                 store.append_events(run.id, &batch, None).await?;
                 for event in &batch {
                     ack(&acks, &format!("event {} {}", run.id, event.seq));

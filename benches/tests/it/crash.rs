@@ -22,6 +22,9 @@ struct Acked {
     events: Vec<(TurnId, u64)>,
     marks: Vec<(TurnId, u64)>,
     messages: Vec<(TurnId, usize)>,
+    /// Event ids of batches announced before they were sent: each batch must be stored
+    /// whole or not at all.
+    batches: Vec<Vec<EventId>>,
 }
 
 impl Acked {
@@ -34,6 +37,7 @@ impl Acked {
             ["mark", turn, value] => self.marks.push((turn.parse().unwrap(), value.parse().unwrap())),
             ["message", run, count] => self.messages.push((run.parse().unwrap(), count.parse().unwrap())),
             ["ready"] => {}
+            ["try", ids @ ..] => self.batches.push(ids.iter().map(|id| id.parse().unwrap()).collect()),
             other => panic!("unexpected acknowledgment line {other:?}"),
         }
     }
@@ -119,6 +123,7 @@ fn crash_test(backend: &str) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut acked = Acked::default();
     let mut positions: HashMap<(TurnId, u64), (u64, EventId)> = HashMap::new();
+    let mut owners: HashMap<u64, (TurnId, u64, EventId)> = HashMap::new();
     for kill in 0..kills {
         let durability = if kill % 2 == 0 { "strict" } else { "batched" };
         let wait = Duration::from_millis(10 + random.next(140));
@@ -197,6 +202,23 @@ fn crash_test(backend: &str) {
                 if let Some(previous) = positions.insert(key, value) {
                     assert_eq!(previous, value, "kill {kill}: event {key:?} changed position or identity");
                 }
+                let owner = (stored.event.turn_id, stored.event.seq, stored.event.event_id);
+                if let Some(previous) = owners.insert(stored.position, owner) {
+                    assert_eq!(
+                        previous, owner,
+                        "kill {kill}: position {} was given to another event",
+                        stored.position
+                    );
+                }
+            }
+            let stored: std::collections::HashSet<EventId> =
+                feed.iter().map(|stored| stored.event.event_id).collect();
+            for batch in &acked.batches {
+                let present = batch.iter().filter(|id| stored.contains(id)).count();
+                assert!(
+                    present == 0 || present == batch.len(),
+                    "kill {kill}: batch {batch:?} was stored in part"
+                );
             }
         });
     }

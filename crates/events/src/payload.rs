@@ -86,9 +86,12 @@ pub struct McpServerSession {
     pub transport: Option<McpTransport>,
 }
 
-/// A canonical event payload. The `type` tag is the canonical event name.
+/// A canonical event payload: `{"type": <canonical event name>, "data": {<fields>}}`.
+///
+/// The tag comes first and the fields sit apart from it, so reading a stored event never
+/// buffers its payload (replaying a turn decodes every event).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type")]
+#[serde(tag = "type", content = "data")]
 #[non_exhaustive]
 pub enum EventPayload {
     // ----- Turn lifecycle (turn-level: no thread) -----

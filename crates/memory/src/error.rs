@@ -15,7 +15,9 @@ pub enum Conflict {
         id: String,
     },
     /// An event's `seq` is not greater than the last stored for its turn.
-    #[error("event seq {seq} of turn {turn_id} is not greater than the last stored seq {last}")]
+    #[error(
+        "event seq {seq} of turn {turn_id} is not greater than {last}, the turn's last stored seq or the batch's previous one"
+    )]
     StaleSeq {
         /// The turn.
         turn_id: TurnId,

@@ -90,7 +90,6 @@ impl InMemoryStore {
 }
 
 const SESSIONS: &str = "sessions";
-const RUNS: &str = "runs";
 
 #[async_trait]
 impl SessionStore for InMemoryStore {
@@ -210,7 +209,8 @@ impl RunStore for InMemoryStore {
         page: &PageRequest,
     ) -> StoreResult<Page<RunRecord>> {
         let limit = page.effective_limit();
-        let after: Option<u64> = crate::page::decode_key(RUNS, page)?;
+        let kind = crate::page::runs_kind(session, query.order);
+        let after: Option<u64> = crate::page::decode_key(&kind, page)?;
         let state = self.state();
         if !state.sessions.contains_key(&session) {
             return Err(StoreError::not_found("session", session));
@@ -219,7 +219,7 @@ impl RunStore for InMemoryStore {
         let runs = state.session_runs.get(&session).unwrap_or(&empty);
         let ordered: Box<dyn Iterator<Item = (&u64, &TurnId)>> = match (query.order, after) {
             (Order::Asc, None) => Box::new(runs.iter()),
-            (Order::Asc, Some(after)) => Box::new(runs.range(after + 1..)),
+            (Order::Asc, Some(after)) => Box::new(runs.range(after.saturating_add(1)..)),
             (Order::Desc, None) => Box::new(runs.iter().rev()),
             (Order::Desc, Some(after)) => Box::new(runs.range(..after).rev()),
         };
@@ -229,7 +229,7 @@ impl RunStore for InMemoryStore {
             .take(limit + 1)
             .map(|(order, row)| (order, row.record.clone()))
             .collect();
-        let page = Page::from_lookahead(items, limit, RUNS, |(order, _)| order.to_string());
+        let page = Page::from_lookahead(items, limit, &kind, |(order, _)| order.to_string());
         Ok(Page { items: page.items.into_iter().map(|(_, run)| run).collect(), next_token: page.next_token })
     }
 }
@@ -243,7 +243,7 @@ impl EventStore for InMemoryStore {
         fence: Option<Fence>,
     ) -> StoreResult<Vec<u64>> {
         for event in events {
-            rules::encode("event", event)?;
+            rules::encode_event(event)?;
         }
         let mut state = self.state();
         let row = state.run(turn)?;
@@ -324,6 +324,7 @@ impl EventStore for InMemoryStore {
     }
 
     async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        rules::check_seq(seq)?;
         let mut state = self.state();
         let session = state.run(turn)?.record.session_id;
         state.fence(session, fence)?;
@@ -506,6 +507,7 @@ impl BudgetStore for InMemoryStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        rules::check_amount(&reservation.amount)?;
         let mut state = self.state();
         if state.reservations.contains_key(&reservation.id) {
             return Err(
@@ -524,6 +526,7 @@ impl BudgetStore for InMemoryStore {
     }
 
     async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        rules::check_amount(actual)?;
         let mut state = self.state();
         let reservation = state
             .reservations

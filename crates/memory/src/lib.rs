@@ -39,7 +39,7 @@ pub use facade::{
     UserMemoryMode,
 };
 pub use in_memory::InMemoryStore;
-pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token};
+pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token, runs_kind};
 pub use store::{
     BudgetStore, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore,
     MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,

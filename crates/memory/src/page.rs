@@ -94,6 +94,17 @@ pub fn decode_token(kind: &str, token: &str) -> StoreResult<String> {
     }
 }
 
+/// The listing kind of a session's runs in an order: a token of one session's listing (or
+/// of the other order) is refused by another.
+#[must_use]
+pub fn runs_kind(session: agentry_types::SessionId, order: Order) -> String {
+    let order = match order {
+        Order::Asc => "asc",
+        Order::Desc => "desc",
+    };
+    format!("runs:{session}:{order}")
+}
+
 /// Decodes a request's token into a parsed key.
 pub fn decode_key<K: std::str::FromStr>(kind: &str, request: &PageRequest) -> StoreResult<Option<K>> {
     let Some(token) = &request.token else { return Ok(None) };

@@ -31,6 +31,126 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreRes
         .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
 }
 
+/// The first byte of a stored event: the format of what follows.
+const EVENT_FORMAT: u8 = 1;
+
+/// Encodes a durable event for storage: a fixed binary header (format, ids, seq, time,
+/// version, thread, team context) followed by the payload's JSON. Replaying a turn decodes
+/// every event, and the header decodes without parsing text. Events larger than
+/// [`MAX_RECORD_BYTES`] are refused.
+pub fn encode_event(event: &EventEnvelope) -> StoreResult<Vec<u8>> {
+    let payload = serde_json::to_vec(&event.payload)
+        .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
+    let team = match &event.team {
+        Some(team) => serde_json::to_vec(team)
+            .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?,
+        None => Vec::new(),
+    };
+    let thread = event.thread_id.as_ref().map(agentry_types::ThreadId::as_str).unwrap_or_default();
+    let thread_len = u16::try_from(thread.len())
+        .map_err(|_| StoreError::InvalidInput("a thread id is longer than 65535 bytes".to_owned()))?;
+    let mut bytes = Vec::with_capacity(80 + thread.len() + team.len() + payload.len());
+    bytes.push(EVENT_FORMAT);
+    bytes.extend_from_slice(event.event_id.as_uuid().as_bytes());
+    bytes.extend_from_slice(event.session_id.as_uuid().as_bytes());
+    bytes.extend_from_slice(event.turn_id.as_uuid().as_bytes());
+    bytes.extend_from_slice(&event.seq.to_le_bytes());
+    bytes.extend_from_slice(&event.created_at.unix_micros().to_le_bytes());
+    bytes.extend_from_slice(&event.schema_version.to_le_bytes());
+    bytes.push(u8::from(event.thread_id.is_some()));
+    bytes.extend_from_slice(&thread_len.to_le_bytes());
+    bytes.extend_from_slice(thread.as_bytes());
+    bytes.extend_from_slice(&u32::try_from(team.len()).unwrap_or(u32::MAX).to_le_bytes());
+    bytes.extend_from_slice(&team);
+    bytes.extend_from_slice(&payload);
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge { what: "event", size: bytes.len(), limit: MAX_RECORD_BYTES });
+    }
+    Ok(bytes)
+}
+
+/// Decodes a stored event written by [`encode_event`]; anything else means corruption.
+pub fn decode_event(bytes: &[u8]) -> StoreResult<EventEnvelope> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("a stored event is damaged: {what}"));
+    let mut reader = Reader { bytes, at: 0 };
+    if reader.take(1).ok_or_else(|| corrupt("empty"))?[0] != EVENT_FORMAT {
+        return Err(corrupt("unknown format"));
+    }
+    let uuid = |reader: &mut Reader<'_>| {
+        reader.array::<16>().map(uuid::Uuid::from_bytes).ok_or_else(|| corrupt("truncated header"))
+    };
+    let event_id = agentry_types::EventId::from_uuid(uuid(&mut reader)?);
+    let session_id = SessionId::from_uuid(uuid(&mut reader)?);
+    let turn_id = TurnId::from_uuid(uuid(&mut reader)?);
+    let seq = u64::from_le_bytes(reader.array().ok_or_else(|| corrupt("truncated header"))?);
+    let created_at = Timestamp::from_unix_micros(i64::from_le_bytes(
+        reader.array().ok_or_else(|| corrupt("truncated header"))?,
+    ));
+    let schema_version = u32::from_le_bytes(reader.array().ok_or_else(|| corrupt("truncated header"))?);
+    let has_thread = reader.take(1).ok_or_else(|| corrupt("truncated header"))?[0] == 1;
+    let thread_len = u16::from_le_bytes(reader.array().ok_or_else(|| corrupt("truncated header"))?);
+    let thread = reader.take(usize::from(thread_len)).ok_or_else(|| corrupt("truncated thread"))?;
+    let thread_id = if has_thread {
+        let text = std::str::from_utf8(thread).map_err(|_| corrupt("thread id is not UTF-8"))?;
+        Some(agentry_types::ThreadId::parse(text).map_err(|_| corrupt("empty thread id"))?)
+    } else {
+        None
+    };
+    let team_len = u32::from_le_bytes(reader.array().ok_or_else(|| corrupt("truncated header"))?);
+    let team = reader
+        .take(usize::try_from(team_len).unwrap_or(usize::MAX))
+        .ok_or_else(|| corrupt("truncated team"))?;
+    let team = if team.is_empty() { None } else { Some(decode("event team context", team)?) };
+    let payload = decode("event payload", reader.rest())?;
+    Ok(EventEnvelope {
+        event_id,
+        seq,
+        session_id,
+        turn_id,
+        thread_id,
+        team,
+        created_at,
+        schema_version,
+        payload,
+    })
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(count)?;
+        let slice = self.bytes.get(self.at..end)?;
+        self.at = end;
+        Some(slice)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    fn rest(&self) -> &'a [u8] {
+        self.bytes.get(self.at..).unwrap_or_default()
+    }
+}
+
+/// The largest `seq` (and high-water mark) a store keeps: every backend stores them as
+/// signed 64-bit integers somewhere.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// Refuses a `seq` or mark above [`MAX_SEQ`].
+pub fn check_seq(seq: u64) -> StoreResult<()> {
+    if seq > MAX_SEQ {
+        return Err(StoreError::InvalidInput(format!(
+            "seq {seq} is above the largest storable seq {MAX_SEQ}"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a batch of events for turn `turn` of session `session` against the turn's last
 /// stored `seq`.
 pub fn check_event_batch(
@@ -60,6 +180,7 @@ pub fn check_event_batch(
                 event.kind()
             )));
         }
+        check_seq(event.seq)?;
         if event.seq <= previous {
             return Err(Conflict::StaleSeq { turn_id: turn, seq: event.seq, last: previous }.into());
         }
@@ -152,6 +273,18 @@ pub fn add_usage(a: &BudgetUsage, b: &BudgetUsage) -> BudgetUsage {
             (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
         },
     }
+}
+
+/// Refuses an amount that is not a real, non-negative quantity (a NaN or negative cost
+/// would otherwise slip past every limit).
+pub fn check_amount(amount: &BudgetUsage) -> StoreResult<()> {
+    if !amount.cost_used_usd.is_finite() || amount.cost_used_usd < 0.0 {
+        return Err(StoreError::InvalidInput(format!(
+            "a budget cost must be a finite, non-negative number, not {}",
+            amount.cost_used_usd
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that `amount` fits a scope's limit on top of what is used and reserved.

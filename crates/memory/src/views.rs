@@ -56,9 +56,16 @@ pub struct TeamSession {
 }
 
 impl TeamSession {
-    /// Loads a session's view. `NotFound` when it does not exist.
+    /// Loads a session's view. `NotFound` when it does not exist; `InvalidInput` when it is
+    /// not a team session.
     pub async fn load(store: Arc<dyn Store>, session_id: SessionId) -> StoreResult<Self> {
         let session = store.get_session(session_id).await?;
+        if session.session_type != agentry_types::SessionType::Team {
+            return Err(StoreError::InvalidInput(format!(
+                "session {session_id} is a {} session, not a team session",
+                session.session_type.as_str()
+            )));
+        }
         let mut team_data = Map::new();
         team_data.insert("name".to_owned(), json!(session.name));
         team_data.insert("team_id".to_owned(), json!(session.name));
@@ -110,6 +117,8 @@ impl TeamSession {
             Err(error) => return Err(error),
         };
         record.id = run_id;
+        // A run_id of another session is refused by the store rather than moved.
+        record.session_id = self.session_id;
         record.parent_run_id = parent;
         record.agent_id = agent.map(str::to_owned);
         record.team_id = team.map(str::to_owned);

@@ -32,8 +32,8 @@ mod tables;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -144,14 +144,16 @@ struct Inner {
     path: PathBuf,
     options: RedbOptions,
     database: Arc<Database>,
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(thread) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        // Closing the channel ends the writer loop after the jobs already queued; waiting
+        // for it means the file is closed when the store is dropped.
+        self.writer.take();
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
@@ -268,13 +270,7 @@ impl RedbStore {
             .spawn(move || write_loop(&writer_database, &receiver, &writer_options))
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                path,
-                options,
-                database,
-                writer: Mutex::new(Some(sender)),
-                thread: Mutex::new(Some(thread)),
-            }),
+            inner: Arc::new(Inner { path, options, database, writer: Some(sender), thread: Some(thread) }),
         })
     }
 
@@ -298,8 +294,7 @@ impl RedbStore {
     ) -> StoreResult<R> {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
-        let sender = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        sender.ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
+        self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
         receive.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -369,7 +364,12 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
         let mut poisoned: Option<StoreError> = None;
         let mut jobs_left = batch.into_iter();
         for job in jobs_left.by_ref() {
-            let (outcome, finish) = job.run(&transaction);
+            let Ok((outcome, finish)) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&transaction)))
+            else {
+                poisoned = Some(StoreError::Io("a write panicked; its transaction was abandoned".to_owned()));
+                break;
+            };
             match outcome {
                 Outcome::Done => finishes.push(finish),
                 Outcome::Refused => finish(Ok(())),

@@ -38,7 +38,6 @@ mod uuid_bits {
 }
 
 const SESSIONS_KIND: &str = "sessions";
-const RUNS_KIND: &str = "runs";
 
 /// Creates every table, so that reads of a new store find them.
 pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
@@ -209,13 +208,23 @@ impl SessionStore for RedbStore {
                     .map_err(redb_error)?
                     .retain_in((run, 0)..=(run, u32::MAX), |_, _| false)
                     .map_err(redb_error)?;
+                let calls: Vec<String> = {
+                    let orders = transaction.open_table(JOURNAL_ORDER).map_err(redb_error)?;
+                    let range = orders.range((run, 0)..=(run, u64::MAX)).map_err(redb_error)?;
+                    range
+                        .map(|entry| entry.map(|(_, call)| call.value().to_owned()).map_err(redb_error))
+                        .collect::<StoreResult<_>>()?
+                };
+                let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+                for call in &calls {
+                    journal.remove((run, call.as_str())).map_err(redb_error)?;
+                }
+                drop(journal);
                 transaction
                     .open_table(JOURNAL_ORDER)
                     .map_err(redb_error)?
                     .retain_in((run, 0)..=(run, u64::MAX), |_, _| false)
                     .map_err(redb_error)?;
-                let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
-                journal.retain(|(turn, _), _| turn != run).map_err(redb_error)?;
             }
             Ok(())
         })
@@ -319,7 +328,8 @@ impl RunStore for RedbStore {
         page: &PageRequest,
     ) -> StoreResult<Page<RunRecord>> {
         let limit = page.effective_limit();
-        let after: Option<u64> = decode_key(RUNS_KIND, page)?;
+        let kind = agentry_memory::runs_kind(session, query.order);
+        let after: Option<u64> = decode_key(&kind, page)?;
         let query = query.clone();
         self.read(move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
@@ -351,7 +361,7 @@ impl RunStore for RedbStore {
                     }
                 }
             }
-            let page = Page::from_lookahead(items, limit, RUNS_KIND, |(order, _)| order.to_string());
+            let page = Page::from_lookahead(items, limit, &kind, |(order, _)| order.to_string());
             Ok(Page {
                 items: page.items.into_iter().map(|(_, run)| run).collect(),
                 next_token: page.next_token,
@@ -371,7 +381,7 @@ impl EventStore for RedbStore {
     ) -> StoreResult<Vec<u64>> {
         let mut bodies = Vec::with_capacity(events.len());
         for event in events {
-            bodies.push(rules::encode("event", event)?);
+            bodies.push(rules::encode_event(event)?);
         }
         let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
         let events = events.to_vec();
@@ -454,7 +464,7 @@ impl EventStore for RedbStore {
                         let (position, body) = entry.map_err(redb_error)?;
                         events.push(StoredEvent {
                             position: position.value(),
-                            event: rules::decode("event", body.value())?,
+                            event: rules::decode_event(body.value())?,
                         });
                     }
                 }
@@ -483,6 +493,7 @@ impl EventStore for RedbStore {
     }
 
     async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        rules::check_seq(seq)?;
         self.write(move |transaction| {
             let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
             let meta = run_meta(&metas, turn)?;
@@ -511,7 +522,7 @@ fn load_event(table: &impl ReadableTable<u64, &'static [u8]>, position: u64) -> 
         .get(position)
         .map_err(redb_error)?
         .ok_or_else(|| StoreError::Corrupt(format!("event position {position} is indexed but missing")))?;
-    Ok(StoredEvent { position, event: rules::decode("event", body.value())? })
+    Ok(StoredEvent { position, event: rules::decode_event(body.value())? })
 }
 
 #[async_trait]
@@ -828,6 +839,7 @@ impl BudgetStore for RedbStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        rules::check_amount(&reservation.amount)?;
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |transaction| {
@@ -875,6 +887,7 @@ impl BudgetStore for RedbStore {
     }
 
     async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        rules::check_amount(actual)?;
         let (id, actual) = (reservation_id.to_owned(), *actual);
         self.write(move |transaction| {
             let scopes = {

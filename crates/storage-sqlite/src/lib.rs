@@ -108,16 +108,17 @@ where
 struct Inner {
     path: PathBuf,
     options: SqliteOptions,
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channel ends the writer loop after the jobs already queued.
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(thread) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        // Closing the channel ends the writer loop after the jobs already queued; waiting
+        // for it means the file is closed when the store is dropped.
+        self.writer.take();
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
@@ -146,17 +147,16 @@ fn configure(connection: &Connection, options: &SqliteOptions) -> StoreResult<()
 
 /// Refuses a main file shorter than its header says, unless a WAL may hold the rest.
 fn check_not_truncated(path: &Path) -> StoreResult<()> {
-    let Ok(bytes) = std::fs::read(path).map(|bytes| bytes.get(..100).map(<[u8]>::to_vec)) else {
+    use std::io::Read as _;
+    let Ok(mut file) = std::fs::File::open(path) else { return Ok(()) };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len == 0 {
         return Ok(());
-    };
-    let Some(header) = bytes else {
-        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        return if len == 0 {
-            Ok(())
-        } else {
-            Err(StoreError::Corrupt(format!("{} is too short to be a database", path.display())))
-        };
-    };
+    }
+    let mut header = [0u8; 100];
+    if file.read_exact(&mut header).is_err() {
+        return Err(StoreError::Corrupt(format!("{} is too short to be a database", path.display())));
+    }
     if &header[..16] != b"SQLite format 3\0" {
         return Err(StoreError::Corrupt(format!("{} is not an SQLite database", path.display())));
     }
@@ -165,7 +165,6 @@ fn check_not_truncated(path: &Path) -> StoreResult<()> {
         size => u64::from(size),
     };
     let pages = u64::from(u32::from_be_bytes([header[28], header[29], header[30], header[31]]));
-    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let wal = PathBuf::from(format!("{}-wal", path.display()));
     if pages > 0 && len < pages * page_size && !wal.exists() {
         return Err(StoreError::Corrupt(format!(
@@ -218,14 +217,14 @@ impl SqliteStore {
         };
         let thread = std::thread::Builder::new()
             .name("agentry-sqlite-writer".to_owned())
-            .spawn(move || write_loop(writer, &receiver, batch))
+            .spawn(move || write_loop(&writer, &receiver, batch))
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
                 options,
-                writer: Mutex::new(Some(sender)),
-                thread: Mutex::new(Some(thread)),
+                writer: Some(sender),
+                thread: Some(thread),
                 readers: Mutex::new(Vec::new()),
             }),
         })
@@ -250,8 +249,7 @@ impl SqliteStore {
     ) -> StoreResult<R> {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
-        let sender = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        sender.ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
+        self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
         receive.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -284,9 +282,14 @@ impl SqliteStore {
     }
 }
 
-/// The writer thread: takes the jobs waiting, runs each in a savepoint of one transaction,
-/// commits, then reports to every job.
-fn write_loop(mut connection: Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize) {
+/// Runs one cached statement that takes no parameters.
+fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
+    connection.prepare_cached(sql).map_err(sqlite)?.execute([]).map(drop).map_err(sqlite)
+}
+
+/// The writer thread: takes the jobs waiting, runs each in a savepoint of one immediate
+/// transaction, commits, then reports to every job.
+fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -295,38 +298,72 @@ fn write_loop(mut connection: Connection, jobs: &mpsc::Receiver<Job>, max_batch:
                 Err(_) => break,
             }
         }
-        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
-        let mut transaction = match connection.transaction() {
-            Ok(transaction) => transaction,
-            Err(error) => {
-                let error = sqlite(error);
-                for job in batch {
-                    job.fail(error.clone());
-                }
-                continue;
+        // IMMEDIATE takes the write lock up front, so another process sharing the file
+        // makes this wait (busy timeout) instead of failing a read-then-write.
+        if let Err(error) = run(connection, "BEGIN IMMEDIATE") {
+            for job in batch {
+                job.fail(error.clone());
             }
-        };
-        for job in batch {
-            let savepoint = match transaction.savepoint() {
-                Ok(savepoint) => savepoint,
-                Err(error) => {
-                    job.fail(sqlite(error));
-                    continue;
-                }
-            };
-            let (ok, finish) = job.run(&savepoint);
-            if ok {
-                match savepoint.commit() {
-                    Ok(()) => finishes.push(finish),
-                    Err(error) => finish(Err(sqlite(error))),
-                }
+            continue;
+        }
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        let mut jobs_left = batch.into_iter();
+        let mut aborted: Option<StoreError> = None;
+        for job in jobs_left.by_ref() {
+            if let Err(error) = run(connection, "SAVEPOINT job") {
+                job.fail(error.clone());
+                aborted = Some(error);
+                break;
+            }
+            let (ok, finish) =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(connection))) {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        let error =
+                            StoreError::Io("a write panicked; its transaction was rolled back".to_owned());
+                        aborted = Some(error);
+                        break;
+                    }
+                };
+            if connection.is_autocommit() {
+                // SQLite rolled the whole transaction back (disk full, I/O error): nothing
+                // of this batch stands.
+                let error = StoreError::Io("SQLite rolled the transaction back after an error".to_owned());
+                finish(Err(error.clone()));
+                aborted = Some(error);
+                break;
+            }
+            let settled = if ok {
+                run(connection, "RELEASE job")
             } else {
-                // Dropping the savepoint rolls the failed write back; report at once.
-                drop(savepoint);
-                finish(Ok(()));
+                run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
+            };
+            match (settled, ok) {
+                (Ok(()), true) => finishes.push(finish),
+                (Ok(()), false) => finish(Ok(())),
+                (Err(error), _) => {
+                    finish(Err(error.clone()));
+                    aborted = Some(error);
+                    break;
+                }
             }
         }
-        let committed = transaction.commit().map_err(sqlite);
+        if let Some(error) = aborted {
+            if !connection.is_autocommit() {
+                let _ = run(connection, "ROLLBACK");
+            }
+            for finish in finishes {
+                finish(Err(error.clone()));
+            }
+            for job in jobs_left {
+                job.fail(error.clone());
+            }
+            continue;
+        }
+        let committed = run(connection, "COMMIT");
+        if committed.is_err() && !connection.is_autocommit() {
+            let _ = run(connection, "ROLLBACK");
+        }
         for finish in finishes {
             finish(committed.clone());
         }

@@ -22,7 +22,6 @@ use crate::SqliteStore;
 use crate::error::sqlite;
 
 const SESSIONS: &str = "sessions";
-const RUNS: &str = "runs";
 
 fn session_exists(connection: &Connection, id: &str) -> StoreResult<bool> {
     connection
@@ -42,32 +41,14 @@ fn session_row(connection: &Connection, id: &str) -> StoreResult<Option<SessionR
     body.map(|body| rules::decode("session", &body)).transpose()
 }
 
-/// A run row: the record, its store order and its seq bookkeeping.
-struct RunRow {
-    record: RunRecord,
-    last_seq: u64,
-    high_water: u64,
-}
-
-fn run_row(connection: &Connection, id: &str) -> StoreResult<Option<RunRow>> {
-    let row: Option<(Vec<u8>, i64, i64)> = connection
-        .prepare_cached("SELECT body, last_seq, high_water FROM runs WHERE id = ?1")
+fn require_run(connection: &Connection, id: TurnId) -> StoreResult<RunRecord> {
+    let body: Option<Vec<u8>> = connection
+        .prepare_cached("SELECT body FROM runs WHERE id = ?1")
         .map_err(sqlite)?
-        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .query_row([id.to_string()], |row| row.get(0))
         .optional()
         .map_err(sqlite)?;
-    row.map(|(body, last_seq, high_water)| {
-        Ok(RunRow {
-            record: rules::decode("run", &body)?,
-            last_seq: as_u64(last_seq),
-            high_water: as_u64(high_water),
-        })
-    })
-    .transpose()
-}
-
-fn require_run(connection: &Connection, id: TurnId) -> StoreResult<RunRow> {
-    run_row(connection, &id.to_string())?.ok_or_else(|| StoreError::not_found("run", id))
+    rules::decode("run", &body.ok_or_else(|| StoreError::not_found("run", id))?)
 }
 
 fn lease_row(connection: &Connection, session: &str) -> StoreResult<Option<Lease>> {
@@ -251,7 +232,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
-        self.read(move |connection| Ok(require_run(connection, id)?.record)).await
+        self.read(move |connection| require_run(connection, id)).await
     }
 
     async fn list_runs(
@@ -261,7 +242,8 @@ impl RunStore for SqliteStore {
         page: &PageRequest,
     ) -> StoreResult<Page<RunRecord>> {
         let limit = page.effective_limit();
-        let after: Option<i64> = decode_key(RUNS, page)?;
+        let kind = agentry_memory::runs_kind(session, query.order);
+        let after: Option<i64> = decode_key(&kind, page)?;
         let query = query.clone();
         self.read(move |connection| {
             let key = session.to_string();
@@ -290,7 +272,7 @@ impl RunStore for SqliteStore {
                     }
                 }
             }
-            let page = Page::from_lookahead(items, limit, RUNS, |(order, _)| order.to_string());
+            let page = Page::from_lookahead(items, limit, &kind, |(order, _)| order.to_string());
             Ok(Page { items: page.items.into_iter().map(|(_, run)| run).collect(), next_token: page.next_token })
         })
         .await
@@ -307,23 +289,16 @@ impl EventStore for SqliteStore {
     ) -> StoreResult<Vec<u64>> {
         let mut bodies = Vec::with_capacity(events.len());
         for event in events {
-            bodies.push(rules::encode("event", event)?);
+            bodies.push(rules::encode_event(event)?);
         }
         let events = events.to_vec();
         self.write(move |connection| {
             let turn_key = turn.to_string();
-            let (session_key, last_seq): (String, i64) = connection
-                .prepare_cached("SELECT session_id, last_seq FROM runs WHERE id = ?1")
-                .map_err(sqlite)?
-                .query_row([&turn_key], |row| Ok((row.get(0)?, row.get(1)?)))
-                .optional()
-                .map_err(sqlite)?
-                .ok_or_else(|| StoreError::not_found("run", turn))?;
-            let session: SessionId = session_key
-                .parse()
-                .map_err(|_| StoreError::Corrupt(format!("run {turn} has an invalid session id")))?;
-            rules::check_event_batch(turn, session, as_u64(last_seq), &events)?;
+            let (session, _) = run_seq_row(connection, turn, &turn_key)?;
+            let last_seq = last_stored_seq(connection, &turn_key)?;
+            rules::check_event_batch(turn, session, last_seq, &events)?;
             check_fence(connection, session, fence)?;
+            let session_key = session.to_string();
             let mut insert = connection
                 .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
                 .map_err(sqlite)?;
@@ -331,15 +306,6 @@ impl EventStore for SqliteStore {
             for (event, body) in events.iter().zip(&bodies) {
                 insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
                 positions.push(as_u64(connection.last_insert_rowid()));
-            }
-            if let Some(last) = events.last() {
-                connection
-                    .prepare_cached(
-                        "UPDATE runs SET last_seq = ?2, high_water = max(high_water, ?2) WHERE id = ?1",
-                    )
-                    .map_err(sqlite)?
-                    .execute(params![turn_key, as_i64(last.seq)])
-                    .map_err(sqlite)?;
             }
             Ok(positions)
         })
@@ -410,14 +376,16 @@ impl EventStore for SqliteStore {
     }
 
     async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
+        rules::check_seq(seq)?;
         self.write(move |connection| {
-            let row = require_run(connection, turn)?;
-            check_fence(connection, row.record.session_id, fence)?;
-            let mark = row.high_water.max(seq);
+            let key = turn.to_string();
+            let (session, high_water) = run_seq_row(connection, turn, &key)?;
+            check_fence(connection, session, fence)?;
+            let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
             connection
                 .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
                 .map_err(sqlite)?
-                .execute(params![turn.to_string(), as_i64(mark)])
+                .execute(params![key, as_i64(mark)])
                 .map_err(sqlite)?;
             Ok(mark)
         })
@@ -426,11 +394,36 @@ impl EventStore for SqliteStore {
 
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
         self.read(move |connection| {
-            let row = require_run(connection, turn)?;
-            Ok(row.high_water.max(row.last_seq))
+            let key = turn.to_string();
+            let (_, high_water) = run_seq_row(connection, turn, &key)?;
+            Ok(high_water.max(last_stored_seq(connection, &key)?))
         })
         .await
     }
+}
+
+/// A run's session and explicitly raised high-water mark, without decoding its record.
+fn run_seq_row(connection: &Connection, turn: TurnId, key: &str) -> StoreResult<(SessionId, u64)> {
+    let (session, high_water): (String, i64) = connection
+        .prepare_cached("SELECT session_id, high_water FROM runs WHERE id = ?1")
+        .map_err(sqlite)?
+        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()
+        .map_err(sqlite)?
+        .ok_or_else(|| StoreError::not_found("run", turn))?;
+    let session =
+        session.parse().map_err(|_| StoreError::Corrupt(format!("run {turn} has an invalid session id")))?;
+    Ok((session, as_u64(high_water)))
+}
+
+/// The last stored seq of a turn (0 when none), from the events index.
+fn last_stored_seq(connection: &Connection, turn_key: &str) -> StoreResult<u64> {
+    let last: i64 = connection
+        .prepare_cached("SELECT coalesce(max(seq), 0) FROM events WHERE turn_id = ?1")
+        .map_err(sqlite)?
+        .query_row([turn_key], |row| row.get(0))
+        .map_err(sqlite)?;
+    Ok(as_u64(last))
 }
 
 fn collect_events(
@@ -445,7 +438,7 @@ fn collect_events(
         let position: i64 = row.get(0).map_err(sqlite)?;
         let body =
             row.get_ref(1).map_err(sqlite)?.as_blob().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        events.push(StoredEvent { position: as_u64(position), event: rules::decode("event", body)? });
+        events.push(StoredEvent { position: as_u64(position), event: rules::decode_event(body)? });
     }
     Ok(events)
 }
@@ -463,9 +456,9 @@ impl MessageStore for SqliteStore {
             bodies.push(rules::encode("message", message)?);
         }
         self.write(move |connection| {
-            let row = require_run(connection, run)?;
-            check_fence(connection, row.record.session_id, fence)?;
             let key = run.to_string();
+            let (session, _) = run_seq_row(connection, run, &key)?;
+            check_fence(connection, session, fence)?;
             let next: i64 = connection
                 .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
                 .map_err(sqlite)?
@@ -626,9 +619,9 @@ impl JournalStore for SqliteStore {
         let body = rules::encode("journal entry", entry)?;
         let entry = entry.clone();
         self.write(move |connection| {
-            let row = require_run(connection, entry.turn_id)?;
-            check_fence(connection, row.record.session_id, fence)?;
             let turn = entry.turn_id.to_string();
+            let (session, _) = run_seq_row(connection, entry.turn_id, &turn)?;
+            check_fence(connection, session, fence)?;
             let existing = journal_row(connection, &turn, &entry.tool_call_id)?;
             if let Some(stored) = rules::journal_start(existing.as_ref(), &entry)? {
                 return Ok(stored);
@@ -654,9 +647,9 @@ impl JournalStore for SqliteStore {
         rules::encode("tool result", result)?;
         let (call, result) = (tool_call_id.to_owned(), result.clone());
         self.write(move |connection| {
-            let row = require_run(connection, turn)?;
-            check_fence(connection, row.record.session_id, fence)?;
             let key = turn.to_string();
+            let (session, _) = run_seq_row(connection, turn, &key)?;
+            check_fence(connection, session, fence)?;
             let existing = journal_row(connection, &key, &call)?;
             let (entry, changed) =
                 rules::journal_complete(existing.as_ref(), turn, &call, &result, completed_at)?;
@@ -675,7 +668,7 @@ impl JournalStore for SqliteStore {
 
     async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>> {
         self.read(move |connection| {
-            require_run(connection, turn)?;
+            run_seq_row(connection, turn, &turn.to_string())?;
             let mut statement = connection
                 .prepare_cached("SELECT body FROM journal WHERE turn_id = ?1 ORDER BY entry_order ASC")
                 .map_err(sqlite)?;
@@ -772,6 +765,7 @@ impl BudgetStore for SqliteStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
+        rules::check_amount(&reservation.amount)?;
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |connection| {
@@ -807,6 +801,7 @@ impl BudgetStore for SqliteStore {
     }
 
     async fn settle(&self, reservation_id: &str, actual: &BudgetUsage) -> StoreResult<()> {
+        rules::check_amount(actual)?;
         let (id, actual) = (reservation_id.to_owned(), *actual);
         self.write(move |connection| {
             let reservation = take_reservation(connection, &id)?;

@@ -34,7 +34,6 @@ const MIGRATIONS: &[&str] = &[
         run_order INTEGER PRIMARY KEY AUTOINCREMENT,
         id TEXT NOT NULL UNIQUE,
         session_id TEXT NOT NULL,
-        last_seq INTEGER NOT NULL DEFAULT 0,
         high_water INTEGER NOT NULL DEFAULT 0,
         body BLOB NOT NULL
     );

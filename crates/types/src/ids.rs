@@ -20,6 +20,35 @@ pub struct InvalidId {
     pub value: String,
 }
 
+/// Reads a string without allocating and parses it (ids and timestamps are decoded for
+/// every stored event a replay reads).
+pub(crate) struct ParseVisitor<T> {
+    expecting: &'static str,
+    parsed: std::marker::PhantomData<T>,
+}
+
+impl<T> ParseVisitor<T> {
+    pub(crate) const fn new(expecting: &'static str) -> Self {
+        Self { expecting, parsed: std::marker::PhantomData }
+    }
+}
+
+impl<T> serde::de::Visitor<'_> for ParseVisitor<T>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a {} string", self.expecting)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<T, E> {
+        value.parse().map_err(E::custom)
+    }
+}
+
 macro_rules! uuid_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal) => {
         $(#[$meta])*
@@ -76,8 +105,7 @@ macro_rules! uuid_id {
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-                s.parse().map_err(serde::de::Error::custom)
+                deserializer.deserialize_str(crate::ids::ParseVisitor::<Self>::new($kind))
             }
         }
 

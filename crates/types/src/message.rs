@@ -452,10 +452,16 @@ impl Serialize for FinishReason {
     }
 }
 
+impl FromStr for FinishReason {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self::from_wire(s))
+    }
+}
+
 impl<'de> Deserialize<'de> for FinishReason {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        Ok(Self::from_wire(&s))
+        deserializer.deserialize_str(crate::ids::ParseVisitor::<Self>::new("finish reason"))
     }
 }
 

@@ -140,8 +140,7 @@ impl Serialize for Timestamp {
 
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
+        deserializer.deserialize_str(crate::ids::ParseVisitor::<Self>::new("RFC 3339 timestamp"))
     }
 }
 

@@ -4,6 +4,7 @@
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]
 
+mod codec;
 mod facade;
 mod views;
 

@@ -106,6 +106,45 @@ async fn crash_writer(backend: &str, path: &str, durability: &str) -> Result<()>
     Ok(())
 }
 
+/// Appends events from concurrent writers, one event per call, and prints the rate.
+async fn append_rate(
+    backend: &str,
+    path: &str,
+    durability: &str,
+    writers: usize,
+    per_writer: u64,
+) -> Result<()> {
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
+    let session = SessionRecord::new(SessionType::Agent, "rate", Subject::user("rate"));
+    store.create_session(&session).await?;
+    let mut runs = Vec::new();
+    for _ in 0..writers {
+        let run = RunRecord::new(session.id, vec![TurnInputItem::message("go")], Subject::user("rate"));
+        store.put_run(&run, None).await?;
+        runs.push(run);
+    }
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for run in runs {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for seq in 1..=per_writer {
+                store.append_events(run.id, &[event_for(&run, seq)], None).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let elapsed = started.elapsed();
+    #[allow(clippy::cast_precision_loss)]
+    let rate = (writers as f64 * per_writer as f64) / elapsed.as_secs_f64();
+    println!("{backend} {durability}: {writers} writers, {rate:.0} events/s");
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -113,6 +152,11 @@ fn main() -> Result<()> {
         ["crash-writer", backend, path, durability] => {
             runtime.block_on(crash_writer(backend, path, durability))
         }
-        _ => bail!("usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>"),
+        ["append-rate", backend, path, durability, writers, per_writer] => {
+            runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?))
+        }
+        _ => bail!(
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer>"
+        ),
     }
 }

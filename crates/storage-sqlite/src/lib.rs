@@ -4,7 +4,10 @@
 //! mode. All writes go through one writer thread that commits concurrent writes together
 //! (group commit, each write in its own savepoint so that a failed write leaves the others
 //! alone); reads run on a small pool of read-only connections on blocking threads. Nothing
-//! blocks the async executor. The schema is versioned and migrated forward on open; a file
+//! blocks the async executor. The writer remembers each running turn's session and last
+//! `seq`, so an event append costs one insert; it checks `PRAGMA data_version` at the start
+//! of every transaction and forgets everything when another process has written, a job
+//! failed or a transaction did not commit. WAL checkpoints run on their own thread. The schema is versioned and migrated forward on open; a file
 //! from a newer version, a damaged file or a foreign database is refused with a clear error
 //! and left as it was.
 //!
@@ -26,15 +29,20 @@ mod error;
 mod ops;
 mod schema;
 
+use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use agentry_memory::{Durability, StoreError, StoreResult};
-use rusqlite::{Connection, OpenFlags};
+use agentry_types::{SessionId, TurnId};
+use rusqlite::wal::CheckpointMode;
+use rusqlite::{Connection, MAIN_DB, OpenFlags};
 
 use crate::error::sqlite;
 
@@ -62,6 +70,57 @@ impl Default for SqliteOptions {
     }
 }
 
+/// What the writer knows about a turn without asking the file.
+///
+/// Valid while no other connection has written (checked with `PRAGMA data_version` at the
+/// start of every transaction); forgotten whenever a job fails or a transaction does not
+/// commit, so it never describes a write that did not happen.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TurnFacts {
+    /// The session the turn belongs to (fixed for the life of the run).
+    pub(crate) session: SessionId,
+    /// The last stored `seq` of the turn (0 when none).
+    pub(crate) last_seq: u64,
+}
+
+/// The most turns the writer remembers; past this it starts over.
+const REMEMBERED_TURNS: usize = 4096;
+
+/// The writer thread's connection, inside the open transaction, and what the writer
+/// remembers between transactions. Dereferences to the connection.
+pub(crate) struct Tx<'a> {
+    connection: &'a Connection,
+    turns: &'a mut HashMap<TurnId, TurnFacts>,
+}
+
+impl Tx<'_> {
+    /// What the writer remembers about a turn, if anything.
+    pub(crate) fn turn(&self, turn: TurnId) -> Option<TurnFacts> {
+        self.turns.get(&turn).copied()
+    }
+
+    /// Remembers a turn's facts as they stand once this job's writes commit.
+    pub(crate) fn remember_turn(&mut self, turn: TurnId, facts: TurnFacts) {
+        if self.turns.len() >= REMEMBERED_TURNS && !self.turns.contains_key(&turn) {
+            self.turns.clear();
+        }
+        self.turns.insert(turn, facts);
+    }
+
+    /// Forgets every turn (after deleting runs or events).
+    pub(crate) fn forget_turns(&mut self) {
+        self.turns.clear();
+    }
+}
+
+impl Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.connection
+    }
+}
+
 /// What the writer thread does with a job once its savepoint is settled: report the
 /// outcome, `Ok` only once the enclosing transaction has committed.
 type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -70,7 +129,7 @@ type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 trait WriteJob: Send {
     /// Runs inside a savepoint; says whether it succeeded (so the savepoint is kept or
     /// rolled back) and how to report once the transaction is settled.
-    fn run(self: Box<Self>, connection: &Connection) -> (bool, Finish);
+    fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish);
 
     /// Reports that the job could not run.
     fn fail(self: Box<Self>, error: StoreError);
@@ -85,12 +144,12 @@ struct TypedJob<W, R> {
 
 impl<W, R> WriteJob for TypedJob<W, R>
 where
-    W: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    W: FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     R: Send + 'static,
 {
-    fn run(self: Box<Self>, connection: &Connection) -> (bool, Finish) {
+    fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish) {
         let Self { work, reply } = *self;
-        let result = work(connection);
+        let result = work(tx);
         let ok = result.is_ok();
         (
             ok,
@@ -109,16 +168,17 @@ struct Inner {
     path: PathBuf,
     options: SqliteOptions,
     writer: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channel ends the writer loop after the jobs already queued; waiting
-        // for it means the file is closed when the store is dropped.
+        // Closing the channel ends the writer loop after the jobs already queued, which
+        // ends the checkpointer; waiting for both means the file is closed when the store
+        // is dropped.
         self.writer.take();
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -209,6 +269,7 @@ impl SqliteStore {
         };
         writer.pragma_update(None, "synchronous", synchronous).map_err(sqlite)?;
         writer.pragma_update(None, "foreign_keys", "OFF").map_err(sqlite)?;
+        let checkpointer = start_checkpointer(&mut writer, &path, &options)?;
 
         let (sender, receiver) = mpsc::channel::<Job>();
         let batch = match options.durability {
@@ -216,7 +277,7 @@ impl SqliteStore {
             Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
         };
         let thread = std::thread::Builder::new()
-            .name("agentry-sqlite-writer".to_owned())
+            .name("sqlite-writer".to_owned())
             .spawn(move || write_loop(&writer, &receiver, batch))
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         Ok(Self {
@@ -224,7 +285,7 @@ impl SqliteStore {
                 path,
                 options,
                 writer: Some(sender),
-                thread: Some(thread),
+                threads: vec![thread, checkpointer],
                 readers: Mutex::new(Vec::new()),
             }),
         })
@@ -245,7 +306,7 @@ impl SqliteStore {
     /// Runs a write on the writer thread; resolves once it is committed (or refused).
     pub(crate) async fn write<R: Send + 'static>(
         &self,
-        work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+        work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
@@ -290,6 +351,8 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
 /// The writer thread: takes the jobs waiting, runs each in a savepoint of one immediate
 /// transaction, commits, then reports to every job.
 fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize) {
+    let mut turns = HashMap::new();
+    let mut seen_version: Option<i64> = None;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -300,12 +363,26 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
         }
         // IMMEDIATE takes the write lock up front, so another process sharing the file
         // makes this wait (busy timeout) instead of failing a read-then-write.
-        if let Err(error) = run(connection, "BEGIN IMMEDIATE") {
-            for job in batch {
-                job.fail(error.clone());
+        let began = run(connection, "BEGIN IMMEDIATE").and_then(|()| data_version(connection));
+        let version = match began {
+            Ok(version) => version,
+            Err(error) => {
+                if !connection.is_autocommit() {
+                    let _ = run(connection, "ROLLBACK");
+                }
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
             }
-            continue;
+        };
+        // Another connection wrote since the last transaction: what the writer remembers
+        // may be stale.
+        if seen_version != Some(version) {
+            turns.clear();
+            seen_version = Some(version);
         }
+        let mut tx = Tx { connection, turns: &mut turns };
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
         let mut jobs_left = batch.into_iter();
         let mut aborted: Option<StoreError> = None;
@@ -316,7 +393,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 break;
             }
             let (ok, finish) =
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(connection))) {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut tx))) {
                     Ok(outcome) => outcome,
                     Err(_) => {
                         let error =
@@ -336,6 +413,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             let settled = if ok {
                 run(connection, "RELEASE job")
             } else {
+                tx.forget_turns();
                 run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
             };
             match (settled, ok) {
@@ -349,6 +427,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             }
         }
         if let Some(error) = aborted {
+            turns.clear();
             if !connection.is_autocommit() {
                 let _ = run(connection, "ROLLBACK");
             }
@@ -361,11 +440,72 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             continue;
         }
         let committed = run(connection, "COMMIT");
-        if committed.is_err() && !connection.is_autocommit() {
-            let _ = run(connection, "ROLLBACK");
+        if committed.is_err() {
+            turns.clear();
+            if !connection.is_autocommit() {
+                let _ = run(connection, "ROLLBACK");
+            }
         }
         for finish in finishes {
             finish(committed.clone());
         }
     }
+}
+
+/// `PRAGMA data_version`: changes when another connection commits.
+fn data_version(connection: &Connection) -> StoreResult<i64> {
+    connection
+        .prepare_cached("PRAGMA data_version")
+        .map_err(sqlite)?
+        .query_row([], |row| row.get(0))
+        .map_err(sqlite)
+}
+
+/// WAL pages after which the checkpointer is asked to copy the log into the main file.
+const CHECKPOINT_PAGES: i32 = 1000;
+
+/// WAL pages after which the writer checkpoints itself. SQLite starts the log over only
+/// once every frame in it is copied, which a checkpointer running beside a busy writer
+/// rarely sees; the writer's own passive checkpoint copies just the frames committed since
+/// the checkpointer's last pass, so the log restarts at the next transaction.
+const CHECKPOINT_PAGES_WRITER: i32 = 2 * CHECKPOINT_PAGES;
+
+/// Moves the bulk of checkpointing off the writer thread: after each commit, SQLite
+/// reports the WAL's size to the writer's hook, which wakes a checkpointer thread with its
+/// own connection once the log passes [`CHECKPOINT_PAGES`], and checkpoints on the writer
+/// itself past [`CHECKPOINT_PAGES_WRITER`]. The checkpoints are SQLite's own (passive,
+/// crash-safe); only the thread that pays for them changes.
+fn start_checkpointer(
+    writer: &mut Connection,
+    path: &Path,
+    options: &SqliteOptions,
+) -> StoreResult<JoinHandle<()>> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags).map_err(sqlite)?;
+    configure(&connection, options)?;
+    let (wake, woken) = mpsc::sync_channel::<()>(1);
+    // Set while a wake-up is pending, so that commits in the meantime skip the channel.
+    let pending = Arc::new(AtomicBool::new(false));
+    let checkpointer_pending = pending.clone();
+    writer
+        .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
+            if pages >= CHECKPOINT_PAGES_WRITER {
+                // Best effort: a busy checkpoint is retried after the next commit.
+                let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
+            } else if pages >= CHECKPOINT_PAGES && !pending.swap(true, Ordering::AcqRel) {
+                let _ = wake.try_send(());
+            }
+            Ok(())
+        }))
+        .map_err(sqlite)?;
+    std::thread::Builder::new()
+        .name("sqlite-ckpt".to_owned())
+        .spawn(move || {
+            while woken.recv().is_ok() {
+                checkpointer_pending.store(false, Ordering::Release);
+                // Best effort: what is not copied now is copied on the next wake-up.
+                let _ = connection.wal_checkpoint_v2(Some(MAIN_DB), CheckpointMode::PASSIVE);
+            }
+        })
+        .map_err(|error| StoreError::Io(format!("cannot start the SQLite checkpointer thread: {error}")))
 }

@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::SqliteStore;
 use crate::error::sqlite;
+use crate::{SqliteStore, TurnFacts};
 
 const SESSIONS: &str = "sessions";
 
@@ -122,6 +122,7 @@ impl SessionStore for SqliteStore {
 
     async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
         self.write(move |connection| {
+            connection.forget_turns();
             let key = id.to_string();
             let deleted = connection.execute("DELETE FROM sessions WHERE id = ?1", [&key]).map_err(sqlite)?;
             if deleted == 0 {
@@ -292,13 +293,20 @@ impl EventStore for SqliteStore {
             bodies.push(rules::encode_event(event)?);
         }
         let events = events.to_vec();
-        self.write(move |connection| {
+        self.write(move |tx| {
             let turn_key = turn.to_string();
-            let (session, _) = run_seq_row(connection, turn, &turn_key)?;
-            let last_seq = last_stored_seq(connection, &turn_key)?;
-            rules::check_event_batch(turn, session, last_seq, &events)?;
-            check_fence(connection, session, fence)?;
+            let facts = match tx.turn(turn) {
+                Some(facts) => facts,
+                None => {
+                    let (session, _) = run_seq_row(tx, turn, &turn_key)?;
+                    TurnFacts { session, last_seq: last_stored_seq(tx, &turn_key)? }
+                }
+            };
+            let session = facts.session;
+            rules::check_event_batch(turn, session, facts.last_seq, &events)?;
+            check_fence(tx, session, fence)?;
             let session_key = session.to_string();
+            let connection: &Connection = tx;
             let mut insert = connection
                 .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
                 .map_err(sqlite)?;
@@ -307,6 +315,9 @@ impl EventStore for SqliteStore {
                 insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
                 positions.push(as_u64(connection.last_insert_rowid()));
             }
+            drop(insert);
+            let last_seq = events.last().map_or(facts.last_seq, |event| event.seq);
+            tx.remember_turn(turn, TurnFacts { session, last_seq });
             Ok(positions)
         })
         .await

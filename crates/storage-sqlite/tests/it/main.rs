@@ -6,6 +6,7 @@
 mod bad_input;
 mod durability;
 mod memory_facade;
+mod shared_file;
 
 use std::sync::Arc;
 

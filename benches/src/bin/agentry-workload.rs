@@ -7,6 +7,12 @@
 //! `message <run> <count>`, `mark <turn> <value>`; before each event batch it prints
 //! `try <event id>...`. The crash tests kill it with SIGKILL at random moments and check
 //! that every acknowledged write survived and that every batch is stored whole or not at all.
+//!
+//! `agentry-workload append-one <backend> <path> <durability> <turn id> <seq>` appends one
+//! event to a stored turn and `agentry-workload delete-session <backend> <path> <durability>
+//! <session id>` deletes a session, each printing `ok…` or `refused <error>`: the second
+//! process of the shared-file tests. `agentry-workload append-rate <backend> <path>
+//! <durability> <writers> <events per writer>` measures sustained append throughput.
 
 // A workload driver reports on standard output.
 #![allow(clippy::print_stdout)]
@@ -106,6 +112,30 @@ async fn crash_writer(backend: &str, path: &str, durability: &str) -> Result<()>
     Ok(())
 }
 
+/// Appends one event under `seq` to an existing turn; prints `ok <position>` or
+/// `refused <error>`.
+async fn append_one(backend: &str, path: &str, durability: &str, turn: &str, seq: u64) -> Result<()> {
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
+    let run = store.get_run(turn.parse().map_err(anyhow::Error::msg)?).await?;
+    match store.append_events(run.id, &[event_for(&run, seq)], None).await {
+        Ok(positions) => println!("ok {}", positions[0]),
+        Err(error) => println!("refused {error}"),
+    }
+    Ok(())
+}
+
+/// Deletes a session; prints `ok` or `refused <error>`.
+async fn delete_session(backend: &str, path: &str, durability: &str, session: &str) -> Result<()> {
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
+    match store.delete_session(session.parse().map_err(anyhow::Error::msg)?).await {
+        Ok(()) => println!("ok"),
+        Err(error) => println!("refused {error}"),
+    }
+    Ok(())
+}
+
 /// Appends events from concurrent writers, one event per call, and prints the rate.
 async fn append_rate(
     backend: &str,
@@ -152,11 +182,17 @@ fn main() -> Result<()> {
         ["crash-writer", backend, path, durability] => {
             runtime.block_on(crash_writer(backend, path, durability))
         }
+        ["append-one", backend, path, durability, turn, seq] => {
+            runtime.block_on(append_one(backend, path, durability, turn, seq.parse()?))
+        }
+        ["delete-session", backend, path, durability, session] => {
+            runtime.block_on(delete_session(backend, path, durability, session))
+        }
         ["append-rate", backend, path, durability, writers, per_writer] => {
             runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?))
         }
         _ => bail!(
-            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer>"
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer>"
         ),
     }
 }

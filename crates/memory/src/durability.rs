@@ -14,7 +14,8 @@ pub enum Durability {
     #[default]
     Batched,
     /// Group commit without a sync per commit: survives a crash of the process, but the
-    /// last writes may be lost if the machine loses power.
+    /// last writes may be lost if the machine loses power (and a redb file may be damaged:
+    /// redb orders its commits with syncs).
     Relaxed,
 }
 

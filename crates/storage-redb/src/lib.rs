@@ -8,10 +8,18 @@
 //! several processes can share one store (the session lease keeps their turns apart).
 //!
 //! Durability maps onto redb's: `strict` commits every write alone with
-//! `Durability::Immediate`; `batched` commits groups with `Immediate`; `relaxed` commits
-//! groups with `Durability::None` and makes them durable with an `Immediate` commit at
-//! least every [`RedbOptions::relaxed_sync_interval`]. redb allows non-durable commits only
-//! on a file no other process shares, so a `relaxed` store opens its file exclusively.
+//! `Durability::Immediate`; `batched` commits groups with `Immediate`. `relaxed` also
+//! commits groups with `Immediate`, so every commit reaches the operating system and an
+//! acknowledged write survives a crash of the process, but through a file backend that
+//! skips the sync to disk except at least once every [`RedbOptions::relaxed_sync_interval`]
+//! (redb's own `Durability::None` keeps commits inside the process, where a crash would lose
+//! them). A power loss can lose the writes since the last sync and, because redb relies on
+//! syncs to order its copy-on-write commits, can damage the file: choose `batched` where
+//! power loss matters.
+//!
+//! The writer remembers each running turn's session and last `seq`, so an event append
+//! reads nothing; every transaction bumps a `generation` counter, and a different value at
+//! the start of the next one (another process wrote) makes the writer forget.
 //!
 //! ```
 //! use agentry_memory::SessionStore;
@@ -27,10 +35,13 @@
 //! # });
 //! ```
 
+mod backend;
 mod ops;
 mod tables;
 
+use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -38,8 +49,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentry_memory::{Durability, StoreError, StoreResult};
+use agentry_types::{SessionId, TurnId};
 use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
+use crate::backend::{DeferredSyncBackend, SyncSwitch};
 use crate::tables::META;
 
 /// The schema version this build writes.
@@ -52,7 +65,7 @@ pub struct RedbOptions {
     pub durability: Durability,
     /// The most writes committed in one transaction.
     pub max_batch: usize,
-    /// Under `relaxed`, the longest time commits stay non-durable.
+    /// Under `relaxed`, the longest time committed writes wait for a sync to disk.
     pub relaxed_sync_interval: Duration,
     /// redb's page cache size in bytes.
     pub cache_bytes: usize,
@@ -100,8 +113,72 @@ enum Outcome {
     Poisoned(StoreError),
 }
 
+/// What the writer knows about a turn without reading the file.
+///
+/// Valid while no other process has written (each of this store's transactions bumps the
+/// `generation` counter; a different value at the start of a transaction means another
+/// writer came in between); forgotten whenever a job is refused or a transaction is
+/// abandoned, so it never describes a write that did not happen.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TurnFacts {
+    /// The session the turn belongs to (fixed for the life of the run).
+    pub(crate) session: SessionId,
+    /// The last stored `seq` of the turn (0 when none).
+    pub(crate) last_seq: u64,
+}
+
+/// The most turns the writer remembers; past this it starts over.
+const REMEMBERED_TURNS: usize = 4096;
+
+/// The writer's open transaction and what the writer remembers. Dereferences to the
+/// transaction.
+pub(crate) struct Tx<'a> {
+    transaction: &'a WriteTransaction,
+    turns: &'a mut HashMap<TurnId, TurnFacts>,
+    /// The last event position handed out in this transaction, stored once at commit.
+    last_position: Option<u64>,
+}
+
+impl Tx<'_> {
+    /// What the writer remembers about a turn, if anything.
+    pub(crate) fn turn(&self, turn: TurnId) -> Option<TurnFacts> {
+        self.turns.get(&turn).copied()
+    }
+
+    /// Remembers a turn's facts as they stand once this job's writes commit.
+    pub(crate) fn remember_turn(&mut self, turn: TurnId, facts: TurnFacts) {
+        if self.turns.len() >= REMEMBERED_TURNS && !self.turns.contains_key(&turn) {
+            self.turns.clear();
+        }
+        self.turns.insert(turn, facts);
+    }
+
+    /// Forgets every turn (after deleting runs or events).
+    pub(crate) fn forget_turns(&mut self) {
+        self.turns.clear();
+    }
+
+    /// Hands out `count` store-wide event positions; returns the first.
+    pub(crate) fn allocate_positions(&mut self, count: u64) -> StoreResult<u64> {
+        let last = match self.last_position {
+            Some(last) => last,
+            None => counter(self.transaction, "last_position")?,
+        };
+        self.last_position = Some(last + count);
+        Ok(last + 1)
+    }
+}
+
+impl Deref for Tx<'_> {
+    type Target = WriteTransaction;
+
+    fn deref(&self) -> &WriteTransaction {
+        self.transaction
+    }
+}
+
 trait WriteJob: Send {
-    fn run(self: Box<Self>, transaction: &WriteTransaction) -> (Outcome, Finish);
+    fn run(self: Box<Self>, transaction: &mut Tx<'_>) -> (Outcome, Finish);
     fn fail(self: Box<Self>, error: StoreError);
 }
 
@@ -112,10 +189,10 @@ struct TypedJob<W, R> {
 
 impl<W, R> WriteJob for TypedJob<W, R>
 where
-    W: FnOnce(&WriteTransaction) -> StoreResult<R> + Send + 'static,
+    W: FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     R: Send + 'static,
 {
-    fn run(self: Box<Self>, transaction: &WriteTransaction) -> (Outcome, Finish) {
+    fn run(self: Box<Self>, transaction: &mut Tx<'_>) -> (Outcome, Finish) {
         let Self { work, reply } = *self;
         let result = work(transaction);
         let outcome = match &result {
@@ -218,7 +295,7 @@ fn prepare(database: &Database) -> StoreResult<()> {
         if meta.get("schema_version").map_err(redb_error)?.is_none() {
             meta.insert("schema_version", VERSION).map_err(redb_error)?;
         }
-        for counter in ["last_token", "last_position", "last_run_order", "last_journal_order"] {
+        for counter in ["last_token", "last_position", "last_run_order", "last_journal_order", "generation"] {
             if meta.get(counter).map_err(redb_error)?.is_none() {
                 meta.insert(counter, 0).map_err(redb_error)?;
             }
@@ -245,21 +322,32 @@ impl RedbStore {
                 parent.display()
             )));
         }
-        let mode = match options.durability {
-            Durability::Relaxed => ConcurrencyMode::ExclusiveWriter,
-            Durability::Strict | Durability::Batched => ConcurrencyMode::MultiWriter,
-        };
+        let mode = ConcurrencyMode::MultiWriter;
         check_existing(&path, mode)?;
-        let database = Database::builder()
-            .set_concurrency_mode(mode)
-            .set_cache_size(options.cache_bytes)
-            .create(&path)
-            .map_err(|error| match redb_error(error) {
-                StoreError::Io(message) => {
-                    StoreError::Io(format!("cannot open {}: {message}", path.display()))
-                }
-                other => other,
-            })?;
+        let cannot_open = |error: redb::DatabaseError| match redb_error(error) {
+            StoreError::Io(message) => StoreError::Io(format!("cannot open {}: {message}", path.display())),
+            other => other,
+        };
+        let builder = {
+            let mut builder = Database::builder();
+            builder.set_concurrency_mode(mode).set_cache_size(options.cache_bytes);
+            builder
+        };
+        let switch = SyncSwitch::on();
+        let database = match options.durability {
+            Durability::Strict | Durability::Batched => builder.create(&path).map_err(cannot_open)?,
+            Durability::Relaxed => {
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
+                let backend = DeferredSyncBackend::new(file, switch.clone()).map_err(cannot_open)?;
+                builder.create_with_backend(backend).map_err(cannot_open)?
+            }
+        };
         prepare(&database)?;
         let database = Arc::new(database);
         let (sender, receiver) = mpsc::channel::<Job>();
@@ -267,7 +355,7 @@ impl RedbStore {
         let writer_options = options.clone();
         let thread = std::thread::Builder::new()
             .name("agentry-redb-writer".to_owned())
-            .spawn(move || write_loop(&writer_database, &receiver, &writer_options))
+            .spawn(move || write_loop(&writer_database, &receiver, &writer_options, &switch))
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner { path, options, database, writer: Some(sender), thread: Some(thread) }),
@@ -290,7 +378,7 @@ impl RedbStore {
     /// write must validate before it changes anything.
     pub(crate) async fn write<R: Send + 'static>(
         &self,
-        work: impl FnOnce(&WriteTransaction) -> StoreResult<R> + Send + 'static,
+        work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
@@ -313,7 +401,7 @@ impl RedbStore {
     }
 }
 
-fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOptions) {
+fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOptions, switch: &SyncSwitch) {
     let max_batch = match options.durability {
         Durability::Strict => 1,
         Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
@@ -321,11 +409,13 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
     let relaxed = options.durability == Durability::Relaxed;
     let mut last_sync = Instant::now();
     let mut unsynced = false;
+    let mut turns = HashMap::new();
+    let mut seen_generation: Option<u64> = None;
     loop {
         let first = match jobs.recv_timeout(options.relaxed_sync_interval) {
             Ok(job) => job,
             Err(RecvTimeoutError::Timeout) => {
-                if unsynced && sync(database).is_ok() {
+                if unsynced && sync(database, switch).is_ok() {
                     unsynced = false;
                     last_sync = Instant::now();
                 }
@@ -350,9 +440,11 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 continue;
             }
         };
+        // Every commit is `Immediate`, so it leaves the process; under `relaxed` the switch
+        // skips the sync except once per interval.
         let durable = !relaxed || last_sync.elapsed() >= options.relaxed_sync_interval;
-        let durability = if durable { redb::Durability::Immediate } else { redb::Durability::None };
-        if let Err(error) = transaction.set_durability(durability) {
+        switch.set(durable);
+        if let Err(error) = transaction.set_durability(redb::Durability::Immediate) {
             let error = StoreError::Io(format!("redb refused the durability level: {error}"));
             for job in batch {
                 job.fail(error.clone());
@@ -360,19 +452,38 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             continue;
         }
         transaction.set_quick_repair(true);
+        let generation = match counter(&transaction, "generation") {
+            Ok(generation) => generation,
+            Err(error) => {
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
+            }
+        };
+        // Another process wrote since this writer's last transaction: what it remembers
+        // may be stale.
+        if seen_generation != Some(generation) {
+            turns.clear();
+        }
+        seen_generation = None;
+        let mut tx = Tx { transaction: &transaction, turns: &mut turns, last_position: None };
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
         let mut poisoned: Option<StoreError> = None;
         let mut jobs_left = batch.into_iter();
         for job in jobs_left.by_ref() {
             let Ok((outcome, finish)) =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&transaction)))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut tx)))
             else {
                 poisoned = Some(StoreError::Io("a write panicked; its transaction was abandoned".to_owned()));
                 break;
             };
             match outcome {
                 Outcome::Done => finishes.push(finish),
-                Outcome::Refused => finish(Ok(())),
+                Outcome::Refused => {
+                    tx.forget_turns();
+                    finish(Ok(()));
+                }
                 Outcome::Poisoned(error) => {
                     finish(Ok(()));
                     poisoned = Some(error);
@@ -380,7 +491,15 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 }
             }
         }
+        if poisoned.is_none() {
+            let last_position = tx.last_position;
+            let counters = last_position
+                .map_or(Ok(()), |last| set_counter(&transaction, "last_position", last))
+                .and_then(|()| set_counter(&transaction, "generation", generation + 1));
+            poisoned = counters.err();
+        }
         if let Some(error) = poisoned {
+            turns.clear();
             let _ = transaction.abort();
             for finish in finishes {
                 finish(Err(error.clone()));
@@ -392,24 +511,29 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
         }
         let committed = transaction.commit().map_err(redb_error);
         if committed.is_ok() {
+            seen_generation = Some(generation + 1);
             if durable {
                 last_sync = Instant::now();
                 unsynced = false;
             } else {
                 unsynced = true;
             }
+        } else {
+            turns.clear();
         }
         for finish in finishes {
             finish(committed.clone());
         }
     }
     if unsynced {
-        let _ = sync(database);
+        let _ = sync(database, switch);
     }
+    switch.set(true);
 }
 
-/// Makes every earlier non-durable commit durable with an empty immediate commit.
-fn sync(database: &Database) -> StoreResult<()> {
+/// Syncs every earlier commit to disk with an empty commit whose sync goes through.
+fn sync(database: &Database, switch: &SyncSwitch) -> StoreResult<()> {
+    switch.set(true);
     let mut transaction = database.begin_write().map_err(redb_error)?;
     transaction
         .set_durability(redb::Durability::Immediate)

@@ -23,7 +23,7 @@ use crate::tables::{
     RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_EVENTS, SESSION_INDEX, SESSION_RUNS, SESSIONS,
     TURN_EVENTS,
 };
-use crate::{RedbStore, counter, redb_error, set_counter};
+use crate::{RedbStore, TurnFacts, counter, redb_error, set_counter};
 
 mod uuid_bits {
     use agentry_types::{SessionId, TurnId};
@@ -79,8 +79,8 @@ fn get_json<T: serde::de::DeserializeOwned, K: redb::Key + 'static>(
     }
 }
 
-/// (session, order, last seq, high water) of a run.
-type RunMeta = (u128, u64, u64, u64);
+/// (session, order, explicitly raised high-water mark) of a run.
+type RunMeta = (u128, u64, u64);
 
 fn run_meta(table: &impl ReadableTable<u128, RunMeta>, turn: TurnId) -> StoreResult<RunMeta> {
     table
@@ -88,6 +88,16 @@ fn run_meta(table: &impl ReadableTable<u128, RunMeta>, turn: TurnId) -> StoreRes
         .map_err(redb_error)?
         .map(|value| value.value())
         .ok_or_else(|| StoreError::not_found("run", turn))
+}
+
+/// The last stored seq of a turn (0 when none).
+fn last_stored_seq(by_turn: &impl ReadableTable<(u128, u64), u64>, turn: TurnId) -> StoreResult<u64> {
+    let key = turn_key(turn);
+    let last = by_turn.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?.next_back();
+    match last {
+        Some(entry) => Ok(entry.map_err(redb_error)?.0.value().1),
+        None => Ok(0),
+    }
 }
 
 fn session_of(meta: RunMeta) -> SessionId {
@@ -154,6 +164,7 @@ impl SessionStore for RedbStore {
 
     async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
         self.write(move |transaction| {
+            transaction.forget_turns();
             let key = session_key(id);
             let session: SessionRecord = {
                 let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
@@ -301,7 +312,7 @@ impl RunStore for RedbStore {
                 None => {
                     let order = counter(transaction, "last_run_order")? + 1;
                     set_counter(transaction, "last_run_order", order)?;
-                    metas.insert(turn_key(id), (session_key(session), order, 0, 0)).map_err(redb_error)?;
+                    metas.insert(turn_key(id), (session_key(session), order, 0)).map_err(redb_error)?;
                     let mut session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
                     session_runs.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
                 }
@@ -386,13 +397,20 @@ impl EventStore for RedbStore {
         let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
         let events = events.to_vec();
         self.write(move |transaction| {
-            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
-            let meta = run_meta(&metas, turn)?;
-            let session = session_of(meta);
-            rules::check_event_batch(turn, session, meta.2, &events)?;
+            let facts = match transaction.turn(turn) {
+                Some(facts) => facts,
+                None => {
+                    let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
+                    let last_seq =
+                        last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?;
+                    TurnFacts { session: session_of(meta), last_seq }
+                }
+            };
+            let session = facts.session;
+            rules::check_event_batch(turn, session, facts.last_seq, &events)?;
             check_fence(transaction, session, fence)?;
             let Some(&last) = seqs.last() else { return Ok(Vec::new()) };
-            let first_position = counter(transaction, "last_position")? + 1;
+            let first_position = transaction.allocate_positions(seqs.len() as u64)?;
             let mut positions = Vec::with_capacity(bodies.len());
             {
                 let mut table = transaction.open_table(EVENTS).map_err(redb_error)?;
@@ -402,12 +420,11 @@ impl EventStore for RedbStore {
                     let position = first_position + offset as u64;
                     table.insert(position, body.as_slice()).map_err(redb_error)?;
                     by_turn.insert((turn_key(turn), *seq), position).map_err(redb_error)?;
-                    by_session.insert((meta.0, position), ()).map_err(redb_error)?;
+                    by_session.insert((session_key(session), position), ()).map_err(redb_error)?;
                     positions.push(position);
                 }
             }
-            set_counter(transaction, "last_position", first_position + bodies.len() as u64 - 1)?;
-            metas.insert(turn_key(turn), (meta.0, meta.1, last, meta.3.max(last))).map_err(redb_error)?;
+            transaction.remember_turn(turn, TurnFacts { session, last_seq: last });
             Ok(positions)
         })
         .await
@@ -498,9 +515,10 @@ impl EventStore for RedbStore {
             let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
             let meta = run_meta(&metas, turn)?;
             check_fence(transaction, session_of(meta), fence)?;
-            let mark = meta.3.max(seq);
-            if mark != meta.3 {
-                metas.insert(turn_key(turn), (meta.0, meta.1, meta.2, mark)).map_err(redb_error)?;
+            let stored = last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?;
+            let mark = meta.2.max(stored).max(seq);
+            if mark != meta.2 {
+                metas.insert(turn_key(turn), (meta.0, meta.1, mark)).map_err(redb_error)?;
             }
             Ok(mark)
         })
@@ -511,7 +529,7 @@ impl EventStore for RedbStore {
         self.read(move |transaction| {
             let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
             let meta = run_meta(&metas, turn)?;
-            Ok(meta.3.max(meta.2))
+            Ok(meta.2.max(last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?))
         })
         .await
     }

@@ -10,9 +10,9 @@ pub(crate) const SESSIONS: TableDefinition<'_, u128, &[u8]> = TableDefinition::n
 pub(crate) const SESSION_INDEX: TableDefinition<'_, (i64, u128), ()> = TableDefinition::new("session_index");
 /// Run id → run JSON.
 pub(crate) const RUNS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("runs");
-/// Run id → (session id, creation order, last stored seq, high-water mark).
-pub(crate) const RUN_META: TableDefinition<'_, u128, (u128, u64, u64, u64)> =
-    TableDefinition::new("run_meta");
+/// Run id → (session id, creation order, explicitly raised high-water mark). The last
+/// stored seq is the last key of the turn in [`TURN_EVENTS`].
+pub(crate) const RUN_META: TableDefinition<'_, u128, (u128, u64, u64)> = TableDefinition::new("run_meta");
 /// (session id, creation order) → run id.
 pub(crate) const SESSION_RUNS: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("session_runs");
 /// Position → event JSON.

@@ -6,7 +6,7 @@
 mod bad_input;
 mod durability;
 mod memory_facade;
-mod shared_file;
+mod writer;
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
-//! Two stores on one file: what one writer remembers about a turn never hides what the
-//! other wrote, and the background checkpointer keeps the log bounded.
+//! The writer thread: what it remembers about a turn follows only committed writes (other
+//! processes' writes are covered by `benches/tests/it/shared.rs`), and the background
+//! checkpointer keeps the log bounded.
 
 use agentry_memory::{Conflict, Durability, EventStore, RunStore, SessionStore, StoreError};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
@@ -32,52 +33,6 @@ async fn session_with_run(store: &SqliteStore) -> (SessionRecord, RunRecord) {
     let run = RunRecord::new(session.id, vec![TurnInputItem::message("hi")], Subject::user("ann"));
     store.put_run(&run, None).await.unwrap();
     (session, run)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_sees_the_seqs_another_process_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store.db");
-    let first = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
-    let second = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
-    let (_, run) = session_with_run(&first).await;
-
-    // The first writer now remembers seq 1 as the turn's last.
-    first.append_events(run.id, &[event(&run, 1)], None).await.unwrap();
-    second.append_events(run.id, &[event(&run, 5)], None).await.unwrap();
-
-    // Seq 3 was never stored, but it is not above the turn's last (5): refused.
-    let refused = first.append_events(run.id, &[event(&run, 3)], None).await.unwrap_err();
-    assert!(
-        matches!(refused, StoreError::Conflict(Conflict::StaleSeq { seq: 3, last: 5, .. })),
-        "{refused:?}"
-    );
-    first.append_events(run.id, &[event(&run, 6)], None).await.unwrap();
-    let refused = second.append_events(run.id, &[event(&run, 6)], None).await.unwrap_err();
-    assert!(matches!(refused, StoreError::Conflict(Conflict::StaleSeq { last: 6, .. })), "{refused:?}");
-    let seqs: Vec<u64> = second
-        .turn_events(run.id, agentry_memory::Order::Asc, None, 10)
-        .await
-        .unwrap()
-        .iter()
-        .map(|stored| stored.event.seq)
-        .collect();
-    assert_eq!(seqs, [1, 5, 6]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_sees_a_session_another_process_deleted() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store.db");
-    let first = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
-    let second = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
-    let (session, run) = session_with_run(&first).await;
-    first.append_events(run.id, &[event(&run, 1)], None).await.unwrap();
-
-    second.delete_session(session.id).await.unwrap();
-    let refused = first.append_events(run.id, &[event(&run, 2)], None).await.unwrap_err();
-    assert!(matches!(refused, StoreError::NotFound { .. }), "{refused:?}");
-    assert!(first.feed(&agentry_memory::FeedQuery::default(), 10).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,7 @@ pub mod conformance;
 mod durability;
 mod error;
 mod facade;
+mod group_commit;
 mod in_memory;
 mod page;
 pub mod rules;
@@ -38,6 +39,7 @@ pub use facade::{
     Memory, MemoryConfig, MemoryError, PreparedInputs, RunOutputDocument, SessionMemory, UserMemoryHandle,
     UserMemoryMode,
 };
+pub use group_commit::GroupCommit;
 pub use in_memory::InMemoryStore;
 pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token, runs_kind};
 pub use store::{

@@ -48,7 +48,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use agentry_memory::{Durability, StoreError, StoreResult};
+use agentry_memory::{Durability, GroupCommit, StoreError, StoreResult};
 use agentry_types::{SessionId, TurnId};
 use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -401,19 +401,25 @@ impl RedbStore {
     }
 }
 
+/// Under `batched`, how long a group commit waits for the writers it just acknowledged
+/// to come back (see [`GroupCommit`]); small next to the syncs every commit pays.
+const BATCHED_LINGER: Duration = Duration::from_micros(200);
+
 fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOptions, switch: &SyncSwitch) {
-    let max_batch = match options.durability {
-        Durability::Strict => 1,
-        Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
+    let (max_batch, linger) = match options.durability {
+        Durability::Strict => (1, Duration::ZERO),
+        Durability::Batched => (options.max_batch.max(1), BATCHED_LINGER),
+        Durability::Relaxed => (options.max_batch.max(1), Duration::ZERO),
     };
     let relaxed = options.durability == Durability::Relaxed;
     let mut last_sync = Instant::now();
     let mut unsynced = false;
     let mut turns = HashMap::new();
     let mut seen_generation: Option<u64> = None;
+    let mut gather = GroupCommit::new(max_batch, linger);
     loop {
-        let first = match jobs.recv_timeout(options.relaxed_sync_interval) {
-            Ok(job) => job,
+        let batch = match gather.next_batch(jobs, Some(options.relaxed_sync_interval)) {
+            Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
                 if unsynced && sync(database, switch).is_ok() {
                     unsynced = false;
@@ -423,13 +429,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+        let size = batch.len();
         let mut transaction = match database.begin_write() {
             Ok(transaction) => transaction,
             Err(error) => {
@@ -510,6 +510,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             continue;
         }
         let committed = transaction.commit().map_err(redb_error);
+        gather.committed(size, jobs);
         if committed.is_ok() {
             seen_generation = Some(generation + 1);
             if durable {

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agentry_memory::{Durability, StoreError, StoreResult};
+use agentry_memory::{Durability, GroupCommit, StoreError, StoreResult};
 use agentry_types::{SessionId, TurnId};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
@@ -131,6 +131,9 @@ trait WriteJob: Send {
     /// rolled back) and how to report once the transaction is settled.
     fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish);
 
+    /// Whether the job must run in a savepoint (see [`SqliteStore::write_one_statement`]).
+    fn needs_savepoint(&self) -> bool;
+
     /// Reports that the job could not run.
     fn fail(self: Box<Self>, error: StoreError);
 }
@@ -140,6 +143,7 @@ type Job = Box<dyn WriteJob>;
 struct TypedJob<W, R> {
     work: W,
     reply: tokio::sync::oneshot::Sender<StoreResult<R>>,
+    savepoint: bool,
 }
 
 impl<W, R> WriteJob for TypedJob<W, R>
@@ -148,7 +152,7 @@ where
     R: Send + 'static,
 {
     fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish) {
-        let Self { work, reply } = *self;
+        let Self { work, reply, .. } = *self;
         let result = work(tx);
         let ok = result.is_ok();
         (
@@ -157,6 +161,10 @@ where
                 let _ = reply.send(commit.and(result));
             }),
         )
+    }
+
+    fn needs_savepoint(&self) -> bool {
+        self.savepoint
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
@@ -272,13 +280,14 @@ impl SqliteStore {
         let checkpointer = start_checkpointer(&mut writer, &path, &options)?;
 
         let (sender, receiver) = mpsc::channel::<Job>();
-        let batch = match options.durability {
-            Durability::Strict => 1,
-            Durability::Batched | Durability::Relaxed => options.max_batch.max(1),
+        let (batch, linger) = match options.durability {
+            Durability::Strict => (1, Duration::ZERO),
+            Durability::Batched => (options.max_batch.max(1), BATCHED_LINGER),
+            Durability::Relaxed => (options.max_batch.max(1), Duration::ZERO),
         };
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
-            .spawn(move || write_loop(&writer, &receiver, batch))
+            .spawn(move || write_loop(&writer, &receiver, batch, linger))
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -308,8 +317,26 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        self.send_job(work, true).await
+    }
+
+    /// Runs a write that changes the file with at most one statement, run after all of its
+    /// checks, without a savepoint: SQLite undoes a failed statement by itself, and a
+    /// savepoint would copy every page the statement touches into its journal.
+    pub(crate) async fn write_one_statement<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        self.send_job(work, false).await
+    }
+
+    async fn send_job<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
+        savepoint: bool,
+    ) -> StoreResult<R> {
         let (reply, receive) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(TypedJob { work, reply });
+        let job: Job = Box::new(TypedJob { work, reply, savepoint });
         self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
         receive.await.map_err(|_| StoreError::Closed)?
     }
@@ -343,6 +370,10 @@ impl SqliteStore {
     }
 }
 
+/// Under `batched`, how long a group commit waits for the writers it just acknowledged
+/// to come back (see [`GroupCommit`]); small next to the sync every commit pays.
+const BATCHED_LINGER: Duration = Duration::from_micros(200);
+
 /// Runs one cached statement that takes no parameters.
 fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
     connection.prepare_cached(sql).map_err(sqlite)?.execute([]).map(drop).map_err(sqlite)
@@ -350,17 +381,12 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
 
 /// The writer thread: takes the jobs waiting, runs each in a savepoint of one immediate
 /// transaction, commits, then reports to every job.
-fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize) {
+fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize, linger: Duration) {
     let mut turns = HashMap::new();
     let mut seen_version: Option<i64> = None;
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    let mut gather = GroupCommit::new(max_batch, linger);
+    while let Ok(batch) = gather.next_batch(jobs, None) {
+        let size = batch.len();
         // IMMEDIATE takes the write lock up front, so another process sharing the file
         // makes this wait (busy timeout) instead of failing a read-then-write.
         let began = run(connection, "BEGIN IMMEDIATE").and_then(|()| data_version(connection));
@@ -387,7 +413,8 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
         let mut jobs_left = batch.into_iter();
         let mut aborted: Option<StoreError> = None;
         for job in jobs_left.by_ref() {
-            if let Err(error) = run(connection, "SAVEPOINT job") {
+            let savepoint = job.needs_savepoint();
+            if savepoint && let Err(error) = run(connection, "SAVEPOINT job") {
                 job.fail(error.clone());
                 aborted = Some(error);
                 break;
@@ -410,11 +437,17 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 aborted = Some(error);
                 break;
             }
-            let settled = if ok {
-                run(connection, "RELEASE job")
-            } else {
-                tx.forget_turns();
-                run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
+            let settled = match (ok, savepoint) {
+                (true, true) => run(connection, "RELEASE job"),
+                (false, true) => {
+                    tx.forget_turns();
+                    run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
+                }
+                (true, false) => Ok(()),
+                (false, false) => {
+                    tx.forget_turns();
+                    Ok(())
+                }
             };
             match (settled, ok) {
                 (Ok(()), true) => finishes.push(finish),
@@ -440,6 +473,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             continue;
         }
         let committed = run(connection, "COMMIT");
+        gather.committed(size, jobs);
         if committed.is_err() {
             turns.clear();
             if !connection.is_autocommit() {

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::sqlite;
-use crate::{SqliteStore, TurnFacts};
+use crate::{SqliteStore, TurnFacts, Tx};
 
 const SESSIONS: &str = "sessions";
 
@@ -292,8 +292,9 @@ impl EventStore for SqliteStore {
         for event in events {
             bodies.push(rules::encode_event(event)?);
         }
+        let single = events.len() == 1;
         let events = events.to_vec();
-        self.write(move |tx| {
+        let work = move |tx: &mut Tx<'_>| {
             let turn_key = turn.to_string();
             let facts = match tx.turn(turn) {
                 Some(facts) => facts,
@@ -319,8 +320,9 @@ impl EventStore for SqliteStore {
             let last_seq = events.last().map_or(facts.last_seq, |event| event.seq);
             tx.remember_turn(turn, TurnFacts { session, last_seq });
             Ok(positions)
-        })
-        .await
+        };
+        // One event is one insert after every check: no savepoint needed.
+        if single { self.write_one_statement(work).await } else { self.write(work).await }
     }
 
     async fn turn_events(

@@ -1,6 +1,6 @@
 //! Storage benchmarks, per backend (in-memory as the baseline, SQLite, redb):
 //! - `append_run`: the cost of appending a run to a session holding about 10 or 10,000 runs
-//!   (flat cost as sessions grow);
+//!   (flat cost as sessions grow; see [`TIMED_APPENDS`] for how the sizes are kept);
 //! - `event_appends_50_writers`: durable event appends from 50 concurrent writers, one event
 //!   per call, in each durability mode;
 //! - `replay_1000_events`: reading one turn's 1,000 stored events;
@@ -76,19 +76,25 @@ async fn fill(store: &Arc<dyn Store>, session: SessionId, runs: usize, messages:
     }
 }
 
+/// At most this many appends are timed per sample (when criterion asks for more
+/// iterations, the time per append measured over these is scaled up), so the sessions stay
+/// near their size however fast the backend is.
+const TIMED_APPENDS: u64 = 1_000;
+
+/// Appending run k to a session of k = 10 or k = 10,000 runs, in stores of the same total
+/// size (10,000 runs: one session of 10,000, or 1,000 sessions of 10), so that only the
+/// session's size differs. The k = 10 appends go round the 1,000 sessions.
 fn append_run(c: &mut Criterion) {
     let runtime = runtime();
     let mut group = c.benchmark_group("append_run");
-    group.sample_size(30).measurement_time(Duration::from_secs(4));
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     for backend in BACKENDS {
         for k in [10usize, 10_000] {
             let fresh = fresh(backend, Durability::Relaxed);
             let store = fresh.store.clone();
-            // Many sessions of k runs for k = 10 (so appends keep k near 10), one for 10,000.
             let sessions: Vec<SessionId> = runtime.block_on(async {
-                let count = if k == 10 { 400 } else { 1 };
                 let mut ids = Vec::new();
-                for _ in 0..count {
+                for _ in 0..10_000 / k {
                     let id = session(&*store).await;
                     fill(&store, id, k, false).await;
                     ids.push(id);
@@ -97,11 +103,27 @@ fn append_run(c: &mut Criterion) {
             });
             let mut next = 0usize;
             group.bench_with_input(BenchmarkId::new(backend, format!("k={k}")), &k, |b, _| {
-                b.to_async(&runtime).iter(|| {
-                    next += 1;
-                    let session = sessions[next % sessions.len()];
+                b.to_async(&runtime).iter_custom(|iters| {
                     let store = store.clone();
-                    async move { store.put_run(&run(session), None).await.unwrap() }
+                    let appends = iters.min(TIMED_APPENDS);
+                    let targets: Vec<SessionId> = (0..appends)
+                        .map(|_| {
+                            next += 1;
+                            sessions[next % sessions.len()]
+                        })
+                        .collect();
+                    async move {
+                        if appends == 0 {
+                            return Duration::ZERO;
+                        }
+                        let started = Instant::now();
+                        for session in targets {
+                            store.put_run(&run(session), None).await.unwrap();
+                        }
+                        let elapsed = started.elapsed();
+                        #[allow(clippy::cast_precision_loss)]
+                        elapsed.mul_f64(iters as f64 / appends as f64)
+                    }
                 });
             });
         }

@@ -2,7 +2,7 @@
 //! - `append_run`: the cost of appending a run to a session holding about 10 or 10,000 runs
 //!   (flat cost as sessions grow; see [`TIMED_APPENDS`] for how the sizes are kept);
 //! - `event_appends_50_writers`: durable event appends from 50 concurrent writers, one event
-//!   per call, in each durability mode;
+//!   per call, in each durability mode, and eight per call under `relaxed`;
 //! - `replay_1000_events`: reading one turn's 1,000 stored events;
 //! - `history_window_20`: loading a 20-message history window from a session with 10,000 runs.
 //!
@@ -131,24 +131,38 @@ fn append_run(c: &mut Criterion) {
     group.finish();
 }
 
+/// 50 concurrent writers (turns) appending events: one event per call in each durability
+/// mode, and under `relaxed` also eight events per call (a turn coalescing the events it
+/// emitted while its previous append was in flight).
 fn event_appends(c: &mut Criterion) {
     let runtime = runtime();
     let mut group = c.benchmark_group("event_appends_50_writers");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
+    let modes = [
+        (Durability::Strict, 1),
+        (Durability::Batched, 1),
+        (Durability::Relaxed, 1),
+        (Durability::Relaxed, 8),
+    ];
     for backend in BACKENDS {
-        for durability in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
-            if backend == "memory" && durability != Durability::Batched {
+        for (durability, per_call) in modes {
+            if backend == "memory" && durability == Durability::Strict {
                 continue;
             }
             let per_writer: u64 = match durability {
                 Durability::Strict => 4,
                 Durability::Batched => 40,
-                Durability::Relaxed => 200,
+                Durability::Relaxed => 200 * per_call as u64,
             };
             let fresh = fresh(backend, durability);
             let store = fresh.store.clone();
+            let name = if per_call == 1 {
+                durability.as_str().to_owned()
+            } else {
+                format!("{durability}/{per_call}-per-call")
+            };
             group.throughput(Throughput::Elements(50 * per_writer));
-            group.bench_function(BenchmarkId::new(backend, durability.as_str()), |b| {
+            group.bench_function(BenchmarkId::new(backend, name), |b| {
                 b.to_async(&runtime).iter_custom(|iters| {
                     let store = store.clone();
                     async move {
@@ -165,13 +179,13 @@ fn event_appends(c: &mut Criterion) {
                             let mut tasks = Vec::new();
                             for record in runs.clone() {
                                 let store = store.clone();
-                                let first = next_seq;
+                                let first = next_seq + 1;
                                 tasks.push(tokio::spawn(async move {
-                                    for seq in first + 1..=first + per_writer {
-                                        store
-                                            .append_events(record.id, &[event_for(&record, seq)], None)
-                                            .await
-                                            .unwrap();
+                                    let seqs: Vec<u64> = (first..first + per_writer).collect();
+                                    for chunk in seqs.chunks(per_call) {
+                                        let events: Vec<_> =
+                                            chunk.iter().map(|seq| event_for(&record, *seq)).collect();
+                                        store.append_events(record.id, &events, None).await.unwrap();
                                     }
                                 }));
                             }

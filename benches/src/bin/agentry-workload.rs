@@ -143,6 +143,7 @@ async fn append_rate(
     durability: &str,
     writers: usize,
     per_writer: u64,
+    per_call: usize,
 ) -> Result<()> {
     let durability = durability.parse().map_err(anyhow::Error::msg)?;
     let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
@@ -159,8 +160,10 @@ async fn append_rate(
     for run in runs {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
-            for seq in 1..=per_writer {
-                store.append_events(run.id, &[event_for(&run, seq)], None).await?;
+            for first in (1..=per_writer).step_by(per_call) {
+                let last = (first + per_call as u64 - 1).min(per_writer);
+                let events: Vec<_> = (first..=last).map(|seq| event_for(&run, seq)).collect();
+                store.append_events(run.id, &events, None).await?;
             }
             anyhow::Ok(())
         }));
@@ -171,7 +174,7 @@ async fn append_rate(
     let elapsed = started.elapsed();
     #[allow(clippy::cast_precision_loss)]
     let rate = (writers as f64 * per_writer as f64) / elapsed.as_secs_f64();
-    println!("{backend} {durability}: {writers} writers, {rate:.0} events/s");
+    println!("{backend} {durability}: {writers} writers, {per_call} events per call, {rate:.0} events/s");
     Ok(())
 }
 
@@ -189,8 +192,11 @@ fn main() -> Result<()> {
             runtime.block_on(delete_session(backend, path, durability, session))
         }
         ["append-rate", backend, path, durability, writers, per_writer] => {
-            runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?))
+            runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, 1))
         }
+        ["append-rate", backend, path, durability, writers, per_writer, per_call] => runtime.block_on(
+            append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, per_call.parse()?),
+        ),
         _ => bail!(
             "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer>"
         ),

@@ -12,7 +12,8 @@
 //! event to a stored turn and `agentry-workload delete-session <backend> <path> <durability>
 //! <session id>` deletes a session, each printing `ok…` or `refused <error>`: the second
 //! process of the shared-file tests. `agentry-workload append-rate <backend> <path>
-//! <durability> <writers> <events per writer>` measures sustained append throughput.
+//! <durability> <writers> <events per writer> [<events per call>]` measures sustained append
+//! throughput.
 
 // A workload driver reports on standard output.
 #![allow(clippy::print_stdout)]
@@ -136,7 +137,7 @@ async fn delete_session(backend: &str, path: &str, durability: &str, session: &s
     Ok(())
 }
 
-/// Appends events from concurrent writers, one event per call, and prints the rate.
+/// Appends events from concurrent writers, `per_call` events per call, and prints the rate.
 async fn append_rate(
     backend: &str,
     path: &str,
@@ -145,6 +146,9 @@ async fn append_rate(
     per_writer: u64,
     per_call: usize,
 ) -> Result<()> {
+    if per_call == 0 {
+        bail!("events per call must be at least 1");
+    }
     let durability = durability.parse().map_err(anyhow::Error::msg)?;
     let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
     let session = SessionRecord::new(SessionType::Agent, "rate", Subject::user("rate"));
@@ -198,7 +202,7 @@ fn main() -> Result<()> {
             append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, per_call.parse()?),
         ),
         _ => bail!(
-            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer>"
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]"
         ),
     }
 }

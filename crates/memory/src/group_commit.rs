@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 /// aside the writes that queued during the transaction, and the next batch waits until it
 /// holds as many writes as the last batch plus those set aside. Concurrent writers that
 /// each wait for their own commit then share one batch instead of alternating between two
-/// half-size ones. A lone writer never waits: its batch of one is complete at once.
+/// half-size ones. A lone writer does not wait: its batch of one is complete at once
+/// (only the first write after a burst may wait out the linger, once).
 ///
 /// ```
 /// use std::sync::mpsc;

@@ -55,8 +55,9 @@ use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, Readabl
 use crate::backend::{DeferredSyncBackend, SyncSwitch};
 use crate::tables::META;
 
-/// The schema version this build writes.
-pub(crate) const VERSION: u64 = 1;
+/// The schema version this build writes. Version 2 dropped the last stored seq from
+/// `run_meta` (it is the turn's last key in `turn_events`).
+pub(crate) const VERSION: u64 = 2;
 
 /// How a [`RedbStore`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,16 +286,23 @@ fn check_version(read: &ReadTransaction) -> StoreResult<()> {
     }
 }
 
-/// Checks the version again (a repaired file was not checked before) and creates the
-/// tables and counters of a new store.
+/// Checks the version again (a repaired file was not checked before), migrates an older
+/// store forward and creates the tables and counters of a new store, in one transaction.
 fn prepare(database: &Database) -> StoreResult<()> {
     check_version(&database.begin_read().map_err(redb_error)?)?;
     let write = database.begin_write().map_err(redb_error)?;
     {
-        let mut meta = write.open_table(META).map_err(redb_error)?;
-        if meta.get("schema_version").map_err(redb_error)?.is_none() {
-            meta.insert("schema_version", VERSION).map_err(redb_error)?;
+        let version = write
+            .open_table(META)
+            .map_err(redb_error)?
+            .get("schema_version")
+            .map_err(redb_error)?
+            .map(|value| value.value());
+        if version == Some(1) {
+            ops::migrate_1_to_2(&write)?;
         }
+        let mut meta = write.open_table(META).map_err(redb_error)?;
+        meta.insert("schema_version", VERSION).map_err(redb_error)?;
         for counter in ["last_token", "last_position", "last_run_order", "last_journal_order", "generation"] {
             if meta.get(counter).map_err(redb_error)?.is_none() {
                 meta.insert(counter, 0).map_err(redb_error)?;
@@ -430,6 +438,11 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             Err(RecvTimeoutError::Disconnected) => break,
         };
         let size = batch.len();
+        // Every commit is `Immediate`, so it leaves the process; under `relaxed` the switch
+        // skips the sync except once per interval. It is set before the transaction
+        // begins, which may itself sync.
+        let durable = !relaxed || last_sync.elapsed() >= options.relaxed_sync_interval;
+        switch.set(durable);
         let mut transaction = match database.begin_write() {
             Ok(transaction) => transaction,
             Err(error) => {
@@ -440,10 +453,6 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 continue;
             }
         };
-        // Every commit is `Immediate`, so it leaves the process; under `relaxed` the switch
-        // skips the sync except once per interval.
-        let durable = !relaxed || last_sync.elapsed() >= options.relaxed_sync_interval;
-        switch.set(durable);
         if let Err(error) = transaction.set_durability(redb::Durability::Immediate) {
             let error = StoreError::Io(format!("redb refused the durability level: {error}"));
             for job in batch {
@@ -539,6 +548,8 @@ fn sync(database: &Database, switch: &SyncSwitch) -> StoreResult<()> {
     transaction
         .set_durability(redb::Durability::Immediate)
         .map_err(|error| StoreError::Io(error.to_string()))?;
+    // Like every other commit, keep the allocator state so a crash needs no full repair.
+    transaction.set_quick_repair(true);
     transaction.commit().map_err(redb_error)
 }
 

@@ -67,6 +67,32 @@ pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     touch(transaction, LEASES)
 }
 
+/// Schema 1 → 2: `run_meta` loses the last stored seq, which folds into the high-water
+/// mark (a turn's mark was the larger of the two).
+pub(crate) fn migrate_1_to_2(transaction: &WriteTransaction) -> StoreResult<()> {
+    const RUN_META_V1: TableDefinition<'_, u128, (u128, u64, u64, u64)> = TableDefinition::new("run_meta");
+    let rows = {
+        let old = match transaction.open_table(RUN_META_V1) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(error) => return Err(redb_error(error)),
+        };
+        let mut rows = Vec::new();
+        for entry in old.iter().map_err(redb_error)? {
+            let (key, value) = entry.map_err(redb_error)?;
+            let (session, order, last_seq, high_water) = value.value();
+            rows.push((key.value(), (session, order, high_water.max(last_seq))));
+        }
+        rows
+    };
+    transaction.delete_table(RUN_META_V1).map_err(redb_error)?;
+    let mut table = transaction.open_table(RUN_META).map_err(redb_error)?;
+    for (key, value) in rows {
+        table.insert(key, value).map_err(redb_error)?;
+    }
+    Ok(())
+}
+
 /// Reads one JSON record from any table keyed by `K`.
 fn get_json<T: serde::de::DeserializeOwned, K: redb::Key + 'static>(
     table: &impl ReadableTable<K, &'static [u8]>,

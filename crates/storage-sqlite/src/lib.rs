@@ -2,14 +2,17 @@
 //!
 //! [`SqliteStore`] keeps every record of the storage traits in one SQLite file in WAL
 //! mode. All writes go through one writer thread that commits concurrent writes together
-//! (group commit, each write in its own savepoint so that a failed write leaves the others
-//! alone); reads run on a small pool of read-only connections on blocking threads. Nothing
-//! blocks the async executor. The writer remembers each running turn's session and last
-//! `seq`, so an event append costs one insert; it checks `PRAGMA data_version` at the start
-//! of every transaction and forgets everything when another process has written, a job
-//! failed or a transaction did not commit. WAL checkpoints run on their own thread. The schema is versioned and migrated forward on open; a file
-//! from a newer version, a damaged file or a foreign database is refused with a clear error
-//! and left as it was.
+//! (group commit). Each write runs in its own savepoint so that a failed write leaves the
+//! others alone, except a single-event append, which is one statement after all its checks
+//! and relies on SQLite undoing a failed statement. Reads run on a small pool of read-only
+//! connections on blocking threads. Nothing blocks the async executor.
+//!
+//! The writer remembers each running turn's session and last `seq`, so an event append
+//! costs one insert; it checks `PRAGMA data_version` at the start of every transaction and
+//! forgets everything when another process has written, a job failed or a transaction did
+//! not commit. WAL checkpoints run on their own thread. The schema is versioned and
+//! migrated forward on open; a file from a newer version, a damaged file or a foreign
+//! database is refused with a clear error and left as it was.
 //!
 //! ```
 //! use agentry_memory::{Durability, SessionStore};
@@ -127,8 +130,9 @@ type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// A write waiting for the writer thread.
 trait WriteJob: Send {
-    /// Runs inside a savepoint; says whether it succeeded (so the savepoint is kept or
-    /// rolled back) and how to report once the transaction is settled.
+    /// Runs (inside a savepoint unless [`WriteJob::needs_savepoint`] says otherwise); says
+    /// whether it succeeded (so the savepoint is kept or rolled back) and how to report
+    /// once the transaction is settled.
     fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish);
 
     /// Whether the job must run in a savepoint (see [`SqliteStore::write_one_statement`]).
@@ -379,8 +383,8 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
     connection.prepare_cached(sql).map_err(sqlite)?.execute([]).map(drop).map_err(sqlite)
 }
 
-/// The writer thread: takes the jobs waiting, runs each in a savepoint of one immediate
-/// transaction, commits, then reports to every job.
+/// The writer thread: takes the jobs waiting, runs each in one immediate transaction (in a
+/// savepoint when it needs one), commits, then reports to every job.
 fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize, linger: Duration) {
     let mut turns = HashMap::new();
     let mut seen_version: Option<i64> = None;

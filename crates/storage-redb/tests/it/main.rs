@@ -6,6 +6,7 @@
 mod bad_input;
 mod durability;
 mod memory_facade;
+mod migration;
 
 use std::sync::Arc;
 

@@ -29,6 +29,7 @@ mod facade;
 mod group_commit;
 mod in_memory;
 mod page;
+mod remembered;
 pub mod rules;
 mod store;
 mod views;
@@ -42,6 +43,7 @@ pub use facade::{
 pub use group_commit::GroupCommit;
 pub use in_memory::InMemoryStore;
 pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token, runs_kind};
+pub use remembered::{RememberedTurns, TurnFacts};
 pub use store::{
     BudgetStore, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore,
     MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,

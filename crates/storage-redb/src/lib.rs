@@ -39,7 +39,6 @@ mod backend;
 mod ops;
 mod tables;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -48,8 +47,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use agentry_memory::{Durability, GroupCommit, StoreError, StoreResult};
-use agentry_types::{SessionId, TurnId};
+use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::backend::{DeferredSyncBackend, SyncSwitch};
@@ -114,51 +112,17 @@ enum Outcome {
     Poisoned(StoreError),
 }
 
-/// What the writer knows about a turn without reading the file.
-///
-/// Valid while no other process has written (each of this store's transactions bumps the
-/// `generation` counter; a different value at the start of a transaction means another
-/// writer came in between); forgotten whenever a job is refused or a transaction is
-/// abandoned, so it never describes a write that did not happen.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TurnFacts {
-    /// The session the turn belongs to (fixed for the life of the run).
-    pub(crate) session: SessionId,
-    /// The last stored `seq` of the turn (0 when none).
-    pub(crate) last_seq: u64,
-}
-
-/// The most turns the writer remembers; past this it starts over.
-const REMEMBERED_TURNS: usize = 4096;
-
 /// The writer's open transaction and what the writer remembers. Dereferences to the
 /// transaction.
 pub(crate) struct Tx<'a> {
     transaction: &'a WriteTransaction,
-    turns: &'a mut HashMap<TurnId, TurnFacts>,
+    /// What the writer remembers about running turns.
+    pub(crate) turns: &'a mut RememberedTurns,
     /// The last event position handed out in this transaction, stored once at commit.
     last_position: Option<u64>,
 }
 
 impl Tx<'_> {
-    /// What the writer remembers about a turn, if anything.
-    pub(crate) fn turn(&self, turn: TurnId) -> Option<TurnFacts> {
-        self.turns.get(&turn).copied()
-    }
-
-    /// Remembers a turn's facts as they stand once this job's writes commit.
-    pub(crate) fn remember_turn(&mut self, turn: TurnId, facts: TurnFacts) {
-        if self.turns.len() >= REMEMBERED_TURNS && !self.turns.contains_key(&turn) {
-            self.turns.clear();
-        }
-        self.turns.insert(turn, facts);
-    }
-
-    /// Forgets every turn (after deleting runs or events).
-    pub(crate) fn forget_turns(&mut self) {
-        self.turns.clear();
-    }
-
     /// Hands out `count` store-wide event positions; returns the first.
     pub(crate) fn allocate_positions(&mut self, count: u64) -> StoreResult<u64> {
         let last = match self.last_position {
@@ -422,7 +386,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
     let relaxed = options.durability == Durability::Relaxed;
     let mut last_sync = Instant::now();
     let mut unsynced = false;
-    let mut turns = HashMap::new();
+    let mut turns = RememberedTurns::default();
     let mut seen_generation: Option<u64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
     loop {
@@ -473,7 +437,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
         // Another process wrote since this writer's last transaction: what it remembers
         // may be stale.
         if seen_generation != Some(generation) {
-            turns.clear();
+            turns.forget_all();
         }
         seen_generation = None;
         let mut tx = Tx { transaction: &transaction, turns: &mut turns, last_position: None };
@@ -490,7 +454,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             match outcome {
                 Outcome::Done => finishes.push(finish),
                 Outcome::Refused => {
-                    tx.forget_turns();
+                    tx.turns.forget_all();
                     finish(Ok(()));
                 }
                 Outcome::Poisoned(error) => {
@@ -508,7 +472,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
             poisoned = counters.err();
         }
         if let Some(error) = poisoned {
-            turns.clear();
+            turns.forget_all();
             let _ = transaction.abort();
             for finish in finishes {
                 finish(Err(error.clone()));
@@ -529,7 +493,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 unsynced = true;
             }
         } else {
-            turns.clear();
+            turns.forget_all();
         }
         for finish in finishes {
             finish(committed.clone());

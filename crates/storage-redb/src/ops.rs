@@ -7,7 +7,7 @@ use agentry_events::EventEnvelope;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -23,7 +23,7 @@ use crate::tables::{
     RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_EVENTS, SESSION_INDEX, SESSION_RUNS, SESSIONS,
     TURN_EVENTS,
 };
-use crate::{RedbStore, TurnFacts, counter, redb_error, set_counter};
+use crate::{RedbStore, counter, redb_error, set_counter};
 
 mod uuid_bits {
     use agentry_types::{SessionId, TurnId};
@@ -190,7 +190,7 @@ impl SessionStore for RedbStore {
 
     async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
         self.write(move |transaction| {
-            transaction.forget_turns();
+            transaction.turns.forget_all();
             let key = session_key(id);
             let session: SessionRecord = {
                 let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
@@ -423,7 +423,7 @@ impl EventStore for RedbStore {
         let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
         let events = events.to_vec();
         self.write(move |transaction| {
-            let facts = match transaction.turn(turn) {
+            let facts = match transaction.turns.get(turn) {
                 Some(facts) => facts,
                 None => {
                     let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
@@ -450,7 +450,7 @@ impl EventStore for RedbStore {
                     positions.push(position);
                 }
             }
-            transaction.remember_turn(turn, TurnFacts { session, last_seq: last });
+            transaction.turns.remember(turn, TurnFacts { session, last_seq: last });
             Ok(positions)
         })
         .await

@@ -32,7 +32,6 @@ mod error;
 mod ops;
 mod schema;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -42,8 +41,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agentry_memory::{Durability, GroupCommit, StoreError, StoreResult};
-use agentry_types::{SessionId, TurnId};
+use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
 
@@ -73,47 +71,12 @@ impl Default for SqliteOptions {
     }
 }
 
-/// What the writer knows about a turn without asking the file.
-///
-/// Valid while no other connection has written (checked with `PRAGMA data_version` at the
-/// start of every transaction); forgotten whenever a job fails or a transaction does not
-/// commit, so it never describes a write that did not happen.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TurnFacts {
-    /// The session the turn belongs to (fixed for the life of the run).
-    pub(crate) session: SessionId,
-    /// The last stored `seq` of the turn (0 when none).
-    pub(crate) last_seq: u64,
-}
-
-/// The most turns the writer remembers; past this it starts over.
-const REMEMBERED_TURNS: usize = 4096;
-
 /// The writer thread's connection, inside the open transaction, and what the writer
 /// remembers between transactions. Dereferences to the connection.
 pub(crate) struct Tx<'a> {
     connection: &'a Connection,
-    turns: &'a mut HashMap<TurnId, TurnFacts>,
-}
-
-impl Tx<'_> {
-    /// What the writer remembers about a turn, if anything.
-    pub(crate) fn turn(&self, turn: TurnId) -> Option<TurnFacts> {
-        self.turns.get(&turn).copied()
-    }
-
-    /// Remembers a turn's facts as they stand once this job's writes commit.
-    pub(crate) fn remember_turn(&mut self, turn: TurnId, facts: TurnFacts) {
-        if self.turns.len() >= REMEMBERED_TURNS && !self.turns.contains_key(&turn) {
-            self.turns.clear();
-        }
-        self.turns.insert(turn, facts);
-    }
-
-    /// Forgets every turn (after deleting runs or events).
-    pub(crate) fn forget_turns(&mut self) {
-        self.turns.clear();
-    }
+    /// What the writer remembers about running turns.
+    pub(crate) turns: &'a mut RememberedTurns,
 }
 
 impl Deref for Tx<'_> {
@@ -386,7 +349,7 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
 /// The writer thread: takes the jobs waiting, runs each in one immediate transaction (in a
 /// savepoint when it needs one), commits, then reports to every job.
 fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize, linger: Duration) {
-    let mut turns = HashMap::new();
+    let mut turns = RememberedTurns::default();
     let mut seen_version: Option<i64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
     while let Ok(batch) = gather.next_batch(jobs, None) {
@@ -409,7 +372,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
         // Another connection wrote since the last transaction: what the writer remembers
         // may be stale.
         if seen_version != Some(version) {
-            turns.clear();
+            turns.forget_all();
             seen_version = Some(version);
         }
         let mut tx = Tx { connection, turns: &mut turns };
@@ -444,12 +407,12 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             let settled = match (ok, savepoint) {
                 (true, true) => run(connection, "RELEASE job"),
                 (false, true) => {
-                    tx.forget_turns();
+                    tx.turns.forget_all();
                     run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
                 }
                 (true, false) => Ok(()),
                 (false, false) => {
-                    tx.forget_turns();
+                    tx.turns.forget_all();
                     Ok(())
                 }
             };
@@ -464,7 +427,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             }
         }
         if let Some(error) = aborted {
-            turns.clear();
+            turns.forget_all();
             if !connection.is_autocommit() {
                 let _ = run(connection, "ROLLBACK");
             }
@@ -479,7 +442,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
         let committed = run(connection, "COMMIT");
         gather.committed(size, jobs);
         if committed.is_err() {
-            turns.clear();
+            turns.forget_all();
             if !connection.is_autocommit() {
                 let _ = run(connection, "ROLLBACK");
             }

@@ -8,7 +8,7 @@ use agentry_events::EventEnvelope;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::sqlite;
-use crate::{SqliteStore, TurnFacts, Tx};
+use crate::{SqliteStore, Tx};
 
 const SESSIONS: &str = "sessions";
 
@@ -122,7 +122,7 @@ impl SessionStore for SqliteStore {
 
     async fn delete_session(&self, id: SessionId) -> StoreResult<()> {
         self.write(move |connection| {
-            connection.forget_turns();
+            connection.turns.forget_all();
             let key = id.to_string();
             let deleted = connection.execute("DELETE FROM sessions WHERE id = ?1", [&key]).map_err(sqlite)?;
             if deleted == 0 {
@@ -296,7 +296,7 @@ impl EventStore for SqliteStore {
         let events = events.to_vec();
         let work = move |tx: &mut Tx<'_>| {
             let turn_key = turn.to_string();
-            let facts = match tx.turn(turn) {
+            let facts = match tx.turns.get(turn) {
                 Some(facts) => facts,
                 None => {
                     let (session, _) = run_seq_row(tx, turn, &turn_key)?;
@@ -318,7 +318,7 @@ impl EventStore for SqliteStore {
             }
             drop(insert);
             let last_seq = events.last().map_or(facts.last_seq, |event| event.seq);
-            tx.remember_turn(turn, TurnFacts { session, last_seq });
+            tx.turns.remember(turn, TurnFacts { session, last_seq });
             Ok(positions)
         };
         // One event is one insert after every check: no savepoint needed.

@@ -248,7 +248,7 @@ impl EventStore for InMemoryStore {
         let mut state = self.state();
         let row = state.run(turn)?;
         let session = row.record.session_id;
-        rules::check_event_batch(turn, session, row.last_seq, events)?;
+        rules::check_event_batch(turn, session, row.last_seq, events.iter().map(rules::EventKey::of))?;
         state.fence(session, fence)?;
         let mut positions = Vec::with_capacity(events.len());
         for event in events {

@@ -151,13 +151,46 @@ pub fn check_seq(seq: u64) -> StoreResult<()> {
     Ok(())
 }
 
-/// Checks a batch of events for turn `turn` of session `session` against the turn's last
-/// stored `seq`.
+/// What [`check_event_batch`] needs of an event: small and `Copy`, so a backend can hand
+/// a batch's keys to its writer thread without cloning the events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventKey {
+    /// The event's id (named in errors).
+    pub event_id: agentry_types::EventId,
+    /// The turn it names.
+    pub turn_id: TurnId,
+    /// The session it names.
+    pub session_id: SessionId,
+    /// Its `seq`.
+    pub seq: u64,
+    /// Whether it is a durable event (deltas are not stored).
+    pub durable: bool,
+    /// Its kind (named in errors).
+    pub kind: &'static str,
+}
+
+impl EventKey {
+    /// The key of an event.
+    #[must_use]
+    pub fn of(event: &EventEnvelope) -> Self {
+        Self {
+            event_id: event.event_id,
+            turn_id: event.turn_id,
+            session_id: event.session_id,
+            seq: event.seq,
+            durable: event.is_durable(),
+            kind: event.kind(),
+        }
+    }
+}
+
+/// Checks a batch of events (by their keys) for turn `turn` of session `session` against
+/// the turn's last stored `seq`.
 pub fn check_event_batch(
     turn: TurnId,
     session: SessionId,
     last_seq: u64,
-    events: &[EventEnvelope],
+    events: impl IntoIterator<Item = EventKey>,
 ) -> StoreResult<()> {
     let mut previous = last_seq;
     for event in events {
@@ -173,11 +206,10 @@ pub fn check_event_batch(
                 event.event_id, event.session_id
             )));
         }
-        if !event.is_durable() {
+        if !event.durable {
             return Err(StoreError::InvalidInput(format!(
                 "event {} is a {}, which is streamed but not stored",
-                event.event_id,
-                event.kind()
+                event.event_id, event.kind
             )));
         }
         check_seq(event.seq)?;

@@ -420,8 +420,7 @@ impl EventStore for RedbStore {
         for event in events {
             bodies.push(rules::encode_event(event)?);
         }
-        let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
-        let events = events.to_vec();
+        let keys: Vec<rules::EventKey> = events.iter().map(rules::EventKey::of).collect();
         self.write(move |transaction| {
             let facts = match transaction.turns.get(turn) {
                 Some(facts) => facts,
@@ -433,19 +432,19 @@ impl EventStore for RedbStore {
                 }
             };
             let session = facts.session;
-            rules::check_event_batch(turn, session, facts.last_seq, &events)?;
+            rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
             check_fence(transaction, session, fence)?;
-            let Some(&last) = seqs.last() else { return Ok(Vec::new()) };
-            let first_position = transaction.allocate_positions(seqs.len() as u64)?;
+            let Some(last) = keys.last().map(|key| key.seq) else { return Ok(Vec::new()) };
+            let first_position = transaction.allocate_positions(keys.len() as u64)?;
             let mut positions = Vec::with_capacity(bodies.len());
             {
                 let mut table = transaction.open_table(EVENTS).map_err(redb_error)?;
                 let mut by_turn = transaction.open_table(TURN_EVENTS).map_err(redb_error)?;
                 let mut by_session = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
-                for (offset, (seq, body)) in seqs.iter().zip(&bodies).enumerate() {
+                for (offset, (key, body)) in keys.iter().zip(&bodies).enumerate() {
                     let position = first_position + offset as u64;
                     table.insert(position, body.as_slice()).map_err(redb_error)?;
-                    by_turn.insert((turn_key(turn), *seq), position).map_err(redb_error)?;
+                    by_turn.insert((turn_key(turn), key.seq), position).map_err(redb_error)?;
                     by_session.insert((session_key(session), position), ()).map_err(redb_error)?;
                     positions.push(position);
                 }

@@ -293,7 +293,7 @@ impl EventStore for SqliteStore {
             bodies.push(rules::encode_event(event)?);
         }
         let single = events.len() == 1;
-        let events = events.to_vec();
+        let keys: Vec<rules::EventKey> = events.iter().map(rules::EventKey::of).collect();
         let work = move |tx: &mut Tx<'_>| {
             let turn_key = turn.to_string();
             let facts = match tx.turns.get(turn) {
@@ -304,20 +304,20 @@ impl EventStore for SqliteStore {
                 }
             };
             let session = facts.session;
-            rules::check_event_batch(turn, session, facts.last_seq, &events)?;
+            rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
             check_fence(tx, session, fence)?;
             let session_key = session.to_string();
             let connection: &Connection = tx;
             let mut insert = connection
                 .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
                 .map_err(sqlite)?;
-            let mut positions = Vec::with_capacity(events.len());
-            for (event, body) in events.iter().zip(&bodies) {
+            let mut positions = Vec::with_capacity(keys.len());
+            for (event, body) in keys.iter().zip(&bodies) {
                 insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
                 positions.push(as_u64(connection.last_insert_rowid()));
             }
             drop(insert);
-            let last_seq = events.last().map_or(facts.last_seq, |event| event.seq);
+            let last_seq = keys.last().map_or(facts.last_seq, |event| event.seq);
             tx.turns.remember(turn, TurnFacts { session, last_seq });
             Ok(positions)
         };

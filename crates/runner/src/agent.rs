@@ -1,0 +1,208 @@
+//! Agents: a name, instructions, a model, tools and limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_model::Model;
+use agentry_types::ToolSpec;
+
+use crate::tool::{Tool, ask_user_question};
+
+/// How far one turn of an agent may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// Model calls per turn; reaching it ends the turn with an error.
+    pub max_iterations: u32,
+    /// Wall time per turn; reaching it cancels the turn (`server-execution-timeout`).
+    pub timeout: Option<Duration>,
+    /// Time one tool call may take; a call that takes longer gets an error result.
+    pub tool_timeout: Duration,
+    /// After a cancellation, how long running tools may take to finish.
+    pub cancel_grace: Duration,
+    /// Runs of history given to the model (the latest ones).
+    pub history_runs: usize,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        Self {
+            max_iterations: 25,
+            timeout: None,
+            tool_timeout: Duration::from_secs(120),
+            cancel_grace: Duration::from_secs(5),
+            history_runs: 50,
+        }
+    }
+}
+
+/// An agent: cheap to clone (everything heavy is shared).
+///
+/// ```
+/// use std::sync::Arc;
+/// use agentry_model::{ScriptedModel, ScriptedResponse};
+/// use agentry_runner::Agent;
+/// let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Hi!")]));
+/// let agent = Agent::builder("greeter", model).instructions("Greet the user.").build();
+/// assert_eq!(agent.name(), "greeter");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Agent {
+    inner: Arc<AgentInner>,
+}
+
+#[derive(Debug)]
+struct AgentInner {
+    name: String,
+    instructions: Option<String>,
+    model: Arc<dyn Model>,
+    tools: Vec<Arc<dyn Tool>>,
+    approval_required: Vec<String>,
+    client_tools: Vec<ToolSpec>,
+    limits: AgentLimits,
+}
+
+impl Agent {
+    /// Starts building an agent named `name` on `model`.
+    #[must_use]
+    pub fn builder(name: impl Into<String>, model: Arc<dyn Model>) -> AgentBuilder {
+        AgentBuilder {
+            inner: AgentInner {
+                name: name.into(),
+                instructions: None,
+                model,
+                tools: Vec::new(),
+                approval_required: Vec::new(),
+                client_tools: Vec::new(),
+                limits: AgentLimits::default(),
+            },
+        }
+    }
+
+    /// Its name (sessions name their agent by it).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Its system instructions.
+    #[must_use]
+    pub fn instructions(&self) -> Option<&str> {
+        self.inner.instructions.as_deref()
+    }
+
+    /// Its model.
+    #[must_use]
+    pub fn model(&self) -> &Arc<dyn Model> {
+        &self.inner.model
+    }
+
+    /// Its server-side tools.
+    #[must_use]
+    pub fn tools(&self) -> &[Arc<dyn Tool>] {
+        &self.inner.tools
+    }
+
+    /// Its client-side tools (run by the client; the turn ends to wait for their results).
+    #[must_use]
+    pub fn client_tools(&self) -> &[ToolSpec] {
+        &self.inner.client_tools
+    }
+
+    /// Its limits.
+    #[must_use]
+    pub fn limits(&self) -> &AgentLimits {
+        &self.inner.limits
+    }
+
+    /// The server-side tool named `name`.
+    #[must_use]
+    pub fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.inner.tools.iter().find(|tool| tool.spec().name == name)
+    }
+
+    /// Whether a call of `name` waits for a person's approval.
+    #[must_use]
+    pub fn requires_approval(&self, name: &str) -> bool {
+        self.inner.approval_required.iter().any(|gated| gated == name)
+    }
+
+    /// Whether `name` is a client-side tool.
+    #[must_use]
+    pub fn is_client_tool(&self, name: &str) -> bool {
+        self.inner.client_tools.iter().any(|tool| tool.name == name)
+    }
+
+    /// Every tool the model is offered: server-side, then client-side.
+    #[must_use]
+    pub fn tool_specs(&self) -> Vec<ToolSpec> {
+        self.inner
+            .tools
+            .iter()
+            .map(|tool| tool.spec().clone())
+            .chain(self.inner.client_tools.iter().cloned())
+            .collect()
+    }
+}
+
+/// Builds an [`Agent`].
+#[derive(Debug)]
+pub struct AgentBuilder {
+    inner: AgentInner,
+}
+
+impl AgentBuilder {
+    /// Sets the system instructions.
+    #[must_use]
+    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.inner.instructions = Some(instructions.into());
+        self
+    }
+
+    /// Adds a server-side tool.
+    #[must_use]
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.inner.tools.push(tool);
+        self
+    }
+
+    /// Adds server-side tools.
+    #[must_use]
+    pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
+        self.inner.tools.extend(tools);
+        self
+    }
+
+    /// Makes calls of the tool named `name` wait for a person's approval.
+    #[must_use]
+    pub fn requires_approval(mut self, name: impl Into<String>) -> Self {
+        self.inner.approval_required.push(name.into());
+        self
+    }
+
+    /// Adds a client-side tool: the turn ends with `tool.response_required` when the model
+    /// calls it, and the next turn supplies the result.
+    #[must_use]
+    pub fn client_tool(mut self, spec: ToolSpec) -> Self {
+        self.inner.client_tools.push(spec);
+        self
+    }
+
+    /// Adds the built-in client-side `ask_user_question` tool.
+    #[must_use]
+    pub fn ask_user_question(self) -> Self {
+        self.client_tool(ask_user_question())
+    }
+
+    /// Sets the limits.
+    #[must_use]
+    pub fn limits(mut self, limits: AgentLimits) -> Self {
+        self.inner.limits = limits;
+        self
+    }
+
+    /// Builds the agent.
+    #[must_use]
+    pub fn build(self) -> Agent {
+        Agent { inner: Arc::new(self.inner) }
+    }
+}

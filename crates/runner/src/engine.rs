@@ -1,0 +1,745 @@
+//! The turn engine: one task per running turn drives the agent loop (model, tools,
+//! human-in-the-loop pauses) and owns the turn's sequencer, so every event is numbered,
+//! stored (when durable), appended to the live log and published in `seq` order.
+//!
+//! Durable step boundaries (design §8a): the turn's input, each completed model message
+//! and each batch of tool results are appended to the run's history messages as they
+//! happen, and every tool call is journaled before and after it runs. Recovery rebuilds
+//! the model context from those and continues from the last boundary.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_events::{EventEnvelope, EventPayload, TurnEmitter};
+use agentry_memory::{Conflict, HistoryQuery, Store, StoreError};
+use agentry_model::ModelRequest;
+use agentry_types::{
+    ApprovalDecision, CancellationReason, EventId, Fence, JournalEntry, Message, ModelMessage,
+    PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId, ThreadId,
+    ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
+};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+
+use crate::agent::Agent;
+use crate::live::LiveTurn;
+use crate::tool::ToolContext;
+
+/// `seq` numbers reserved durably ahead of use (design §8a).
+const HIGH_WATER_BLOCK: u64 = 256;
+
+/// Why a turn stopped before answering.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    Cancelled(CancellationReason),
+    Failed(String),
+    /// The lease went to another process: this one must not write anything more.
+    LeaseLost,
+}
+
+impl From<StoreError> for Stop {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Conflict(Conflict::StaleFence { .. }) => Self::LeaseLost,
+            other => Self::Failed(format!("storage failed: {other}")),
+        }
+    }
+}
+
+/// How a turn ended without stopping.
+enum Outcome {
+    Answered(Option<ThreadMessage>),
+    Paused(Option<ThreadMessage>, Vec<RequiredActionRecord>),
+}
+
+/// The sequencer owner: numbers, stores, logs and publishes, in that order, under one lock.
+pub(crate) struct TurnSink {
+    store: Arc<dyn Store>,
+    live: Arc<LiveTurn>,
+    turn_id: TurnId,
+    fence: Fence,
+    state: Mutex<SinkState>,
+}
+
+struct SinkState {
+    emitter: TurnEmitter,
+    high_water: u64,
+}
+
+impl TurnSink {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        live: Arc<LiveTurn>,
+        fence: Fence,
+        emitter: TurnEmitter,
+        high_water: u64,
+    ) -> Self {
+        let turn_id = live.turn_id;
+        Self { store, live, turn_id, fence, state: Mutex::new(SinkState { emitter, high_water }) }
+    }
+
+    /// Raises the durable high-water mark before numbers above it are handed out.
+    async fn reserve(&self, state: &mut SinkState, count: u64) -> Result<(), Stop> {
+        let needed = state.emitter.sequencer().last_seq() + count;
+        if needed > state.high_water {
+            let target = needed + HIGH_WATER_BLOCK;
+            state.high_water = self.store.raise_high_water(self.turn_id, target, Some(self.fence)).await?;
+        }
+        Ok(())
+    }
+
+    async fn publish_durable(&self, event: EventEnvelope) -> Result<Arc<EventEnvelope>, Stop> {
+        self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
+        let event = Arc::new(event);
+        self.live.push(event.clone());
+        Ok(event)
+    }
+
+    /// Emits a durable event.
+    pub(crate) async fn emit(
+        &self,
+        thread_id: Option<ThreadId>,
+        payload: EventPayload,
+    ) -> Result<Arc<EventEnvelope>, Stop> {
+        let mut state = self.state.lock().await;
+        self.reserve(&mut state, 1).await?;
+        let event = state.emitter.emit(thread_id, payload);
+        self.publish_durable(event).await
+    }
+
+    /// Emits a delta, and the complete message when the delta finished it.
+    async fn delta(
+        &self,
+        thread_id: ThreadId,
+        message_id: EventId,
+        delta: agentry_types::ModelMessageDelta,
+    ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
+        let mut state = self.state.lock().await;
+        self.reserve(&mut state, 2).await?;
+        let emission = state
+            .emitter
+            .delta(thread_id, message_id, delta)
+            .map_err(|error| Stop::Failed(format!("the model sent a delta that does not merge: {error}")))?;
+        self.live.push(Arc::new(emission.delta));
+        match emission.message {
+            Some(message) => Ok(Some(self.publish_durable(message).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Emits what was built of an unfinished message (on cancellation or a broken stream).
+    async fn finish_partial(&self, thread_id: &ThreadId) -> Result<Option<Arc<EventEnvelope>>, Stop> {
+        let mut state = self.state.lock().await;
+        self.reserve(&mut state, 1).await?;
+        match state.emitter.finish_partial(thread_id) {
+            Some(message) => Ok(Some(self.publish_durable(message).await?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Watches for cancellation and the turn's deadline.
+#[derive(Debug, Clone)]
+pub(crate) struct CancelWatch {
+    receiver: watch::Receiver<Option<CancellationReason>>,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl CancelWatch {
+    pub(crate) fn new(
+        receiver: watch::Receiver<Option<CancellationReason>>,
+        timeout: Option<Duration>,
+    ) -> Self {
+        Self { receiver, deadline: timeout.map(|timeout| tokio::time::Instant::now() + timeout) }
+    }
+
+    fn check(&self) -> Result<(), Stop> {
+        if let Some(reason) = *self.receiver.borrow() {
+            return Err(Stop::Cancelled(reason));
+        }
+        if self.deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+            return Err(Stop::Cancelled(CancellationReason::ServerExecutionTimeout));
+        }
+        Ok(())
+    }
+
+    /// Resolves when the turn is cancelled or its deadline passes.
+    async fn cancelled(&mut self) -> CancellationReason {
+        loop {
+            if let Some(reason) = *self.receiver.borrow_and_update() {
+                return reason;
+            }
+            let deadline = self.deadline;
+            tokio::select! {
+                changed = self.receiver.changed() => {
+                    if changed.is_err() {
+                        // The runtime dropped the turn's cancel handle: nobody can cancel.
+                        match deadline {
+                            Some(deadline) => tokio::time::sleep_until(deadline).await,
+                            None => std::future::pending::<()>().await,
+                        }
+                        return CancellationReason::ServerExecutionTimeout;
+                    }
+                }
+                () = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                } => return CancellationReason::ServerExecutionTimeout,
+            }
+        }
+    }
+}
+
+/// How a turn starts.
+pub(crate) enum Start {
+    /// A new turn: emit `turn.created`, then apply the input.
+    New { previous: Option<RunRecord> },
+    /// A turn taken over after its process died.
+    Recovered { previous: Option<RunRecord>, journal: Vec<JournalEntry>, stored: Vec<EventEnvelope> },
+}
+
+/// One turn's agent loop.
+pub(crate) struct TurnEngine {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) agent: Agent,
+    pub(crate) run: RunRecord,
+    pub(crate) sink: Arc<TurnSink>,
+    pub(crate) fence: Fence,
+    pub(crate) cancel: CancelWatch,
+    pub(crate) thread: ThreadId,
+    context: Vec<Message>,
+    /// How many messages of `context` belong to this turn's run.
+    own_start: usize,
+    metrics: TurnMetrics,
+    journal: HashMap<String, JournalEntry>,
+    /// Tool calls whose `tool.response` is already in the stored log (recovery).
+    responded: HashSet<String>,
+    model_calls: u32,
+}
+
+impl TurnEngine {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        agent: Agent,
+        run: RunRecord,
+        sink: Arc<TurnSink>,
+        fence: Fence,
+        cancel: CancelWatch,
+    ) -> Self {
+        Self {
+            store,
+            agent,
+            run,
+            sink,
+            fence,
+            cancel,
+            thread: ThreadId::main(),
+            context: Vec::new(),
+            own_start: 0,
+            metrics: TurnMetrics::default(),
+            journal: HashMap::new(),
+            responded: HashSet::new(),
+            model_calls: 0,
+        }
+    }
+
+    fn session_id(&self) -> SessionId {
+        self.run.session_id
+    }
+
+    fn turn_id(&self) -> TurnId {
+        self.run.id
+    }
+
+    /// Runs the turn to its end and records the end. Returns the terminal state, or `None`
+    /// when the lease was lost (another process owns the turn now).
+    pub(crate) async fn drive(mut self, start: Start) -> Option<TurnState> {
+        let outcome = self.run_loop(start).await;
+        let completed_at = Timestamp::now();
+        let metrics = (self.model_calls > 0).then_some(self.metrics);
+        let state = match outcome {
+            Ok(Outcome::Answered(output)) => TurnState::Done {
+                output: output.map(Box::new),
+                required_actions: Vec::new(),
+                completed_at,
+                metrics,
+            },
+            Ok(Outcome::Paused(output, required_actions)) => {
+                TurnState::Done { output: output.map(Box::new), required_actions, completed_at, metrics }
+            }
+            Err(Stop::Cancelled(reason)) => TurnState::Cancelled { reason, completed_at, metrics },
+            Err(Stop::Failed(message)) => TurnState::Error { message, completed_at, metrics },
+            Err(Stop::LeaseLost) => return None,
+        };
+        self.finish(state).await.ok()
+    }
+
+    /// Stores the terminal state, then emits `turn.done`.
+    async fn finish(&mut self, state: TurnState) -> Result<TurnState, Stop> {
+        self.run.set_state(state.clone());
+        self.store.put_run(&self.run, Some(self.fence)).await?;
+        self.sink.emit(None, EventPayload::TurnDone { state: state.clone() }).await?;
+        Ok(state)
+    }
+
+    async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
+        let (previous, recovered) = match start {
+            Start::New { previous } => {
+                let payload = EventPayload::TurnCreated {
+                    previous_turn_id: self.run.previous_turn_id,
+                    input: self.run.input.clone(),
+                    created_by: self.run.created_by.clone(),
+                };
+                self.sink.emit(None, payload).await?;
+                (previous, None)
+            }
+            Start::Recovered { previous, journal, stored } => {
+                self.journal = journal.into_iter().map(|entry| (entry.tool_call_id.clone(), entry)).collect();
+                (previous, Some(stored))
+            }
+        };
+        self.load_context().await?;
+        if let Some(stored) = recovered {
+            self.reconcile(&stored).await?;
+        }
+        if self.context.len() == self.own_start {
+            self.apply_input(previous.as_ref()).await?;
+        } else if let Some(last) = self.context.last().filter(|message| message.role == Role::Assistant) {
+            // Recovered after a model message: finish its tool calls, or it was the answer.
+            let last = last.clone();
+            if last.tool_calls.is_empty() {
+                return Ok(Outcome::Answered(None));
+            }
+            if let Some(paused) = self.handle_tool_calls(&last.tool_calls, None).await? {
+                return Ok(paused);
+            }
+        }
+        loop {
+            self.cancel.check()?;
+            let limit = self.agent.limits().max_iterations;
+            if self.model_calls >= limit {
+                return Err(Stop::Failed(format!(
+                    "the agent reached its limit of {limit} model calls in one turn"
+                )));
+            }
+            let (message, output) = self.call_model().await?;
+            if message.tool_calls.is_empty() {
+                return Ok(Outcome::Answered(Some(output)));
+            }
+            if let Some(paused) = self.handle_tool_calls(&message.tool_calls, Some(output)).await? {
+                return Ok(paused);
+            }
+        }
+    }
+
+    /// The system prompt and the history window, this turn's own messages last.
+    async fn load_context(&mut self) -> Result<(), Stop> {
+        let query =
+            HistoryQuery { last_runs: Some(self.agent.limits().history_runs), ..HistoryQuery::default() };
+        let history = self.store.history(self.session_id(), &query).await?;
+        self.context.clear();
+        if let Some(instructions) = self.agent.instructions() {
+            self.context.push(Message::system(instructions));
+        }
+        let turn_id = self.turn_id();
+        let (own, earlier): (Vec<_>, Vec<_>) =
+            history.into_iter().partition(|message| message.run_id == turn_id);
+        self.context
+            .extend(earlier.into_iter().map(|stored| Message { from_history: true, ..stored.message }));
+        self.own_start = self.context.len();
+        self.context.extend(own.into_iter().map(|stored| stored.message));
+        Ok(())
+    }
+
+    /// After a crash: adopt a `model.message` that was stored as an event but not yet as a
+    /// history message, and remember which tool results were already emitted.
+    async fn reconcile(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
+        let messages: Vec<&ModelMessage> = stored
+            .iter()
+            .filter(|event| event.thread_or_main() == self.thread)
+            .filter_map(|event| match &event.payload {
+                EventPayload::ModelMessage(message) => Some(message),
+                _ => None,
+            })
+            .collect();
+        self.responded = stored
+            .iter()
+            .filter_map(|event| match &event.payload {
+                EventPayload::ToolResponse { tool_call_id, .. } => Some(tool_call_id.clone()),
+                _ => None,
+            })
+            .collect();
+        let persisted =
+            self.context[self.own_start..].iter().filter(|message| message.role == Role::Assistant).count();
+        self.model_calls = u32::try_from(messages.len()).unwrap_or(u32::MAX);
+        if let Some(last) = messages.get(persisted).filter(|_| messages.len() == persisted + 1) {
+            self.persist(vec![Message::from_model(last)]).await?;
+        }
+        Ok(())
+    }
+
+    async fn persist(&mut self, messages: Vec<Message>) -> Result<(), Stop> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
+        self.context.extend(messages);
+        Ok(())
+    }
+
+    /// Turns the input into messages, in input order: user messages, or the results of the
+    /// previous turn's pending tool calls (running the approved ones).
+    async fn apply_input(&mut self, previous: Option<&RunRecord>) -> Result<(), Stop> {
+        let input = self.run.input.clone();
+        let pending: HashMap<&str, &PendingToolCall> = previous
+            .map(|run| run.state.required_actions())
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|record| match &record.action {
+                RequiredAction::ToolApproval { tool_calls, .. }
+                | RequiredAction::ToolResponse { tool_calls, .. } => tool_calls.as_slice(),
+                _ => &[],
+            })
+            .map(|call| (call.id.as_str(), call))
+            .collect();
+        let mut slots: Vec<Option<Message>> = vec![None; input.len()];
+        let mut approved = Vec::new();
+        let mut denied = Vec::new();
+        for (slot, item) in input.iter().enumerate() {
+            match item {
+                TurnInputItem::Message(user) => slots[slot] = Some(Message::user(user.content.clone())),
+                TurnInputItem::ToolResponse(response) => {
+                    slots[slot] =
+                        Some(Message::tool(response.tool_call_id.clone(), response.content.clone()));
+                }
+                TurnInputItem::ToolApproval(approval) => {
+                    let Some(call) = pending.get(approval.tool_call_id.as_str()) else { continue };
+                    let call = ToolCall::function(call.id.clone(), call.name.clone(), call.arguments.clone());
+                    match &approval.approval {
+                        ApprovalDecision::Allow => approved.push((slot, call)),
+                        ApprovalDecision::Deny { reason } => {
+                            let content = match reason {
+                                Some(reason) => format!("The user denied this tool call: {reason}"),
+                                None => "The user denied this tool call.".to_owned(),
+                            };
+                            denied.push((slot, call, ToolResult { content, is_error: true }));
+                        }
+                    }
+                }
+            }
+        }
+        let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
+        let results = self.run_tools(&calls).await?;
+        let decided = approved
+            .into_iter()
+            .map(|(slot, _)| slot)
+            .zip(results)
+            .map(|(slot, (call, result))| (slot, call, result))
+            .chain(denied);
+        for (slot, call, result) in decided {
+            self.emit_tool_response(&call, &result).await?;
+            slots[slot] = Some(Message::tool(call.id, result.content));
+        }
+        self.persist(slots.into_iter().flatten().collect()).await
+    }
+
+    /// Streams one model message into deltas and a stored `model.message`.
+    async fn call_model(&mut self) -> Result<(ModelMessage, ThreadMessage), Stop> {
+        self.model_calls += 1;
+        let request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
+        let model = self.agent.model().clone();
+        let mut cancel = self.cancel.clone();
+        let mut stream = tokio::select! {
+            stream = model.stream(request) => stream.map_err(|error| Stop::Failed(format!("model: {error}")))?,
+            reason = cancel.cancelled() => return Err(Stop::Cancelled(reason)),
+        };
+        let message_id = EventId::new();
+        let completed = loop {
+            let next = tokio::select! {
+                next = stream.next() => next,
+                reason = cancel.cancelled() => {
+                    // Dropping the stream closes the provider's request at once.
+                    drop(stream);
+                    self.adopt_partial().await?;
+                    return Err(Stop::Cancelled(reason));
+                }
+            };
+            match next {
+                Some(Ok(delta)) => {
+                    if let Some(message) = self.sink.delta(self.thread.clone(), message_id, delta).await? {
+                        break message;
+                    }
+                }
+                Some(Err(error)) => {
+                    drop(stream);
+                    self.adopt_partial().await?;
+                    return Err(Stop::Failed(format!("model: {error}")));
+                }
+                None => {
+                    drop(stream);
+                    self.adopt_partial().await?;
+                    return Err(Stop::Failed(
+                        "model: the stream ended before the message was complete".to_owned(),
+                    ));
+                }
+            }
+        };
+        let EventPayload::ModelMessage(message) = &completed.payload else {
+            return Err(Stop::Failed(
+                "the sequencer completed a message that is not a model.message".to_owned(),
+            ));
+        };
+        if let Some(usage) = &message.usage {
+            self.metrics.add(usage);
+        }
+        let output = ThreadMessage {
+            id: completed.event_id,
+            thread_id: self.thread.clone(),
+            created_at: completed.created_at,
+            message: message.clone(),
+        };
+        self.persist(vec![Message::from_model(message)]).await?;
+        Ok((message.clone(), output))
+    }
+
+    /// Keeps what a stopped model stream produced: stored as an event and in the history.
+    async fn adopt_partial(&mut self) -> Result<(), Stop> {
+        if let Some(event) = self.sink.finish_partial(&self.thread.clone()).await?
+            && let EventPayload::ModelMessage(message) = &event.payload
+        {
+            let mut message = Message::from_model(message);
+            // A cut-off message cannot carry tool calls: they have no results.
+            message.tool_calls.clear();
+            if message.content.is_some() {
+                self.persist(vec![message]).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the calls of one model message that run on the server, and pauses the turn
+    /// for the ones that need a person (approval) or the client (client-side tools).
+    async fn handle_tool_calls(
+        &mut self,
+        calls: &[ToolCall],
+        output: Option<ThreadMessage>,
+    ) -> Result<Option<Outcome>, Stop> {
+        let answered: HashSet<String> = self.context[self.own_start..]
+            .iter()
+            .filter_map(|message| message.tool_call_id.clone())
+            .collect();
+        let source_event_id = output.as_ref().map_or_else(EventId::new, |output| output.id);
+        let mut approvals = Vec::new();
+        let mut responses = Vec::new();
+        let mut runnable = Vec::new();
+        for call in calls.iter().filter(|call| !answered.contains(&call.id)) {
+            let pending = PendingToolCall {
+                id: call.id.clone(),
+                source_event_id,
+                name: call.function.name.clone(),
+                arguments: call.function.arguments.clone(),
+            };
+            if self.agent.is_client_tool(&call.function.name) {
+                responses.push(pending);
+            } else if self.agent.requires_approval(&call.function.name) {
+                approvals.push(pending);
+            } else if self.in_doubt(call) {
+                // Started by a process that died, with no result, and not safe to repeat.
+                approvals.push(pending);
+            } else {
+                runnable.push(call.clone());
+            }
+        }
+        let results = self.run_tools(&runnable).await?;
+        for (call, result) in &results {
+            self.emit_tool_response(call, result).await?;
+        }
+        self.persist(
+            results.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
+        )
+        .await?;
+        if approvals.is_empty() && responses.is_empty() {
+            return Ok(None);
+        }
+        let mut required = Vec::new();
+        if !approvals.is_empty() {
+            let event = self
+                .sink
+                .emit(
+                    Some(self.thread.clone()),
+                    EventPayload::ToolApprovalRequired { tool_calls: approvals.clone() },
+                )
+                .await?;
+            required.push(RequiredActionRecord {
+                id: event.event_id,
+                created_at: event.created_at,
+                action: RequiredAction::ToolApproval {
+                    thread_id: self.thread.clone(),
+                    tool_calls: approvals,
+                },
+            });
+        }
+        if !responses.is_empty() {
+            let event = self
+                .sink
+                .emit(
+                    Some(self.thread.clone()),
+                    EventPayload::ToolResponseRequired { tool_calls: responses.clone() },
+                )
+                .await?;
+            required.push(RequiredActionRecord {
+                id: event.event_id,
+                created_at: event.created_at,
+                action: RequiredAction::ToolResponse {
+                    thread_id: self.thread.clone(),
+                    tool_calls: responses,
+                },
+            });
+        }
+        Ok(Some(Outcome::Paused(output, required)))
+    }
+
+    fn in_doubt(&self, call: &ToolCall) -> bool {
+        self.journal.get(&call.id).is_some_and(|entry| {
+            entry.result.is_none()
+                && !self.agent.tool(&call.function.name).is_some_and(|tool| tool.idempotent())
+        })
+    }
+
+    async fn emit_tool_response(&mut self, call: &ToolCall, result: &ToolResult) -> Result<(), Stop> {
+        if self.responded.contains(&call.id) {
+            return Ok(());
+        }
+        let payload = EventPayload::ToolResponse {
+            tool_call_id: call.id.clone(),
+            name: call.function.name.clone(),
+            arguments: call.function.arguments.clone(),
+            content: result.content.clone(),
+            is_error: result.is_error,
+        };
+        self.sink.emit(Some(self.thread.clone()), payload).await?;
+        Ok(())
+    }
+
+    /// Runs calls concurrently. On cancellation, running calls get the grace period to
+    /// finish; those that finish in it are kept, then the turn stops.
+    async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<Vec<(ToolCall, ToolResult)>, Stop> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut cancel = self.cancel.clone();
+        let grace = self.agent.limits().cancel_grace;
+        let (results, stopped) = {
+            let this = &*self;
+            let mut running = std::pin::pin!(futures_util::future::join_all(
+                calls.iter().map(|call| async move { (call.clone(), this.run_tool(call).await) })
+            ));
+            tokio::select! {
+                results = &mut running => (results, None),
+                reason = cancel.cancelled() => match tokio::time::timeout(grace, &mut running).await {
+                    Ok(results) => (results, Some(reason)),
+                    Err(_) => return Err(Stop::Cancelled(reason)),
+                },
+            }
+        };
+        let mut done = Vec::with_capacity(results.len());
+        for (call, result) in results {
+            done.push((call, result?));
+        }
+        if let Some(reason) = stopped {
+            for (call, result) in &done {
+                self.emit_tool_response(call, result).await?;
+            }
+            self.persist(
+                done.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
+            )
+            .await?;
+            return Err(Stop::Cancelled(reason));
+        }
+        Ok(done)
+    }
+
+    /// Runs one call with the journal around it: a call journaled as completed is not run
+    /// again; its stored result is used.
+    async fn run_tool(&self, call: &ToolCall) -> Result<ToolResult, Stop> {
+        let name = &call.function.name;
+        let Some(tool) = self.agent.tool(name) else {
+            return Ok(error_result(format!("unknown tool `{name}`")));
+        };
+        let raw = call.function.arguments.trim();
+        let arguments: Value = if raw.is_empty() {
+            Value::Object(serde_json::Map::new())
+        } else {
+            match serde_json::from_str(raw) {
+                Ok(arguments) => arguments,
+                Err(error) => return Ok(error_result(format!("the arguments are not valid JSON: {error}"))),
+            }
+        };
+        if let Err(error) = tool.validate(&arguments) {
+            return Ok(error_result(error.to_string()));
+        }
+        if let Some(result) = self.journal.get(&call.id).and_then(|entry| entry.result.clone()) {
+            return Ok(result);
+        }
+        let idempotency_key = format!("{}:{}", self.turn_id(), call.id);
+        let entry = JournalEntry {
+            turn_id: self.turn_id(),
+            tool_call_id: call.id.clone(),
+            tool_name: name.clone(),
+            idempotency_key: idempotency_key.clone(),
+            arguments_hash: arguments_hash(raw),
+            started_at: Timestamp::now(),
+            result: None,
+            completed_at: None,
+        };
+        let journaled = match self.store.journal_start(&entry, Some(self.fence)).await {
+            Ok(journaled) => journaled,
+            Err(StoreError::Conflict(Conflict::JournalMismatch { .. })) => {
+                return Ok(error_result(format!(
+                    "tool call {} was already made with other arguments; it was not run again",
+                    call.id
+                )));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if let Some(result) = journaled.result {
+            return Ok(result);
+        }
+        let context = ToolContext {
+            session_id: self.session_id(),
+            turn_id: self.turn_id(),
+            thread_id: self.thread.clone(),
+            tool_call_id: call.id.clone(),
+            idempotency_key,
+        };
+        let timeout = self.agent.limits().tool_timeout;
+        let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
+            Ok(Ok(content)) => ToolResult { content, is_error: false },
+            Ok(Err(error)) => error_result(error.to_string()),
+            Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
+        };
+        self.store
+            .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))
+            .await?;
+        Ok(result)
+    }
+}
+
+fn error_result(content: String) -> ToolResult {
+    ToolResult { content, is_error: true }
+}
+
+/// A stable hash of a call's arguments (FNV-1a, 64 bits): the journal uses it to notice a
+/// call id reused with other arguments.
+fn arguments_hash(arguments: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in arguments.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}

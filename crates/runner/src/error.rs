@@ -1,0 +1,73 @@
+//! The runner's errors.
+
+use agentry_memory::StoreError;
+use agentry_model::ModelError;
+use agentry_types::{SessionId, TurnId};
+
+/// What went wrong in a runner call. Every variant says what a caller can do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    /// No such session, turn or agent (or it belongs to another subject).
+    #[error("{kind} {id} not found")]
+    NotFound {
+        /// What was looked up: `session`, `turn`, `agent`.
+        kind: &'static str,
+        /// The id or name asked for.
+        id: String,
+    },
+    /// The session already has a running turn; wait for it or cancel it.
+    #[error("session {session_id} already has a running turn")]
+    TurnRunning {
+        /// The session.
+        session_id: SessionId,
+    },
+    /// The session was cancelled; it takes no new turns.
+    #[error("session {session_id} was cancelled and takes no new turns")]
+    SessionCancelled {
+        /// The session.
+        session_id: SessionId,
+    },
+    /// The request breaks an input rule (seed 002); nothing was changed.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A turn's stored events were asked for while it is still running.
+    #[error("turn {turn_id} is still running; stream it instead")]
+    TurnStillRunning {
+        /// The turn.
+        turn_id: TurnId,
+    },
+    /// The store failed.
+    #[error("storage: {0}")]
+    Store(StoreError),
+    /// The model failed (after the provider's retries).
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    /// The turn lost its lease to another process (its lease expired and was taken over).
+    #[error("turn {turn_id} lost its lease to another process")]
+    LeaseLost {
+        /// The turn.
+        turn_id: TurnId,
+    },
+    /// Something that should not happen did; the message says what.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A runner result.
+pub type RunnerResult<T> = Result<T, RunnerError>;
+
+impl RunnerError {
+    pub(crate) fn not_found(kind: &'static str, id: impl ToString) -> Self {
+        Self::NotFound { kind, id: id.to_string() }
+    }
+}
+
+impl From<StoreError> for RunnerError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound { kind, id } => Self::NotFound { kind, id },
+            other => Self::Store(other),
+        }
+    }
+}

@@ -1,0 +1,631 @@
+//! The runtime API (seed 002): sessions, turns, streams, cancellation and recovery.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use agentry_events::{EventEnvelope, TurnEmitter, TurnSequencer};
+use agentry_memory::{
+    Conflict, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store, StoreError,
+};
+use agentry_types::{
+    CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
+    Timestamp, TurnId, TurnInputItem, TurnState,
+};
+use serde_json::Value;
+
+use crate::agent::Agent;
+use crate::engine::{CancelWatch, Start, TurnEngine, TurnSink};
+use crate::error::{RunnerError, RunnerResult};
+use crate::input::{check_against_previous, check_shape};
+use crate::live::{EventStream, LiveTurn, stored_events, subscribe};
+
+/// The session-state key that marks a cancelled session.
+const CANCELLED_KEY: &str = "agentry.cancelled";
+
+/// Settings of a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// How long a turn's lease lasts without renewal; a running turn renews it at a third
+    /// of this. A process that dies leaves its turns to be recovered after this long.
+    pub lease_ttl: Duration,
+    /// How long a finished turn's live log (deltas included) stays in memory for
+    /// subscribers; afterwards the stored log serves them.
+    pub live_retention: Duration,
+    /// Who creates sessions and turns when the caller does not say.
+    pub default_subject: Subject,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            live_retention: Duration::from_secs(60),
+            default_subject: Subject {
+                subject_id: "local".to_owned(),
+                subject_type: "user".to_owned(),
+                subject_slug: "local".to_owned(),
+            },
+        }
+    }
+}
+
+/// Runs agents over a store. Cheap to clone; clones share everything.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use agentry_memory::InMemoryStore;
+/// use agentry_model::{ScriptedModel, ScriptedResponse};
+/// use agentry_runner::{Agent, Runtime, TurnRequest};
+/// use agentry_types::TurnState;
+///
+/// let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Hello!")]));
+/// let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+/// runtime.register(Agent::builder("greeter", model).build());
+/// let session = runtime.create_session("greeter", Some("Demo")).await?;
+/// let turn = session.create_turn(TurnRequest::message("Hi")).await?;
+/// let state = turn.wait().await?;
+/// assert!(matches!(state, TurnState::Done { .. }));
+/// # Ok::<_, agentry_runner::RunnerError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+#[derive(Debug)]
+struct RuntimeInner {
+    store: Arc<dyn Store>,
+    agents: RwLock<HashMap<String, Agent>>,
+    live: Mutex<HashMap<TurnId, Arc<LiveTurn>>>,
+    options: RuntimeOptions,
+    /// This runtime's name in leases.
+    owner: String,
+}
+
+/// Which turn a new turn chains on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PreviousTurn {
+    /// The session's latest turn (none for the first turn).
+    #[default]
+    Auto,
+    /// A given turn of the session.
+    Turn(TurnId),
+}
+
+/// A request to create a turn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnRequest {
+    /// The input (seed 002 rules); empty only to resume after `mcp.auth_required`.
+    pub input: Vec<TurnInputItem>,
+    /// What it chains on.
+    pub previous_turn_id: PreviousTurn,
+    /// Who creates it; the runtime's default subject when absent.
+    pub created_by: Option<Subject>,
+}
+
+impl TurnRequest {
+    /// A turn with one user message.
+    #[must_use]
+    pub fn message(text: impl Into<String>) -> Self {
+        Self::input(vec![TurnInputItem::message(text)])
+    }
+
+    /// A turn with the given input.
+    #[must_use]
+    pub fn input(input: Vec<TurnInputItem>) -> Self {
+        Self { input, ..Self::default() }
+    }
+}
+
+impl Runtime {
+    /// A runtime over `store` with default options.
+    #[must_use]
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self::with_options(store, RuntimeOptions::default())
+    }
+
+    /// A runtime over `store`.
+    #[must_use]
+    pub fn with_options(store: Arc<dyn Store>, options: RuntimeOptions) -> Self {
+        Self {
+            inner: Arc::new(RuntimeInner {
+                store,
+                agents: RwLock::new(HashMap::new()),
+                live: Mutex::new(HashMap::new()),
+                options,
+                owner: format!("runtime-{}", EventId::new()),
+            }),
+        }
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Registers an agent under its name, replacing one of the same name. Turns already
+    /// running keep the agent they started with.
+    pub fn register(&self, agent: Agent) {
+        self.inner
+            .agents
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(agent.name().to_owned(), agent);
+    }
+
+    /// The agent registered as `name`.
+    #[must_use]
+    pub fn agent(&self, name: &str) -> Option<Agent> {
+        self.inner.agents.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+    }
+
+    fn require_agent(&self, name: &str) -> RunnerResult<Agent> {
+        self.agent(name).ok_or_else(|| RunnerError::not_found("agent", name))
+    }
+
+    /// Creates a session with a registered agent, owned by the default subject.
+    ///
+    /// Errors: `NotFound` for an unknown agent; `Store` when the store fails.
+    pub async fn create_session(&self, agent_name: &str, title: Option<&str>) -> RunnerResult<Session> {
+        self.create_session_as(self.inner.options.default_subject.clone(), agent_name, title).await
+    }
+
+    /// Creates a session owned by `owner`.
+    ///
+    /// Errors: as [`Runtime::create_session`].
+    pub async fn create_session_as(
+        &self,
+        owner: Subject,
+        agent_name: &str,
+        title: Option<&str>,
+    ) -> RunnerResult<Session> {
+        self.require_agent(agent_name)?;
+        let mut record = SessionRecord::new(SessionType::Agent, agent_name, owner);
+        record.title = title.map(str::to_owned);
+        self.inner.store.create_session(&record).await?;
+        Ok(Session { runtime: self.clone(), record })
+    }
+
+    /// A session by id. Errors: `NotFound`.
+    pub async fn get_session(&self, id: SessionId) -> RunnerResult<Session> {
+        let record = self.inner.store.get_session(id).await?;
+        Ok(Session { runtime: self.clone(), record })
+    }
+
+    /// Sessions newest first, filtered and paginated. Errors: `Store` for a foreign token.
+    pub async fn list_sessions(
+        &self,
+        query: &SessionQuery,
+        page: &PageRequest,
+    ) -> RunnerResult<Page<SessionRecord>> {
+        Ok(self.inner.store.list_sessions(query, page).await?)
+    }
+
+    /// A turn by id (of any session). Errors: `NotFound`.
+    pub async fn get_turn(&self, id: TurnId) -> RunnerResult<TurnHandle> {
+        let record = self.inner.store.get_run(id).await?;
+        Ok(TurnHandle { runtime: self.clone(), record })
+    }
+
+    fn live_turn(&self, id: TurnId) -> Option<Arc<LiveTurn>> {
+        self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
+    }
+
+    fn running_turn_of(&self, session: SessionId) -> Option<Arc<LiveTurn>> {
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .find(|turn| turn.session_id == session && !turn.is_done())
+            .cloned()
+    }
+
+    /// Resumes the turns that a dead process left running: for every running turn whose
+    /// session lease expired, takes the lease over and finishes the turn from its stored
+    /// state (completed tool calls are not run again). Returns the turns it resumed.
+    ///
+    /// Errors: `Store` when the store fails while looking; a turn that cannot be resumed
+    /// (its agent is not registered here) is ended with an error state instead.
+    pub async fn recover(&self) -> RunnerResult<Vec<TurnHandle>> {
+        let store = &self.inner.store;
+        let mut resumed = Vec::new();
+        let mut page = PageRequest::first(100);
+        loop {
+            let sessions = store.list_sessions(&SessionQuery::default(), &page).await?;
+            for session in &sessions.items {
+                let query = RunQuery {
+                    order: Order::Desc,
+                    statuses: vec![RunStatus::Running],
+                    ..RunQuery::default()
+                };
+                let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
+                for run in runs.items {
+                    if let Some(handle) = self.recover_turn(session, run).await? {
+                        resumed.push(handle);
+                    }
+                }
+            }
+            match sessions.next_token {
+                Some(token) => page = PageRequest { token: Some(token), limit: 100 },
+                None => return Ok(resumed),
+            }
+        }
+    }
+
+    async fn recover_turn(
+        &self,
+        session: &SessionRecord,
+        run: RunRecord,
+    ) -> RunnerResult<Option<TurnHandle>> {
+        let store = &self.inner.store;
+        let now = Timestamp::now();
+        if store.lease(session.id).await?.is_some_and(|lease| !lease.is_expired(now)) {
+            return Ok(None);
+        }
+        let lease =
+            match store.acquire_lease(session.id, &self.inner.owner, self.inner.options.lease_ttl, now).await
+            {
+                Ok(lease) => lease,
+                Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
+                Err(error) => return Err(error.into()),
+            };
+        let Some(agent) = self.agent(&session.name) else {
+            let mut run = run;
+            run.set_state(TurnState::Error {
+                message: format!(
+                    "agent {} is not registered in the process that recovered the turn",
+                    session.name
+                ),
+                completed_at: Timestamp::now(),
+                metrics: None,
+            });
+            store.put_run(&run, Some(lease.fence())).await?;
+            store.release_lease(session.id, lease.token).await?;
+            return Ok(None);
+        };
+        let previous = match run.previous_turn_id {
+            Some(id) => Some(store.get_run(id).await?),
+            None => None,
+        };
+        let high_water = store.high_water(run.id).await?;
+        let journal = store.journal(run.id).await?;
+        let stored = stored_events(store.as_ref(), run.id, Order::Asc).await?;
+        let emitter = TurnEmitter::new(TurnSequencer::resuming_after(session.id, run.id, high_water));
+        let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
+        self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });
+        Ok(Some(handle))
+    }
+
+    /// Registers the turn's live log and spawns its engine and lease keeper.
+    fn start(
+        &self,
+        agent: Agent,
+        run: RunRecord,
+        lease: Lease,
+        emitter: TurnEmitter,
+        high_water: u64,
+        start: Start,
+    ) {
+        let live = Arc::new(LiveTurn::new(run.session_id, run.id, emitter.sequencer().last_seq() + 1));
+        self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
+        let store = self.inner.store.clone();
+        let fence = lease.fence();
+        let sink = Arc::new(TurnSink::new(store.clone(), live.clone(), fence, emitter, high_water));
+        let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
+        let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
+        let runtime = self.clone();
+        let ttl = self.inner.options.lease_ttl;
+        tokio::spawn(async move {
+            let keeper = tokio::spawn(keep_lease(store.clone(), lease.clone(), ttl, live.clone()));
+            let finished = engine.drive(start).await;
+            keeper.abort();
+            if finished.is_some() {
+                // Another process may take the session as soon as this is released.
+                let _released = store.release_lease(lease.session_id, lease.token).await;
+            } else {
+                live.close();
+            }
+            runtime.retire(live.turn_id);
+        });
+    }
+
+    /// Drops a finished turn's live log after the retention time.
+    fn retire(&self, turn: TurnId) {
+        let retention = self.inner.options.live_retention;
+        let runtime = self.clone();
+        let remove = move || {
+            runtime.inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&turn);
+        };
+        if retention.is_zero() {
+            remove();
+        } else {
+            tokio::spawn(async move {
+                tokio::time::sleep(retention).await;
+                remove();
+            });
+        }
+    }
+}
+
+/// Renews the lease at a third of its lifetime until aborted; a lost lease stops the turn.
+async fn keep_lease(store: Arc<dyn Store>, lease: Lease, ttl: Duration, live: Arc<LiveTurn>) {
+    let mut interval = tokio::time::interval(ttl / 3);
+    interval.tick().await;
+    loop {
+        interval.tick().await;
+        match store.renew_lease(lease.session_id, lease.token, ttl, Timestamp::now()).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict(_)) => {
+                live.request_cancel(CancellationReason::Abandoned);
+                return;
+            }
+            // A transient store failure: try again at the next tick, before expiry.
+            Err(_) => {}
+        }
+    }
+}
+
+/// A session: create turns on it, list them, cancel it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    runtime: Runtime,
+    record: SessionRecord,
+}
+
+impl Session {
+    /// Its id.
+    #[must_use]
+    pub const fn id(&self) -> SessionId {
+        self.record.id
+    }
+
+    /// Its record as read when this handle was made.
+    #[must_use]
+    pub const fn record(&self) -> &SessionRecord {
+        &self.record
+    }
+
+    /// Creates a turn and starts it; returns once the turn is stored and running.
+    ///
+    /// Errors: `TurnRunning` when the session has a running turn (here or in another
+    /// process sharing the store); `SessionCancelled`; `InvalidInput` for input that breaks
+    /// seed 002's rules (nothing is stored then); `NotFound` when the session, its agent or
+    /// the given previous turn does not exist.
+    pub async fn create_turn(&self, request: TurnRequest) -> RunnerResult<TurnHandle> {
+        let runtime = &self.runtime;
+        let store = &runtime.inner.store;
+        check_shape(&request.input)?;
+        let session = store.get_session(self.id()).await?;
+        if session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
+            return Err(RunnerError::SessionCancelled { session_id: session.id });
+        }
+        let agent = runtime.require_agent(&session.name)?;
+        let lease = match store
+            .acquire_lease(
+                session.id,
+                &runtime.inner.owner,
+                runtime.inner.options.lease_ttl,
+                Timestamp::now(),
+            )
+            .await
+        {
+            Ok(lease) => lease,
+            Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
+                return Err(RunnerError::TurnRunning { session_id: session.id });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        match self.prepare_turn(&request, &lease).await {
+            Ok((run, previous)) => {
+                let emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
+                runtime.start(agent, run.clone(), lease, emitter, 0, Start::New { previous });
+                Ok(TurnHandle { runtime: runtime.clone(), record: run })
+            }
+            Err(error) => {
+                let _released = store.release_lease(session.id, lease.token).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Under the lease: resolves the previous turn, checks the input against it, stores the
+    /// new turn.
+    async fn prepare_turn(
+        &self,
+        request: &TurnRequest,
+        lease: &Lease,
+    ) -> RunnerResult<(RunRecord, Option<RunRecord>)> {
+        let store = &self.runtime.inner.store;
+        let previous = match request.previous_turn_id {
+            PreviousTurn::Auto => {
+                let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
+                store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items.into_iter().next()
+            }
+            PreviousTurn::Turn(id) => {
+                let run = store.get_run(id).await?;
+                if run.session_id != self.id() {
+                    return Err(RunnerError::not_found("turn", id));
+                }
+                Some(run)
+            }
+        };
+        if let Some(previous) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
+            // Left running by a process that died before recovery ran: it cannot be
+            // resumed once a new turn chains on it, so it is ended as abandoned.
+            let mut abandoned = previous.clone();
+            abandoned.set_state(TurnState::Cancelled {
+                reason: CancellationReason::Abandoned,
+                completed_at: Timestamp::now(),
+                metrics: None,
+            });
+            store.put_run(&abandoned, Some(lease.fence())).await?;
+        }
+        check_against_previous(&request.input, previous.as_ref().filter(|run| run.state.is_terminal()))?;
+        let created_by =
+            request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
+        let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
+        run.previous_turn_id = previous.as_ref().map(|run| run.id);
+        run.agent_id = Some(self.record.name.clone());
+        store.put_run(&run, Some(lease.fence())).await?;
+        Ok((run, previous))
+    }
+
+    /// Creates a turn and streams its events from `turn.created` to `turn.done`.
+    ///
+    /// Errors: as [`Session::create_turn`].
+    pub async fn create_turn_streaming(&self, request: TurnRequest) -> RunnerResult<EventStream> {
+        Ok(self.create_turn(request).await?.stream(None))
+    }
+
+    /// The session's turns in creation order (`Desc`: newest first), paginated.
+    ///
+    /// Errors: `NotFound` when the session was deleted; `Store` for a foreign token.
+    pub async fn list_turns(&self, order: Order, page: &PageRequest) -> RunnerResult<Page<TurnHandle>> {
+        let query = RunQuery { order, ..RunQuery::default() };
+        let runs = self.runtime.inner.store.list_runs(self.id(), &query, page).await?;
+        Ok(Page {
+            items: runs
+                .items
+                .into_iter()
+                .map(|record| TurnHandle { runtime: self.runtime.clone(), record })
+                .collect(),
+            next_token: runs.next_token,
+        })
+    }
+
+    /// A turn of this session. Errors: `NotFound` (also for another session's turn).
+    pub async fn get_turn(&self, id: TurnId) -> RunnerResult<TurnHandle> {
+        let handle = self.runtime.get_turn(id).await?;
+        if handle.record.session_id != self.id() {
+            return Err(RunnerError::not_found("turn", id));
+        }
+        Ok(handle)
+    }
+
+    /// Cancels the session and its running turn. Idempotent; afterwards `create_turn`
+    /// fails with `SessionCancelled`.
+    ///
+    /// Errors: `NotFound` when the session does not exist.
+    pub async fn cancel(&self) -> RunnerResult<()> {
+        let store = &self.runtime.inner.store;
+        let session = store.get_session(self.id()).await?;
+        if session.state.get(CANCELLED_KEY) != Some(&Value::Bool(true)) {
+            let mut state = session.state.clone();
+            state.insert(CANCELLED_KEY.to_owned(), Value::Bool(true));
+            store
+                .update_session(self.id(), &SessionUpdate { state: Some(state), ..SessionUpdate::default() })
+                .await?;
+        }
+        if let Some(turn) = self.runtime.running_turn_of(self.id()) {
+            turn.request_cancel(CancellationReason::ClientCancelled);
+            turn.wait_done().await;
+        }
+        Ok(())
+    }
+}
+
+/// A turn: its state, its events (live or stored), cancellation.
+#[derive(Debug, Clone)]
+pub struct TurnHandle {
+    runtime: Runtime,
+    record: RunRecord,
+}
+
+impl TurnHandle {
+    /// Its id.
+    #[must_use]
+    pub const fn id(&self) -> TurnId {
+        self.record.id
+    }
+
+    /// Its session.
+    #[must_use]
+    pub const fn session_id(&self) -> SessionId {
+        self.record.session_id
+    }
+
+    /// The turn it chains on.
+    #[must_use]
+    pub const fn previous_turn_id(&self) -> Option<TurnId> {
+        self.record.previous_turn_id
+    }
+
+    /// Who created it.
+    #[must_use]
+    pub const fn created_by(&self) -> &Subject {
+        &self.record.created_by
+    }
+
+    /// When it was created.
+    #[must_use]
+    pub const fn created_at(&self) -> Timestamp {
+        self.record.created_at
+    }
+
+    /// Its input.
+    #[must_use]
+    pub fn input(&self) -> &[TurnInputItem] {
+        &self.record.input
+    }
+
+    /// The record as read when this handle was made.
+    #[must_use]
+    pub const fn record(&self) -> &RunRecord {
+        &self.record
+    }
+
+    /// Its current state, read from the store. Errors: `NotFound` when deleted.
+    pub async fn state(&self) -> RunnerResult<TurnState> {
+        Ok(self.runtime.inner.store.get_run(self.id()).await?.state)
+    }
+
+    /// Waits for the turn to end and returns its terminal state.
+    ///
+    /// Errors: `NotFound` when deleted; `Store` when the store fails.
+    pub async fn wait(&self) -> RunnerResult<TurnState> {
+        if let Some(live) = self.runtime.live_turn(self.id()) {
+            live.wait_done().await;
+        } else {
+            // Running in another process, or finished: follow the stored log to its end.
+            let mut events = self.stream(None);
+            while let Some(event) = futures_util::StreamExt::next(&mut events).await {
+                event?;
+            }
+        }
+        self.state().await
+    }
+
+    /// Its events after `after_seq` (all with `None`), live while it runs, ending after
+    /// `turn.done`. A turn finished longer ago than the live retention is served from the
+    /// stored log (no deltas).
+    #[must_use]
+    pub fn stream(&self, after_seq: Option<u64>) -> EventStream {
+        let live = self.runtime.live_turn(self.id());
+        subscribe(self.runtime.inner.store.clone(), self.id(), live, after_seq.unwrap_or(0))
+    }
+
+    /// A snapshot of its stored events (no deltas: messages are complete), in `order`.
+    ///
+    /// Errors: `NotFound` when deleted.
+    pub async fn events(&self, order: Order) -> RunnerResult<Vec<EventEnvelope>> {
+        stored_events(self.runtime.inner.store.as_ref(), self.id(), order).await
+    }
+
+    /// Requests cancellation and waits for the turn to end. Idempotent: cancelling a
+    /// finished turn does nothing.
+    ///
+    /// Errors: none today for a turn running here; a turn running in another process is
+    /// not reachable from this one and is left running.
+    pub async fn cancel(&self) -> RunnerResult<()> {
+        if let Some(live) = self.runtime.live_turn(self.id()) {
+            live.request_cancel(CancellationReason::ClientCancelled);
+            live.wait_done().await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,239 @@
+//! Tools: the [`Tool`] trait, function tools from async Rust functions, client-side tools
+//! and the built-in `ask_user_question`.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agentry_types::{SessionId, ThreadId, ToolSpec, TurnId};
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// What a running tool call knows about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolContext {
+    /// The session.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// The thread the call was made on.
+    pub thread_id: ThreadId,
+    /// The model's id for the call.
+    pub tool_call_id: String,
+    /// Stable for this call across crashes and retries: a tool with side effects can use it
+    /// to do its work at most once (for example as an idempotency key of a payment API).
+    pub idempotency_key: String,
+}
+
+/// Why a tool call failed. The message is given to the model as the call's error result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// The arguments do not fit the tool's parameters.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The tool ran and failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A tool the model can call, run on the server.
+///
+/// Implementations must be cheap to share: agents hold them as `Arc<dyn Tool>`.
+#[async_trait]
+pub trait Tool: Send + Sync + fmt::Debug {
+    /// The name, description and JSON Schema of the parameters the model sees.
+    fn spec(&self) -> &ToolSpec;
+
+    /// Whether running the call twice with the same idempotency key has the effect of
+    /// running it once. After a crash, a call that started but has no recorded result is
+    /// re-run only when this is true; otherwise the turn asks a person what to do.
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Checks the arguments against the parameters before the call. The default compiles
+    /// the schema on every call; tools that are called often cache a validator.
+    ///
+    /// Errors: `ToolError::InvalidArguments` naming each violation.
+    fn validate(&self, arguments: &Value) -> Result<(), ToolError> {
+        SchemaValidator::new(&self.spec().parameters)?.validate(arguments)
+    }
+
+    /// Runs the call with arguments that passed [`Tool::validate`]. The result text is what
+    /// the model reads.
+    async fn call(&self, arguments: Value, context: ToolContext) -> Result<String, ToolError>;
+}
+
+/// A compiled JSON Schema for tool arguments.
+pub struct SchemaValidator {
+    validator: jsonschema::Validator,
+}
+
+impl fmt::Debug for SchemaValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchemaValidator").finish_non_exhaustive()
+    }
+}
+
+impl SchemaValidator {
+    /// Compiles a schema. Errors: `InvalidArguments` when the schema itself is invalid.
+    pub fn new(schema: &Value) -> Result<Self, ToolError> {
+        jsonschema::validator_for(schema).map(|validator| Self { validator }).map_err(|error| {
+            ToolError::InvalidArguments(format!("the tool's parameter schema is invalid: {error}"))
+        })
+    }
+
+    /// Validates arguments; the error lists every violation with its JSON path.
+    pub fn validate(&self, arguments: &Value) -> Result<(), ToolError> {
+        let problems: Vec<String> = self
+            .validator
+            .iter_errors(arguments)
+            .map(|error| {
+                let path = error.instance_path.to_string();
+                if path.is_empty() { error.to_string() } else { format!("{path}: {error}") }
+            })
+            .collect();
+        if problems.is_empty() { Ok(()) } else { Err(ToolError::InvalidArguments(problems.join("; "))) }
+    }
+}
+
+type BoxedCall<A> =
+    dyn Fn(A, ToolContext) -> Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send>> + Send + Sync;
+
+/// A tool made from an async Rust function whose argument type derives `JsonSchema` and
+/// `Deserialize`: the parameters schema is derived from the type, and arguments are
+/// validated against it before the function runs.
+///
+/// ```
+/// use agentry_runner::{FunctionTool, ToolError};
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Add { a: i64, b: i64 }
+/// let tool = FunctionTool::new("add", "Adds two integers.", |args: Add, _context| async move {
+///     Ok::<_, ToolError>((args.a + args.b).to_string())
+/// });
+/// # let _ = tool;
+/// ```
+pub struct FunctionTool<A> {
+    spec: ToolSpec,
+    /// Absent only if schemars derived a schema that does not compile; serde still checks
+    /// the arguments then.
+    validator: Option<SchemaValidator>,
+    idempotent: bool,
+    call: Box<BoxedCall<A>>,
+    arguments: PhantomData<fn() -> A>,
+}
+
+impl<A> fmt::Debug for FunctionTool<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FunctionTool")
+            .field("name", &self.spec.name)
+            .field("idempotent", &self.idempotent)
+            .finish()
+    }
+}
+
+impl<A> FunctionTool<A>
+where
+    A: JsonSchema + DeserializeOwned + Send + 'static,
+{
+    /// A tool named `name` that runs `function`. Not idempotent unless declared with
+    /// [`FunctionTool::idempotent`].
+    pub fn new<F, Fut>(name: impl Into<String>, description: impl Into<String>, function: F) -> Self
+    where
+        F: Fn(A, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, ToolError>> + Send + 'static,
+    {
+        let parameters = parameters_schema::<A>();
+        let validator = SchemaValidator::new(&parameters).ok();
+        Self {
+            spec: ToolSpec { name: name.into(), description: Some(description.into()), parameters },
+            validator,
+            idempotent: false,
+            call: Box::new(move |arguments, context| Box::pin(function(arguments, context))),
+            arguments: PhantomData,
+        }
+    }
+
+    /// Declares the tool idempotent (see [`Tool::idempotent`]).
+    #[must_use]
+    pub const fn idempotent(mut self) -> Self {
+        self.idempotent = true;
+        self
+    }
+
+    /// Shares it, ready for an agent.
+    #[must_use]
+    pub fn shared(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
+}
+
+/// The JSON Schema of a type as tool parameters: an object schema without the `$schema`
+/// and `title` keys that providers do not want.
+#[must_use]
+pub fn parameters_schema<A: JsonSchema>() -> Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(A)).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("$schema");
+        object.remove("title");
+        object.entry("type").or_insert_with(|| Value::String("object".to_owned()));
+    }
+    schema
+}
+
+#[async_trait]
+impl<A> Tool for FunctionTool<A>
+where
+    A: JsonSchema + DeserializeOwned + Send + 'static,
+{
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    fn validate(&self, arguments: &Value) -> Result<(), ToolError> {
+        self.validator.as_ref().map_or(Ok(()), |validator| validator.validate(arguments))
+    }
+
+    async fn call(&self, arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+        let arguments: A = serde_json::from_value(arguments)
+            .map_err(|error| ToolError::InvalidArguments(error.to_string()))?;
+        (self.call)(arguments, context).await
+    }
+}
+
+/// The name of the built-in client-side tool that asks the user a structured question.
+pub const ASK_USER_QUESTION: &str = "ask_user_question";
+
+/// The spec of the built-in `ask_user_question` client-side tool: a question and the
+/// options the user may pick from (the user may also answer freely).
+#[must_use]
+pub fn ask_user_question() -> ToolSpec {
+    ToolSpec {
+        name: ASK_USER_QUESTION.to_owned(),
+        description: Some(
+            "Ask the user a question you cannot safely answer yourself, with options to choose from."
+                .to_owned(),
+        ),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": {
+                "question": {"type": "string", "description": "The question."},
+                "options": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Answers the user may pick from."
+                }
+            },
+            "required": ["question"]
+        }),
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests of the runner.
+
+mod runtime;

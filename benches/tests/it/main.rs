@@ -5,4 +5,5 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod recovery;
 mod shared;

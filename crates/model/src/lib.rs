@@ -1,5 +1,6 @@
-//! Models: the [`Model`] trait every provider implements, and a deterministic
-//! [`ScriptedModel`] for tests and offline demos.
+//! Models: the [`Model`] trait every provider implements, a provider for
+//! OpenAI-compatible chat-completions servers (with the `openai` feature), and a
+//! deterministic [`ScriptedModel`] for tests and offline demos.
 //!
 //! A model turns a [`ModelRequest`] (messages and tool specifications) into a stream of
 //! [`ModelMessageDelta`]s: text, reasoning, tool-call chunks, and finally a finish reason
@@ -20,7 +21,29 @@
 //! assert_eq!(text, "Hello there");
 //! # });
 //! ```
+//!
+//! With the `openai` feature, `OpenAiCompatibleModel` streams from any server that speaks
+//! OpenAI's chat-completions API (OpenAI, Ollama, vLLM, llama.cpp's server, OpenRouter, …):
+//!
+#![cfg_attr(feature = "openai", doc = "```no_run")]
+#![cfg_attr(not(feature = "openai"), doc = "```text")]
+//! use agentry_model::{Model, ModelRequest, OpenAiCompatibleModel, OpenAiConfig};
+//! use agentry_types::Message;
+//! use futures_util::StreamExt;
+//!
+//! # async fn run() -> Result<(), agentry_model::ModelError> {
+//! let config = OpenAiConfig::new("qwen3:8b").with_base_url("http://localhost:11434/v1");
+//! let model = OpenAiCompatibleModel::new(config)?;
+//! let mut stream = model.stream(ModelRequest::new(vec![Message::user("Hi")])).await?;
+//! while let Some(delta) = stream.next().await {
+//!     print!("{}", delta?.content.unwrap_or_default());
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
+#[cfg(feature = "openai")]
+mod openai;
 mod request;
 mod scripted;
 
@@ -32,6 +55,8 @@ use agentry_types::ModelMessageDelta;
 use async_trait::async_trait;
 use futures_core::Stream;
 
+#[cfg(feature = "openai")]
+pub use openai::{OpenAiCompatibleModel, OpenAiConfig};
 pub use request::{ModelInfo, ModelRequest, ToolChoice};
 pub use scripted::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 

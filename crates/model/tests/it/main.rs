@@ -1,7 +1,11 @@
-//! Integration tests of `agentry-model`: the scripted model streams like a provider.
+//! Integration tests of `agentry-model`: the scripted model streams like a provider, and
+//! (with the `openai` feature) the OpenAI-compatible provider against a loopback server.
 
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]
+
+#[cfg(feature = "openai")]
+mod openai;
 
 use agentry_model::{Model, ModelError, ModelRequest, ScriptedModel, ScriptedResponse};
 use agentry_types::{FinishReason, Message, ModelMessageDelta, Role, Usage};

@@ -1,0 +1,539 @@
+//! A provider for OpenAI-compatible chat-completions servers: OpenAI, Ollama, vLLM,
+//! llama.cpp's server, OpenRouter, DeepSeek and the like.
+//!
+//! [`OpenAiCompatibleModel`] posts to `{base_url}/chat/completions` with `stream: true`
+//! and `stream_options.include_usage`, reads the server-sent events itself, and turns
+//! each chunk into a [`ModelMessageDelta`]. The usage-only chunk OpenAI sends after the
+//! chunk with the finish reason is folded into that delta, so the last delta of a
+//! response carries both.
+
+mod sse;
+mod wire;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+use agentry_types::ModelMessageDelta;
+use async_trait::async_trait;
+use futures_core::Stream;
+use futures_util::{FutureExt, StreamExt};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{StatusCode, Url};
+use tokio::time::Instant;
+
+use crate::{Model, ModelError, ModelInfo, ModelRequest, ModelStream};
+use sse::SseParser;
+use wire::{ChatRequest, StreamEvent};
+
+/// The most bytes of an error response's body that are read for its message.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// The most chunks read after a complete response while looking for the body's end.
+const MAX_DRAINED_CHUNKS: usize = 16;
+
+/// How to reach an OpenAI-compatible server, and how patient to be with it.
+///
+/// Its `Debug` output never shows the API key or the values of the extra headers.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenAiConfig {
+    /// The API root, to which `/chat/completions` is appended (default
+    /// `https://api.openai.com/v1`; Ollama serves `http://localhost:11434/v1`).
+    pub base_url: String,
+    /// The key sent as `Authorization: Bearer …`; none is sent when absent or empty.
+    pub api_key: Option<String>,
+    /// The model id sent with each request (`gpt-4o-mini`, `qwen3:8b`, …).
+    pub model: String,
+    /// How long one attempt may take to connect, send the request and receive the
+    /// response's status and headers (and, for an error status, its body). It does not
+    /// bound the streamed body, which can rightly take minutes: a caller gives up on a
+    /// stream by dropping it. Default 60 seconds.
+    pub request_timeout: Duration,
+    /// How many times a request is retried after a 429, a 5xx status or a failure to
+    /// connect. Retries happen only before the response is accepted, never once deltas
+    /// have been streamed. Default 3.
+    pub max_retries: u32,
+    /// The wait before the first retry; it doubles with each further retry. Default
+    /// 200 milliseconds.
+    pub initial_backoff: Duration,
+    /// The longest wait between two attempts, also capping the wait a server asks for
+    /// with `Retry-After`. Default 20 seconds.
+    pub max_backoff: Duration,
+    /// Headers added to every request (for example `OpenAI-Organization` or Azure's
+    /// `api-key`); they replace a default header of the same name.
+    pub extra_headers: Vec<(String, String)>,
+}
+
+impl OpenAiConfig {
+    /// A configuration for `model` on OpenAI's API, without a key, with the defaults.
+    #[must_use]
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            base_url: "https://api.openai.com/v1".to_owned(),
+            api_key: None,
+            model: model.into(),
+            request_timeout: Duration::from_secs(60),
+            max_retries: 3,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(20),
+            extra_headers: Vec::new(),
+        }
+    }
+
+    /// The same configuration for another API root.
+    #[must_use]
+    pub fn with_base_url(mut self, base_url: impl Into<String>) -> Self {
+        self.base_url = base_url.into();
+        self
+    }
+
+    /// The same configuration with an API key.
+    #[must_use]
+    pub fn with_api_key(mut self, api_key: impl Into<String>) -> Self {
+        self.api_key = Some(api_key.into());
+        self
+    }
+
+    /// The same configuration with another request timeout.
+    #[must_use]
+    pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The same configuration with another number of retries.
+    #[must_use]
+    pub const fn with_max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = max_retries;
+        self
+    }
+
+    /// The same configuration with other waits between attempts.
+    #[must_use]
+    pub const fn with_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// The same configuration with one more header on every request.
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.extra_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The wait before retry number `retry` (from 0): what the server asked for, or
+    /// else the exponential backoff, and never more than `max_backoff`.
+    fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        let exponential = self.initial_backoff.saturating_mul(2_u32.saturating_pow(retry));
+        retry_after.unwrap_or(exponential).min(self.max_backoff)
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header_names: Vec<&str> = self.extra_headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("model", &self.model)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("extra_headers", &header_names)
+            .finish()
+    }
+}
+
+/// A [`Model`] served by an OpenAI-compatible chat-completions endpoint.
+///
+/// Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub struct OpenAiCompatibleModel {
+    config: OpenAiConfig,
+    url: Url,
+    headers: HeaderMap,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for OpenAiCompatibleModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client and headers are left out: they hold the key.
+        f.debug_struct("OpenAiCompatibleModel").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl OpenAiCompatibleModel {
+    /// A model for this configuration.
+    ///
+    /// Fails with [`ModelError::InvalidRequest`] when the model id is empty, the base
+    /// URL is not an `http` or `https` URL, or a header name or value (the key included)
+    /// is not valid in HTTP; and with [`ModelError::Transport`] when the HTTP client
+    /// cannot be set up.
+    pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
+        let invalid = |message: String| ModelError::InvalidRequest(message);
+        if config.model.trim().is_empty() {
+            return Err(invalid("the model id is empty".to_owned()));
+        }
+        let endpoint = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let url = Url::parse(&endpoint).map_err(|error| invalid(format!("invalid base URL: {error}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!("the base URL must be http or https, not {}", url.scheme())));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(key) = config.api_key.as_deref().filter(|key| !key.is_empty()) {
+            let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| invalid("the API key contains characters not allowed in a header".to_owned()))?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        for (name, value) in &config.extra_headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| invalid(format!("invalid header name {name:?}")))?;
+            let mut value = HeaderValue::from_str(value)
+                .map_err(|_| invalid(format!("the value of header {name} is not valid in HTTP")))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|error| {
+                ModelError::Transport(format!("cannot set up the HTTP client: {}", describe(&error)))
+            })?;
+        Ok(Self { config, url, headers, client })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub const fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+
+    /// One attempt: the response if its status is a success.
+    async fn attempt(&self, body: Vec<u8>) -> Result<reqwest::Response, AttemptError> {
+        let timeout = self.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        let send = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .body(body)
+            .send();
+        let response = match tokio::time::timeout_at(deadline, send).await {
+            Err(_elapsed) => return Err(AttemptError::fatal(ModelError::Timeout(timeout))),
+            Ok(Err(error)) if error.is_timeout() => {
+                return Err(AttemptError::fatal(ModelError::Timeout(timeout)));
+            }
+            Ok(Err(error)) if error.is_connect() => {
+                return Err(AttemptError::retryable(ModelError::Transport(describe(&error)), None));
+            }
+            Ok(Err(error)) => return Err(AttemptError::fatal(ModelError::Transport(describe(&error)))),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let retry_after = retry_after(response.headers());
+        let body = read_error_body(response, deadline).await;
+        let message = wire::error_body_message(&body);
+        if status == StatusCode::TOO_MANY_REQUESTS && !wire::is_quota_exhausted(&body) {
+            return Err(AttemptError::retryable(ModelError::RateLimited { retry_after }, retry_after));
+        }
+        let error = ModelError::Http { status: status.as_u16(), message };
+        if status.is_server_error() {
+            Err(AttemptError::retryable(error, retry_after))
+        } else {
+            Err(AttemptError::fatal(error))
+        }
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiCompatibleModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo { id: self.config.model.clone(), provider: "openai-compatible".to_owned() }
+    }
+
+    /// Sends the request, retrying as [`OpenAiConfig::max_retries`] says, and returns
+    /// the stream once the server answered with a success status.
+    ///
+    /// Before the stream: [`ModelError::InvalidRequest`] for a request without messages;
+    /// [`ModelError::RateLimited`] for a 429 (the last one, once retries are used up; a
+    /// 429 for an exhausted quota is not retried and is [`ModelError::Http`]);
+    /// [`ModelError::Http`] for any other error status, with the message of the error
+    /// body; [`ModelError::Transport`] when the server cannot be reached;
+    /// [`ModelError::Timeout`] when an attempt exceeds the request timeout (not retried).
+    ///
+    /// Inside the stream, each ending it: [`ModelError::MalformedChunk`] for a chunk that
+    /// is not JSON of the expected shape; [`ModelError::Http`] for an error object sent as
+    /// a chunk (status from its `code` when that is an HTTP error status, else 0);
+    /// [`ModelError::Disconnected`] when the body breaks off or ends without a finish
+    /// reason or `[DONE]`. Once a finish reason has arrived the response is complete, so
+    /// a failure after it ends the stream normally (only the usage can be missing). A
+    /// stream ended by `[DONE]` without any finish reason ends normally, without one.
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        if request.messages.is_empty() {
+            return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
+        }
+        let body = serde_json::to_vec(&ChatRequest::new(&self.config.model, &request))
+            .map_err(|error| ModelError::InvalidRequest(format!("cannot encode the request: {error}")))?;
+        let mut retry = 0;
+        loop {
+            match self.attempt(body.clone()).await {
+                Ok(response) => return Ok(delta_stream(response)),
+                Err(AttemptError { retry: Some(retry_after), .. }) if retry < self.config.max_retries => {
+                    tokio::time::sleep(self.config.backoff(retry, retry_after)).await;
+                    retry += 1;
+                }
+                Err(AttemptError { error, .. }) => return Err(error),
+            }
+        }
+    }
+}
+
+/// Why an attempt failed, and whether (and after what requested wait) to try again.
+#[derive(Debug)]
+struct AttemptError {
+    error: ModelError,
+    /// `Some` when the attempt may be retried, holding the wait the server asked for.
+    retry: Option<Option<Duration>>,
+}
+
+impl AttemptError {
+    const fn fatal(error: ModelError) -> Self {
+        Self { error, retry: None }
+    }
+
+    const fn retryable(error: ModelError, retry_after: Option<Duration>) -> Self {
+        Self { error, retry: Some(retry_after) }
+    }
+}
+
+/// The wait a response asks for: `retry-after-ms` (OpenAI), else `Retry-After` in
+/// seconds. The HTTP-date form of `Retry-After` is not read; the backoff applies then.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| -> Option<f64> {
+        let value = headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok()?;
+        (value.is_finite() && value >= 0.0).then_some(value)
+    };
+    number("retry-after-ms")
+        .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
+        .or_else(|| number("retry-after").and_then(|seconds| Duration::try_from_secs_f64(seconds).ok()))
+}
+
+/// Reads up to [`MAX_ERROR_BODY_BYTES`] of an error response before `deadline`; what
+/// could not be read in time is left out.
+async fn read_error_body(mut response: reqwest::Response, deadline: Instant) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_BYTES {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => body.extend_from_slice(&bytes),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY_BYTES);
+    body
+}
+
+/// An error with its causes, which reqwest keeps out of its own message.
+fn describe(error: &reqwest::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The deltas of a response body. The body is owned by the stream, so dropping the
+/// stream drops the response and closes its connection.
+fn delta_stream(response: reqwest::Response) -> ModelStream {
+    deltas(Box::pin(response.bytes_stream()))
+}
+
+/// The deltas of a body given as a stream of byte chunks.
+fn deltas<S, B, E>(body: S) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
+    B: AsRef<[u8]>,
+{
+    let state = DeltaStream {
+        body,
+        parser: SseParser::default(),
+        ready: VecDeque::new(),
+        finishing: None,
+        complete: false,
+        ended: false,
+    };
+    futures_util::stream::unfold(state, |mut state| async move {
+        let item = state.next().await?;
+        Some((item, state))
+    })
+    .boxed()
+}
+
+/// Reads events from a body and turns them into deltas.
+///
+/// The delta with the finish reason is held back until a later chunk brings the usage
+/// (OpenAI's trailing `choices: []` chunk), `[DONE]` arrives or the body ends, and is
+/// then sent with the usage folded in, as the last delta.
+struct DeltaStream<S> {
+    body: S,
+    parser: SseParser,
+    /// Items to hand out before reading more.
+    ready: VecDeque<Result<ModelMessageDelta, ModelError>>,
+    /// The held delta with the finish reason.
+    finishing: Option<ModelMessageDelta>,
+    /// Whether the response is whole: the finishing delta was handed to `ready`, or
+    /// `[DONE]` arrived. What follows is ignored.
+    complete: bool,
+    /// Whether nothing is to be read any more.
+    ended: bool,
+}
+
+impl<S, B, E> DeltaStream<S>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    async fn next(&mut self) -> Option<Result<ModelMessageDelta, ModelError>> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.ended {
+                return None;
+            }
+            if self.complete {
+                self.drain();
+                continue;
+            }
+            let mut events = Vec::new();
+            match self.body.next().await {
+                Some(Ok(bytes)) => {
+                    if self.parser.push(bytes.as_ref(), &mut events).is_err() {
+                        let limit = sse::MAX_EVENT_BYTES;
+                        self.fail(ModelError::MalformedChunk(format!(
+                            "an event is larger than {limit} bytes"
+                        )));
+                        continue;
+                    }
+                    self.handle(events);
+                }
+                Some(Err(_)) => self.end_of_body(),
+                None => {
+                    self.parser.finish(&mut events);
+                    self.handle(events);
+                    self.end_of_body();
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, events: Vec<String>) {
+        for data in events {
+            if self.ended {
+                return;
+            }
+            match wire::parse_event(&data) {
+                Ok(parsed) => {
+                    for event in parsed {
+                        self.apply(event);
+                    }
+                }
+                Err(error) => self.fail(error),
+            }
+        }
+    }
+
+    fn apply(&mut self, event: StreamEvent) {
+        if self.ended {
+            return;
+        }
+        match event {
+            StreamEvent::Done => {
+                self.release();
+                self.complete = true;
+            }
+            StreamEvent::Error(error) => self.fail(error),
+            StreamEvent::Delta(delta) => self.on_delta(delta),
+        }
+    }
+
+    fn on_delta(&mut self, mut delta: ModelMessageDelta) {
+        if self.complete {
+            return;
+        }
+        let Some(finishing) = &mut self.finishing else {
+            if delta.finish_reason.is_some() {
+                self.finishing = Some(delta);
+            } else if !delta.is_empty() {
+                self.ready.push_back(Ok(delta));
+            }
+            return;
+        };
+        let usage = delta.usage.take();
+        if let Some(reason) = delta.finish_reason.take() {
+            finishing.finish_reason = Some(reason);
+        }
+        if usage.is_some() {
+            finishing.usage = usage;
+        }
+        // Anything else after the finish reason goes out before the finishing delta,
+        // which stays last.
+        if !delta.is_empty() {
+            self.ready.push_back(Ok(delta));
+        }
+        if usage.is_some() {
+            self.release();
+        }
+    }
+
+    /// Hands out the held finishing delta, if any.
+    fn release(&mut self) {
+        if let Some(finishing) = self.finishing.take() {
+            self.ready.push_back(Ok(finishing));
+            self.complete = true;
+        }
+    }
+
+    /// Reads what has already arrived of a complete response, without waiting for more:
+    /// a body whose end is already there (as it usually is right after `[DONE]`) then
+    /// leaves its connection free for reuse, and a server that keeps the connection open
+    /// after the response cannot hold the stream open.
+    fn drain(&mut self) {
+        for _ in 0..MAX_DRAINED_CHUNKS {
+            match self.body.next().now_or_never() {
+                Some(Some(Ok(_))) => {}
+                _ => break,
+            }
+        }
+        self.ended = true;
+    }
+
+    /// Ends the stream with `error`, unless the response was already complete.
+    fn fail(&mut self, error: ModelError) {
+        let finished = self.finishing.is_some() || self.complete;
+        self.release();
+        if !finished {
+            self.ready.push_back(Err(error));
+        }
+        self.ended = true;
+    }
+
+    /// Ends the stream at the end of the body, or when it broke off.
+    fn end_of_body(&mut self) {
+        if !self.ended {
+            self.fail(ModelError::Disconnected);
+        }
+    }
+}

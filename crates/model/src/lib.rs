@@ -58,7 +58,7 @@ use futures_core::Stream;
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiCompatibleModel, OpenAiConfig};
 pub use request::{ModelInfo, ModelRequest, ToolChoice};
-pub use scripted::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
+pub use scripted::{RECORDED_REQUESTS, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 
 /// The deltas of one model response. Dropping it cancels the request.
 pub type ModelStream = Pin<Box<dyn Stream<Item = Result<ModelMessageDelta, ModelError>> + Send>>;

@@ -1,5 +1,7 @@
 //! What is sent to a model.
 
+use std::sync::Arc;
+
 use agentry_types::{Message, ToolSpec};
 
 /// Which tool the model must call, if any.
@@ -21,7 +23,7 @@ pub struct ModelRequest {
     /// The conversation so far, instructions first.
     pub messages: Vec<Message>,
     /// The tools the model may call.
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<[ToolSpec]>,
     /// Which tool to call.
     pub tool_choice: Option<ToolChoice>,
     /// Whether the model may call several tools in one message.
@@ -40,7 +42,7 @@ impl ModelRequest {
     pub fn new(messages: Vec<Message>) -> Self {
         Self {
             messages,
-            tools: Vec::new(),
+            tools: Arc::from(Vec::new()),
             tool_choice: None,
             parallel_tool_calls: None,
             temperature: None,
@@ -51,8 +53,8 @@ impl ModelRequest {
 
     /// The same request with tools.
     #[must_use]
-    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
-        self.tools = tools;
+    pub fn with_tools(mut self, tools: impl Into<Arc<[ToolSpec]>>) -> Self {
+        self.tools = tools.into();
         self
     }
 

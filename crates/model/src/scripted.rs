@@ -140,7 +140,7 @@ impl ScriptedResponse {
     /// Usage estimated at four characters a token, for responses without exact usage.
     fn estimated_usage(&self, request: &ModelRequest) -> Usage {
         let tokens = |chars: usize| u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX);
-        let input: usize = request.messages.iter().map(|message| message.text().chars().count()).sum();
+        let input: usize = request.messages.iter().map(message_chars).sum();
         let output = self.text.as_deref().map_or(0, |text| text.chars().count())
             + self.reasoning.as_deref().map_or(0, |text| text.chars().count())
             + self
@@ -152,6 +152,21 @@ impl ScriptedResponse {
     }
 }
 
+/// The characters of a message's text, counted without building it.
+fn message_chars(message: &agentry_types::Message) -> usize {
+    match &message.content {
+        None => 0,
+        Some(agentry_types::MessageContent::Text(text)) => text.chars().count(),
+        Some(agentry_types::MessageContent::Parts(parts)) => parts
+            .iter()
+            .map(|part| match part {
+                agentry_types::ContentPart::Text { text } => text.chars().count() + 1,
+                _ => 0,
+            })
+            .sum(),
+    }
+}
+
 type Responder = dyn Fn(&ModelRequest) -> ScriptedResponse + Send + Sync;
 
 enum Script {
@@ -159,12 +174,17 @@ enum Script {
     Responder(Arc<Responder>),
 }
 
+/// How many of the latest requests a [`ScriptedModel`] keeps for inspection: a long-running
+/// scripted model (a demo server, a benchmark) must not grow without bound.
+pub const RECORDED_REQUESTS: usize = 1024;
+
 /// A model that answers from a script.
 pub struct ScriptedModel {
     id: String,
     script: Script,
     calls: AtomicUsize,
-    requests: Mutex<Vec<ModelRequest>>,
+    /// The latest requests, at most [`RECORDED_REQUESTS`].
+    requests: Mutex<VecDeque<ModelRequest>>,
 }
 
 impl fmt::Debug for ScriptedModel {
@@ -195,7 +215,7 @@ impl ScriptedModel {
             id: "scripted".to_owned(),
             script,
             calls: AtomicUsize::new(0),
-            requests: Mutex::new(Vec::new()),
+            requests: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -212,10 +232,10 @@ impl ScriptedModel {
         self.calls.load(Ordering::SeqCst)
     }
 
-    /// The requests received so far, in order.
+    /// The requests received so far, in order (the latest [`RECORDED_REQUESTS`] of them).
     #[must_use]
     pub fn requests(&self) -> Vec<ModelRequest> {
-        self.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
     }
 
     /// The response to call number `call` (from 1).
@@ -242,7 +262,13 @@ impl Model for ScriptedModel {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
         }
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        self.requests.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
+        {
+            let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+            if requests.len() == RECORDED_REQUESTS {
+                requests.pop_front();
+            }
+            requests.push_back(request.clone());
+        }
         let response = self.next_response(call, &request)?;
         if let Some(error) = response.error.clone() {
             return Err(error);

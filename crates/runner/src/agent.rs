@@ -1,6 +1,6 @@
 //! Agents: a name, instructions, a model, tools and limits.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use agentry_model::Model;
@@ -59,6 +59,9 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// Every tool spec offered to the model, made at the first model call (not at
+    /// construction, which stays allocation-light) and shared by every request after.
+    specs: OnceLock<Arc<[ToolSpec]>>,
 }
 
 impl Agent {
@@ -74,6 +77,7 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                specs: OnceLock::new(),
             },
         }
     }
@@ -134,13 +138,18 @@ impl Agent {
 
     /// Every tool the model is offered: server-side, then client-side.
     #[must_use]
-    pub fn tool_specs(&self) -> Vec<ToolSpec> {
+    pub fn tool_specs(&self) -> Arc<[ToolSpec]> {
         self.inner
-            .tools
-            .iter()
-            .map(|tool| tool.spec().clone())
-            .chain(self.inner.client_tools.iter().cloned())
-            .collect()
+            .specs
+            .get_or_init(|| {
+                self.inner
+                    .tools
+                    .iter()
+                    .map(|tool| tool.spec().clone())
+                    .chain(self.inner.client_tools.iter().cloned())
+                    .collect()
+            })
+            .clone()
     }
 }
 

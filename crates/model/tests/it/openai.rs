@@ -457,7 +457,8 @@ async fn the_request_carries_stream_options_tools_tool_choice_and_the_whole_conv
             name: "get_weather".into(),
             description: Some("Current weather".into()),
             parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-        }],
+        }]
+        .into(),
         tool_choice: Some(ToolChoice::Function("get_weather".into())),
         parallel_tool_calls: Some(false),
         temperature: Some(0.5),

@@ -1,0 +1,193 @@
+//! Runner benchmarks (design §9):
+//! - `agent_construction`: building an agent with one tool;
+//! - `one_turn`: one turn on the in-memory store (the scripted model calls one tool, then
+//!   answers), from `create_turn` to the end of `wait`;
+//! - `conversation_25`: a 25-turn conversation of such turns, per backend and durability;
+//! - `fan_out_100`: one turn of 1,000 deltas streamed to 100 live subscribers
+//!   (throughput in deliveries).
+
+// A benchmark whose workload fails should stop loudly.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentry_benches::open_store;
+use agentry_memory::{Durability, InMemoryStore, Store};
+use agentry_model::{ScriptedModel, ScriptedResponse};
+use agentry_runner::{Agent, FunctionTool, Runtime, RuntimeOptions, Tool, ToolError, TurnRequest};
+use agentry_types::Role;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::StreamExt;
+
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Multiply {
+    a: i64,
+    b: i64,
+}
+
+fn multiply() -> Arc<dyn Tool> {
+    FunctionTool::new("multiply", "Multiplies two integers.", |args: Multiply, _| async move {
+        Ok::<_, ToolError>((args.a * args.b).to_string())
+    })
+    .shared()
+}
+
+/// Calls `multiply` when the last message is the user's, answers after the tool result.
+fn tool_then_answer() -> Arc<ScriptedModel> {
+    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
+    let answer = ScriptedResponse::text("The answer is 42.");
+    Arc::new(ScriptedModel::responder(move |request| {
+        match request.messages.last().map(|message| message.role) {
+            Some(Role::Tool) => answer.clone(),
+            _ => call.clone(),
+        }
+    }))
+}
+
+fn runner(store: Arc<dyn Store>) -> Runtime {
+    let options = RuntimeOptions { live_retention: Duration::ZERO, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(store, options);
+    runtime.register(Agent::builder("bench", tool_then_answer()).tool(multiply()).build());
+    runtime
+}
+
+fn agent_construction(c: &mut Criterion) {
+    let model = tool_then_answer();
+    let tool = multiply();
+    c.bench_function("agent_construction", |b| {
+        b.iter(|| {
+            Agent::builder("bench", model.clone()).instructions("Be brief.").tool(tool.clone()).build()
+        });
+    });
+}
+
+fn one_turn(c: &mut Criterion) {
+    let multi = tokio_runtime();
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for (name, tokio) in [("current_thread", &single), ("multi_thread", &multi)] {
+        let runtime = runner(Arc::new(InMemoryStore::new()));
+        c.bench_function(&format!("one_turn/memory/{name}"), |b| {
+            b.to_async(tokio).iter_custom(|iters| {
+                let runtime = runtime.clone();
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let session = runtime.create_session("bench", None).await.unwrap();
+                        let started = Instant::now();
+                        let turn = session.create_turn(TurnRequest::message("What is 6 * 7?")).await.unwrap();
+                        turn.wait().await.unwrap();
+                        total += started.elapsed();
+                    }
+                    total
+                }
+            });
+        });
+    }
+}
+
+struct Backend {
+    name: &'static str,
+    durability: Durability,
+}
+
+fn conversation_25(c: &mut Criterion) {
+    let tokio = tokio_runtime();
+    let mut group = c.benchmark_group("conversation_25");
+    group.sample_size(10);
+    let backends = [
+        Backend { name: "memory", durability: Durability::Relaxed },
+        Backend { name: "sqlite", durability: Durability::Strict },
+        Backend { name: "sqlite", durability: Durability::Relaxed },
+        Backend { name: "redb", durability: Durability::Strict },
+        Backend { name: "redb", durability: Durability::Relaxed },
+    ];
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
+    std::fs::create_dir_all(&root).unwrap();
+    for backend in backends {
+        let dir = tempfile::tempdir_in(&root).unwrap();
+        let store: Arc<dyn Store> = if backend.name == "memory" {
+            Arc::new(InMemoryStore::new())
+        } else {
+            open_store(backend.name, &dir.path().join(format!("bench.{}", backend.name)), backend.durability)
+                .unwrap()
+        };
+        let runtime = runner(store);
+        let id = format!("{}/{}", backend.name, backend.durability.as_str());
+        group.bench_function(BenchmarkId::from_parameter(id), |b| {
+            b.to_async(&tokio).iter_custom(|iters| {
+                let runtime = runtime.clone();
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let session = runtime.create_session("bench", None).await.unwrap();
+                        let started = Instant::now();
+                        for turn in 0..25 {
+                            let request = TurnRequest::message(format!("Turn {turn}: what is 6 * 7?"));
+                            session.create_turn(request).await.unwrap().wait().await.unwrap();
+                        }
+                        total += started.elapsed();
+                    }
+                    total
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+fn fan_out_100(c: &mut Criterion) {
+    const SUBSCRIBERS: usize = 100;
+    let tokio = tokio_runtime();
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse {
+        chunk_chars: Some(1),
+        ..ScriptedResponse::text("x".repeat(1000))
+    }));
+    let options = RuntimeOptions { live_retention: Duration::ZERO, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);
+    runtime.register(Agent::builder("fan", model).build());
+    // 1,000 text deltas, the finishing delta, the message, turn.created and turn.done.
+    let events_per_turn = 1004u64;
+    let mut group = c.benchmark_group("fan_out_100");
+    group.throughput(Throughput::Elements(events_per_turn * SUBSCRIBERS as u64));
+    group.bench_function("memory", |b| {
+        b.to_async(&tokio).iter_custom(|iters| {
+            let runtime = runtime.clone();
+            async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let session = runtime.create_session("fan", None).await.unwrap();
+                    let started = Instant::now();
+                    let turn = session.create_turn(TurnRequest::message("Stream")).await.unwrap();
+                    let subscribers: Vec<_> = (0..SUBSCRIBERS)
+                        .map(|_| {
+                            let mut stream = turn.stream(None);
+                            tokio::spawn(async move {
+                                let mut count = 0u64;
+                                while let Some(event) = stream.next().await {
+                                    event.unwrap();
+                                    count += 1;
+                                }
+                                count
+                            })
+                        })
+                        .collect();
+                    for subscriber in subscribers {
+                        assert_eq!(subscriber.await.unwrap(), events_per_turn);
+                    }
+                    total += started.elapsed();
+                }
+                total
+            }
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, agent_construction, one_turn, conversation_25, fan_out_100);
+criterion_main!(benches);

@@ -103,7 +103,26 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Installs the npm packages the tests start (MCP servers), unless already installed.
+fn npm_packages(root: &Path) -> Result<()> {
+    let dir = root.join("tools/mcp");
+    if dir.join("node_modules/.bin/mcp-server-everything").exists() {
+        return Ok(());
+    }
+    eprintln!("$ npm ci --prefix tools/mcp");
+    let status = Command::new("npm")
+        .args(["ci", "--prefix", "tools/mcp", "--no-audit", "--no-fund"])
+        .current_dir(root)
+        .status()
+        .context("running npm (Node.js 20 or later is needed for the MCP test server)")?;
+    if !status.success() {
+        bail!("npm ci --prefix tools/mcp failed");
+    }
+    Ok(())
+}
+
 fn test(root: &Path, quick: bool) -> Result<()> {
+    npm_packages(root)?;
     if !quick {
         cargo(root, &["fmt", "--all", "--", "--check"])?;
         cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;

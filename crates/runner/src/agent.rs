@@ -1,10 +1,12 @@
 //! Agents: a name, instructions, a model, tools and limits.
 
+use std::any::Any;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use agentry_events::McpServerSession;
 use agentry_model::Model;
-use agentry_types::ToolSpec;
+use agentry_types::{ToolInfo, ToolSpec};
 
 use crate::tool::{Tool, ask_user_question};
 
@@ -59,6 +61,10 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// The MCP server sessions whose tools the agent has (announced by `mcp.initialize`).
+    mcp_sessions: Vec<McpServerSession>,
+    /// What must live as long as the agent (the MCP connections its tools call through).
+    keep_alive: Vec<Arc<dyn Any + Send + Sync>>,
     /// Every tool spec offered to the model, made at the first model call (not at
     /// construction, which stays allocation-light) and shared by every request after.
     specs: OnceLock<Arc<[ToolSpec]>>,
@@ -77,6 +83,8 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                mcp_sessions: Vec::new(),
+                keep_alive: Vec::new(),
                 specs: OnceLock::new(),
             },
         }
@@ -128,6 +136,23 @@ impl Agent {
     #[must_use]
     pub fn requires_approval(&self, name: &str) -> bool {
         self.inner.approval_required.iter().any(|gated| gated == name)
+    }
+
+    /// The MCP server sessions of its tools.
+    #[must_use]
+    pub fn mcp_sessions(&self) -> &[McpServerSession] {
+        &self.inner.mcp_sessions
+    }
+
+    /// The routing metadata of a call of `name` (the `tool_info` of its tool-call chunks).
+    #[must_use]
+    pub fn tool_info(&self, name: &str) -> ToolInfo {
+        ToolInfo {
+            mcp_server: self.tool(name).and_then(|tool| tool.mcp_server().cloned()),
+            is_approval_required: self.requires_approval(name),
+            is_client_side: self.is_client_tool(name),
+            ..ToolInfo::local(name)
+        }
     }
 
     /// Whether `name` is a client-side tool.
@@ -193,6 +218,17 @@ impl AgentBuilder {
     #[must_use]
     pub fn client_tool(mut self, spec: ToolSpec) -> Self {
         self.inner.client_tools.push(spec);
+        self
+    }
+
+    /// Adds the tools of a connected MCP server; the agent keeps the connection open and
+    /// its turns announce the server session with `mcp.initialize`.
+    #[cfg(feature = "mcp")]
+    #[must_use]
+    pub fn mcp(mut self, connection: Arc<crate::mcp::McpConnection>) -> Self {
+        self.inner.tools.extend(connection.tools());
+        self.inner.mcp_sessions.push(connection.session());
+        self.inner.keep_alive.push(connection);
         self
     }
 

@@ -295,6 +295,14 @@ impl TurnEngine {
                     created_by: self.run.created_by.clone(),
                 };
                 self.sink.emit(None, payload).await?;
+                if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
+                    // The main thread starts with the session's first turn, and with it the
+                    // agent's MCP sessions.
+                    let servers = self.agent.mcp_sessions().to_vec();
+                    self.sink
+                        .emit(Some(self.thread.clone()), EventPayload::McpInitialize { servers })
+                        .await?;
+                }
                 (previous, None)
             }
             Start::Recovered { previous, journal, stored } => {
@@ -469,7 +477,15 @@ impl TurnEngine {
                 }
             };
             match next {
-                Some(Ok(delta)) => {
+                Some(Ok(mut delta)) => {
+                    for chunk in &mut delta.tool_calls {
+                        if let Some(name) =
+                            chunk.function.as_ref().and_then(|function| function.name.as_deref())
+                            && chunk.tool_info.is_none()
+                        {
+                            chunk.tool_info = Some(self.agent.tool_info(name));
+                        }
+                    }
                     if let Some(message) = self.sink.delta(self.thread.clone(), message_id, delta).await? {
                         break message;
                     }

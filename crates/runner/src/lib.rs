@@ -54,3 +54,7 @@ pub use tool::{
     ASK_USER_QUESTION, FunctionTool, SchemaValidator, Tool, ToolContext, ToolError, ask_user_question,
     parameters_schema,
 };
+#[cfg(feature = "mcp")]
+mod mcp;
+#[cfg(feature = "mcp")]
+pub use mcp::{McpConnection, McpError, McpServerConfig, McpServerTransport, McpTool};

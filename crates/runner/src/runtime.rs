@@ -337,9 +337,13 @@ impl Runtime {
     /// Drops a finished turn's live log after the retention time.
     fn retire(&self, turn: TurnId) {
         let retention = self.inner.options.live_retention;
-        let runtime = self.clone();
+        // A weak reference: a retiring log does not keep a dropped runtime (and its agents'
+        // connections) alive.
+        let runtime = Arc::downgrade(&self.inner);
         let remove = move || {
-            runtime.inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&turn);
+            if let Some(inner) = runtime.upgrade() {
+                inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&turn);
+            }
         };
         if retention.is_zero() {
             remove();

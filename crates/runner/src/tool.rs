@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use agentry_types::{SessionId, ThreadId, ToolSpec, TurnId};
+use agentry_types::{McpServerRef, SessionId, ThreadId, ToolSpec, TurnId};
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -54,6 +54,12 @@ pub trait Tool: Send + Sync + fmt::Debug {
     /// re-run only when this is true; otherwise the turn asks a person what to do.
     fn idempotent(&self) -> bool {
         false
+    }
+
+    /// The MCP server the tool belongs to, for the `tool_info` of its calls; `None` for a
+    /// tool of this process.
+    fn mcp_server(&self) -> Option<&McpServerRef> {
+        None
     }
 
     /// Checks the arguments against the parameters before the call. The default compiles

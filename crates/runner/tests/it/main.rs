@@ -3,5 +3,7 @@
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]
 
+#[cfg(feature = "mcp")]
+mod mcp;
 mod provider;
 mod runtime;

@@ -1,0 +1,363 @@
+//! A live connection to one MCP server.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentry_events::{McpServerSession, McpTransport};
+use agentry_types::McpServerRef;
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::ChildStderr;
+use tokio::time::Instant;
+
+use super::config::{McpServerConfig, McpServerTransport};
+use super::error::McpError;
+use super::http::{SessionIdCell, SessionRecordingClient, parse_headers};
+use super::tool::McpTool;
+use crate::tool::Tool;
+
+/// How much of a stdio server's stderr is kept: its last lines, up to this many bytes.
+const STDERR_TAIL_BYTES: usize = 4096;
+
+/// How long a failed handshake waits for the server's stderr to close, for the error message.
+const STDERR_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long closing waits for the server to shut down before giving up on it.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to an MCP server, initialized and with its tools listed.
+///
+/// The tools ([`McpConnection::tools`]) join an agent's tools; the session
+/// ([`McpConnection::session`]) is what `mcp.initialize` reports. Keep the connection for as
+/// long as an agent may call its tools: closing it ([`McpConnection::close`]) or dropping
+/// it ends the session, and for a stdio server shuts the process (and the process group
+/// it leads) down and reaps it. After that, calls of its tools fail with a clear error.
+///
+/// ```no_run
+/// # async fn demo(model: std::sync::Arc<dyn agentry_model::Model>) -> Result<(), agentry_runner::McpError> {
+/// use agentry_runner::{Agent, McpConnection, McpServerConfig};
+///
+/// let config = McpServerConfig::stdio("everything", "npx")
+///     .args(["-y", "@modelcontextprotocol/server-everything", "stdio"]);
+/// let connection = McpConnection::connect(config).await?;
+/// let agent = Agent::builder("assistant", model).tools(connection.tools()).build();
+/// // Emit `mcp.initialize` with `connection.session()`, run turns, then:
+/// connection.close().await?;
+/// # let _ = agent;
+/// # Ok(())
+/// # }
+/// ```
+pub struct McpConnection {
+    session: McpServerSession,
+    /// The session id the HTTP server assigned, kept current by the HTTP client.
+    http_session_id: Option<SessionIdCell>,
+    /// Absent only while closing.
+    service: Option<RunningService<RoleClient, ClientConfig>>,
+    tools: Vec<Arc<McpTool>>,
+    server_info: Option<Implementation>,
+    process_id: Option<u32>,
+    stderr: Option<StderrTail>,
+}
+
+impl fmt::Debug for McpConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpConnection")
+            .field("session", &self.session())
+            .field("tools", &self.tools.iter().map(|tool| tool.spec().name.as_str()).collect::<Vec<_>>())
+            .field("process_id", &self.process_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McpConnection {
+    /// Connects: starts the process (stdio) or reaches the URL (streamable HTTP), performs
+    /// the `initialize` handshake, and lists the server's tools (those the allow-list
+    /// admits), all within the configured connect timeout.
+    ///
+    /// Errors: [`McpError::InvalidConfig`] for headers that are not valid HTTP;
+    /// [`McpError::Spawn`] when the command cannot be started (not found, not executable,
+    /// bad working directory); [`McpError::Initialize`] when the server refuses the
+    /// handshake, answers something that is not MCP, or exits (with the end of its stderr);
+    /// [`McpError::Transport`] when listing the tools fails; [`McpError::Timeout`] when
+    /// connecting takes longer than the connect timeout. A process started before a failure
+    /// is shut down.
+    pub async fn connect(config: McpServerConfig) -> Result<Self, McpError> {
+        let deadline = Instant::now() + config.connect_timeout;
+        match &config.transport {
+            McpServerTransport::Stdio { command, args, env, cwd } => {
+                Self::connect_stdio(&config, deadline, command, args, env, cwd.as_deref()).await
+            }
+            McpServerTransport::StreamableHttp { url, headers } => {
+                Self::connect_http(&config, deadline, url, headers).await
+            }
+        }
+    }
+
+    async fn connect_stdio(
+        config: &McpServerConfig,
+        deadline: Instant,
+        command: &str,
+        args: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+        cwd: Option<&Path>,
+    ) -> Result<Self, McpError> {
+        let mut process = tokio::process::Command::new(command);
+        process.args(args).envs(env);
+        if let Some(cwd) = cwd {
+            process.current_dir(cwd);
+        }
+        let mut process = CommandWrap::from(process);
+        // The server leads a process group so that launchers (`npx`, `uvx`, shell scripts)
+        // are shut down together with the server they start.
+        process.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+        let (transport, stderr) = TokioChildProcess::builder(process)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|error| McpError::Spawn {
+                server: config.name.clone(),
+                command: command.to_owned(),
+                reason: error.to_string(),
+            })?;
+        let process_id = transport.id();
+        let stderr = stderr.map(StderrTail::capture);
+        let service = Self::initialize(config, deadline, transport, stderr.as_ref()).await?;
+        let session = session_of(config, McpTransport::Stdio, None);
+        Self::list_tools(config, deadline, session, None, service, process_id, stderr).await
+    }
+
+    async fn connect_http(
+        config: &McpServerConfig,
+        deadline: Instant,
+        url: &str,
+        headers: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, McpError> {
+        let invalid = |reason: String| McpError::InvalidConfig { server: config.name.clone(), reason };
+        let headers = parse_headers(headers).map_err(invalid)?;
+        let (client, session_id) = SessionRecordingClient::new().map_err(invalid)?;
+        let transport_config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+        let transport = StreamableHttpClientTransport::with_client(client, transport_config);
+        let service = Self::initialize(config, deadline, transport, None).await?;
+        let session = session_of(config, McpTransport::StreamableHttp, current(&session_id));
+        Self::list_tools(config, deadline, session, Some(session_id), service, None, None).await
+    }
+
+    async fn initialize<T, E, A>(
+        config: &McpServerConfig,
+        deadline: Instant,
+        transport: T,
+        stderr: Option<&StderrTail>,
+    ) -> Result<RunningService<RoleClient, ClientConfig>, McpError>
+    where
+        T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let client = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("agentry", env!("CARGO_PKG_VERSION")),
+        );
+        // On timeout the handshake future, and with it the transport, is dropped: a
+        // started process is killed and reaped.
+        match tokio::time::timeout_at(deadline, client.serve(transport)).await {
+            Ok(Ok(service)) => Ok(service),
+            Ok(Err(error)) => {
+                let mut reason = error.to_string();
+                if let Some(stderr) = stderr {
+                    // The failed handshake dropped the transport, which kills the process:
+                    // its stderr closes soon, and its last words are often the reason.
+                    let tail = stderr.text_when_closed(STDERR_SETTLE_TIMEOUT).await;
+                    if !tail.is_empty() {
+                        reason.push_str("; the server's stderr ended with:\n");
+                        reason.push_str(&tail);
+                    }
+                }
+                Err(McpError::Initialize { server: config.name.clone(), reason })
+            }
+            Err(_) => Err(McpError::Timeout {
+                server: config.name.clone(),
+                operation: "initialize".to_owned(),
+                timeout: config.connect_timeout,
+            }),
+        }
+    }
+
+    async fn list_tools(
+        config: &McpServerConfig,
+        deadline: Instant,
+        session: McpServerSession,
+        http_session_id: Option<SessionIdCell>,
+        service: RunningService<RoleClient, ClientConfig>,
+        process_id: Option<u32>,
+        stderr: Option<StderrTail>,
+    ) -> Result<Self, McpError> {
+        let peer_info = service.peer_info();
+        let server_info = peer_info.as_ref().and_then(|info| info.server_info.clone());
+        let has_tools = peer_info.as_ref().is_some_and(|info| info.capabilities.tools.is_some());
+        let listed = if has_tools {
+            match tokio::time::timeout_at(deadline, service.peer().list_all_tools()).await {
+                Ok(Ok(tools)) => tools,
+                Ok(Err(error)) => {
+                    return Err(McpError::Transport {
+                        server: config.name.clone(),
+                        reason: format!("listing the tools failed: {error}"),
+                    });
+                }
+                Err(_) => {
+                    return Err(McpError::Timeout {
+                        server: config.name.clone(),
+                        operation: "list its tools".to_owned(),
+                        timeout: config.connect_timeout,
+                    });
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let server = McpServerRef { id: config.id.clone(), name: config.name.clone() };
+        let tools = listed
+            .into_iter()
+            .filter(|tool| config.allows(&tool.name))
+            .map(|tool| {
+                Arc::new(McpTool::new(tool, server.clone(), service.peer().clone(), config.request_timeout))
+            })
+            .collect();
+        Ok(Self { session, http_session_id, service: Some(service), tools, server_info, process_id, stderr })
+    }
+
+    /// The session as `mcp.initialize` reports it: the server's id and name, the transport,
+    /// and the session id: the one a streamable HTTP server assigned (`Mcp-Session-Id`,
+    /// kept current if the server re-creates the session), otherwise a UUIDv7 made at
+    /// connect time that stays the same for the life of the connection.
+    #[must_use]
+    pub fn session(&self) -> McpServerSession {
+        let mut session = self.session.clone();
+        if let Some(current) = self.http_session_id.as_ref().and_then(current) {
+            session.session_id = Some(current);
+        }
+        session
+    }
+
+    /// The server's tools (those the allow-list admits), in the server's order, ready for
+    /// [`AgentBuilder::tools`](crate::AgentBuilder::tools).
+    #[must_use]
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.tools.iter().map(|tool| Arc::clone(tool) as Arc<dyn Tool>).collect()
+    }
+
+    /// The same tools with their MCP-specific methods ([`McpTool::tool_info`]).
+    #[must_use]
+    pub fn mcp_tools(&self) -> &[Arc<McpTool>] {
+        &self.tools
+    }
+
+    /// The server's name and version as it reported them in `initialize`, if it did.
+    #[must_use]
+    pub fn server_info(&self) -> Option<(&str, &str)> {
+        self.server_info.as_ref().map(|info| (info.name.as_str(), info.version.as_str()))
+    }
+
+    /// The process id of a stdio server.
+    #[must_use]
+    pub fn process_id(&self) -> Option<u32> {
+        self.process_id
+    }
+
+    /// The last lines a stdio server wrote to stderr (at most 4 KiB), for diagnostics;
+    /// `None` for other transports.
+    #[must_use]
+    pub fn stderr_tail(&self) -> Option<String> {
+        self.stderr.as_ref().map(StderrTail::text)
+    }
+
+    /// Closes the connection and waits for it to be shut down: a streamable HTTP session is
+    /// ended; a stdio server's stdin is closed, and a process that does not exit within a
+    /// few seconds gets `SIGTERM` and then `SIGKILL`; the process is reaped.
+    ///
+    /// Errors: [`McpError::Timeout`] when the shutdown took longer than 10 s (the process
+    /// is still killed when the connection's background task ends), [`McpError::Transport`]
+    /// when the background task failed.
+    pub async fn close(mut self) -> Result<(), McpError> {
+        let Some(mut service) = self.service.take() else {
+            return Ok(());
+        };
+        match service.close_with_timeout(CLOSE_TIMEOUT).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(McpError::Timeout {
+                server: self.session.name.clone(),
+                operation: "shut down".to_owned(),
+                timeout: CLOSE_TIMEOUT,
+            }),
+            Err(error) => Err(McpError::Transport {
+                server: self.session.name.clone(),
+                reason: format!("the connection's task failed while closing: {error}"),
+            }),
+        }
+    }
+}
+
+fn session_of(
+    config: &McpServerConfig,
+    transport: McpTransport,
+    session_id: Option<String>,
+) -> McpServerSession {
+    McpServerSession {
+        id: config.id.clone(),
+        name: config.name.clone(),
+        session_id: Some(session_id.unwrap_or_else(|| uuid::Uuid::now_v7().hyphenated().to_string())),
+        transport: Some(transport),
+    }
+}
+
+fn current(cell: &SessionIdCell) -> Option<String> {
+    cell.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// The end of a stdio server's stderr, read by a background task until the pipe closes
+/// (so the server never blocks on a full pipe).
+#[derive(Debug, Clone)]
+struct StderrTail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    /// Becomes `true` when the pipe is closed and every line is read.
+    finished: tokio::sync::watch::Receiver<bool>,
+}
+
+impl StderrTail {
+    fn capture(stderr: ChildStderr) -> Self {
+        let (finish, finished) = tokio::sync::watch::channel(false);
+        let tail = Self { lines: Arc::default(), finished };
+        let lines = Arc::clone(&tail.lines);
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let mut lines = lines.lock().unwrap_or_else(PoisonError::into_inner);
+                lines.push_back(line);
+                let mut bytes: usize = lines.iter().map(String::len).sum();
+                while bytes > STDERR_TAIL_BYTES && lines.len() > 1 {
+                    bytes -= lines.pop_front().map_or(0, |line| line.len());
+                }
+            }
+            finish.send_replace(true);
+        });
+        tail
+    }
+
+    /// The tail once the process has closed its stderr, or after `bound` if it has not.
+    async fn text_when_closed(&self, bound: Duration) -> String {
+        let mut finished = self.finished.clone();
+        // A timeout or a dropped sender both mean: take what has been read so far.
+        let _ = tokio::time::timeout(bound, finished.wait_for(|finished| *finished)).await;
+        self.text()
+    }
+
+    fn text(&self) -> String {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+    }
+}

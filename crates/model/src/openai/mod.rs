@@ -6,12 +6,17 @@
 //! each chunk into a [`ModelMessageDelta`]. The usage-only chunk OpenAI sends after the
 //! chunk with the finish reason is folded into that delta, so the last delta of a
 //! response carries both.
+//!
+//! HTTP goes through reqwest 0.13 with rustls: the client is handed a TLS configuration
+//! built on the `ring` crypto provider and the platform's certificate verifier, so no
+//! process-wide crypto provider is installed and nothing needs cmake or aws-lc.
 
 mod sse;
 mod wire;
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_types::ModelMessageDelta;
@@ -20,6 +25,7 @@ use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
+use rustls_platform_verifier::BuilderVerifierExt;
 use tokio::time::Instant;
 
 use crate::{Model, ModelError, ModelInfo, ModelRequest, ModelStream};
@@ -198,8 +204,12 @@ impl OpenAiCompatibleModel {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        let tls = tls_config().map_err(|error| {
+            ModelError::Transport(format!("cannot set up the HTTP client: TLS setup failed: {error}"))
+        })?;
         let client = reqwest::Client::builder()
             .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
+            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|error| {
                 ModelError::Transport(format!("cannot set up the HTTP client: {}", describe(&error)))
@@ -340,6 +350,17 @@ async fn read_error_body(mut response: reqwest::Response, deadline: Instant) -> 
     }
     body.truncate(MAX_ERROR_BODY_BYTES);
     body
+}
+
+/// The TLS configuration of the HTTP client: rustls over the `ring` provider, passed
+/// explicitly (no process-wide default provider is installed), with the platform's
+/// certificate verifier.
+fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_platform_verifier()?
+        .with_no_client_auth())
 }
 
 /// An error with its causes, which reqwest keeps out of its own message.

@@ -1,16 +1,16 @@
 //! The HTTP client of the streamable HTTP transport.
 //!
-//! `rmcp`'s streamable HTTP client is built on reqwest 0.13 (the rest of the workspace is on
-//! 0.12), with rustls and no crypto provider: the client here is configured with the `ring`
+//! `rmcp`'s streamable HTTP client is built on reqwest (the workspace's one reqwest, 0.13),
+//! with rustls and no crypto provider: the client here is configured with the `ring`
 //! provider explicitly (no process-wide default is installed, nothing needs cmake) and the
-//! platform's certificate verifier. It wraps reqwest only to record the `Mcp-Session-Id`
-//! the server assigns, which `rmcp` keeps to itself, so `mcp.initialize` can report it.
+//! platform's certificate verifier, as the OpenAI-compatible provider of `agentry-model`
+//! does. It wraps reqwest only to record the `Mcp-Session-Id` the server assigns, which
+//! `rmcp` keeps to itself, so `mcp.initialize` can report it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use reqwest::header::{HeaderName, HeaderValue};
-use reqwest_013 as reqwest;
 use rmcp::model::ClientJsonRpcMessage;
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{

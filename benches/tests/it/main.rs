@@ -6,4 +6,5 @@
 
 mod crash;
 mod recovery;
+mod scenarios;
 mod shared;

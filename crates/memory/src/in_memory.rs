@@ -94,7 +94,7 @@ const SESSIONS: &str = "sessions";
 #[async_trait]
 impl SessionStore for InMemoryStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
-        rules::encode("session", session)?;
+        rules::check_size("session", session)?;
         let mut state = self.state();
         if state.sessions.contains_key(&session.id) {
             return Err(Conflict::AlreadyExists { kind: "session", id: session.id.to_string() }.into());
@@ -113,7 +113,7 @@ impl SessionStore for InMemoryStore {
         let mut session =
             state.sessions.get(&id).cloned().ok_or_else(|| StoreError::not_found("session", id))?;
         update.apply(&mut session, Timestamp::now());
-        rules::encode("session", &session)?;
+        rules::check_size("session", &session)?;
         state.sessions.insert(id, session.clone());
         Ok(session)
     }
@@ -175,7 +175,7 @@ pub(crate) fn session_key(key: &str, token: &str) -> StoreResult<(Timestamp, Ses
 #[async_trait]
 impl RunStore for InMemoryStore {
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
-        rules::encode("run", run)?;
+        rules::check_size("run", run)?;
         let mut state = self.state();
         if !state.sessions.contains_key(&run.session_id) {
             return Err(StoreError::not_found("session", run.session_id));
@@ -243,7 +243,7 @@ impl EventStore for InMemoryStore {
         fence: Option<Fence>,
     ) -> StoreResult<Vec<u64>> {
         for event in events {
-            rules::encode_event(event)?;
+            rules::check_event_size(event)?;
         }
         let mut state = self.state();
         let row = state.run(turn)?;
@@ -349,7 +349,7 @@ impl MessageStore for InMemoryStore {
         fence: Option<Fence>,
     ) -> StoreResult<()> {
         for message in messages {
-            rules::encode("message", message)?;
+            rules::check_size("message", message)?;
         }
         let mut state = self.state();
         let session = state.run(run)?.record.session_id;
@@ -398,13 +398,13 @@ impl UserStore for InMemoryStore {
     }
 
     async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()> {
-        rules::encode("user profile", profile)?;
+        rules::check_size("user profile", profile)?;
         self.state().profiles.insert(profile.user_id.clone(), profile.clone());
         Ok(())
     }
 
     async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
-        rules::encode("user memory", memory)?;
+        rules::check_size("user memory", memory)?;
         let mut state = self.state();
         let memories = state.memories.entry(memory.user_id.clone()).or_default();
         if memories.values().any(|existing| existing.id == memory.id) {
@@ -442,7 +442,7 @@ impl UserStore for InMemoryStore {
 #[async_trait]
 impl JournalStore for InMemoryStore {
     async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
-        rules::encode("journal entry", entry)?;
+        rules::check_size("journal entry", entry)?;
         let mut state = self.state();
         let session = state.run(entry.turn_id)?.record.session_id;
         state.fence(session, fence)?;
@@ -463,7 +463,7 @@ impl JournalStore for InMemoryStore {
         completed_at: Timestamp,
         fence: Option<Fence>,
     ) -> StoreResult<JournalEntry> {
-        rules::encode("tool result", result)?;
+        rules::check_size("tool result", result)?;
         let mut state = self.state();
         let session = state.run(turn)?.record.session_id;
         state.fence(session, fence)?;

@@ -25,6 +25,51 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
     Ok(bytes)
 }
 
+/// Checks that a record serializes within [`MAX_RECORD_BYTES`], without keeping the bytes
+/// (for stores that keep records as values).
+pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()> {
+    let mut counter = ByteCounter(0);
+    serde_json::to_writer(&mut counter, value)
+        .map_err(|error| StoreError::InvalidInput(format!("{what} cannot be serialized: {error}")))?;
+    if counter.0 > MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge { what, size: counter.0, limit: MAX_RECORD_BYTES });
+    }
+    Ok(())
+}
+
+/// Counts what is written to it.
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Checks that an event encodes within [`MAX_RECORD_BYTES`] (for stores that keep events
+/// as values): its payload and team context are what can grow.
+pub fn check_event_size(event: &EventEnvelope) -> StoreResult<()> {
+    let mut counter = ByteCounter(80);
+    serde_json::to_writer(&mut counter, &event.payload)
+        .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
+    if let Some(team) = &event.team {
+        serde_json::to_writer(&mut counter, team)
+            .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
+    }
+    if let Some(thread) = &event.thread_id {
+        counter.0 += thread.as_str().len();
+    }
+    if counter.0 > MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge { what: "event", size: counter.0, limit: MAX_RECORD_BYTES });
+    }
+    Ok(())
+}
+
 /// Reads a stored record; a record that does not parse means the store is corrupt.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes)

@@ -15,7 +15,7 @@ use agentry_events::{EventEnvelope, EventPayload, TurnEmitter};
 use agentry_memory::{Conflict, HistoryQuery, Store, StoreError};
 use agentry_model::ModelRequest;
 use agentry_types::{
-    ApprovalDecision, CancellationReason, EventId, Fence, JournalEntry, Message, ModelMessage,
+    ApprovalDecision, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message, ModelMessage,
     PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId, ThreadId,
     ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
 };
@@ -25,7 +25,7 @@ use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
 use crate::live::LiveTurn;
-use crate::tool::ToolContext;
+use crate::tool::{ToolContext, ToolError};
 
 /// `seq` numbers reserved durably ahead of use (design §8a).
 const HIGH_WATER_BLOCK: u64 = 256;
@@ -46,6 +46,15 @@ impl From<StoreError> for Stop {
             other => Self::Failed(format!("storage failed: {other}")),
         }
     }
+}
+
+/// What running one call produced.
+#[derive(Debug, Clone)]
+enum Ran {
+    /// A result for the model.
+    Result(ToolResult),
+    /// The call's MCP server needs the user's authorization; the call has no result yet.
+    AuthRequired(McpServerAuth),
 }
 
 /// How a turn ended without stopping.
@@ -107,6 +116,19 @@ impl TurnSink {
         self.reserve(&mut state, 1).await?;
         let event = state.emitter.emit(thread_id, payload);
         self.publish_durable(event).await
+    }
+
+    /// Numbers and stores a durable event without publishing it; the caller publishes it
+    /// with [`LiveTurn::push`] and nothing may be emitted after it.
+    pub(crate) async fn store_unpublished(
+        &self,
+        thread_id: Option<ThreadId>,
+        payload: EventPayload,
+    ) -> Result<Arc<EventEnvelope>, Stop> {
+        let mut state = self.state.lock().await;
+        let event = state.emitter.emit(thread_id, payload);
+        self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
+        Ok(Arc::new(event))
     }
 
     /// Emits a delta, and the complete message when the delta finished it.
@@ -218,6 +240,10 @@ pub(crate) struct TurnEngine {
     journal: HashMap<String, JournalEntry>,
     /// Tool calls whose `tool.response` is already in the stored log (recovery).
     responded: HashSet<String>,
+    /// After a crash: the last `model.message` the dead process stored on this thread.
+    recovered_output: Option<ThreadMessage>,
+    /// Tool calls this turn's input approved: they run without asking again.
+    approved: HashSet<String>,
     model_calls: u32,
 }
 
@@ -243,6 +269,8 @@ impl TurnEngine {
             metrics: TurnMetrics::default(),
             journal: HashMap::new(),
             responded: HashSet::new(),
+            approved: HashSet::new(),
+            recovered_output: None,
             model_calls: 0,
         }
     }
@@ -255,9 +283,11 @@ impl TurnEngine {
         self.run.id
     }
 
-    /// Runs the turn to its end and records the end. Returns the terminal state, or `None`
-    /// when the lease was lost (another process owns the turn now).
-    pub(crate) async fn drive(mut self, start: Start) -> Option<TurnState> {
+    /// Runs the turn to its end and records the end. Returns the stored `turn.done`, or
+    /// `None` when the lease was lost (another process owns the turn now).
+    /// The terminal event is stored but not yet published: the caller releases the lease
+    /// first, so whoever sees `turn.done` can start the next turn at once.
+    pub(crate) async fn drive(mut self, start: Start) -> Option<Arc<EventEnvelope>> {
         let outcome = self.run_loop(start).await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
@@ -278,15 +308,25 @@ impl TurnEngine {
         self.finish(state).await.ok()
     }
 
-    /// Stores the terminal state, then emits `turn.done`.
-    async fn finish(&mut self, state: TurnState) -> Result<TurnState, Stop> {
+    /// Stores the terminal state, then stores `turn.done` (returned unpublished).
+    async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
         self.run.set_state(state.clone());
         self.store.put_run(&self.run, Some(self.fence)).await?;
-        self.sink.emit(None, EventPayload::TurnDone { state: state.clone() }).await?;
-        Ok(state)
+        self.sink.store_unpublished(None, EventPayload::TurnDone { state }).await
     }
 
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
+        self.approved = self
+            .run
+            .input
+            .iter()
+            .filter_map(|item| match item {
+                TurnInputItem::ToolApproval(approval) if approval.approval == ApprovalDecision::Allow => {
+                    Some(approval.tool_call_id.clone())
+                }
+                _ => None,
+            })
+            .collect();
         let (previous, recovered) = match start {
             Start::New { previous } => {
                 let payload = EventPayload::TurnCreated {
@@ -316,13 +356,18 @@ impl TurnEngine {
         }
         if self.context.len() == self.own_start {
             self.apply_input(previous.as_ref()).await?;
-        } else if let Some(last) = self.context.last().filter(|message| message.role == Role::Assistant) {
-            // Recovered after a model message: finish its tool calls, or it was the answer.
-            let last = last.clone();
-            if last.tool_calls.is_empty() {
-                return Ok(Outcome::Answered(None));
+        }
+        // Continue from the last durable boundary: a model message whose calls are not all
+        // answered (after a crash, or calls that waited for an MCP authorization), or this
+        // turn's answer (after a crash right after it).
+        if let Some((index, unanswered)) = self.unanswered_calls() {
+            let answer = self.context[index].tool_calls.is_empty();
+            if answer && index >= self.own_start {
+                return Ok(Outcome::Answered(self.recovered_output.take()));
             }
-            if let Some(paused) = self.handle_tool_calls(&last.tool_calls, None).await? {
+            if !unanswered.is_empty()
+                && let Some(paused) = self.handle_tool_calls(&unanswered, None).await?
+            {
                 return Ok(paused);
             }
         }
@@ -374,6 +419,17 @@ impl TurnEngine {
                 _ => None,
             })
             .collect();
+        self.recovered_output = stored.iter().rev().find_map(|event| match &event.payload {
+            EventPayload::ModelMessage(message) if event.thread_or_main() == self.thread => {
+                Some(ThreadMessage {
+                    id: event.event_id,
+                    thread_id: self.thread.clone(),
+                    created_at: event.created_at,
+                    message: message.clone(),
+                })
+            }
+            _ => None,
+        });
         self.responded = stored
             .iter()
             .filter_map(|event| match &event.payload {
@@ -441,12 +497,14 @@ impl TurnEngine {
             }
         }
         let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
-        let results = self.run_tools(&calls).await?;
+        // Calls whose MCP server needs authorization stay unanswered; the boundary step
+        // after the input pauses the turn for them.
+        let (results, _auth) = self.run_tools(&calls).await?;
+        let mut results: HashMap<String, (ToolCall, ToolResult)> =
+            results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
         let decided = approved
             .into_iter()
-            .map(|(slot, _)| slot)
-            .zip(results)
-            .map(|(slot, (call, result))| (slot, call, result))
+            .filter_map(|(slot, call)| results.remove(&call.id).map(|(call, result)| (slot, call, result)))
             .chain(denied);
         for (slot, call, result) in decided {
             self.emit_tool_response(&call, &result).await?;
@@ -537,6 +595,26 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// The last assistant message after the last user message, and its calls that have no
+    /// tool result after it (empty when it answered without calls, or all are answered).
+    fn unanswered_calls(&self) -> Option<(usize, Vec<ToolCall>)> {
+        let mut answered = HashSet::new();
+        for (index, message) in self.context.iter().enumerate().rev() {
+            match message.role {
+                Role::Tool => {
+                    answered.extend(message.tool_call_id.iter().cloned());
+                }
+                Role::Assistant => {
+                    let calls =
+                        message.tool_calls.iter().filter(|call| !answered.contains(&call.id)).cloned();
+                    return Some((index, calls.collect()));
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+
     /// Runs the calls of one model message that run on the server, and pauses the turn
     /// for the ones that need a person (approval) or the client (client-side tools).
     async fn handle_tool_calls(
@@ -544,15 +622,11 @@ impl TurnEngine {
         calls: &[ToolCall],
         output: Option<ThreadMessage>,
     ) -> Result<Option<Outcome>, Stop> {
-        let answered: HashSet<String> = self.context[self.own_start..]
-            .iter()
-            .filter_map(|message| message.tool_call_id.clone())
-            .collect();
         let source_event_id = output.as_ref().map_or_else(EventId::new, |output| output.id);
         let mut approvals = Vec::new();
         let mut responses = Vec::new();
         let mut runnable = Vec::new();
-        for call in calls.iter().filter(|call| !answered.contains(&call.id)) {
+        for call in calls {
             let pending = PendingToolCall {
                 id: call.id.clone(),
                 source_event_id,
@@ -561,7 +635,7 @@ impl TurnEngine {
             };
             if self.agent.is_client_tool(&call.function.name) {
                 responses.push(pending);
-            } else if self.agent.requires_approval(&call.function.name) {
+            } else if self.agent.requires_approval(&call.function.name) && !self.approved.contains(&call.id) {
                 approvals.push(pending);
             } else if self.in_doubt(call) {
                 // Started by a process that died, with no result, and not safe to repeat.
@@ -570,7 +644,7 @@ impl TurnEngine {
                 runnable.push(call.clone());
             }
         }
-        let results = self.run_tools(&runnable).await?;
+        let (results, auth) = self.run_tools(&runnable).await?;
         for (call, result) in &results {
             self.emit_tool_response(call, result).await?;
         }
@@ -578,10 +652,21 @@ impl TurnEngine {
             results.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
         )
         .await?;
-        if approvals.is_empty() && responses.is_empty() {
+        if approvals.is_empty() && responses.is_empty() && auth.is_empty() {
             return Ok(None);
         }
         let mut required = Vec::new();
+        if !auth.is_empty() {
+            let event = self
+                .sink
+                .emit(Some(self.thread.clone()), EventPayload::McpAuthRequired { servers: auth.clone() })
+                .await?;
+            required.push(RequiredActionRecord {
+                id: event.event_id,
+                created_at: event.created_at,
+                action: RequiredAction::McpAuth { thread_id: Some(self.thread.clone()), servers: auth },
+            });
+        }
         if !approvals.is_empty() {
             let event = self
                 .sink
@@ -643,9 +728,12 @@ impl TurnEngine {
 
     /// Runs calls concurrently. On cancellation, running calls get the grace period to
     /// finish; those that finish in it are kept, then the turn stops.
-    async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<Vec<(ToolCall, ToolResult)>, Stop> {
+    async fn run_tools(
+        &mut self,
+        calls: &[ToolCall],
+    ) -> Result<(Vec<(ToolCall, ToolResult)>, Vec<McpServerAuth>), Stop> {
         if calls.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;
@@ -663,8 +751,16 @@ impl TurnEngine {
             }
         };
         let mut done = Vec::with_capacity(results.len());
-        for (call, result) in results {
-            done.push((call, result?));
+        let mut auth: Vec<McpServerAuth> = Vec::new();
+        for (call, ran) in results {
+            match ran? {
+                Ran::Result(result) => done.push((call, result)),
+                Ran::AuthRequired(server) => {
+                    if !auth.iter().any(|known| known.id == server.id) {
+                        auth.push(server);
+                    }
+                }
+            }
         }
         if let Some(reason) = stopped {
             for (call, result) in &done {
@@ -676,15 +772,15 @@ impl TurnEngine {
             .await?;
             return Err(Stop::Cancelled(reason));
         }
-        Ok(done)
+        Ok((done, auth))
     }
 
     /// Runs one call with the journal around it: a call journaled as completed is not run
     /// again; its stored result is used.
-    async fn run_tool(&self, call: &ToolCall) -> Result<ToolResult, Stop> {
+    async fn run_tool(&self, call: &ToolCall) -> Result<Ran, Stop> {
         let name = &call.function.name;
         let Some(tool) = self.agent.tool(name) else {
-            return Ok(error_result(format!("unknown tool `{name}`")));
+            return Ok(Ran::Result(error_result(format!("unknown tool `{name}`"))));
         };
         let raw = call.function.arguments.trim();
         let arguments: Value = if raw.is_empty() {
@@ -692,14 +788,18 @@ impl TurnEngine {
         } else {
             match serde_json::from_str(raw) {
                 Ok(arguments) => arguments,
-                Err(error) => return Ok(error_result(format!("the arguments are not valid JSON: {error}"))),
+                Err(error) => {
+                    return Ok(Ran::Result(error_result(format!(
+                        "the arguments are not valid JSON: {error}"
+                    ))));
+                }
             }
         };
         if let Err(error) = tool.validate(&arguments) {
-            return Ok(error_result(error.to_string()));
+            return Ok(Ran::Result(error_result(error.to_string())));
         }
         if let Some(result) = self.journal.get(&call.id).and_then(|entry| entry.result.clone()) {
-            return Ok(result);
+            return Ok(Ran::Result(result));
         }
         let idempotency_key = format!("{}:{}", self.turn_id(), call.id);
         let entry = JournalEntry {
@@ -715,15 +815,15 @@ impl TurnEngine {
         let journaled = match self.store.journal_start(&entry, Some(self.fence)).await {
             Ok(journaled) => journaled,
             Err(StoreError::Conflict(Conflict::JournalMismatch { .. })) => {
-                return Ok(error_result(format!(
+                return Ok(Ran::Result(error_result(format!(
                     "tool call {} was already made with other arguments; it was not run again",
                     call.id
-                )));
+                ))));
             }
             Err(error) => return Err(error.into()),
         };
         if let Some(result) = journaled.result {
-            return Ok(result);
+            return Ok(Ran::Result(result));
         }
         let context = ToolContext {
             session_id: self.session_id(),
@@ -735,13 +835,18 @@ impl TurnEngine {
         let timeout = self.agent.limits().tool_timeout;
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },
+            Ok(Err(ToolError::AuthRequired { server, auth_url })) => {
+                // Not a result: the call runs again once the user authorized. The journal
+                // entry stays open, which is what it is: started, no result.
+                return Ok(Ran::AuthRequired(McpServerAuth { id: server.id, name: server.name, auth_url }));
+            }
             Ok(Err(error)) => error_result(error.to_string()),
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
         };
         self.store
             .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))
             .await?;
-        Ok(result)
+        Ok(Ran::Result(result))
     }
 }
 

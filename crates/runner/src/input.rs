@@ -36,8 +36,8 @@ pub(crate) fn check_shape(input: &[TurnInputItem]) -> RunnerResult<()> {
 
 /// Rules that depend on how the previous turn ended: after required actions, the input
 /// answers exactly the pending calls (approvals for approvals, responses for client tools,
-/// on the right thread); after `mcp.auth_required`, the input is empty; otherwise it is
-/// one or more user messages.
+/// on the right thread); after only `mcp.auth_required`, the input is empty (the waiting
+/// calls run again); otherwise it is one or more user messages.
 pub(crate) fn check_against_previous(
     input: &[TurnInputItem],
     previous: Option<&RunRecord>,
@@ -49,14 +49,6 @@ pub(crate) fn check_against_previous(
         }
         if !matches!(input.first(), Some(TurnInputItem::Message(_))) {
             return Err(invalid("there are no pending tool calls to approve or answer; send a user message"));
-        }
-        return Ok(());
-    }
-    if required.iter().any(|record| matches!(record.action, RequiredAction::McpAuth { .. })) {
-        if !input.is_empty() {
-            return Err(invalid(
-                "the previous turn ended with mcp.auth_required: resume with an empty input",
-            ));
         }
         return Ok(());
     }
@@ -76,6 +68,15 @@ pub(crate) fn check_against_previous(
             }
             _ => {}
         }
+    }
+    if pending.is_empty() {
+        // Only MCP servers waited for authorization: the calls run again with no input.
+        if !input.is_empty() {
+            return Err(invalid(
+                "the previous turn ended with mcp.auth_required: resume with an empty input",
+            ));
+        }
+        return Ok(());
     }
     if matches!(input.first(), Some(TurnInputItem::Message(_))) || input.is_empty() {
         return Err(invalid(format!(

@@ -44,6 +44,8 @@ mod error;
 mod input;
 mod live;
 mod runtime;
+#[cfg(feature = "scenarios")]
+pub mod scenarios;
 mod tool;
 
 pub use agent::{Agent, AgentBuilder, AgentLimits};

@@ -7,9 +7,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use agentry_events::EventEnvelope;
+use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::{Order, Store};
-use agentry_types::{CancellationReason, SessionId, TurnId};
+use agentry_types::{CancellationReason, SessionId, TurnId, TurnState};
 use futures_core::Stream;
 use tokio::sync::watch;
 
@@ -25,6 +25,8 @@ const STORE_PAGE: usize = 256;
 pub(crate) struct LiveTurn {
     pub(crate) session_id: SessionId,
     pub(crate) turn_id: TurnId,
+    /// The fencing token of the lease the turn runs under.
+    pub(crate) lease_token: u64,
     log: Mutex<LiveLog>,
     /// Bumped after every change of the log; subscribers wait on it.
     changed: watch::Sender<u64>,
@@ -41,10 +43,11 @@ struct LiveLog {
 }
 
 impl LiveTurn {
-    pub(crate) fn new(session_id: SessionId, turn_id: TurnId, first_seq: u64) -> Self {
+    pub(crate) fn new(session_id: SessionId, turn_id: TurnId, lease_token: u64, first_seq: u64) -> Self {
         Self {
             session_id,
             turn_id,
+            lease_token,
             log: Mutex::new(LiveLog { first_seq, events: Vec::new(), done: false }),
             changed: watch::channel(0).0,
             cancel: watch::channel(None).0,
@@ -73,6 +76,14 @@ impl LiveTurn {
     pub(crate) fn close(&self) {
         self.log().done = true;
         self.changed.send_modify(|version| *version += 1);
+    }
+
+    /// The state the terminal event carries, once it was pushed.
+    pub(crate) fn terminal_state(&self) -> Option<TurnState> {
+        match self.log().events.last().map(|event| &event.payload) {
+            Some(EventPayload::TurnDone { state }) => Some(state.clone()),
+            _ => None,
+        }
     }
 
     /// Whether the terminal event was pushed.

@@ -1,6 +1,7 @@
 //! The runtime API (seed 002): sessions, turns, streams, cancellation and recovery.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -83,6 +84,8 @@ struct RuntimeInner {
     options: RuntimeOptions,
     /// This runtime's name in leases.
     owner: String,
+    /// Whether the task renewing the leases of this runtime's running turns was started.
+    keeper_started: AtomicBool,
 }
 
 /// Which turn a new turn chains on.
@@ -137,6 +140,7 @@ impl Runtime {
                 live: Mutex::new(HashMap::new()),
                 options,
                 owner: format!("runtime-{}", EventId::new()),
+                keeper_started: AtomicBool::new(false),
             }),
         }
     }
@@ -311,7 +315,9 @@ impl Runtime {
         high_water: u64,
         start: Start,
     ) {
-        let live = Arc::new(LiveTurn::new(run.session_id, run.id, emitter.sequencer().last_seq() + 1));
+        self.ensure_lease_keeper();
+        let live =
+            Arc::new(LiveTurn::new(run.session_id, run.id, lease.token, emitter.sequencer().last_seq() + 1));
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
         let store = self.inner.store.clone();
         let fence = lease.fence();
@@ -319,18 +325,57 @@ impl Runtime {
         let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
         let runtime = self.clone();
-        let ttl = self.inner.options.lease_ttl;
         tokio::spawn(async move {
-            let keeper = tokio::spawn(keep_lease(store.clone(), lease.clone(), ttl, live.clone()));
             let finished = engine.drive(start).await;
-            keeper.abort();
-            if finished.is_some() {
-                // Another process may take the session as soon as this is released.
+            // The lease is released and the live log retired before `turn.done` is
+            // published: whoever sees the end of the turn can start the next one at once, and
+            // a subscriber arriving after it (with no retention) reads the stored log.
+            if let Some(done) = finished {
                 let _released = store.release_lease(lease.session_id, lease.token).await;
+                runtime.retire(live.turn_id);
+                live.push(done);
             } else {
+                runtime.retire(live.turn_id);
                 live.close();
             }
-            runtime.retire(live.turn_id);
+        });
+    }
+
+    /// Starts, once, the task that renews the leases of this runtime's running turns at a
+    /// third of their lifetime; a lease found taken over stops its turn. One task for all
+    /// turns keeps starting a turn cheap.
+    fn ensure_lease_keeper(&self) {
+        if self.inner.keeper_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let runtime = Arc::downgrade(&self.inner);
+        let ttl = self.inner.options.lease_ttl;
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(ttl / 3);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval.tick().await;
+            loop {
+                interval.tick().await;
+                let Some(inner) = runtime.upgrade() else { return };
+                let store = inner.store.clone();
+                let running: Vec<Arc<LiveTurn>> = inner
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values()
+                    .filter(|turn| !turn.is_done())
+                    .cloned()
+                    .collect();
+                drop(inner);
+                for turn in running {
+                    // A transient failure is retried at the next tick, before expiry.
+                    let renewed =
+                        store.renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now()).await;
+                    if let Err(StoreError::Conflict(_)) = renewed {
+                        turn.request_cancel(CancellationReason::Abandoned);
+                    }
+                }
+            }
         });
     }
 
@@ -352,24 +397,6 @@ impl Runtime {
                 tokio::time::sleep(retention).await;
                 remove();
             });
-        }
-    }
-}
-
-/// Renews the lease at a third of its lifetime until aborted; a lost lease stops the turn.
-async fn keep_lease(store: Arc<dyn Store>, lease: Lease, ttl: Duration, live: Arc<LiveTurn>) {
-    let mut interval = tokio::time::interval(ttl / 3);
-    interval.tick().await;
-    loop {
-        interval.tick().await;
-        match store.renew_lease(lease.session_id, lease.token, ttl, Timestamp::now()).await {
-            Ok(_) => {}
-            Err(StoreError::Conflict(_)) => {
-                live.request_cancel(CancellationReason::Abandoned);
-                return;
-            }
-            // A transient store failure: try again at the next tick, before expiry.
-            Err(_) => {}
         }
     }
 }
@@ -594,6 +621,9 @@ impl TurnHandle {
     pub async fn wait(&self) -> RunnerResult<TurnState> {
         if let Some(live) = self.runtime.live_turn(self.id()) {
             live.wait_done().await;
+            if let Some(state) = live.terminal_state() {
+                return Ok(state);
+            }
         } else {
             // Running in another process, or finished: follow the stored log to its end.
             let mut events = self.stream(None);

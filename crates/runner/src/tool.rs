@@ -39,6 +39,15 @@ pub enum ToolError {
     /// The tool ran and failed.
     #[error("{0}")]
     Failed(String),
+    /// The MCP server behind the tool needs the user to authorize access first. The turn
+    /// ends with `mcp.auth_required`; the next turn (with no input) runs the call again.
+    #[error("the MCP server {} needs authorization at {auth_url}", server.name)]
+    AuthRequired {
+        /// The server.
+        server: McpServerRef,
+        /// Where the user authorizes.
+        auth_url: String,
+    },
 }
 
 /// A tool the model can call, run on the server.

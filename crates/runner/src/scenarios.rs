@@ -1,0 +1,791 @@
+//! The runner's acceptance scenarios, end to end through the public API with scripted
+//! models: one free async function per scenario taking a fresh store, and
+//! [`runner_scenarios!`](crate::runner_scenarios) to expand them into one named test each,
+//! so every store backend runs the same suite:
+//!
+//! ```text
+//! agentry_runner::runner_scenarios!(|| async { Harness::new(Arc::new(InMemoryStore::new())) });
+//! ```
+
+// The suite asserts: a failing expectation is the result.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc, clippy::too_many_lines)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::{
+    Agent, AgentLimits, EventStream, FunctionTool, RunnerError, Runtime, RuntimeOptions, Session, Tool,
+    ToolError, TurnHandle, TurnRequest,
+};
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_memory::conformance::Harness;
+use agentry_memory::{Order, PageRequest};
+use agentry_model::{
+    Model, ModelError, ModelInfo, ModelRequest, ModelStream, ScriptedModel, ScriptedResponse,
+    ScriptedToolCall,
+};
+use agentry_types::{CancellationReason, Role, TurnInputItem, TurnState};
+use futures_util::StreamExt;
+use serde_json::json;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct AddArgs {
+    a: i64,
+    b: i64,
+}
+
+fn add_tool(calls: Arc<AtomicUsize>) -> Arc<dyn Tool> {
+    FunctionTool::new("add", "Adds two integers.", move |args: AddArgs, _context| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ToolError>((args.a + args.b).to_string())
+        }
+    })
+    .shared()
+}
+
+/// A model that streams `text` one character per delta, holding the last delta back until
+/// the test opens its gate: the turn stays running until then.
+#[derive(Debug)]
+struct GatedModel {
+    gate: Arc<tokio::sync::Semaphore>,
+    text: &'static str,
+}
+
+impl GatedModel {
+    fn new(text: &'static str) -> (Arc<Self>, Arc<tokio::sync::Semaphore>) {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        (Arc::new(Self { gate: gate.clone(), text }), gate)
+    }
+}
+
+#[async_trait::async_trait]
+impl Model for GatedModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo { id: "gated".to_owned(), provider: "test".to_owned() }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let response = ScriptedResponse { chunk_chars: Some(1), ..ScriptedResponse::text(self.text) };
+        let mut deltas = response.deltas(1, &request);
+        let last = deltas.pop();
+        let gate = self.gate.clone();
+        let held = futures_util::stream::once(async move {
+            let _permit = gate.acquire().await.map_err(|_| ModelError::Disconnected)?;
+            last.ok_or(ModelError::Disconnected)
+        });
+        Ok(Box::pin(futures_util::stream::iter(deltas.into_iter().map(Ok)).chain(held)))
+    }
+}
+
+fn runtime(harness: &Harness, agent: Agent) -> Runtime {
+    let options = RuntimeOptions { live_retention: Duration::from_secs(600), ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(harness.store.clone(), options);
+    runtime.register(agent);
+    runtime
+}
+
+async fn collect(mut stream: EventStream) -> Vec<Arc<EventEnvelope>> {
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        events.push(event.expect("an event"));
+    }
+    events
+}
+
+fn kinds(events: &[Arc<EventEnvelope>]) -> Vec<&'static str> {
+    events.iter().map(|event| event.payload.kind()).filter(|kind| *kind != "model.message.delta").collect()
+}
+
+fn answer_text(state: &TurnState) -> Option<String> {
+    match state {
+        TurnState::Done { output, .. } => output.as_ref().and_then(|output| output.message.content.clone()),
+        _ => None,
+    }
+}
+
+async fn session_for(runtime: &Runtime, agent: &str) -> Session {
+    runtime.create_session(agent, Some("test")).await.expect("session")
+}
+
+/// Scenario.
+pub async fn a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 2, "b": 3})),
+        ScriptedResponse::text("The sum is 5."),
+    ]));
+    let runtime =
+        runtime(&harness, Agent::builder("math", model.clone()).tool(add_tool(calls.clone())).build());
+    let session = session_for(&runtime, "math").await;
+    let turn = session.create_turn(TurnRequest::message("What is 2 + 3?")).await.unwrap();
+    let events = collect(turn.stream(None)).await;
+
+    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "live seq is dense from 1");
+    assert_eq!(
+        kinds(&events),
+        ["turn.created", "model.message", "tool.response", "model.message", "turn.done"]
+    );
+    assert!(events.iter().any(|event| event.payload.kind() == "model.message.delta"));
+    let response = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ToolResponse { content, is_error, .. } => Some((content.clone(), *is_error)),
+        _ => None,
+    });
+    assert_eq!(response, Some(("5".to_owned(), false)));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("The sum is 5."));
+    let stored = turn.events(Order::Asc).await.unwrap();
+    assert!(stored.iter().all(|event| event.payload.kind() != "model.message.delta"));
+    assert_eq!(stored.len(), 5);
+    let descending = turn.events(Order::Desc).await.unwrap();
+    assert_eq!(descending.first().map(|event| event.seq), stored.last().map(|event| event.seq));
+
+    // The second model call saw the tool result after the call.
+    let requests = model.requests();
+    let second = &requests[1].messages;
+    assert_eq!(second.last().map(|message| message.role), Some(Role::Tool));
+    assert_eq!(second.last().map(agentry_types::Message::text).as_deref(), Some("5"));
+}
+
+/// Scenario.
+pub async fn a_second_turn_chains_on_the_first_and_sees_its_history(harness: Harness) {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Hi Ada."), ScriptedResponse::text("Ada.")]));
+    let runtime = runtime(&harness, Agent::builder("chat", model.clone()).instructions("Be brief.").build());
+    let session = session_for(&runtime, "chat").await;
+    let first = session.create_turn(TurnRequest::message("I am Ada.")).await.unwrap();
+    first.wait().await.unwrap();
+    let second = session.create_turn(TurnRequest::message("Who am I?")).await.unwrap();
+    second.wait().await.unwrap();
+    assert_eq!(second.previous_turn_id(), Some(first.id()));
+    let messages = &model.requests()[1].messages;
+    let texts: Vec<(Role, String)> = messages.iter().map(|message| (message.role, message.text())).collect();
+    assert_eq!(
+        texts,
+        [
+            (Role::System, "Be brief.".to_owned()),
+            (Role::User, "I am Ada.".to_owned()),
+            (Role::Assistant, "Hi Ada.".to_owned()),
+            (Role::User, "Who am I?".to_owned()),
+        ]
+    );
+    let turns = session.list_turns(Order::Desc, &PageRequest::first(10)).await.unwrap();
+    assert_eq!(turns.items.iter().map(TurnHandle::id).collect::<Vec<_>>(), [second.id(), first.id()]);
+}
+
+/// Scenario.
+pub async fn invalid_tool_arguments_give_the_model_an_error_result_and_the_tool_does_not_run(
+    harness: Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": "two", "b": 3})),
+        ScriptedResponse::text("Sorry."),
+    ]));
+    let runtime =
+        runtime(&harness, Agent::builder("math", model.clone()).tool(add_tool(calls.clone())).build());
+    let session = session_for(&runtime, "math").await;
+    let turn = session.create_turn(TurnRequest::message("Add")).await.unwrap();
+    let events = collect(turn.stream(None)).await;
+    let (content, is_error) = events
+        .iter()
+        .find_map(|event| match &event.payload {
+            EventPayload::ToolResponse { content, is_error, .. } => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .unwrap();
+    assert!(is_error);
+    assert!(content.contains("/a"), "the error names the argument: {content}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(matches!(turn.wait().await.unwrap(), TurnState::Done { .. }));
+}
+
+/// Scenario.
+pub async fn the_calls_of_one_model_message_run_concurrently(harness: Harness) {
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Wait {
+        name: String,
+    }
+    let tool = FunctionTool::new("meet", "Waits for the other call.", move |args: Wait, _| {
+        let barrier = barrier.clone();
+        async move {
+            // Both calls must be running at once to pass the barrier.
+            barrier.wait().await;
+            Ok::<_, ToolError>(format!("met {}", args.name))
+        }
+    });
+    let mut both = ScriptedResponse::tool_call("meet", &json!({"name": "a"}));
+    both.tool_calls.push(ScriptedToolCall {
+        id: None,
+        name: "meet".to_owned(),
+        arguments: r#"{"name":"b"}"#.to_owned(),
+    });
+    let model = Arc::new(ScriptedModel::new(vec![both, ScriptedResponse::text("Both met.")]));
+    let runtime = runtime(&harness, Agent::builder("pair", model).tool(tool.shared()).build());
+    let session = session_for(&runtime, "pair").await;
+    let turn = session.create_turn(TurnRequest::message("Meet")).await.unwrap();
+    let state =
+        tokio::time::timeout(Duration::from_secs(10), turn.wait()).await.expect("not deadlocked").unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Both met."));
+}
+
+/// Scenario.
+pub async fn a_tool_needing_approval_pauses_the_turn_and_an_allow_runs_it_in_the_next_turn(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1})),
+        ScriptedResponse::text("Done: 2."),
+    ]));
+    let agent =
+        Agent::builder("gated", model.clone()).tool(add_tool(calls.clone())).requires_approval("add").build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "gated").await;
+    let first = session.create_turn(TurnRequest::message("Add 1 and 1")).await.unwrap();
+    let events = collect(first.stream(None)).await;
+    assert_eq!(kinds(&events), ["turn.created", "model.message", "tool.approval_required", "turn.done"]);
+    let state = first.wait().await.unwrap();
+    let pending = state.required_actions().to_vec();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing runs before the approval");
+
+    let approve = TurnInputItem::allow(agentry_types::ThreadId::main(), "call_1_0");
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Done: 2."));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let last_request = model.requests().last().cloned().unwrap();
+    assert_eq!(last_request.messages.last().map(agentry_types::Message::text).as_deref(), Some("2"));
+}
+
+/// Scenario.
+pub async fn a_denial_and_its_reason_reach_the_model(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1})),
+        ScriptedResponse::text("Not added."),
+    ]));
+    let agent =
+        Agent::builder("gated", model.clone()).tool(add_tool(calls.clone())).requires_approval("add").build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "gated").await;
+    session.create_turn(TurnRequest::message("Add")).await.unwrap().wait().await.unwrap();
+    let deny = TurnInputItem::ToolApproval(agentry_types::UserToolApproval {
+        thread_id: agentry_types::ThreadId::main(),
+        tool_call_id: "call_1_0".to_owned(),
+        approval: agentry_types::ApprovalDecision::Deny { reason: Some("too risky".to_owned()) },
+    });
+    let second = session.create_turn(TurnRequest::input(vec![deny])).await.unwrap();
+    second.wait().await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let seen = model.requests().last().unwrap().messages.last().unwrap().text();
+    assert!(seen.contains("too risky"), "{seen}");
+}
+
+/// Scenario.
+pub async fn ask_user_question_pauses_for_the_client_and_its_answer_resumes_the_agent(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        match request.messages.last().map(|message| message.role) {
+            Some(Role::Tool) => {
+                ScriptedResponse::text(format!("You chose {}.", request.messages.last().unwrap().text()))
+            }
+            _ => ScriptedResponse::tool_call(
+                "ask_user_question",
+                &json!({"question": "Tea or coffee?", "options": ["tea", "coffee"]}),
+            ),
+        }
+    }));
+    let runtime = runtime(&harness, Agent::builder("asker", model).ask_user_question().build());
+    let session = session_for(&runtime, "asker").await;
+    let first = session.create_turn(TurnRequest::message("ask me")).await.unwrap();
+    let events = collect(first.stream(None)).await;
+    assert!(kinds(&events).contains(&"tool.response_required"));
+    let state = first.wait().await.unwrap();
+    let call_id = match &state.required_actions()[0].action {
+        agentry_types::RequiredAction::ToolResponse { tool_calls, .. } => tool_calls[0].id.clone(),
+        other => panic!("unexpected {other:?}"),
+    };
+    let answer = TurnInputItem::ToolResponse(agentry_types::UserToolResponse {
+        thread_id: agentry_types::ThreadId::main(),
+        tool_call_id: call_id,
+        content: "tea".to_owned(),
+    });
+    let second = session.create_turn(TurnRequest::input(vec![answer])).await.unwrap();
+    assert_eq!(answer_text(&second.wait().await.unwrap()).as_deref(), Some("You chose tea."));
+}
+
+/// Scenario.
+pub async fn input_that_breaks_the_rules_is_refused_and_stores_nothing(harness: Harness) {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1}))]));
+    let agent =
+        Agent::builder("gated", model).tool(add_tool(Arc::default())).requires_approval("add").build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "gated").await;
+    let main = agentry_types::ThreadId::main();
+
+    let mixed = vec![TurnInputItem::message("hi"), TurnInputItem::allow(main.clone(), "x")];
+    assert!(matches!(
+        session.create_turn(TurnRequest::input(mixed)).await,
+        Err(RunnerError::InvalidInput(_))
+    ));
+    let approval_without_pending = vec![TurnInputItem::allow(main.clone(), "x")];
+    assert!(matches!(
+        session.create_turn(TurnRequest::input(approval_without_pending)).await,
+        Err(RunnerError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        session.create_turn(TurnRequest::input(vec![])).await,
+        Err(RunnerError::InvalidInput(_))
+    ));
+    assert!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.is_empty());
+
+    session.create_turn(TurnRequest::message("Add")).await.unwrap().wait().await.unwrap();
+    let cases = vec![
+        vec![TurnInputItem::message("never mind")],
+        vec![TurnInputItem::allow(main.clone(), "call_1_0"), TurnInputItem::allow(main.clone(), "call_1_0")],
+        vec![TurnInputItem::allow(main.clone(), "other")],
+        vec![TurnInputItem::allow(agentry_types::ThreadId::new_sub_thread(), "call_1_0")],
+        vec![TurnInputItem::ToolResponse(agentry_types::UserToolResponse {
+            thread_id: main.clone(),
+            tool_call_id: "call_1_0".to_owned(),
+            content: "2".to_owned(),
+        })],
+    ];
+    for input in cases {
+        let result = session.create_turn(TurnRequest::input(input.clone())).await;
+        assert!(matches!(result, Err(RunnerError::InvalidInput(_))), "{input:?} gave {result:?}");
+    }
+    assert_eq!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.len(), 1);
+}
+
+/// Scenario.
+pub async fn of_fifty_concurrent_turns_on_one_session_exactly_one_runs(harness: Harness) {
+    let (model, gate) = GatedModel::new("ok");
+    let runtime = runtime(&harness, Agent::builder("busy", model).build());
+    let session = session_for(&runtime, "busy").await;
+    let attempts = (0..50).map(|index| {
+        let session = session.clone();
+        tokio::spawn(async move { session.create_turn(TurnRequest::message(format!("hi {index}"))).await })
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    let mut started = Vec::new();
+    let mut refused = 0;
+    for result in results {
+        match result.unwrap() {
+            Ok(turn) => started.push(turn),
+            Err(RunnerError::TurnRunning { session_id }) => {
+                assert_eq!(session_id, session.id());
+                refused += 1;
+            }
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+    assert_eq!(started.len(), 1);
+    assert_eq!(refused, 49);
+    gate.add_permits(1);
+    started[0].wait().await.unwrap();
+    let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap();
+    assert_eq!(turns.items.len(), 1, "refused turns store nothing");
+}
+
+/// Scenario.
+pub async fn cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history(
+    harness: Harness,
+) {
+    let slow = ScriptedResponse { chunk_chars: Some(1), ..ScriptedResponse::text("a very slow answer") }
+        .delayed(Duration::from_millis(20));
+    let model = Arc::new(ScriptedModel::new(vec![slow, ScriptedResponse::text("Fresh start.")]));
+    let runtime = runtime(&harness, Agent::builder("slow", model.clone()).build());
+    let session = session_for(&runtime, "slow").await;
+    let turn = session.create_turn(TurnRequest::message("Take your time")).await.unwrap();
+    let mut stream = turn.stream(None);
+    // Wait for the first delta: the model is streaming.
+    while let Some(event) = stream.next().await {
+        if event.unwrap().payload.kind() == "model.message.delta" {
+            break;
+        }
+    }
+    turn.cancel().await.unwrap();
+    turn.cancel().await.unwrap(); // idempotent
+    let state = turn.state().await.unwrap();
+    assert!(
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        "{state:?}"
+    );
+    let rest = collect(stream).await;
+    assert_eq!(rest.last().map(|event| event.payload.kind()), Some("turn.done"));
+
+    let next = session.create_turn(TurnRequest::message("Again")).await.unwrap();
+    next.wait().await.unwrap();
+    assert_eq!(next.previous_turn_id(), Some(turn.id()));
+    let seen = &model.requests()[1].messages;
+    assert_eq!(seen.first().map(agentry_types::Message::text).as_deref(), Some("Take your time"));
+    assert!(seen.iter().any(|message| message.role == Role::Assistant && message.text().starts_with('a')));
+}
+
+/// Scenario.
+pub async fn a_turn_past_its_timeout_ends_cancelled_by_the_server(harness: Harness) {
+    let slow = ScriptedResponse { chunk_chars: Some(1), ..ScriptedResponse::text("never finishing") }
+        .delayed(Duration::from_millis(50));
+    let model = Arc::new(ScriptedModel::new(vec![slow]));
+    let limits = AgentLimits { timeout: Some(Duration::from_millis(100)), ..AgentLimits::default() };
+    let runtime = runtime(&harness, Agent::builder("slow", model).limits(limits).build());
+    let session = session_for(&runtime, "slow").await;
+    let turn = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, TurnState::Cancelled { reason: CancellationReason::ServerExecutionTimeout, .. }));
+}
+
+/// Scenario.
+pub async fn a_tool_past_its_timeout_gives_the_model_an_error_result(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let hang = FunctionTool::new("hang", "Never returns.", |_: Nothing, _| async {
+        std::future::pending::<()>().await;
+        Ok::<_, ToolError>(String::new())
+    });
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("hang", &json!({})),
+        ScriptedResponse::text("It hung."),
+    ]));
+    let limits = AgentLimits { tool_timeout: Duration::from_millis(50), ..AgentLimits::default() };
+    let runtime =
+        runtime(&harness, Agent::builder("hang", model.clone()).tool(hang.shared()).limits(limits).build());
+    let session = session_for(&runtime, "hang").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("It hung."));
+    let result = model.requests()[1].messages.last().unwrap().text();
+    assert!(result.contains("did not finish"), "{result}");
+}
+
+/// Scenario.
+pub async fn the_iteration_limit_and_model_failures_end_the_turn_with_an_error(harness: Harness) {
+    let looping =
+        Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1}))));
+    let limits = AgentLimits { max_iterations: 3, ..AgentLimits::default() };
+    let runtime = runtime(
+        &harness,
+        Agent::builder("loop", looping.clone()).tool(add_tool(Arc::default())).limits(limits).build(),
+    );
+    let session = session_for(&runtime, "loop").await;
+    let state = session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. } if message.contains("limit of 3")),
+        "{state:?}"
+    );
+    assert_eq!(looping.calls(), 3);
+
+    let failing = Arc::new(ScriptedModel::new(vec![ScriptedResponse::failing(ModelError::Http {
+        status: 500,
+        message: "upstream exploded".to_owned(),
+    })]));
+    runtime.register(Agent::builder("failing", failing).build());
+    let session = session_for(&runtime, "failing").await;
+    let state = session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. } if message.contains("upstream exploded")),
+        "{state:?}"
+    );
+}
+
+/// Scenario.
+pub async fn a_cancelled_session_refuses_new_turns(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("ok")));
+    let runtime = runtime(&harness, Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    session.cancel().await.unwrap();
+    session.cancel().await.unwrap();
+    let result = session.create_turn(TurnRequest::message("hi")).await;
+    assert!(matches!(result, Err(RunnerError::SessionCancelled { .. })), "{result:?}");
+}
+
+/// Scenario.
+pub async fn a_subscriber_resuming_after_a_seq_gets_every_later_event_once(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse {
+        chunk_chars: Some(2),
+        ..ScriptedResponse::text("twenty characters!!!")
+    }]));
+    let runtime = runtime(&harness, Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    let turn = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    let all = collect(turn.stream(None)).await;
+    for cut in [0, 1, 3, all.len() as u64 - 1] {
+        let resumed = collect(turn.stream(Some(cut))).await;
+        let seqs: Vec<u64> = resumed.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, ((cut + 1)..=all.len() as u64).collect::<Vec<_>>());
+    }
+}
+
+/// Scenario.
+pub async fn after_the_live_log_expires_a_stream_is_served_from_the_stored_log(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("stored answer")]));
+    let options = RuntimeOptions { live_retention: Duration::ZERO, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(harness.store.clone(), options);
+    runtime.register(Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    let turn = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    turn.wait().await.unwrap();
+    let events = collect(turn.stream(None)).await;
+    assert!(events.iter().all(|event| event.payload.kind() != "model.message.delta"));
+    assert_eq!(kinds(&events), ["turn.created", "model.message", "turn.done"]);
+}
+
+/// Scenario.
+pub async fn tools_get_a_stable_idempotency_key_and_the_journal_records_each_call(harness: Harness) {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let recorder = {
+        let keys = keys.clone();
+        FunctionTool::new("record", "Records its key.", move |_: Nothing, context| {
+            let keys = keys.clone();
+            async move {
+                keys.lock().unwrap().push(context.idempotency_key.clone());
+                Ok::<_, ToolError>("recorded".to_owned())
+            }
+        })
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("record", &json!({})),
+        ScriptedResponse::text("ok"),
+    ]));
+    let store = harness.store.clone();
+    let runtime = Runtime::new(store.clone());
+    runtime.register(Agent::builder("a", model).tool(recorder.shared()).build());
+    let session = session_for(&runtime, "a").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    turn.wait().await.unwrap();
+    let journal = store.journal(turn.id()).await.unwrap();
+    assert_eq!(journal.len(), 1);
+    assert_eq!(journal[0].result.as_ref().map(|result| result.content.as_str()), Some("recorded"));
+    assert_eq!(keys.lock().unwrap().as_slice(), [journal[0].idempotency_key.clone()]);
+}
+
+/// Scenario.
+pub async fn a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_in_order(harness: Harness) {
+    // The clock is paused: the 50 ms reads cost no wall time, and the turn runs far ahead.
+    tokio::time::pause();
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse {
+        chunk_chars: Some(1),
+        ..ScriptedResponse::text("x".repeat(3000))
+    }]));
+    let runtime = runtime(&harness, Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    let turn = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    let mut stream = turn.stream(None);
+    let mut seqs = Vec::new();
+    while let Some(event) = stream.next().await {
+        seqs.push(event.unwrap().seq);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(seqs.len() > 3000, "{} events", seqs.len());
+}
+
+/// Scenario.
+pub async fn unknown_agents_sessions_and_turns_are_not_found(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![]));
+    let runtime = runtime(&harness, Agent::builder("a", model).build());
+    assert!(matches!(
+        runtime.create_session("nobody", None).await,
+        Err(RunnerError::NotFound { kind: "agent", .. })
+    ));
+    assert!(matches!(
+        runtime.get_session(agentry_types::SessionId::new()).await,
+        Err(RunnerError::NotFound { kind: "session", .. })
+    ));
+    let session = session_for(&runtime, "a").await;
+    assert!(matches!(
+        session.get_turn(agentry_types::TurnId::new()).await,
+        Err(RunnerError::NotFound { .. })
+    ));
+}
+
+/// Scenario.
+pub async fn stream_after_every_position_of_a_running_and_a_finished_turn_gives_exactly_the_rest(
+    harness: Harness,
+) {
+    let (model, gate) = GatedModel::new("running");
+    let runtime = runtime(&harness, Agent::builder("gated", model).build());
+    let session = session_for(&runtime, "gated").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    // Read up to the held delta: turn.created and the deltas before it.
+    let mut first = turn.stream(None);
+    let mut seen = Vec::new();
+    while seen.len() < "running".len() {
+        let event = first.next().await.unwrap().unwrap();
+        seen.push(event.seq);
+    }
+    let running_last = *seen.last().unwrap();
+    // While it runs, every position yields exactly what follows it so far.
+    let mut subscribers = Vec::new();
+    for after in 0..=running_last {
+        let mut stream = turn.stream(Some(after));
+        for expected in after + 1..=running_last {
+            assert_eq!(stream.next().await.unwrap().unwrap().seq, expected);
+        }
+        subscribers.push((after, stream));
+    }
+    gate.add_permits(1);
+    let total = collect(first).await.last().map_or(running_last, |event| event.seq);
+    for (after, stream) in subscribers {
+        let rest: Vec<u64> = collect(stream).await.iter().map(|event| event.seq).collect();
+        assert_eq!(rest, (running_last.max(after) + 1..=total).collect::<Vec<_>>(), "after {after}");
+    }
+    // Finished: every position again.
+    for after in 0..=total {
+        let rest: Vec<u64> = collect(turn.stream(Some(after))).await.iter().map(|event| event.seq).collect();
+        assert_eq!(rest, (after + 1..=total).collect::<Vec<_>>(), "after {after}, finished");
+    }
+}
+
+/// A tool behind an MCP server that needs authorization until `authorized` is set.
+fn guarded_tool(authorized: Arc<std::sync::atomic::AtomicBool>, calls: Arc<AtomicUsize>) -> Arc<dyn Tool> {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Query {
+        q: String,
+    }
+    FunctionTool::new("search", "Searches a private index.", move |args: Query, _| {
+        let (authorized, calls) = (authorized.clone(), calls.clone());
+        async move {
+            if !authorized.load(Ordering::SeqCst) {
+                return Err(ToolError::AuthRequired {
+                    server: agentry_types::McpServerRef { id: "idx".to_owned(), name: "index".to_owned() },
+                    auth_url: "https://auth.example/authorize".to_owned(),
+                });
+            }
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok(format!("found {}", args.q))
+        }
+    })
+    .shared()
+}
+
+/// Scenario.
+pub async fn mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes(harness: Harness) {
+    let authorized = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        match request.messages.last().map(|message| message.role) {
+            Some(Role::Tool) => {
+                ScriptedResponse::text(format!("Result: {}", request.messages.last().unwrap().text()))
+            }
+            _ => ScriptedResponse::tool_call("search", &json!({"q": "rust"})),
+        }
+    }));
+    let agent =
+        Agent::builder("searcher", model).tool(guarded_tool(authorized.clone(), calls.clone())).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "searcher").await;
+    let first = session.create_turn(TurnRequest::message("search rust")).await.unwrap();
+    let events = collect(first.stream(None)).await;
+    let servers = events.iter().find_map(|event| match &event.payload {
+        EventPayload::McpAuthRequired { servers } => Some(servers.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        servers.map(|servers| servers[0].auth_url.clone()).as_deref(),
+        Some("https://auth.example/authorize")
+    );
+    let state = first.wait().await.unwrap();
+    assert!(matches!(state.required_actions()[0].action, agentry_types::RequiredAction::McpAuth { .. }));
+
+    // A user message or any input is refused until the empty resumption.
+    for input in [
+        vec![TurnInputItem::message("hello?")],
+        vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "call_1_0")],
+    ] {
+        let refused = session.create_turn(TurnRequest::input(input)).await;
+        assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{refused:?}");
+    }
+    authorized.store(true, Ordering::SeqCst);
+    let second = session.create_turn(TurnRequest::input(vec![])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Result: found rust"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let turns = session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap();
+    assert_eq!(turns.items.len(), 2, "the refused inputs stored nothing");
+}
+
+/// Scenario.
+pub async fn answers_to_client_tools_must_match_the_pending_calls_exactly(harness: Harness) {
+    let mut two = ScriptedResponse::tool_call("ask_user_question", &json!({"question": "A?"}));
+    two.tool_calls.push(ScriptedToolCall {
+        id: None,
+        name: "ask_user_question".to_owned(),
+        arguments: r#"{"question":"B?"}"#.to_owned(),
+    });
+    let model = Arc::new(ScriptedModel::new(vec![two, ScriptedResponse::text("Thanks.")]));
+    let runtime = runtime(&harness, Agent::builder("asker", model).ask_user_question().build());
+    let session = session_for(&runtime, "asker").await;
+    session.create_turn(TurnRequest::message("ask me twice")).await.unwrap().wait().await.unwrap();
+    let main = agentry_types::ThreadId::main();
+    let respond = |id: &str| {
+        TurnInputItem::ToolResponse(agentry_types::UserToolResponse {
+            thread_id: main.clone(),
+            tool_call_id: id.to_owned(),
+            content: "yes".to_owned(),
+        })
+    };
+    let refused_inputs = vec![
+        vec![respond("call_1_0")], // one pending call unanswered
+        vec![TurnInputItem::allow(main.clone(), "call_1_0"), respond("call_1_1")], // approval for a client tool
+        vec![respond("call_1_0"), respond("call_1_1"), respond("call_9_9")],       // an unknown call
+        vec![respond("call_1_0"), respond("call_1_0")],                            // answered twice
+    ];
+    for input in refused_inputs {
+        let refused = session.create_turn(TurnRequest::input(input.clone())).await;
+        assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{input:?} gave {refused:?}");
+    }
+    assert_eq!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.len(), 1);
+    let done = session
+        .create_turn(TurnRequest::input(vec![respond("call_1_0"), respond("call_1_1")]))
+        .await
+        .unwrap();
+    assert_eq!(answer_text(&done.wait().await.unwrap()).as_deref(), Some("Thanks."));
+}
+
+/// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
+/// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
+/// whole runner acceptance suite with one line.
+#[macro_export]
+macro_rules! runner_scenarios {
+    ($factory:expr) => {
+        $crate::runner_scenarios!(@cases $factory; a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,
+            a_second_turn_chains_on_the_first_and_sees_its_history,
+            invalid_tool_arguments_give_the_model_an_error_result_and_the_tool_does_not_run,
+            the_calls_of_one_model_message_run_concurrently,
+            a_tool_needing_approval_pauses_the_turn_and_an_allow_runs_it_in_the_next_turn,
+            a_denial_and_its_reason_reach_the_model,
+            ask_user_question_pauses_for_the_client_and_its_answer_resumes_the_agent,
+            input_that_breaks_the_rules_is_refused_and_stores_nothing,
+            of_fifty_concurrent_turns_on_one_session_exactly_one_runs,
+            cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history,
+            a_turn_past_its_timeout_ends_cancelled_by_the_server,
+            a_tool_past_its_timeout_gives_the_model_an_error_result,
+            the_iteration_limit_and_model_failures_end_the_turn_with_an_error,
+            a_cancelled_session_refuses_new_turns,
+            a_subscriber_resuming_after_a_seq_gets_every_later_event_once,
+            after_the_live_log_expires_a_stream_is_served_from_the_stored_log,
+            tools_get_a_stable_idempotency_key_and_the_journal_records_each_call,
+            a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_in_order,
+            unknown_agents_sessions_and_turns_are_not_found,
+            mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
+            answers_to_client_tools_must_match_the_pending_calls_exactly);
+    };
+    (@cases $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let harness = ($factory)().await;
+                $crate::scenarios::$name(harness).await;
+            }
+        )*
+    };
+}

@@ -395,6 +395,24 @@ impl Memory {
         Ok(run)
     }
 
+    /// Updates the session summary and the user profile (as the settings enable them) from
+    /// the messages of a completed run, through the model. The runner calls it after a turn
+    /// it stored itself.
+    ///
+    /// Errors: `MemoryUpdate` naming the run and what failed (the model, its answer, the
+    /// store).
+    pub async fn update_memory(&self, run_id: TurnId, messages: &[Message]) -> Result<(), MemoryError> {
+        self.process_memory(self.session_id, messages)
+            .await
+            .map_err(|reason| MemoryError::MemoryUpdate { run_id, reason })
+    }
+
+    /// Whether a completed run updates anything (a summary or a user profile).
+    #[must_use]
+    pub const fn updates_after_runs(&self) -> bool {
+        self.config.summary_memory || self.config.user_analysis_memory
+    }
+
     async fn process_memory(&self, session_id: SessionId, messages: &[Message]) -> Result<(), String> {
         let Some(model) = &self.model else { return Ok(()) };
         let transcript = self.transcript(messages);

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use agentry_events::McpServerSession;
+use agentry_memory::MemoryConfig;
 use agentry_model::Model;
 use agentry_types::{ToolInfo, ToolSpec};
 
@@ -61,6 +62,8 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// Summary, user-profile and metadata memory (seed 003), when enabled.
+    memory: Option<AgentMemory>,
     /// The MCP server sessions whose tools the agent has (announced by `mcp.initialize`).
     mcp_sessions: Vec<McpServerSession>,
     /// What must live as long as the agent (the MCP connections its tools call through).
@@ -83,6 +86,7 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                memory: None,
                 mcp_sessions: Vec::new(),
                 keep_alive: Vec::new(),
                 specs: OnceLock::new(),
@@ -138,6 +142,12 @@ impl Agent {
         self.inner.approval_required.iter().any(|gated| gated == name)
     }
 
+    /// Its memory settings.
+    #[must_use]
+    pub fn memory(&self) -> Option<&AgentMemory> {
+        self.inner.memory.as_ref()
+    }
+
     /// The MCP server sessions of its tools.
     #[must_use]
     pub fn mcp_sessions(&self) -> &[McpServerSession] {
@@ -176,6 +186,15 @@ impl Agent {
             })
             .clone()
     }
+}
+
+/// An agent's memory settings.
+#[derive(Debug, Clone)]
+pub struct AgentMemory {
+    /// The Memory facade's settings.
+    pub config: MemoryConfig,
+    /// The model that writes summaries and profiles.
+    pub analysis_model: Option<Arc<dyn Model>>,
 }
 
 /// Builds an [`Agent`].
@@ -236,6 +255,18 @@ impl AgentBuilder {
     #[must_use]
     pub fn ask_user_question(self) -> Self {
         self.client_tool(ask_user_question())
+    }
+
+    /// Enables the Memory facade (seed 003) for the agent's turns: before each turn its
+    /// summary, user profile and metadata are injected into the system prompt; after a
+    /// completed turn the summary and profile are updated through `analysis_model` (the
+    /// turn emits `memory.update.started` and `memory.update.completed`). The session and
+    /// user of each turn replace `session_id` and `user_id` of the settings. History stays
+    /// the runner's own window ([`AgentLimits::history_runs`]).
+    #[must_use]
+    pub fn memory(mut self, config: MemoryConfig, analysis_model: Option<Arc<dyn Model>>) -> Self {
+        self.inner.memory = Some(AgentMemory { config, analysis_model });
+        self
     }
 
     /// Sets the limits.

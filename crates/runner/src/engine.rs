@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_events::{EventEnvelope, EventPayload, TurnEmitter};
-use agentry_memory::{Conflict, HistoryQuery, Store, StoreError};
+use agentry_memory::{Conflict, HistoryQuery, Memory, MemoryConfig, Store, StoreError};
 use agentry_model::ModelRequest;
+use agentry_types::agno::ReasoningStep;
 use agentry_types::{
     ApprovalDecision, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message, ModelMessage,
-    PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId, ThreadId,
+    PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId, SessionType, ThreadId,
     ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
 };
 use futures_util::StreamExt;
@@ -242,6 +243,9 @@ pub(crate) struct TurnEngine {
     responded: HashSet<String>,
     /// After a crash: the last `model.message` the dead process stored on this thread.
     recovered_output: Option<ThreadMessage>,
+    /// Steps completed in this turn (`step.completed`): one per tool result and one for the
+    /// answer.
+    steps: u32,
     /// Tool calls this turn's input approved: they run without asking again.
     approved: HashSet<String>,
     model_calls: u32,
@@ -271,6 +275,7 @@ impl TurnEngine {
             responded: HashSet::new(),
             approved: HashSet::new(),
             recovered_output: None,
+            steps: 0,
             model_calls: 0,
         }
     }
@@ -351,6 +356,7 @@ impl TurnEngine {
             }
         };
         self.load_context().await?;
+        let memory = self.prepare_memory().await?;
         if let Some(stored) = recovered {
             self.reconcile(&stored).await?;
         }
@@ -381,6 +387,10 @@ impl TurnEngine {
             }
             let (message, output) = self.call_model().await?;
             if message.tool_calls.is_empty() {
+                self.complete_step(None, message.content.clone()).await?;
+                if let Some(memory) = &memory {
+                    self.update_memory(memory).await?;
+                }
                 return Ok(Outcome::Answered(Some(output)));
             }
             if let Some(paused) = self.handle_tool_calls(&message.tool_calls, Some(output)).await? {
@@ -408,6 +418,56 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// With memory enabled: a Memory facade for this session and user, and its summary,
+    /// profile and metadata injected into the system prompt.
+    async fn prepare_memory(&mut self) -> Result<Option<Memory>, Stop> {
+        let Some(settings) = self.agent.memory() else { return Ok(None) };
+        let session = self.store.get_session(self.session_id()).await?;
+        let config = MemoryConfig {
+            session_id: Some(session.id),
+            user_id: Some(session.user_id.clone().unwrap_or_else(|| self.run.created_by.subject_id.clone())),
+            ..settings.config.clone()
+        };
+        let memory = Memory::new(self.store.clone(), settings.analysis_model.clone(), config)
+            .map_err(|error| Stop::Failed(format!("memory: {error}")))?;
+        let prepared = memory
+            .prepare_inputs_for_task(Some(SessionType::Agent), None)
+            .await
+            .map_err(|error| Stop::Failed(format!("memory: {error}")))?;
+        let injections: Vec<String> =
+            [prepared.system_prompt_injection, prepared.context_injection, prepared.metadata_injection]
+                .into_iter()
+                .flatten()
+                .collect();
+        if !injections.is_empty() {
+            let mut system = self.agent.instructions().map(str::to_owned).into_iter().collect::<Vec<_>>();
+            system.extend(injections);
+            let message = Message::system(system.join("\n\n"));
+            if self.context.first().is_some_and(|first| first.role == Role::System) {
+                self.context[0] = message;
+            } else {
+                self.context.insert(0, message);
+                self.own_start += 1;
+            }
+        }
+        Ok(Some(memory))
+    }
+
+    /// After a completed turn: updates the summary and the profile. A failure is logged and
+    /// does not fail the turn, whose answer stands.
+    async fn update_memory(&mut self, memory: &Memory) -> Result<(), Stop> {
+        if !memory.updates_after_runs() {
+            return Ok(());
+        }
+        self.sink.emit(Some(self.thread.clone()), EventPayload::MemoryUpdateStarted {}).await?;
+        let messages = self.context[self.own_start..].to_vec();
+        if let Err(error) = memory.update_memory(self.turn_id(), &messages).await {
+            tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
+        }
+        self.sink.emit(Some(self.thread.clone()), EventPayload::MemoryUpdateCompleted {}).await?;
+        Ok(())
+    }
+
     /// After a crash: adopt a `model.message` that was stored as an event but not yet as a
     /// history message, and remember which tool results were already emitted.
     async fn reconcile(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
@@ -430,6 +490,10 @@ impl TurnEngine {
             }
             _ => None,
         });
+        self.steps = u32::try_from(
+            stored.iter().filter(|event| matches!(event.payload, EventPayload::StepCompleted { .. })).count(),
+        )
+        .unwrap_or(u32::MAX);
         self.responded = stored
             .iter()
             .filter_map(|event| match &event.payload {
@@ -524,6 +588,7 @@ impl TurnEngine {
             reason = cancel.cancelled() => return Err(Stop::Cancelled(reason)),
         };
         let message_id = EventId::new();
+        let mut reasoning_started = false;
         let completed = loop {
             let next = tokio::select! {
                 next = stream.next() => next,
@@ -536,6 +601,12 @@ impl TurnEngine {
             };
             match next {
                 Some(Ok(mut delta)) => {
+                    if !reasoning_started
+                        && delta.reasoning_content.as_deref().is_some_and(|text| !text.is_empty())
+                    {
+                        reasoning_started = true;
+                        self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningStarted {}).await?;
+                    }
                     for chunk in &mut delta.tool_calls {
                         if let Some(name) =
                             chunk.function.as_ref().and_then(|function| function.name.as_deref())
@@ -569,6 +640,12 @@ impl TurnEngine {
         };
         if let Some(usage) = &message.usage {
             self.metrics.add(usage);
+        }
+        if reasoning_started {
+            let step =
+                ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
+            self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningStep { step }).await?;
+            self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningCompleted {}).await?;
         }
         let output = ThreadMessage {
             id: completed.event_id,
@@ -704,6 +781,18 @@ impl TurnEngine {
         Ok(Some(Outcome::Paused(output, required)))
     }
 
+    /// Emits `step.completed`: a tool call with its observation, or the answer.
+    async fn complete_step(
+        &mut self,
+        tool_call: Option<ToolCall>,
+        observation: Option<String>,
+    ) -> Result<(), Stop> {
+        self.steps += 1;
+        let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
+        self.sink.emit(Some(self.thread.clone()), payload).await?;
+        Ok(())
+    }
+
     fn in_doubt(&self, call: &ToolCall) -> bool {
         self.journal.get(&call.id).is_some_and(|entry| {
             entry.result.is_none()
@@ -723,7 +812,7 @@ impl TurnEngine {
             is_error: result.is_error,
         };
         self.sink.emit(Some(self.thread.clone()), payload).await?;
-        Ok(())
+        self.complete_step(Some(call.clone()), Some(result.content.clone())).await
     }
 
     /// Runs calls concurrently. On cancellation, running calls get the grace period to
@@ -734,6 +823,17 @@ impl TurnEngine {
     ) -> Result<(Vec<(ToolCall, ToolResult)>, Vec<McpServerAuth>), Stop> {
         if calls.is_empty() {
             return Ok((Vec::new(), Vec::new()));
+        }
+        for call in calls {
+            if self.responded.contains(&call.id) {
+                continue;
+            }
+            let payload = EventPayload::ToolCallStarted {
+                tool_call_id: call.id.clone(),
+                name: call.function.name.clone(),
+                arguments: call.function.arguments.clone(),
+            };
+            self.sink.emit(Some(self.thread.clone()), payload).await?;
         }
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;

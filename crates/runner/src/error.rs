@@ -55,7 +55,7 @@ pub enum RunnerError {
 }
 
 /// A runner result.
-pub type RunnerResult<T> = Result<T, RunnerError>;
+pub type RuntimeResult<T> = Result<T, RunnerError>;
 
 impl RunnerError {
     pub(crate) fn not_found(kind: &'static str, id: impl ToString) -> Self {

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 
 use agentry_types::{RequiredAction, RunRecord, TurnInputItem};
 
-use crate::error::{RunnerError, RunnerResult};
+use crate::error::{RunnerError, RuntimeResult};
 
 /// Rules that need nothing but the input: user messages are not mixed with approvals or
 /// tool responses, and no tool call is answered twice.
-pub(crate) fn check_shape(input: &[TurnInputItem]) -> RunnerResult<()> {
+pub(crate) fn check_shape(input: &[TurnInputItem]) -> RuntimeResult<()> {
     let messages = input.iter().filter(|item| matches!(item, TurnInputItem::Message(_))).count();
     if messages > 0 && messages < input.len() {
         return Err(invalid(
@@ -41,7 +41,7 @@ pub(crate) fn check_shape(input: &[TurnInputItem]) -> RunnerResult<()> {
 pub(crate) fn check_against_previous(
     input: &[TurnInputItem],
     previous: Option<&RunRecord>,
-) -> RunnerResult<()> {
+) -> RuntimeResult<()> {
     let required = previous.map(|run| run.state.required_actions()).unwrap_or_default();
     if required.is_empty() {
         if input.is_empty() {

@@ -46,12 +46,14 @@ mod live;
 mod runtime;
 #[cfg(feature = "scenarios")]
 pub mod scenarios;
+mod streaming;
 mod tool;
 
-pub use agent::{Agent, AgentBuilder, AgentLimits};
-pub use error::{RunnerError, RunnerResult};
+pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory};
+pub use error::{RunnerError, RuntimeResult};
 pub use live::EventStream;
 pub use runtime::{PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest};
+pub use streaming::{AdalFlowEventStream, RunnerStreamingResult};
 pub use tool::{
     ASK_USER_QUESTION, FunctionTool, SchemaValidator, Tool, ToolContext, ToolError, ask_user_question,
     parameters_schema,

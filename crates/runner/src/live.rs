@@ -13,7 +13,7 @@ use agentry_types::{CancellationReason, SessionId, TurnId, TurnState};
 use futures_core::Stream;
 use tokio::sync::watch;
 
-use crate::error::RunnerResult;
+use crate::error::RuntimeResult;
 
 /// How often a subscriber following a turn that runs in another process reads the store.
 const STORE_POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -135,7 +135,7 @@ impl LiveTurn {
 }
 
 /// A stream of a turn's events, in `seq` order, ending after the terminal event.
-pub type EventStream = std::pin::Pin<Box<dyn Stream<Item = RunnerResult<Arc<EventEnvelope>>> + Send>>;
+pub type EventStream = std::pin::Pin<Box<dyn Stream<Item = RuntimeResult<Arc<EventEnvelope>>> + Send>>;
 
 enum Source {
     /// The turn is live in this process.
@@ -178,7 +178,7 @@ pub(crate) fn subscribe(
 }
 
 impl Subscription {
-    async fn next(&mut self) -> Option<RunnerResult<Arc<EventEnvelope>>> {
+    async fn next(&mut self) -> Option<RuntimeResult<Arc<EventEnvelope>>> {
         loop {
             if let Some(event) = self.buffer.pop_front() {
                 self.cursor = event.seq;
@@ -199,7 +199,7 @@ impl Subscription {
     }
 
     /// Fills the buffer with the next events, waiting for them when there are none yet.
-    async fn fill(&mut self) -> RunnerResult<()> {
+    async fn fill(&mut self) -> RuntimeResult<()> {
         loop {
             match &mut self.source {
                 Source::Live { turn, changed } => {
@@ -249,7 +249,7 @@ impl Subscription {
     }
 
     /// Reads stored events after the cursor, up to `through` when given.
-    async fn read_store(&mut self, through: Option<u64>) -> RunnerResult<()> {
+    async fn read_store(&mut self, through: Option<u64>) -> RuntimeResult<()> {
         let events = self.store.turn_events(self.turn_id, Order::Asc, Some(self.cursor), STORE_PAGE).await?;
         self.buffer.extend(
             events
@@ -267,7 +267,7 @@ pub(crate) async fn stored_events(
     store: &dyn Store,
     turn_id: TurnId,
     order: Order,
-) -> RunnerResult<Vec<EventEnvelope>> {
+) -> RuntimeResult<Vec<EventEnvelope>> {
     let mut events = Vec::new();
     let mut after = None;
     loop {

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::engine::{CancelWatch, Start, TurnEngine, TurnSink};
-use crate::error::{RunnerError, RunnerResult};
+use crate::error::{RunnerError, RuntimeResult};
 use crate::input::{check_against_previous, check_shape};
 use crate::live::{EventStream, LiveTurn, stored_events, subscribe};
 
@@ -167,14 +167,14 @@ impl Runtime {
         self.inner.agents.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
     }
 
-    fn require_agent(&self, name: &str) -> RunnerResult<Agent> {
+    fn require_agent(&self, name: &str) -> RuntimeResult<Agent> {
         self.agent(name).ok_or_else(|| RunnerError::not_found("agent", name))
     }
 
     /// Creates a session with a registered agent, owned by the default subject.
     ///
     /// Errors: `NotFound` for an unknown agent; `Store` when the store fails.
-    pub async fn create_session(&self, agent_name: &str, title: Option<&str>) -> RunnerResult<Session> {
+    pub async fn create_session(&self, agent_name: &str, title: Option<&str>) -> RuntimeResult<Session> {
         self.create_session_as(self.inner.options.default_subject.clone(), agent_name, title).await
     }
 
@@ -186,7 +186,7 @@ impl Runtime {
         owner: Subject,
         agent_name: &str,
         title: Option<&str>,
-    ) -> RunnerResult<Session> {
+    ) -> RuntimeResult<Session> {
         self.require_agent(agent_name)?;
         let mut record = SessionRecord::new(SessionType::Agent, agent_name, owner);
         record.title = title.map(str::to_owned);
@@ -195,7 +195,7 @@ impl Runtime {
     }
 
     /// A session by id. Errors: `NotFound`.
-    pub async fn get_session(&self, id: SessionId) -> RunnerResult<Session> {
+    pub async fn get_session(&self, id: SessionId) -> RuntimeResult<Session> {
         let record = self.inner.store.get_session(id).await?;
         Ok(Session { runtime: self.clone(), record })
     }
@@ -205,12 +205,12 @@ impl Runtime {
         &self,
         query: &SessionQuery,
         page: &PageRequest,
-    ) -> RunnerResult<Page<SessionRecord>> {
+    ) -> RuntimeResult<Page<SessionRecord>> {
         Ok(self.inner.store.list_sessions(query, page).await?)
     }
 
     /// A turn by id (of any session). Errors: `NotFound`.
-    pub async fn get_turn(&self, id: TurnId) -> RunnerResult<TurnHandle> {
+    pub async fn get_turn(&self, id: TurnId) -> RuntimeResult<TurnHandle> {
         let record = self.inner.store.get_run(id).await?;
         Ok(TurnHandle { runtime: self.clone(), record })
     }
@@ -235,7 +235,7 @@ impl Runtime {
     ///
     /// Errors: `Store` when the store fails while looking; a turn that cannot be resumed
     /// (its agent is not registered here) is ended with an error state instead.
-    pub async fn recover(&self) -> RunnerResult<Vec<TurnHandle>> {
+    pub async fn recover(&self) -> RuntimeResult<Vec<TurnHandle>> {
         let store = &self.inner.store;
         let mut resumed = Vec::new();
         let mut page = PageRequest::first(100);
@@ -265,7 +265,7 @@ impl Runtime {
         &self,
         session: &SessionRecord,
         run: RunRecord,
-    ) -> RunnerResult<Option<TurnHandle>> {
+    ) -> RuntimeResult<Option<TurnHandle>> {
         let store = &self.inner.store;
         let now = Timestamp::now();
         if store.lease(session.id).await?.is_some_and(|lease| !lease.is_expired(now)) {
@@ -427,7 +427,7 @@ impl Session {
     /// process sharing the store); `SessionCancelled`; `InvalidInput` for input that breaks
     /// seed 002's rules (nothing is stored then); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
-    pub async fn create_turn(&self, request: TurnRequest) -> RunnerResult<TurnHandle> {
+    pub async fn create_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
         check_shape(&request.input)?;
@@ -470,7 +470,7 @@ impl Session {
         &self,
         request: &TurnRequest,
         lease: &Lease,
-    ) -> RunnerResult<(RunRecord, Option<RunRecord>)> {
+    ) -> RuntimeResult<(RunRecord, Option<RunRecord>)> {
         let store = &self.runtime.inner.store;
         let previous = match request.previous_turn_id {
             PreviousTurn::Auto => {
@@ -509,14 +509,22 @@ impl Session {
     /// Creates a turn and streams its events from `turn.created` to `turn.done`.
     ///
     /// Errors: as [`Session::create_turn`].
-    pub async fn create_turn_streaming(&self, request: TurnRequest) -> RunnerResult<EventStream> {
+    pub async fn create_turn_streaming(&self, request: TurnRequest) -> RuntimeResult<EventStream> {
         Ok(self.create_turn(request).await?.stream(None))
+    }
+
+    /// Creates a turn and returns it as AdalFlow's streaming result (`stream_events`,
+    /// `stream_to_json`, `wait_for_completion`, `cancel`).
+    ///
+    /// Errors: as [`Session::create_turn`].
+    pub async fn run_streamed(&self, request: TurnRequest) -> RuntimeResult<crate::RunnerStreamingResult> {
+        Ok(crate::RunnerStreamingResult::new(self.create_turn(request).await?))
     }
 
     /// The session's turns in creation order (`Desc`: newest first), paginated.
     ///
     /// Errors: `NotFound` when the session was deleted; `Store` for a foreign token.
-    pub async fn list_turns(&self, order: Order, page: &PageRequest) -> RunnerResult<Page<TurnHandle>> {
+    pub async fn list_turns(&self, order: Order, page: &PageRequest) -> RuntimeResult<Page<TurnHandle>> {
         let query = RunQuery { order, ..RunQuery::default() };
         let runs = self.runtime.inner.store.list_runs(self.id(), &query, page).await?;
         Ok(Page {
@@ -530,7 +538,7 @@ impl Session {
     }
 
     /// A turn of this session. Errors: `NotFound` (also for another session's turn).
-    pub async fn get_turn(&self, id: TurnId) -> RunnerResult<TurnHandle> {
+    pub async fn get_turn(&self, id: TurnId) -> RuntimeResult<TurnHandle> {
         let handle = self.runtime.get_turn(id).await?;
         if handle.record.session_id != self.id() {
             return Err(RunnerError::not_found("turn", id));
@@ -542,7 +550,7 @@ impl Session {
     /// fails with `SessionCancelled`.
     ///
     /// Errors: `NotFound` when the session does not exist.
-    pub async fn cancel(&self) -> RunnerResult<()> {
+    pub async fn cancel(&self) -> RuntimeResult<()> {
         let store = &self.runtime.inner.store;
         let session = store.get_session(self.id()).await?;
         if session.state.get(CANCELLED_KEY) != Some(&Value::Bool(true)) {
@@ -611,14 +619,14 @@ impl TurnHandle {
     }
 
     /// Its current state, read from the store. Errors: `NotFound` when deleted.
-    pub async fn state(&self) -> RunnerResult<TurnState> {
+    pub async fn state(&self) -> RuntimeResult<TurnState> {
         Ok(self.runtime.inner.store.get_run(self.id()).await?.state)
     }
 
     /// Waits for the turn to end and returns its terminal state.
     ///
     /// Errors: `NotFound` when deleted; `Store` when the store fails.
-    pub async fn wait(&self) -> RunnerResult<TurnState> {
+    pub async fn wait(&self) -> RuntimeResult<TurnState> {
         if let Some(live) = self.runtime.live_turn(self.id()) {
             live.wait_done().await;
             if let Some(state) = live.terminal_state() {
@@ -646,7 +654,7 @@ impl TurnHandle {
     /// A snapshot of its stored events (no deltas: messages are complete), in `order`.
     ///
     /// Errors: `NotFound` when deleted.
-    pub async fn events(&self, order: Order) -> RunnerResult<Vec<EventEnvelope>> {
+    pub async fn events(&self, order: Order) -> RuntimeResult<Vec<EventEnvelope>> {
         stored_events(self.runtime.inner.store.as_ref(), self.id(), order).await
     }
 
@@ -655,7 +663,7 @@ impl TurnHandle {
     ///
     /// Errors: none today for a turn running here; a turn running in another process is
     /// not reachable from this one and is left running.
-    pub async fn cancel(&self) -> RunnerResult<()> {
+    pub async fn cancel(&self) -> RuntimeResult<()> {
         if let Some(live) = self.runtime.live_turn(self.id()) {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;

@@ -127,7 +127,16 @@ pub async fn a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "live seq is dense from 1");
     assert_eq!(
         kinds(&events),
-        ["turn.created", "model.message", "tool.response", "model.message", "turn.done"]
+        [
+            "turn.created",
+            "model.message",
+            "tool.call.started",
+            "tool.response",
+            "step.completed",
+            "model.message",
+            "step.completed",
+            "turn.done"
+        ]
     );
     assert!(events.iter().any(|event| event.payload.kind() == "model.message.delta"));
     let response = events.iter().find_map(|event| match &event.payload {
@@ -141,7 +150,7 @@ pub async fn a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable
     assert_eq!(answer_text(&state).as_deref(), Some("The sum is 5."));
     let stored = turn.events(Order::Asc).await.unwrap();
     assert!(stored.iter().all(|event| event.payload.kind() != "model.message.delta"));
-    assert_eq!(stored.len(), 5);
+    assert_eq!(stored.len(), 8);
     let descending = turn.events(Order::Desc).await.unwrap();
     assert_eq!(descending.first().map(|event| event.seq), stored.last().map(|event| event.seq));
 
@@ -533,7 +542,7 @@ pub async fn after_the_live_log_expires_a_stream_is_served_from_the_stored_log(h
     turn.wait().await.unwrap();
     let events = collect(turn.stream(None)).await;
     assert!(events.iter().all(|event| event.payload.kind() != "model.message.delta"));
-    assert_eq!(kinds(&events), ["turn.created", "model.message", "turn.done"]);
+    assert_eq!(kinds(&events), ["turn.created", "model.message", "step.completed", "turn.done"]);
 }
 
 /// Scenario.
@@ -751,13 +760,135 @@ pub async fn answers_to_client_tools_must_match_the_pending_calls_exactly(harnes
     assert_eq!(answer_text(&done.wait().await.unwrap()).as_deref(), Some("Thanks."));
 }
 
+/// Scenario.
+pub async fn the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history(
+    harness: Harness,
+) {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 2, "b": 3})).with_reasoning("I should add."),
+        ScriptedResponse::text("The sum is 5."),
+    ]));
+    let runtime = runtime(&harness, Agent::builder("math", model).tool(add_tool(Arc::default())).build());
+    let session = session_for(&runtime, "math").await;
+    let result = session.run_streamed(TurnRequest::message("2 + 3?")).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("agentry-adalflow-{}", result.turn().id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("live_events.json");
+    let mut events = result.stream_to_json(&path).await.unwrap();
+    let mut names = Vec::new();
+    let mut raw = 0;
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            agentry_events::render::adalflow::AdalFlowStreamEvent::RunItem { name, .. } => {
+                names.push(serde_json::to_value(name).unwrap().as_str().unwrap().to_owned());
+            }
+            agentry_events::render::adalflow::AdalFlowStreamEvent::RawResponse { .. } => raw += 1,
+        }
+    }
+    assert!(raw > 0, "model deltas come as raw response events");
+    assert_eq!(
+        names,
+        [
+            "agent.tool_call_start",
+            "agent.tool_call_complete",
+            "agent.step_complete",
+            "agent.step_complete",
+            "agent.final_output",
+            "agent.execution_complete"
+        ]
+    );
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(written.as_array().unwrap().len(), names.len() + raw);
+    assert!(result.is_complete());
+    let outcome = result.wait_for_completion().await.unwrap();
+    assert_eq!(outcome.answer.as_deref(), Some("The sum is 5."));
+    assert_eq!(outcome.step_history.len(), 2);
+    assert_eq!(outcome.step_history[0].observation.as_deref(), Some("5"));
+    assert_eq!(outcome.step_history[0].function.as_ref().map(|function| function.name.as_str()), Some("add"));
+    assert!(outcome.error.is_none());
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // Reasoning streamed by the model is reported as reasoning events.
+    let stored = result.turn().events(Order::Asc).await.unwrap();
+    let reasoning: Vec<&str> = stored
+        .iter()
+        .map(|event| event.payload.kind())
+        .filter(|kind| kind.starts_with("reasoning."))
+        .collect();
+    assert_eq!(reasoning, ["reasoning.started", "reasoning.step", "reasoning.completed"]);
+}
+
+/// Scenario.
+pub async fn a_cancelled_adalflow_result_reports_the_cancellation_as_its_error(harness: Harness) {
+    let (model, _gate) = GatedModel::new("never");
+    let runtime = runtime(&harness, Agent::builder("gated", model).build());
+    let session = session_for(&runtime, "gated").await;
+    let result = session.run_streamed(TurnRequest::message("go")).await.unwrap();
+    let mut events = result.stream_events();
+    // The first raw delta: the model is streaming.
+    while let Some(event) = events.next().await {
+        if matches!(event.unwrap(), agentry_events::render::adalflow::AdalFlowStreamEvent::RawResponse { .. })
+        {
+            break;
+        }
+    }
+    result.cancel().await.unwrap();
+    let outcome = result.wait_for_completion().await.unwrap();
+    assert_eq!(outcome.error.as_deref(), Some("cancelled: client-cancelled"));
+    assert!(outcome.answer.is_none());
+}
+
+/// Scenario.
+pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next(
+    harness: Harness,
+) {
+    let analysis = Arc::new(ScriptedModel::responder(|request| {
+        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
+        if prompt.starts_with("Update the summary") {
+            ScriptedResponse::text("Ada asked about tea.")
+        } else {
+            ScriptedResponse::text(r#"{"name": "Ada"}"#)
+        }
+    }));
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
+    let config = agentry_memory::MemoryConfig {
+        summary_memory: true,
+        user_analysis_memory: true,
+        ..agentry_memory::MemoryConfig::default()
+    };
+    let agent = Agent::builder("remember", model.clone())
+        .instructions("Be kind.")
+        .memory(config, Some(analysis))
+        .build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "remember").await;
+    let first = session.create_turn(TurnRequest::message("I am Ada and I like tea.")).await.unwrap();
+    let events = collect(first.stream(None)).await;
+    let memory_events: Vec<&str> =
+        kinds(&events).into_iter().filter(|kind| kind.starts_with("memory.")).collect();
+    assert_eq!(memory_events, ["memory.update.started", "memory.update.completed"]);
+    let stored = harness.store.get_session(session.id()).await.unwrap();
+    assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Ada asked about tea."));
+    let profile = harness.store.profile("local").await.unwrap().unwrap();
+    assert_eq!(profile.profile["name"], "Ada");
+
+    session.create_turn(TurnRequest::message("What do I like?")).await.unwrap().wait().await.unwrap();
+    let system = model.requests().last().unwrap().messages[0].text();
+    assert!(system.starts_with("Be kind."), "{system}");
+    assert!(system.contains("Ada asked about tea."), "{system}");
+    assert!(system.contains("\"name\": \"Ada\""), "{system}");
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
 #[macro_export]
 macro_rules! runner_scenarios {
     ($factory:expr) => {
-        $crate::runner_scenarios!(@cases $factory; a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,
+        $crate::runner_scenarios!(@cases $factory; memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
+            the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
+            a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
+            a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,
             a_second_turn_chains_on_the_first_and_sees_its_history,
             invalid_tool_arguments_give_the_model_an_error_result_and_the_tool_does_not_run,
             the_calls_of_one_model_message_run_concurrently,

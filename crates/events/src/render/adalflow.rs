@@ -196,7 +196,10 @@ impl AdalFlowRenderer {
         }
     }
 
-    fn result(&self, state: &TurnState) -> Option<RunnerResult> {
+    /// The `RunnerResult` of a finished turn: the steps rendered so far, and the answer or
+    /// the error of `state`; `None` while the turn runs.
+    #[must_use]
+    pub fn result(&self, state: &TurnState) -> Option<RunnerResult> {
         let (answer, error) = match state {
             TurnState::Running => return None,
             TurnState::Done { output, .. } => (output.as_ref().and_then(|o| o.message.content.clone()), None),

@@ -151,8 +151,8 @@ fn fan_out_100(c: &mut Criterion) {
     let options = RuntimeOptions { live_retention: Duration::ZERO, ..RuntimeOptions::default() };
     let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);
     runtime.register(Agent::builder("fan", model).build());
-    // 1,000 text deltas, the finishing delta, the message, turn.created and turn.done.
-    let events_per_turn = 1004u64;
+    // 1,000 text deltas, the finishing delta, the message, the answer step, turn.created and turn.done.
+    let events_per_turn = 1005u64;
     let mut group = c.benchmark_group("fan_out_100");
     group.throughput(Throughput::Elements(events_per_turn * SUBSCRIBERS as u64));
     group.bench_function("memory", |b| {

@@ -1,18 +1,20 @@
-//! `cargo xtask demo`: drives one scripted turn and prints its event stream as the harness
-//! API would send it (SSE frames), then the assembled answer.
+//! `cargo xtask demo`: runs one turn of a scripted agent through the real runtime on the
+//! embedded default store (a SQLite file), and prints its event stream as the harness API
+//! sends it (SSE frames), then the answer and where the turn was stored.
 //!
-//! The scripted model first calls a calculator tool, then answers with the result; the
-//! demo runs the tool, numbers every event with a turn emitter, and renders each one.
+//! The scripted model calls the `calculator` tool with the expression it finds in the
+//! question (`a op b`, default `6 * 7`), then answers with the result.
 
 use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
 
 use agentry_events::render::harness;
-use agentry_events::{EventEnvelope, EventPayload, TurnEmitter, TurnSequencer};
-use agentry_model::{Model, ModelRequest, ScriptedModel, ScriptedResponse};
-use agentry_types::{
-    EventId, Message, ModelMessage, SessionId, Subject, ThreadId, ThreadMessage, Timestamp, ToolSpec, TurnId,
-    TurnInputItem, TurnMetrics, TurnState,
-};
+use agentry_memory::Order;
+use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse};
+use agentry_runner::{Agent, FunctionTool, Runtime, ToolError, TurnRequest};
+use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+use agentry_types::{Role, TurnState};
 use anyhow::{Context, Result, bail};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -25,115 +27,87 @@ fn calculate(expression: &str) -> Result<f64> {
     Ok(match *op {
         "+" => a + b,
         "-" => a - b,
-        "*" => a * b,
+        "*" | "x" => a * b,
         "/" if b != 0.0 => a / b,
         _ => bail!("unsupported operator {op:?}"),
     })
 }
 
-/// Runs the demo, writing the stream to `out`.
-pub async fn run(question: &str, out: &mut impl Write) -> Result<()> {
+/// The first `a op b` in a text, or `6 * 7`.
+fn expression_in(text: &str) -> String {
+    let words: Vec<&str> =
+        text.split(|c: char| c.is_whitespace() || c == '?').filter(|w| !w.is_empty()).collect();
+    words
+        .windows(3)
+        .find(|window| calculate(&window.join(" ")).is_ok())
+        .map_or_else(|| "6 * 7".to_owned(), |window| window.join(" "))
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Calculation {
+    /// `a op b`, with op one of + - * /.
+    expression: String,
+}
+
+/// The demo agent: a scripted model and a calculator tool.
+fn demo_agent() -> Agent {
     let model = ScriptedModel::responder(|request: &ModelRequest| {
-        let tool_result = request.messages.iter().rev().find(|m| m.role == agentry_types::Role::Tool);
-        match tool_result {
+        match request.messages.last().filter(|message| message.role == Role::Tool) {
             Some(result) => ScriptedResponse::text(format!("The result is {}.", result.text())).chunked(5),
-            None => ScriptedResponse::text("Let me calculate that.")
-                .with_tool_call("calculator", &json!({ "expression": "6 * 7" }))
-                .chunked(5),
-        }
-    });
-    let tools = vec![ToolSpec {
-        name: "calculator".to_owned(),
-        description: Some("Evaluates `a op b`.".to_owned()),
-        parameters: json!({ "type": "object", "properties": { "expression": { "type": "string" } }, "required": ["expression"] }),
-    }];
-    let (session_id, turn_id) = (SessionId::new(), TurnId::new());
-    let mut emitter = TurnEmitter::new(TurnSequencer::new(session_id, turn_id));
-    let main = ThreadId::main();
-    let print = |event: &EventEnvelope, out: &mut dyn Write| -> Result<()> {
-        if let Some(rendered) = harness::render(event) {
-            out.write_all(harness::sse_frame(event.seq, &rendered).as_bytes())?;
-        }
-        Ok(())
-    };
-
-    let created = emitter.emit(
-        None,
-        EventPayload::TurnCreated {
-            previous_turn_id: None,
-            input: vec![TurnInputItem::message(question)],
-            created_by: Subject::user("demo"),
-        },
-    );
-    print(&created, out)?;
-
-    let mut messages = vec![Message::system("You are a helpful calculator."), Message::user(question)];
-    let mut metrics = TurnMetrics::default();
-    let mut last: Option<ThreadMessage> = None;
-    for _ in 0..4 {
-        let request = ModelRequest::new(messages.clone()).with_tools(tools.clone());
-        let mut stream = model.stream(request).await.context("starting the model stream")?;
-        let message_id = EventId::new();
-        let mut finished: Option<(EventEnvelope, ModelMessage)> = None;
-        while let Some(delta) = stream.next().await {
-            let emission = emitter.delta(main.clone(), message_id, delta?)?;
-            print(&emission.delta, out)?;
-            if let Some(message) = emission.message {
-                print(&message, out)?;
-                if let EventPayload::ModelMessage(built) = &message.payload {
-                    finished = Some((message.clone(), built.clone()));
-                }
+            None => {
+                let question = request.last_user_text().unwrap_or_default();
+                ScriptedResponse::text("Let me calculate that.")
+                    .with_tool_call("calculator", &json!({ "expression": expression_in(&question) }))
+                    .chunked(5)
             }
         }
-        let (envelope, message) = finished.context("the model stream ended without finishing its message")?;
-        if let Some(usage) = &message.usage {
-            metrics.add(usage);
-        }
-        messages.push(Message::from_model(&message));
-        last = Some(ThreadMessage {
-            id: envelope.event_id,
-            thread_id: main.clone(),
-            created_at: envelope.created_at,
-            message: message.clone(),
-        });
-        if message.tool_calls.is_empty() {
-            break;
-        }
-        for call in &message.tool_calls {
-            let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments)?;
-            let expression = arguments["expression"].as_str().unwrap_or_default();
-            let content = match calculate(expression) {
-                Ok(value) => value.to_string(),
-                Err(error) => format!("error: {error}"),
-            };
-            let response = emitter.emit(
-                Some(main.clone()),
-                EventPayload::ToolResponse {
-                    tool_call_id: call.id.clone(),
-                    name: call.function.name.clone(),
-                    arguments: call.function.arguments.clone(),
-                    content: content.clone(),
-                    is_error: content.starts_with("error"),
-                },
-            );
-            print(&response, out)?;
-            messages.push(Message::tool(call.id.clone(), content));
+    });
+    let calculator =
+        FunctionTool::new("calculator", "Evaluates `a op b`.", |args: Calculation, _| async move {
+            calculate(&args.expression)
+                .map(|value| value.to_string())
+                .map_err(|error| ToolError::Failed(error.to_string()))
+        })
+        .idempotent();
+    Agent::builder("demo", Arc::new(model))
+        .instructions("You are a helpful calculator.")
+        .tool(calculator.shared())
+        .build()
+}
+
+/// Runs the demo on the SQLite store at `store`, writing the stream to `out`.
+pub async fn run(question: &str, store: &Path, out: &mut impl Write) -> Result<()> {
+    if let Some(parent) = store.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let sqlite = SqliteStore::open(store, SqliteOptions::default())
+        .with_context(|| format!("opening the store {}", store.display()))?;
+    let runtime = Runtime::new(Arc::new(sqlite));
+    runtime.register(demo_agent());
+    let session = runtime.create_session("demo", Some("cargo xtask demo")).await?;
+    let turn = session.create_turn(TurnRequest::message(question)).await?;
+    let mut events = turn.stream(None);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        if let Some(rendered) = harness::render(&event) {
+            out.write_all(harness::sse_frame(event.seq, &rendered).as_bytes())?;
         }
     }
-
-    let answer = last.as_ref().and_then(|message| message.message.content.clone()).unwrap_or_default();
-    let done = emitter.emit(
-        None,
-        EventPayload::TurnDone {
-            state: TurnState::Done {
-                output: last.map(Box::new),
-                required_actions: Vec::new(),
-                completed_at: Timestamp::now(),
-                metrics: Some(metrics),
-            },
-        },
-    );
-    print(&done, out)?;
+    let state = turn.wait().await?;
+    let answer = match &state {
+        TurnState::Done { output, .. } => {
+            output.as_ref().and_then(|output| output.message.content.clone()).unwrap_or_default()
+        }
+        other => bail!("the turn did not finish: {other:?}"),
+    };
+    let stored = turn.events(Order::Asc).await?.len();
     writeln!(out, ": answer: {answer}")?;
+    writeln!(
+        out,
+        ": stored: {stored} events of turn {} in session {} ({})",
+        turn.id(),
+        session.id(),
+        store.display()
+    )?;
     Ok(())
 }

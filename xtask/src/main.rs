@@ -60,9 +60,10 @@ fn run(cli: Cli) -> Result<()> {
     let root = workspace_root();
     match cli.task {
         Task::Demo { message } => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             let mut stdout = std::io::stdout().lock();
-            runtime.block_on(demo::run(&message, &mut stdout))
+            runtime.block_on(demo::run(&message, &root.join("target/demo/agentry.db"), &mut stdout))
         }
         Task::Codegen => {
             let changed = codegen::write(&root)?;

@@ -932,7 +932,7 @@ impl TurnEngine {
             tool_call_id: call.id.clone(),
             idempotency_key,
         };
-        let timeout = self.agent.limits().tool_timeout;
+        let timeout = tool.timeout().unwrap_or(self.agent.limits().tool_timeout);
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },
             Ok(Err(ToolError::AuthRequired { server, auth_url })) => {

@@ -879,13 +879,153 @@ pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected
     assert!(system.contains("\"name\": \"Ada\""), "{system}");
 }
 
+/// Scenario.
+pub async fn a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let finished = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let (release, finished) = (release.clone(), finished.clone());
+        FunctionTool::new("slow", "Takes its time.", move |_: Nothing, _| {
+            let (started_tx, release, finished) = (started_tx.clone(), release.clone(), finished.clone());
+            async move {
+                if let Some(started) = started_tx.lock().unwrap().take() {
+                    let _ = started.send(());
+                }
+                release.notified().await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("slow result".to_owned())
+            }
+        })
+    };
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("slow", &json!({}))]));
+    let limits = AgentLimits { cancel_grace: Duration::from_secs(30), ..AgentLimits::default() };
+    let runtime = runtime(&harness, Agent::builder("slow", model).tool(slow.shared()).limits(limits).build());
+    let session = session_for(&runtime, "slow").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    started_rx.await.unwrap();
+    let cancelling = tokio::spawn({
+        let turn = turn.clone();
+        async move { turn.cancel().await }
+    });
+    // The turn waits for the tool; let it finish inside the grace period.
+    tokio::task::yield_now().await;
+    release.notify_one();
+    cancelling.await.unwrap().unwrap();
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+    let state = turn.state().await.unwrap();
+    assert!(
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        "{state:?}"
+    );
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let kept = stored.iter().any(|event| {
+        matches!(&event.payload, EventPayload::ToolResponse { content, .. } if content == "slow result")
+    });
+    assert!(kept, "the result that finished in the grace period is kept");
+    let journal = harness.store.journal(turn.id()).await.unwrap();
+    assert!(journal[0].result.is_some());
+}
+
+/// Scenario.
+pub async fn a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let hang = FunctionTool::new("hang", "Never returns.", move |_: Nothing, _| {
+        let started_tx = started_tx.clone();
+        async move {
+            if let Some(started) = started_tx.lock().unwrap().take() {
+                let _ = started.send(());
+            }
+            std::future::pending::<()>().await;
+            Ok::<_, ToolError>(String::new())
+        }
+    });
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("hang", &json!({}))]));
+    let limits = AgentLimits { cancel_grace: Duration::from_millis(20), ..AgentLimits::default() };
+    let runtime = runtime(&harness, Agent::builder("hang", model).tool(hang.shared()).limits(limits).build());
+    let session = session_for(&runtime, "hang").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    started_rx.await.unwrap();
+    turn.cancel().await.unwrap();
+    let state = turn.state().await.unwrap();
+    assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+    // The journal shows the call started without a result: it is in doubt, not done.
+    let journal = harness.store.journal(turn.id()).await.unwrap();
+    assert!(journal[0].result.is_none());
+}
+
+/// Scenario.
+pub async fn a_paused_turn_is_resumed_by_another_runtime_on_the_same_store(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = |calls: Arc<AtomicUsize>| {
+        let model = Arc::new(ScriptedModel::responder(|request| {
+            match request.messages.last().map(|message| message.role) {
+                Some(Role::Tool) => ScriptedResponse::text("Added."),
+                _ => ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 2})),
+            }
+        }));
+        Agent::builder("gated", model).tool(add_tool(calls)).requires_approval("add").build()
+    };
+    let first = runtime(&harness, agent(calls.clone()));
+    let session = session_for(&first, "gated").await;
+    let paused = session.create_turn(TurnRequest::message("add")).await.unwrap();
+    let state = paused.wait().await.unwrap();
+    let call_id = match &state.required_actions()[0].action {
+        agentry_types::RequiredAction::ToolApproval { tool_calls, .. } => tool_calls[0].id.clone(),
+        other => panic!("unexpected {other:?}"),
+    };
+    drop(first);
+
+    let second = runtime(&harness, agent(calls.clone()));
+    let session = second.get_session(session.id()).await.unwrap();
+    let approve = TurnInputItem::allow(agentry_types::ThreadId::main(), call_id);
+    let resumed = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    assert_eq!(answer_text(&resumed.wait().await.unwrap()).as_deref(), Some("Added."));
+    assert_eq!(resumed.previous_turn_id(), Some(paused.id()));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Scenario.
+pub async fn a_tool_with_its_own_timeout_uses_it_instead_of_the_agents(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let quick = FunctionTool::new("quick", "Must answer fast.", |_: Nothing, _| async {
+        std::future::pending::<()>().await;
+        Ok::<_, ToolError>(String::new())
+    })
+    .timeout(Duration::from_millis(30));
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("quick", &json!({})),
+        ScriptedResponse::text("Too slow."),
+    ]));
+    // The agent's own limit is far longer: the tool's wins.
+    let limits = AgentLimits { tool_timeout: Duration::from_secs(3600), ..AgentLimits::default() };
+    let runtime =
+        runtime(&harness, Agent::builder("quick", model.clone()).tool(quick.shared()).limits(limits).build());
+    let session = session_for(&runtime, "quick").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("Too slow."));
+    let result = model.requests()[1].messages.last().unwrap().text();
+    assert!(result.contains("30ms"), "{result}");
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
 #[macro_export]
 macro_rules! runner_scenarios {
     ($factory:expr) => {
-        $crate::runner_scenarios!(@cases $factory; memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
+        $crate::runner_scenarios!(@cases $factory; a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period,
+            a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled,
+            a_paused_turn_is_resumed_by_another_runtime_on_the_same_store,
+            a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,
+            memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
             a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
             a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,

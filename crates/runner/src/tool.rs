@@ -65,6 +65,12 @@ pub trait Tool: Send + Sync + fmt::Debug {
         false
     }
 
+    /// How long one call may take; `None` uses the agent's
+    /// [`AgentLimits::tool_timeout`](crate::AgentLimits::tool_timeout).
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// The MCP server the tool belongs to, for the `tool_info` of its calls; `None` for a
     /// tool of this process.
     fn mcp_server(&self) -> Option<&McpServerRef> {
@@ -139,6 +145,7 @@ pub struct FunctionTool<A> {
     /// the arguments then.
     validator: Option<SchemaValidator>,
     idempotent: bool,
+    timeout: Option<std::time::Duration>,
     call: Box<BoxedCall<A>>,
     arguments: PhantomData<fn() -> A>,
 }
@@ -169,6 +176,7 @@ where
             spec: ToolSpec { name: name.into(), description: Some(description.into()), parameters },
             validator,
             idempotent: false,
+            timeout: None,
             call: Box::new(move |arguments, context| Box::pin(function(arguments, context))),
             arguments: PhantomData,
         }
@@ -178,6 +186,13 @@ where
     #[must_use]
     pub const fn idempotent(mut self) -> Self {
         self.idempotent = true;
+        self
+    }
+
+    /// Gives the tool its own time limit per call (instead of the agent's).
+    #[must_use]
+    pub const fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 
@@ -216,6 +231,10 @@ where
 
     fn validate(&self, arguments: &Value) -> Result<(), ToolError> {
         self.validator.as_ref().map_or(Ok(()), |validator| validator.validate(arguments))
+    }
+
+    fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout
     }
 
     async fn call(&self, arguments: Value, context: ToolContext) -> Result<String, ToolError> {

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentry_events::{EventEnvelope, EventPayload, TurnEmitter};
+use agentry_events::{EventEnvelope, EventPayload, ThreadAgent, ThreadOutcome, ThreadParent, TurnEmitter};
 use agentry_memory::{Conflict, HistoryQuery, Memory, MemoryConfig, Store, StoreError};
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
@@ -49,6 +49,14 @@ impl From<StoreError> for Stop {
     }
 }
 
+/// How a sub-agent thread ended: its answer, or why it has none.
+#[derive(Debug, Clone)]
+pub(crate) struct ThreadRun {
+    pub(crate) thread_id: ThreadId,
+    pub(crate) run_id: TurnId,
+    pub(crate) result: Result<String, String>,
+}
+
 /// What running one call produced.
 #[derive(Debug, Clone)]
 enum Ran {
@@ -67,8 +75,8 @@ enum Outcome {
 /// The sequencer owner: numbers, stores, logs and publishes, in that order, under one lock.
 pub(crate) struct TurnSink {
     store: Arc<dyn Store>,
-    live: Arc<LiveTurn>,
-    turn_id: TurnId,
+    pub(crate) live: Arc<LiveTurn>,
+    pub(crate) turn_id: TurnId,
     fence: Fence,
     state: Mutex<SinkState>,
 }
@@ -160,6 +168,58 @@ impl TurnSink {
             Some(message) => Ok(Some(self.publish_durable(message).await?)),
             None => Ok(None),
         }
+    }
+}
+
+/// What a tool needs to start a sub-agent thread on the turn it runs in.
+pub(crate) struct ThreadScope {
+    store: Arc<dyn Store>,
+    sink: Arc<TurnSink>,
+    fence: Fence,
+    cancel: CancelWatch,
+    created_by: agentry_types::Subject,
+}
+
+impl std::fmt::Debug for ThreadScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadScope").field("turn_id", &self.sink.turn_id).finish_non_exhaustive()
+    }
+}
+
+impl ThreadScope {
+    /// Runs `agent` on a new thread of the turn, started by `parent` (the calling thread
+    /// and tool call): the member run is stored with the turn as its parent.
+    pub(crate) async fn run_thread(
+        &self,
+        agent: Agent,
+        task: String,
+        title: String,
+        parent: ThreadParent,
+    ) -> ThreadRun {
+        let thread = ThreadId::new_sub_thread();
+        let session_id = self.sink.live.session_id;
+        let mut run =
+            RunRecord::new(session_id, vec![TurnInputItem::message(task.clone())], self.created_by.clone());
+        run.parent_run_id = Some(self.sink.turn_id);
+        run.thread_id = Some(thread.clone());
+        run.agent_id = Some(agent.name().to_owned());
+        if let Err(error) = self.store.put_run(&run, Some(self.fence)).await {
+            return ThreadRun {
+                thread_id: thread,
+                run_id: run.id,
+                result: Err(format!("storing the member run failed: {error}")),
+            };
+        }
+        let mut engine = TurnEngine::new(
+            self.store.clone(),
+            agent,
+            run,
+            self.sink.clone(),
+            self.fence,
+            self.cancel.clone(),
+        );
+        engine.thread = thread;
+        engine.run_thread(task, parent, title).await
     }
 }
 
@@ -377,6 +437,12 @@ impl TurnEngine {
                 return Ok(paused);
             }
         }
+        self.agent_loop(memory.as_ref()).await
+    }
+
+    /// Calls the model and runs tools until the model answers, a call needs a person or the
+    /// client, or the turn stops.
+    async fn agent_loop(&mut self, memory: Option<&Memory>) -> Result<Outcome, Stop> {
         loop {
             self.cancel.check()?;
             let limit = self.agent.limits().max_iterations;
@@ -388,7 +454,7 @@ impl TurnEngine {
             let (message, output) = self.call_model().await?;
             if message.tool_calls.is_empty() {
                 self.complete_step(None, message.content.clone()).await?;
-                if let Some(memory) = &memory {
+                if let Some(memory) = memory {
                     self.update_memory(memory).await?;
                 }
                 return Ok(Outcome::Answered(Some(output)));
@@ -397,6 +463,85 @@ impl TurnEngine {
                 return Ok(paused);
             }
         }
+    }
+
+    /// Runs the agent on a sub-agent thread of the turn (`self.thread`, `self.run` the
+    /// member run, already stored): `thread.created`, the task as the thread's first
+    /// message, the agent loop, the member run's end state, `thread.done`.
+    pub(crate) async fn run_thread(mut self, task: String, parent: ThreadParent, title: String) -> ThreadRun {
+        let agent = ThreadAgent {
+            name: self.agent.name().to_owned(),
+            input: task.clone(),
+            model: Some(self.agent.model().info().id),
+        };
+        let created = EventPayload::ThreadCreated { parent: parent.clone(), agent, title: title.clone() };
+        let outcome = match self.sink.emit(Some(self.thread.clone()), created).await {
+            Ok(_) => self.thread_loop(task).await,
+            Err(stop) => Err(stop),
+        };
+        let completed_at = Timestamp::now();
+        let metrics = (self.model_calls > 0).then_some(self.metrics);
+        let (state, result) = match outcome {
+            Ok(Outcome::Answered(output)) => {
+                let answer =
+                    output.as_ref().and_then(|output| output.message.content.clone()).unwrap_or_default();
+                let state = TurnState::Done {
+                    output: output.clone().map(Box::new),
+                    required_actions: Vec::new(),
+                    completed_at,
+                    metrics,
+                };
+                (state, Ok((answer, output)))
+            }
+            Ok(Outcome::Paused(..)) => {
+                let message =
+                    "the member asked for a person's decision or a client-side tool, which delegated \
+                               threads cannot wait for yet"
+                        .to_owned();
+                (TurnState::Error { message: message.clone(), completed_at, metrics }, Err(message))
+            }
+            Err(Stop::Cancelled(reason)) => {
+                let message = format!("cancelled: {}", reason.as_str());
+                (TurnState::Cancelled { reason, completed_at, metrics }, Err(message))
+            }
+            Err(Stop::Failed(message)) => {
+                (TurnState::Error { message: message.clone(), completed_at, metrics }, Err(message))
+            }
+            Err(Stop::LeaseLost) => {
+                return ThreadRun {
+                    thread_id: self.thread.clone(),
+                    run_id: self.run.id,
+                    result: Err("the turn lost its lease".to_owned()),
+                };
+            }
+        };
+        self.run.set_state(state);
+        let outcome = match &result {
+            Ok((_, Some(output))) => ThreadOutcome::Done { output: Box::new(output.clone()) },
+            Ok((_, None)) => {
+                ThreadOutcome::Error { error: "the member gave no answer".to_owned(), output: None }
+            }
+            Err(error) => ThreadOutcome::Error { error: error.clone(), output: None },
+        };
+        let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };
+        let recorded = match self.store.put_run(&self.run, Some(self.fence)).await {
+            Ok(()) => self.sink.emit(Some(self.thread.clone()), done).await.map(|_| ()),
+            Err(error) => Err(error.into()),
+        };
+        let result = match recorded {
+            Ok(()) => result.map(|(answer, _)| answer),
+            Err(_) => Err("recording the end of the thread failed".to_owned()),
+        };
+        ThreadRun { thread_id: self.thread.clone(), run_id: self.run.id, result }
+    }
+
+    async fn thread_loop(&mut self, task: String) -> Result<Outcome, Stop> {
+        if let Some(instructions) = self.agent.instructions() {
+            self.context.push(Message::system(instructions));
+        }
+        self.own_start = self.context.len();
+        self.persist(vec![Message::user(task)]).await?;
+        self.agent_loop(None).await
     }
 
     /// The system prompt and the history window, this turn's own messages last.
@@ -925,13 +1070,20 @@ impl TurnEngine {
         if let Some(result) = journaled.result {
             return Ok(Ran::Result(result));
         }
-        let context = ToolContext {
-            session_id: self.session_id(),
-            turn_id: self.turn_id(),
-            thread_id: self.thread.clone(),
-            tool_call_id: call.id.clone(),
+        let mut context = ToolContext::new(
+            self.session_id(),
+            self.sink.turn_id,
+            self.thread.clone(),
+            call.id.clone(),
             idempotency_key,
-        };
+        );
+        context.scope = Some(Arc::new(ThreadScope {
+            store: self.store.clone(),
+            sink: self.sink.clone(),
+            fence: self.fence,
+            cancel: self.cancel.clone(),
+            created_by: self.run.created_by.clone(),
+        }));
         let timeout = tool.timeout().unwrap_or(self.agent.limits().tool_timeout);
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },

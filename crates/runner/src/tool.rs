@@ -7,14 +7,19 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use agentry_events::ThreadParent;
 use agentry_types::{McpServerRef, SessionId, ThreadId, ToolSpec, TurnId};
+
+use crate::agent::Agent;
+use crate::engine::ThreadScope;
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// What a running tool call knows about itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a running tool call knows about itself, and what it may do on the turn: start
+/// sub-agent threads ([`ToolContext::run_thread`]).
+#[derive(Debug, Clone)]
 pub struct ToolContext {
     /// The session.
     pub session_id: SessionId,
@@ -27,6 +32,68 @@ pub struct ToolContext {
     /// Stable for this call across crashes and retries: a tool with side effects can use it
     /// to do its work at most once (for example as an idempotency key of a payment API).
     pub idempotency_key: String,
+    /// The turn the call runs in; absent for a call made outside a turn.
+    pub(crate) scope: Option<Arc<ThreadScope>>,
+}
+
+impl ToolContext {
+    /// A context for calling a tool outside a turn (tests, tools calling tools): it cannot
+    /// start threads.
+    #[must_use]
+    pub fn new(
+        session_id: SessionId,
+        turn_id: TurnId,
+        thread_id: ThreadId,
+        tool_call_id: impl Into<String>,
+        idempotency_key: impl Into<String>,
+    ) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            thread_id,
+            tool_call_id: tool_call_id.into(),
+            idempotency_key: idempotency_key.into(),
+            scope: None,
+        }
+    }
+
+    /// Runs `agent` on a new sub-agent thread of this call's turn with `task` as its input:
+    /// `thread.created` (this thread and call as the parent), the agent's events on the new
+    /// thread, `thread.done`; the member run is stored with the turn as its parent run.
+    /// Calls made in parallel run their threads concurrently. Returns the thread's answer.
+    ///
+    /// Errors: `ToolError::Failed` with the thread's error (a failed, cancelled or paused
+    /// member), or when the call does not run inside a turn.
+    pub async fn run_thread(
+        &self,
+        agent: &Agent,
+        task: impl Into<String>,
+        title: impl Into<String>,
+    ) -> Result<ThreadResult, ToolError> {
+        let Some(scope) = &self.scope else {
+            return Err(ToolError::Failed(
+                "sub-agent threads can only be started by a tool call inside a turn".to_owned(),
+            ));
+        };
+        let parent =
+            ThreadParent { thread_id: self.thread_id.clone(), tool_call_id: self.tool_call_id.clone() };
+        let run = scope.run_thread(agent.clone(), task.into(), title.into(), parent).await;
+        match run.result {
+            Ok(answer) => Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer }),
+            Err(error) => Err(ToolError::Failed(error)),
+        }
+    }
+}
+
+/// What a sub-agent thread answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadResult {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// The member run stored for it.
+    pub run_id: TurnId,
+    /// The member's final answer.
+    pub answer: String,
 }
 
 /// Why a tool call failed. The message is given to the model as the call's error result.

@@ -44,13 +44,7 @@ fn tool(connection: &McpConnection, name: &str) -> Arc<dyn Tool> {
 }
 
 fn context() -> ToolContext {
-    ToolContext {
-        session_id: SessionId::new(),
-        turn_id: TurnId::new(),
-        thread_id: ThreadId::main(),
-        tool_call_id: "call_1".to_owned(),
-        idempotency_key: "key_1".to_owned(),
-    }
+    ToolContext::new(SessionId::new(), TurnId::new(), ThreadId::main(), "call_1", "key_1")
 }
 
 /// Whether the process `pid` is gone (exited and reaped: a zombie still has a `/proc`

@@ -1,0 +1,200 @@
+//! Coordinate mode: the coordinator delegates to members on concurrent sub-agent threads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentry_events::{EventEnvelope, EventPayload, ThreadOutcome};
+use agentry_memory::{InMemoryStore, Order, PageRequest, ParentFilter, RunQuery};
+use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
+use agentry_runner::{Agent, FunctionTool, Runtime, ToolError, TurnRequest};
+use agentry_team::Team;
+use agentry_types::{Role, ThreadId, TurnState};
+use futures_util::StreamExt;
+use serde_json::json;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Nothing {}
+
+/// A member whose tool waits at `barrier` (so both members must run at once), then answers
+/// `answer`.
+fn member(name: &str, answer: &'static str, barrier: Arc<tokio::sync::Barrier>) -> Agent {
+    let meet = FunctionTool::new("meet", "Waits for the other member.", move |_: Nothing, _| {
+        let barrier = barrier.clone();
+        async move {
+            barrier.wait().await;
+            Ok::<_, ToolError>("met".to_owned())
+        }
+    });
+    let model = Arc::new(ScriptedModel::responder(move |request| {
+        match request.messages.last().map(|message| message.role) {
+            Some(Role::Tool) => ScriptedResponse::text(answer),
+            _ => ScriptedResponse::tool_call("meet", &json!({})),
+        }
+    }));
+    Agent::builder(name, model).instructions(format!("You are the {name}.")).tool(meet.shared()).build()
+}
+
+fn coordinator() -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(|request| {
+        let results: Vec<String> = request
+            .messages
+            .iter()
+            .filter(|message| message.role == Role::Tool)
+            .map(agentry_types::Message::text)
+            .collect();
+        if results.is_empty() {
+            let mut both = ScriptedResponse::text("Asking the team.");
+            for (id, member, task) in [
+                ("call_r", "researcher", "Find three facts about otters."),
+                ("call_w", "writer", "Draft a title about otters."),
+            ] {
+                both.tool_calls.push(ScriptedToolCall {
+                    id: Some(id.to_owned()),
+                    name: "delegate_task_to_member".to_owned(),
+                    arguments: json!({"member_id": member, "task": task}).to_string(),
+                });
+            }
+            both
+        } else {
+            ScriptedResponse::text(format!("Team answer: {}", results.join(" + ")))
+        }
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads() {
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let team = Team::builder("demo-team", coordinator())
+        .member(member("researcher", "Otters hold hands.", barrier.clone()))
+        .member(member("writer", "Paws of the River", barrier))
+        .build();
+    let store = Arc::new(InMemoryStore::new());
+    let runtime = Runtime::new(store.clone());
+    runtime.register(team);
+    let session = runtime.create_session("demo-team", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Write about otters.")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        let mut stream = turn.stream(None);
+        let mut events = Vec::new();
+        while let Some(event) = stream.next().await {
+            events.push(event.unwrap());
+        }
+        events
+    })
+    .await
+    .expect("the members met: they ran concurrently");
+
+    // Each member thread opened and closed, with the coordinator's call as its parent.
+    let mut threads: HashMap<ThreadId, (String, String, Option<String>)> = HashMap::new();
+    for event in &events {
+        match &event.payload {
+            EventPayload::ThreadCreated { parent, agent, .. } => {
+                assert_eq!(parent.thread_id, ThreadId::main());
+                threads
+                    .insert(event.thread_or_main(), (agent.name.clone(), parent.tool_call_id.clone(), None));
+            }
+            EventPayload::ThreadDone { outcome, .. } => {
+                let ThreadOutcome::Done { output } = outcome else { panic!("a member failed: {outcome:?}") };
+                threads.get_mut(&event.thread_or_main()).unwrap().2 = output.message.content.clone();
+            }
+            _ => {}
+        }
+    }
+    let mut summary: Vec<(String, String, Option<String>)> = threads.values().cloned().collect();
+    summary.sort();
+    assert_eq!(
+        summary,
+        [
+            ("researcher".to_owned(), "call_r".to_owned(), Some("Otters hold hands.".to_owned())),
+            ("writer".to_owned(), "call_w".to_owned(), Some("Paws of the River".to_owned())),
+        ]
+    );
+    // The two threads' events interleave: the second opened before the first closed.
+    let position = |kind: &str, name: &str| {
+        events.iter().position(|event| match &event.payload {
+            EventPayload::ThreadCreated { agent, .. } => kind == "created" && agent.name == name,
+            EventPayload::ThreadDone { title, .. } => kind == "done" && title.starts_with(name),
+            _ => false,
+        })
+    };
+    let (opened_r, opened_w) =
+        (position("created", "researcher").unwrap(), position("created", "writer").unwrap());
+    let (closed_r, closed_w) = (position("done", "researcher").unwrap(), position("done", "writer").unwrap());
+    assert!(opened_r.max(opened_w) < closed_r.min(closed_w), "threads ran one after the other");
+    // Sequence numbers stay dense over both threads.
+    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+
+    // The coordinator answered from both results.
+    let state = turn.wait().await.unwrap();
+    let TurnState::Done { output, .. } = state else { panic!("{state:?}") };
+    assert_eq!(
+        output.unwrap().message.content.as_deref(),
+        Some("Team answer: Otters hold hands. + Paws of the River")
+    );
+
+    // Member runs are stored once each, with the turn as their parent.
+    let query = RunQuery { parent: ParentFilter::Of(turn.id()), ..RunQuery::default() };
+    let members = runtime.store().list_runs(session.id(), &query, &PageRequest::first(10)).await.unwrap();
+    let mut agents: Vec<String> = members.items.iter().filter_map(|run| run.agent_id.clone()).collect();
+    agents.sort();
+    assert_eq!(agents, ["researcher", "writer"]);
+    assert!(members.items.iter().all(|run| run.thread_id.is_some() && run.state.is_terminal()));
+    // The session's top-level turns are just the one.
+    let turns = session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap();
+    assert_eq!(turns.items.len(), 1);
+}
+
+#[tokio::test]
+async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("delegate_task_to_member", &json!({"member_id": "nobody", "task": "x"})),
+        ScriptedResponse::text("Sorry."),
+    ]));
+    let helper = Agent::builder("helper", Arc::new(ScriptedModel::new(vec![]))).build();
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(Team::builder("t", model.clone()).member(helper).build());
+    let session = runtime.create_session("t", None).await.unwrap();
+    session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
+    let result = model.requests()[1].messages.last().unwrap().text();
+    assert!(result.contains("no team member is named \"nobody\""), "{result}");
+    assert!(result.contains("helper"), "{result}");
+}
+
+#[tokio::test]
+async fn delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported() {
+    let ok =
+        Agent::builder("ok", Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("fine")))).build();
+    let broken = Agent::builder(
+        "broken",
+        Arc::new(ScriptedModel::responder(|_| {
+            ScriptedResponse::failing(agentry_model::ModelError::Http {
+                status: 500,
+                message: "down".to_owned(),
+            })
+        })),
+    )
+    .build();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "status?"})),
+        ScriptedResponse::text("Summarized."),
+    ]));
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(Team::builder("all", model.clone()).member(ok).member(broken).build());
+    let session = runtime.create_session("all", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let mut errors = Vec::new();
+    let mut stream = turn.stream(None);
+    while let Some(event) = stream.next().await {
+        if let EventPayload::ThreadDone { outcome: ThreadOutcome::Error { error, .. }, .. } =
+            &event.unwrap().payload
+        {
+            errors.push(error.clone());
+        }
+    }
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains("down"), "{errors:?}");
+    let result = model.requests()[1].messages.last().unwrap().text();
+    assert!(result.contains("ok: fine"), "{result}");
+    assert!(result.contains("broken failed:"), "{result}");
+}

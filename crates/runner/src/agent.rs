@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agentry_events::McpServerSession;
 use agentry_memory::MemoryConfig;
-use agentry_model::Model;
+use agentry_model::{Model, ToolChoice};
 use agentry_types::{ToolInfo, ToolSpec};
 
 use crate::tool::{Tool, ask_user_question};
@@ -62,6 +62,9 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// The tool choice of each turn's first model call (a broadcast team forces its
+    /// delegation).
+    first_tool_choice: Option<ToolChoice>,
     /// Summary, user-profile and metadata memory (seed 003), when enabled.
     memory: Option<AgentMemory>,
     /// The MCP server sessions whose tools the agent has (announced by `mcp.initialize`).
@@ -86,6 +89,7 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                first_tool_choice: None,
                 memory: None,
                 mcp_sessions: Vec::new(),
                 keep_alive: Vec::new(),
@@ -140,6 +144,12 @@ impl Agent {
     #[must_use]
     pub fn requires_approval(&self, name: &str) -> bool {
         self.inner.approval_required.iter().any(|gated| gated == name)
+    }
+
+    /// The tool choice of each turn's first model call.
+    #[must_use]
+    pub fn first_tool_choice(&self) -> Option<&ToolChoice> {
+        self.inner.first_tool_choice.as_ref()
     }
 
     /// Its memory settings.
@@ -266,6 +276,14 @@ impl AgentBuilder {
     #[must_use]
     pub fn memory(mut self, config: MemoryConfig, analysis_model: Option<Arc<dyn Model>>) -> Self {
         self.inner.memory = Some(AgentMemory { config, analysis_model });
+        self
+    }
+
+    /// Sets the tool choice of each turn's first model call (for example, a call of one
+    /// tool the turn must start with).
+    #[must_use]
+    pub fn first_tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.inner.first_tool_choice = Some(choice);
         self
     }
 

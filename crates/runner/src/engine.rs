@@ -54,7 +54,7 @@ impl From<StoreError> for Stop {
 pub(crate) struct ThreadRun {
     pub(crate) thread_id: ThreadId,
     pub(crate) run_id: TurnId,
-    pub(crate) result: Result<String, String>,
+    pub(crate) result: Result<(String, Option<ThreadMessage>), String>,
 }
 
 /// What running one call produced.
@@ -178,6 +178,10 @@ pub(crate) struct ThreadScope {
     fence: Fence,
     cancel: CancelWatch,
     created_by: agentry_types::Subject,
+    /// The run of the thread whose tool starts the new thread: the new member run's parent.
+    parent_run: TurnId,
+    /// Where a tool leaves an answer given for the agent.
+    direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
 }
 
 impl std::fmt::Debug for ThreadScope {
@@ -187,8 +191,15 @@ impl std::fmt::Debug for ThreadScope {
 }
 
 impl ThreadScope {
+    /// Makes `output` the calling agent's answer: after this batch of calls the agent's
+    /// loop ends with it instead of calling the model again.
+    pub(crate) fn answer_directly(&self, output: ThreadMessage) {
+        *self.direct_answer.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(output);
+    }
+
     /// Runs `agent` on a new thread of the turn, started by `parent` (the calling thread
-    /// and tool call): the member run is stored with the turn as its parent.
+    /// and tool call): the member run is stored with the calling thread's run as its parent
+    /// (the turn, or a member run for nested teams).
     pub(crate) async fn run_thread(
         &self,
         agent: Agent,
@@ -200,7 +211,7 @@ impl ThreadScope {
         let session_id = self.sink.live.session_id;
         let mut run =
             RunRecord::new(session_id, vec![TurnInputItem::message(task.clone())], self.created_by.clone());
-        run.parent_run_id = Some(self.sink.turn_id);
+        run.parent_run_id = Some(self.parent_run);
         run.thread_id = Some(thread.clone());
         run.agent_id = Some(agent.name().to_owned());
         if let Err(error) = self.store.put_run(&run, Some(self.fence)).await {
@@ -308,6 +319,8 @@ pub(crate) struct TurnEngine {
     steps: u32,
     /// Tool calls this turn's input approved: they run without asking again.
     approved: HashSet<String>,
+    /// An answer a tool gave for the agent (a routed member's), ending the loop.
+    direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
     model_calls: u32,
 }
 
@@ -334,6 +347,7 @@ impl TurnEngine {
             journal: HashMap::new(),
             responded: HashSet::new(),
             approved: HashSet::new(),
+            direct_answer: Arc::default(),
             recovered_output: None,
             steps: 0,
             model_calls: 0,
@@ -529,7 +543,7 @@ impl TurnEngine {
             Err(error) => Err(error.into()),
         };
         let result = match recorded {
-            Ok(()) => result.map(|(answer, _)| answer),
+            Ok(()) => result,
             Err(_) => Err("recording the end of the thread failed".to_owned()),
         };
         ThreadRun { thread_id: self.thread.clone(), run_id: self.run.id, result }
@@ -724,8 +738,11 @@ impl TurnEngine {
 
     /// Streams one model message into deltas and a stored `model.message`.
     async fn call_model(&mut self) -> Result<(ModelMessage, ThreadMessage), Stop> {
+        let mut request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
+        if self.model_calls == 0 {
+            request.tool_choice = self.agent.first_tool_choice().cloned();
+        }
         self.model_calls += 1;
-        let request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
         let model = self.agent.model().clone();
         let mut cancel = self.cancel.clone();
         let mut stream = tokio::select! {
@@ -874,6 +891,11 @@ impl TurnEngine {
             results.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
         )
         .await?;
+        let direct = self.direct_answer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(direct) = direct {
+            self.complete_step(None, direct.message.content.clone()).await?;
+            return Ok(Some(Outcome::Answered(Some(direct))));
+        }
         if approvals.is_empty() && responses.is_empty() && auth.is_empty() {
             return Ok(None);
         }
@@ -1083,6 +1105,8 @@ impl TurnEngine {
             fence: self.fence,
             cancel: self.cancel.clone(),
             created_by: self.run.created_by.clone(),
+            parent_run: self.run.id,
+            direct_answer: self.direct_answer.clone(),
         }));
         let timeout = tool.timeout().unwrap_or(self.agent.limits().tool_timeout);
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {

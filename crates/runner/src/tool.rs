@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use agentry_events::ThreadParent;
-use agentry_types::{McpServerRef, SessionId, ThreadId, ToolSpec, TurnId};
+use agentry_types::{McpServerRef, SessionId, ThreadId, ThreadMessage, ToolSpec, TurnId};
 
 use crate::agent::Agent;
 use crate::engine::ThreadScope;
@@ -79,14 +79,25 @@ impl ToolContext {
             ThreadParent { thread_id: self.thread_id.clone(), tool_call_id: self.tool_call_id.clone() };
         let run = scope.run_thread(agent.clone(), task.into(), title.into(), parent).await;
         match run.result {
-            Ok(answer) => Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer }),
+            Ok((answer, output)) => {
+                Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer, output })
+            }
             Err(error) => Err(ToolError::Failed(error)),
+        }
+    }
+
+    /// Makes a thread's final message the calling agent's answer: once this batch of tool
+    /// calls is done, the agent's turn ends with it instead of calling the model again (a
+    /// team routing the user to one member). Does nothing outside a turn.
+    pub fn answer_directly(&self, output: ThreadMessage) {
+        if let Some(scope) = &self.scope {
+            scope.answer_directly(output);
         }
     }
 }
 
 /// What a sub-agent thread answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ThreadResult {
     /// The thread.
     pub thread_id: ThreadId,
@@ -94,6 +105,8 @@ pub struct ThreadResult {
     pub run_id: TurnId,
     /// The member's final answer.
     pub answer: String,
+    /// The member's final message (absent when it answered nothing).
+    pub output: Option<ThreadMessage>,
 }
 
 /// Why a tool call failed. The message is given to the model as the call's error result.

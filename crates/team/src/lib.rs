@@ -20,20 +20,35 @@
 //! assert!(team.tool("delegate_task_to_member").is_some());
 //! ```
 
+mod output;
+mod tasks;
+
 use std::sync::Arc;
 
-use agentry_model::Model;
+use agentry_model::{Model, ToolChoice};
 use agentry_runner::{Agent, AgentLimits, FunctionTool, Tool, ToolContext, ToolError};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-/// How a team works. Only `Coordinate` exists so far.
+pub use output::team_run_output;
+
+/// How a team works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TeamMode {
     /// The coordinator delegates tasks to members and writes the answer from their results.
     #[default]
     Coordinate,
+    /// The coordinator picks one member (`route_to_member`), whose answer is the team's
+    /// answer, unedited.
+    Route,
+    /// Every member gets the task at once (the coordinator's first call is always
+    /// `delegate_task_to_members`); the coordinator writes the answer from all results.
+    Broadcast,
+    /// The coordinator keeps a task list (`create_task`, `run_task`, `run_tasks`,
+    /// `complete_task`, `list_tasks`), assigns tasks to members and runs them, one by one or
+    /// in parallel, within its iteration limit, then answers.
+    Tasks,
 }
 
 /// A team: a coordinator on `model` and its members.
@@ -96,26 +111,54 @@ impl TeamBuilder {
         self
     }
 
-    /// The coordinator agent, named after the team, with `delegate_task_to_member` and
-    /// `delegate_task_to_members`.
+    /// The coordinator agent, named after the team, with the tools of its mode.
     #[must_use]
     pub fn build(self) -> Agent {
         let members = Arc::new(self.members);
         let roster: Vec<String> = members.iter().map(|member| format!("- {}", member.name())).collect();
         let mut instructions = self.instructions.unwrap_or_else(|| "You coordinate a team.".to_owned());
-        instructions.push_str(&format!(
-            "\n\nYour team members:\n{}\n\nDelegate a task to one member with delegate_task_to_member, or the same \
-             task to every member with delegate_task_to_members; call several delegations at once to run them in \
-             parallel. Then answer the user from their results.",
-            roster.join("\n")
-        ));
-        Agent::builder(self.name, self.model)
-            .instructions(instructions)
-            .tool(delegate_to_member(members.clone()))
-            .tool(delegate_to_members(members))
-            .limits(self.limits)
-            .build()
+        let how = match self.mode {
+            TeamMode::Coordinate => {
+                "Delegate a task to one member with delegate_task_to_member, or the same task to every member \
+                 with delegate_task_to_members; call several delegations at once to run them in parallel. Then \
+                 answer the user from their results."
+            }
+            TeamMode::Route => {
+                "Pick the one member best placed to answer and hand the user's request to it with \
+                 route_to_member; its answer goes to the user as it is."
+            }
+            TeamMode::Broadcast => {
+                "Every member first gets the user's request (delegate_task_to_members); then answer the user \
+                 from all their results."
+            }
+            TeamMode::Tasks => {
+                "Break the request into tasks with create_task (each assigned to a member), run them with \
+                 run_task or, when independent, run_tasks in parallel, mark them done with complete_task, check \
+                 progress with list_tasks, and answer when every task is done."
+            }
+        };
+        instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
+        let builder = Agent::builder(self.name, self.model).instructions(instructions).limits(self.limits);
+        match self.mode {
+            TeamMode::Coordinate => {
+                builder.tool(delegate_to_member(members.clone())).tool(delegate_to_members(members)).build()
+            }
+            TeamMode::Route => builder.tool(route_to_member(members)).build(),
+            TeamMode::Broadcast => builder
+                .tool(delegate_to_members(members))
+                .first_tool_choice(ToolChoice::Function("delegate_task_to_members".to_owned()))
+                .build(),
+            TeamMode::Tasks => builder.tools(tasks::tools(members)).build(),
+        }
     }
+}
+
+/// The member named `name`, or an error listing the members.
+fn find_member<'a>(members: &'a [Agent], name: &str) -> Result<&'a Agent, ToolError> {
+    members.iter().find(|member| member.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = members.iter().map(Agent::name).collect();
+        ToolError::Failed(format!("no team member is named {name:?}; the members are: {}", names.join(", ")))
+    })
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -133,7 +176,7 @@ struct DelegateToMembers {
 }
 
 /// A thread title: the member and the start of the task.
-fn title(member: &str, task: &str) -> String {
+pub(crate) fn title(member: &str, task: &str) -> String {
     let short: String = task.chars().take(60).collect();
     if short.len() < task.len() { format!("{member}: {short}…") } else { format!("{member}: {short}") }
 }
@@ -145,16 +188,29 @@ fn delegate_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
         move |args: DelegateToMember, context: ToolContext| {
             let members = members.clone();
             async move {
-                let Some(member) = members.iter().find(|member| member.name() == args.member_id) else {
-                    let names: Vec<&str> = members.iter().map(Agent::name).collect();
-                    return Err(ToolError::Failed(format!(
-                        "no team member is named {:?}; the members are: {}",
-                        args.member_id,
-                        names.join(", ")
-                    )));
-                };
+                let member = find_member(&members, &args.member_id)?;
                 let result =
                     context.run_thread(member, args.task.clone(), title(member.name(), &args.task)).await?;
+                Ok(result.answer)
+            }
+        },
+    )
+    .shared()
+}
+
+fn route_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
+    FunctionTool::new(
+        "route_to_member",
+        "Hands the user's request to one team member, whose answer goes to the user as it is.",
+        move |args: DelegateToMember, context: ToolContext| {
+            let members = members.clone();
+            async move {
+                let member = find_member(&members, &args.member_id)?;
+                let result =
+                    context.run_thread(member, args.task.clone(), title(member.name(), &args.task)).await?;
+                if let Some(output) = result.output {
+                    context.answer_directly(output);
+                }
                 Ok(result.answer)
             }
         },

@@ -140,6 +140,26 @@ async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads
     agents.sort();
     assert_eq!(agents, ["researcher", "writer"]);
     assert!(members.items.iter().all(|run| run.thread_id.is_some() && run.state.is_terminal()));
+    // TeamRunOutput holds both member responses.
+    let output = agentry_team::team_run_output(runtime.store().as_ref(), turn.id()).await.unwrap();
+    assert_eq!(output.content, Some(json!("Team answer: Otters hold hands. + Paws of the River")));
+    assert_eq!(output.team_name.as_deref(), Some("demo-team"));
+    let mut responses: Vec<(Option<String>, Option<serde_json::Value>)> = output
+        .member_responses
+        .iter()
+        .map(|response| match response {
+            agentry_types::agno::MemberResponse::Agent(run) => (run.agent_name.clone(), run.content.clone()),
+            agentry_types::agno::MemberResponse::Team(team) => (team.team_name.clone(), team.content.clone()),
+        })
+        .collect();
+    responses.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        responses,
+        [
+            (Some("researcher".to_owned()), Some(json!("Otters hold hands."))),
+            (Some("writer".to_owned()), Some(json!("Paws of the River"))),
+        ]
+    );
     // The session's top-level turns are just the one.
     let turns = session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap();
     assert_eq!(turns.items.len(), 1);

@@ -1,0 +1,247 @@
+//! Tasks mode: the coordinator's task list and its tools. Each turn has its own list, kept
+//! in process memory while the team runs (the latest 1,024 turns' lists are kept); every
+//! task a member runs is a sub-agent thread with a stored member run.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agentry_runner::{Agent, FunctionTool, Tool, ToolContext, ToolError};
+use agentry_types::TurnId;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{find_member, title};
+
+/// How many turns' task lists are kept.
+const KEPT_TURNS: usize = 1024;
+
+/// Where a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Status {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Task {
+    id: String,
+    title: String,
+    description: String,
+    assignee: String,
+    status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Lists {
+    by_turn: HashMap<TurnId, Vec<Task>>,
+    order: VecDeque<TurnId>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Board(Arc<Mutex<Lists>>);
+
+impl Board {
+    fn with<T>(&self, turn: TurnId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
+        let mut lists = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !lists.by_turn.contains_key(&turn) {
+            lists.order.push_back(turn);
+            if lists.order.len() > KEPT_TURNS
+                && let Some(oldest) = lists.order.pop_front()
+            {
+                lists.by_turn.remove(&oldest);
+            }
+        }
+        change(lists.by_turn.entry(turn).or_default())
+    }
+
+    /// Marks a task running and returns it, or says why it cannot run.
+    fn start(&self, turn: TurnId, id: &str) -> Result<Task, ToolError> {
+        self.with(turn, |tasks| {
+            let task = tasks
+                .iter_mut()
+                .find(|task| task.id == id)
+                .ok_or_else(|| ToolError::Failed(format!("there is no task {id:?}; create it first")))?;
+            if task.status == Status::Running {
+                return Err(ToolError::Failed(format!("task {id} is already running")));
+            }
+            task.status = Status::Running;
+            Ok(task.clone())
+        })
+    }
+
+    fn finish(&self, turn: TurnId, id: &str, outcome: &Result<String, ToolError>) {
+        self.with(turn, |tasks| {
+            if let Some(task) = tasks.iter_mut().find(|task| task.id == id) {
+                match outcome {
+                    Ok(answer) => {
+                        task.status = Status::Done;
+                        task.result = Some(answer.clone());
+                    }
+                    Err(error) => {
+                        task.status = Status::Failed;
+                        task.result = Some(error.to_string());
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct CreateTask {
+    /// A short title.
+    title: String,
+    /// What to do, self-contained: the member sees nothing else.
+    description: String,
+    /// The member who does it.
+    assignee: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct TaskRef {
+    /// The task's id (`task-1`, …).
+    task_id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct TaskRefs {
+    /// The ids of independent tasks to run at once.
+    task_ids: Vec<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct CompleteTask {
+    /// The task's id.
+    task_id: String,
+    /// Its result, when the coordinator did it itself.
+    #[serde(default)]
+    result: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Nothing {}
+
+async fn run_one(
+    board: &Board,
+    members: &[Agent],
+    context: &ToolContext,
+    id: &str,
+) -> Result<String, ToolError> {
+    let task = board.start(context.turn_id, id)?;
+    let outcome = match find_member(members, &task.assignee) {
+        Ok(member) => context
+            .run_thread(member, task.description.clone(), title(member.name(), &task.title))
+            .await
+            .map(|result| result.answer),
+        Err(error) => Err(error),
+    };
+    board.finish(context.turn_id, id, &outcome);
+    outcome
+}
+
+/// The task-list tools over one board.
+pub(crate) fn tools(members: Arc<Vec<Agent>>) -> Vec<Arc<dyn Tool>> {
+    let board = Board::default();
+    let create = {
+        let (board, members) = (board.clone(), members.clone());
+        FunctionTool::new(
+            "create_task",
+            "Adds a task for a member to the task list.",
+            move |args: CreateTask, context: ToolContext| {
+                let (board, members) = (board.clone(), members.clone());
+                async move {
+                    find_member(&members, &args.assignee)?;
+                    let id = board.with(context.turn_id, |tasks| {
+                        let id = format!("task-{}", tasks.len() + 1);
+                        tasks.push(Task {
+                            id: id.clone(),
+                            title: args.title,
+                            description: args.description,
+                            assignee: args.assignee,
+                            status: Status::Pending,
+                            result: None,
+                        });
+                        id
+                    });
+                    Ok(format!("created {id}"))
+                }
+            },
+        )
+    };
+    let run = {
+        let (board, members) = (board.clone(), members.clone());
+        FunctionTool::new(
+            "run_task",
+            "Runs one task: its member works on it and the result is recorded.",
+            move |args: TaskRef, context: ToolContext| {
+                let (board, members) = (board.clone(), members.clone());
+                async move { run_one(&board, &members, &context, &args.task_id).await }
+            },
+        )
+    };
+    let run_many = {
+        let (board, members) = (board.clone(), members);
+        FunctionTool::new(
+            "run_tasks",
+            "Runs independent tasks at once; returns each result.",
+            move |args: TaskRefs, context: ToolContext| {
+                let (board, members) = (board.clone(), members.clone());
+                async move {
+                    let runs = args.task_ids.iter().map(|id| {
+                        let (board, members, context) = (&board, &members, &context);
+                        async move { (id.clone(), run_one(board, members, context, id).await) }
+                    });
+                    let results = futures_util::future::join_all(runs).await;
+                    Ok(results
+                        .into_iter()
+                        .map(|(id, outcome)| match outcome {
+                            Ok(answer) => format!("{id}: {answer}"),
+                            Err(error) => format!("{id} failed: {error}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n"))
+                }
+            },
+        )
+    };
+    let complete = {
+        let board = board.clone();
+        FunctionTool::new(
+            "complete_task",
+            "Marks a task done, with its result when the coordinator did it.",
+            move |args: CompleteTask, context: ToolContext| {
+                let board = board.clone();
+                async move {
+                    board.with(context.turn_id, |tasks| {
+                        let task =
+                            tasks.iter_mut().find(|task| task.id == args.task_id).ok_or_else(|| {
+                                ToolError::Failed(format!("there is no task {:?}", args.task_id))
+                            })?;
+                        task.status = Status::Done;
+                        if args.result.is_some() {
+                            task.result = args.result;
+                        }
+                        Ok(format!("{} done", task.id))
+                    })
+                }
+            },
+        )
+    };
+    let list = FunctionTool::new(
+        "list_tasks",
+        "Lists the tasks with their status and results.",
+        move |_: Nothing, context: ToolContext| {
+            let board = board.clone();
+            async move {
+                let tasks = board.with(context.turn_id, |tasks| tasks.clone());
+                serde_json::to_string(&tasks).map_err(|error| ToolError::Failed(error.to_string()))
+            }
+        },
+    );
+    vec![create.shared(), run.shared(), run_many.shared(), complete.shared(), list.shared()]
+}

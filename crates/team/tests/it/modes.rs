@@ -1,0 +1,197 @@
+//! Route, broadcast and tasks modes, and a team nested in a team, end to end.
+
+use std::sync::Arc;
+
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_memory::InMemoryStore;
+use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall, ToolChoice};
+use agentry_runner::{Agent, Runtime, TurnHandle, TurnRequest};
+use agentry_team::{Team, TeamMode, team_run_output};
+use agentry_types::agno::MemberResponse;
+use agentry_types::{Role, TurnState};
+use futures_util::StreamExt;
+use serde_json::json;
+
+fn echoing(name: &'static str) -> Agent {
+    let model = Arc::new(ScriptedModel::responder(move |request: &ModelRequest| {
+        ScriptedResponse::text(format!("{name} says: {}", request.last_user_text().unwrap_or_default()))
+    }));
+    Agent::builder(name, model).build()
+}
+
+fn tool_results(request: &ModelRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}
+
+async fn run(team: Agent, message: &str) -> (Runtime, TurnHandle, Vec<Arc<EventEnvelope>>) {
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let name = team.name().to_owned();
+    runtime.register(team);
+    let session = runtime.create_session(&name, None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message(message)).await.unwrap();
+    let mut stream = turn.stream(None);
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        events.push(event.unwrap());
+    }
+    (runtime, turn, events)
+}
+
+fn answer(state: &TurnState) -> Option<(String, String)> {
+    match state {
+        TurnState::Done { output, .. } => output
+            .as_ref()
+            .map(|output| (output.thread_id.to_string(), output.message.content.clone().unwrap_or_default())),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn route_mode_answers_with_the_chosen_members_own_message() {
+    let coordinator = Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call(
+        "route_to_member",
+        &json!({"member_id": "billing", "task": "Why was I charged twice?"}),
+    )]));
+    let team = Team::builder("support", coordinator.clone())
+        .mode(TeamMode::Route)
+        .member(echoing("billing"))
+        .member(echoing("tech"))
+        .build();
+    let (_runtime, turn, events) = run(team, "Why was I charged twice?").await;
+    let state = turn.wait().await.unwrap();
+    let (thread, text) = answer(&state).unwrap();
+    assert_eq!(text, "billing says: Why was I charged twice?");
+    assert_ne!(thread, "main", "the answer is the member's message, on its thread");
+    assert_eq!(coordinator.calls(), 1, "the coordinator does not rewrite the member's answer");
+    let created = events.iter().filter(|event| event.payload.kind() == "thread.created").count();
+    assert_eq!(created, 1);
+}
+
+#[tokio::test]
+async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes() {
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        let results = tool_results(request);
+        if results.is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Name a colour."}))
+        } else {
+            ScriptedResponse::text(format!("Synthesis of {} answers.", results[0].lines().count()))
+        }
+    }));
+    let team = Team::builder("panel", coordinator.clone())
+        .mode(TeamMode::Broadcast)
+        .member(echoing("a"))
+        .member(echoing("b"))
+        .member(echoing("c"))
+        .build();
+    let (_runtime, turn, events) = run(team, "Name a colour.").await;
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Synthesis of 3 answers.");
+    let first = &coordinator.requests()[0];
+    assert_eq!(first.tool_choice, Some(ToolChoice::Function("delegate_task_to_members".to_owned())));
+    assert_eq!(first.tools.len(), 1, "broadcast offers only the broadcast");
+    assert!(coordinator.requests()[1].tool_choice.is_none(), "only the first call is forced");
+    let done = events.iter().filter(|event| event.payload.kind() == "thread.done").count();
+    assert_eq!(done, 3);
+}
+
+#[tokio::test]
+async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list() {
+    let call = |id: &str, name: &str, arguments: serde_json::Value| ScriptedToolCall {
+        id: Some(id.to_owned()),
+        name: name.to_owned(),
+        arguments: arguments.to_string(),
+    };
+    let mut create_two = ScriptedResponse::text("Planning.");
+    create_two.tool_calls = vec![
+        call(
+            "c1",
+            "create_task",
+            json!({"title": "Facts", "description": "List otter facts.", "assignee": "researcher"}),
+        ),
+        call(
+            "c2",
+            "create_task",
+            json!({"title": "Title", "description": "Title an otter story.", "assignee": "writer"}),
+        ),
+    ];
+    let run_both = ScriptedResponse {
+        tool_calls: vec![call("r", "run_tasks", json!({"task_ids": ["task-1", "task-2"]}))],
+        ..ScriptedResponse::default()
+    };
+    let coordinator = Arc::new(ScriptedModel::new(vec![
+        create_two,
+        run_both,
+        ScriptedResponse::tool_call("list_tasks", &json!({})),
+        ScriptedResponse::text("All tasks done."),
+    ]));
+    let team = Team::builder("studio", coordinator.clone())
+        .mode(TeamMode::Tasks)
+        .member(echoing("researcher"))
+        .member(echoing("writer"))
+        .build();
+    let (runtime, turn, _events) = run(team, "Write about otters.").await;
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "All tasks done.");
+    let requests = coordinator.requests();
+    let ran = tool_results(&requests[2]).last().cloned().unwrap();
+    assert!(ran.contains("task-1: researcher says: List otter facts."), "{ran}");
+    assert!(ran.contains("task-2: writer says: Title an otter story."), "{ran}");
+    let listed: serde_json::Value = serde_json::from_str(tool_results(&requests[3]).last().unwrap()).unwrap();
+    let statuses: Vec<&str> =
+        listed.as_array().unwrap().iter().map(|task| task["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["done", "done"]);
+    let output = team_run_output(runtime.store().as_ref(), turn.id()).await.unwrap();
+    assert_eq!(output.member_responses.len(), 2);
+}
+
+#[tokio::test]
+async fn a_team_nested_in_a_team_nests_its_member_responses() {
+    let inner_coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "leaf", "task": "Say hi."}),
+            )
+        } else {
+            ScriptedResponse::text("Inner done.")
+        }
+    }));
+    let inner = Team::builder("inner", inner_coordinator).member(echoing("leaf")).build();
+    let outer_coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "inner", "task": "Greet."}),
+            )
+        } else {
+            ScriptedResponse::text("Outer done.")
+        }
+    }));
+    let outer = Team::builder("outer", outer_coordinator).member(inner).build();
+    let (runtime, turn, events) = run(outer, "Go.").await;
+    turn.wait().await.unwrap();
+    // The leaf's thread was started by the inner coordinator's thread.
+    let parents: Vec<bool> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ThreadCreated { parent, .. } => Some(parent.thread_id.is_main()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parents, [true, false]);
+    let output = team_run_output(runtime.store().as_ref(), turn.id()).await.unwrap();
+    assert_eq!(output.content, Some(json!("Outer done.")));
+    let [MemberResponse::Team(inner)] = output.member_responses.as_slice() else {
+        panic!("{:?}", output.member_responses)
+    };
+    assert_eq!(inner.content, Some(json!("Inner done.")));
+    let [MemberResponse::Agent(leaf)] = inner.member_responses.as_slice() else {
+        panic!("{:?}", inner.member_responses)
+    };
+    assert_eq!(leaf.content, Some(json!("leaf says: Say hi.")));
+}

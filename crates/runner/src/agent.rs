@@ -62,6 +62,8 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// The tools the agent may call (its role's capabilities); `None` allows all.
+    capabilities: Option<Vec<String>>,
     /// The tool choice of each turn's first model call (a broadcast team forces its
     /// delegation).
     first_tool_choice: Option<ToolChoice>,
@@ -89,6 +91,7 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                capabilities: None,
                 first_tool_choice: None,
                 memory: None,
                 mcp_sessions: Vec::new(),
@@ -144,6 +147,13 @@ impl Agent {
     #[must_use]
     pub fn requires_approval(&self, name: &str) -> bool {
         self.inner.approval_required.iter().any(|gated| gated == name)
+    }
+
+    /// Whether its capabilities allow calling `name` (checked where calls are dispatched,
+    /// not in the prompt).
+    #[must_use]
+    pub fn may_call(&self, name: &str) -> bool {
+        self.inner.capabilities.as_ref().is_none_or(|allowed| allowed.iter().any(|tool| tool == name))
     }
 
     /// The tool choice of each turn's first model call.
@@ -276,6 +286,19 @@ impl AgentBuilder {
     #[must_use]
     pub fn memory(mut self, config: MemoryConfig, analysis_model: Option<Arc<dyn Model>>) -> Self {
         self.inner.memory = Some(AgentMemory { config, analysis_model });
+        self
+    }
+
+    /// Restricts the tools the agent may call to `tools` (its role's capabilities). A call of
+    /// any other tool is not run: the model gets an error result and the turn emits
+    /// `agent_team.capability.denied`.
+    #[must_use]
+    pub fn capabilities<I, S>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.inner.capabilities = Some(tools.into_iter().map(Into::into).collect());
         self
     }
 

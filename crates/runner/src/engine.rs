@@ -11,7 +11,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentry_events::{EventEnvelope, EventPayload, ThreadAgent, ThreadOutcome, ThreadParent, TurnEmitter};
+use agentry_events::{
+    EventEnvelope, EventPayload, TeamContext, ThreadAgent, ThreadOutcome, ThreadParent, TurnEmitter,
+};
 use agentry_memory::{Conflict, HistoryQuery, Memory, MemoryConfig, Store, StoreError};
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
@@ -26,7 +28,7 @@ use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
 use crate::live::LiveTurn;
-use crate::tool::{ToolContext, ToolError};
+use crate::tool::{ThreadInstance, ToolContext, ToolError};
 
 /// `seq` numbers reserved durably ahead of use (design §8a).
 const HIGH_WATER_BLOCK: u64 = 256;
@@ -121,9 +123,22 @@ impl TurnSink {
         thread_id: Option<ThreadId>,
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
+        self.emit_team(thread_id, None, payload).await
+    }
+
+    /// Emits a durable event with an agent-team context.
+    pub(crate) async fn emit_team(
+        &self,
+        thread_id: Option<ThreadId>,
+        team: Option<TeamContext>,
+        payload: EventPayload,
+    ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
         self.reserve(&mut state, 1).await?;
-        let event = state.emitter.emit(thread_id, payload);
+        let event = match team {
+            Some(team) => state.emitter.emit_team(thread_id, team, payload),
+            None => state.emitter.emit(thread_id, payload),
+        };
         self.publish_durable(event).await
     }
 
@@ -206,6 +221,7 @@ impl ThreadScope {
         task: String,
         title: String,
         parent: ThreadParent,
+        instance: Option<ThreadInstance>,
     ) -> ThreadRun {
         let thread = ThreadId::new_sub_thread();
         let session_id = self.sink.live.session_id;
@@ -230,7 +246,8 @@ impl ThreadScope {
             self.cancel.clone(),
         );
         engine.thread = thread;
-        engine.run_thread(task, parent, title).await
+        engine.team = instance.as_ref().map(|instance| instance.team.clone());
+        engine.run_thread(task, parent, title, instance).await
     }
 }
 
@@ -319,6 +336,8 @@ pub(crate) struct TurnEngine {
     steps: u32,
     /// Tool calls this turn's input approved: they run without asking again.
     approved: HashSet<String>,
+    /// The agent-team context of this thread's events (a team member's instance).
+    team: Option<TeamContext>,
     /// An answer a tool gave for the agent (a routed member's), ending the loop.
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
     model_calls: u32,
@@ -348,6 +367,7 @@ impl TurnEngine {
             responded: HashSet::new(),
             approved: HashSet::new(),
             direct_answer: Arc::default(),
+            team: None,
             recovered_output: None,
             steps: 0,
             model_calls: 0,
@@ -356,6 +376,11 @@ impl TurnEngine {
 
     fn session_id(&self) -> SessionId {
         self.run.session_id
+    }
+
+    /// Emits a durable event on this engine's thread, with its team context.
+    async fn emit(&self, payload: EventPayload) -> Result<Arc<EventEnvelope>, Stop> {
+        self.sink.emit_team(Some(self.thread.clone()), self.team.clone(), payload).await
     }
 
     fn turn_id(&self) -> TurnId {
@@ -418,9 +443,7 @@ impl TurnEngine {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.
                     let servers = self.agent.mcp_sessions().to_vec();
-                    self.sink
-                        .emit(Some(self.thread.clone()), EventPayload::McpInitialize { servers })
-                        .await?;
+                    self.emit(EventPayload::McpInitialize { servers }).await?;
                 }
                 (previous, None)
             }
@@ -482,15 +505,36 @@ impl TurnEngine {
     /// Runs the agent on a sub-agent thread of the turn (`self.thread`, `self.run` the
     /// member run, already stored): `thread.created`, the task as the thread's first
     /// message, the agent loop, the member run's end state, `thread.done`.
-    pub(crate) async fn run_thread(mut self, task: String, parent: ThreadParent, title: String) -> ThreadRun {
+    pub(crate) async fn run_thread(
+        mut self,
+        task: String,
+        parent: ThreadParent,
+        title: String,
+        instance: Option<ThreadInstance>,
+    ) -> ThreadRun {
         let agent = ThreadAgent {
             name: self.agent.name().to_owned(),
             input: task.clone(),
             model: Some(self.agent.model().info().id),
         };
         let created = EventPayload::ThreadCreated { parent: parent.clone(), agent, title: title.clone() };
-        let outcome = match self.sink.emit(Some(self.thread.clone()), created).await {
-            Ok(_) => self.thread_loop(task).await,
+        let started = match self.emit(created).await {
+            Ok(_) => match instance.as_ref() {
+                Some(instance) => self
+                    .emit(EventPayload::InstanceStarted {
+                        role: instance.role.clone(),
+                        status: "running".to_owned(),
+                        budget_limit: instance.budget,
+                        skill_hash: None,
+                    })
+                    .await
+                    .map(|_| ()),
+                None => Ok(()),
+            },
+            Err(stop) => Err(stop),
+        };
+        let outcome = match started {
+            Ok(()) => self.thread_loop(task).await,
             Err(stop) => Err(stop),
         };
         let completed_at = Timestamp::now();
@@ -529,6 +573,20 @@ impl TurnEngine {
                 };
             }
         };
+        if instance.is_some() {
+            let ended = match &state {
+                TurnState::Cancelled { reason, .. } => {
+                    EventPayload::InstanceCancelled { reason: Some(reason.as_str().to_owned()) }
+                }
+                TurnState::Error { message, .. } => EventPayload::InstanceFailed { error: message.clone() },
+                _ => EventPayload::InstanceCompleted {
+                    output: result.as_ref().ok().map(|(answer, _)| answer.clone()),
+                    usage: None,
+                },
+            };
+            // The thread's end below is recorded whether or not this event could be.
+            let _recorded = self.emit(ended).await;
+        }
         self.run.set_state(state);
         let outcome = match &result {
             Ok((_, Some(output))) => ThreadOutcome::Done { output: Box::new(output.clone()) },
@@ -539,7 +597,7 @@ impl TurnEngine {
         };
         let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };
         let recorded = match self.store.put_run(&self.run, Some(self.fence)).await {
-            Ok(()) => self.sink.emit(Some(self.thread.clone()), done).await.map(|_| ()),
+            Ok(()) => self.emit(done).await.map(|_| ()),
             Err(error) => Err(error.into()),
         };
         let result = match recorded {
@@ -618,12 +676,12 @@ impl TurnEngine {
         if !memory.updates_after_runs() {
             return Ok(());
         }
-        self.sink.emit(Some(self.thread.clone()), EventPayload::MemoryUpdateStarted {}).await?;
+        self.emit(EventPayload::MemoryUpdateStarted {}).await?;
         let messages = self.context[self.own_start..].to_vec();
         if let Err(error) = memory.update_memory(self.turn_id(), &messages).await {
             tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
         }
-        self.sink.emit(Some(self.thread.clone()), EventPayload::MemoryUpdateCompleted {}).await?;
+        self.emit(EventPayload::MemoryUpdateCompleted {}).await?;
         Ok(())
     }
 
@@ -767,7 +825,7 @@ impl TurnEngine {
                         && delta.reasoning_content.as_deref().is_some_and(|text| !text.is_empty())
                     {
                         reasoning_started = true;
-                        self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningStarted {}).await?;
+                        self.emit(EventPayload::ReasoningStarted {}).await?;
                     }
                     for chunk in &mut delta.tool_calls {
                         if let Some(name) =
@@ -806,8 +864,8 @@ impl TurnEngine {
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
-            self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningStep { step }).await?;
-            self.sink.emit(Some(self.thread.clone()), EventPayload::ReasoningCompleted {}).await?;
+            self.emit(EventPayload::ReasoningStep { step }).await?;
+            self.emit(EventPayload::ReasoningCompleted {}).await?;
         }
         let output = ThreadMessage {
             id: completed.event_id,
@@ -872,7 +930,10 @@ impl TurnEngine {
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
             };
-            if self.agent.is_client_tool(&call.function.name) {
+            if !self.agent.may_call(&call.function.name) {
+                // Refused where it is dispatched, without asking anyone.
+                runnable.push(call.clone());
+            } else if self.agent.is_client_tool(&call.function.name) {
                 responses.push(pending);
             } else if self.agent.requires_approval(&call.function.name) && !self.approved.contains(&call.id) {
                 approvals.push(pending);
@@ -901,10 +962,7 @@ impl TurnEngine {
         }
         let mut required = Vec::new();
         if !auth.is_empty() {
-            let event = self
-                .sink
-                .emit(Some(self.thread.clone()), EventPayload::McpAuthRequired { servers: auth.clone() })
-                .await?;
+            let event = self.emit(EventPayload::McpAuthRequired { servers: auth.clone() }).await?;
             required.push(RequiredActionRecord {
                 id: event.event_id,
                 created_at: event.created_at,
@@ -912,13 +970,8 @@ impl TurnEngine {
             });
         }
         if !approvals.is_empty() {
-            let event = self
-                .sink
-                .emit(
-                    Some(self.thread.clone()),
-                    EventPayload::ToolApprovalRequired { tool_calls: approvals.clone() },
-                )
-                .await?;
+            let event =
+                self.emit(EventPayload::ToolApprovalRequired { tool_calls: approvals.clone() }).await?;
             required.push(RequiredActionRecord {
                 id: event.event_id,
                 created_at: event.created_at,
@@ -929,13 +982,8 @@ impl TurnEngine {
             });
         }
         if !responses.is_empty() {
-            let event = self
-                .sink
-                .emit(
-                    Some(self.thread.clone()),
-                    EventPayload::ToolResponseRequired { tool_calls: responses.clone() },
-                )
-                .await?;
+            let event =
+                self.emit(EventPayload::ToolResponseRequired { tool_calls: responses.clone() }).await?;
             required.push(RequiredActionRecord {
                 id: event.event_id,
                 created_at: event.created_at,
@@ -956,7 +1004,7 @@ impl TurnEngine {
     ) -> Result<(), Stop> {
         self.steps += 1;
         let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
-        self.sink.emit(Some(self.thread.clone()), payload).await?;
+        self.emit(payload).await?;
         Ok(())
     }
 
@@ -978,7 +1026,7 @@ impl TurnEngine {
             content: result.content.clone(),
             is_error: result.is_error,
         };
-        self.sink.emit(Some(self.thread.clone()), payload).await?;
+        self.emit(payload).await?;
         self.complete_step(Some(call.clone()), Some(result.content.clone())).await
     }
 
@@ -1000,7 +1048,7 @@ impl TurnEngine {
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
             };
-            self.sink.emit(Some(self.thread.clone()), payload).await?;
+            self.emit(payload).await?;
         }
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;
@@ -1009,11 +1057,22 @@ impl TurnEngine {
             let mut running = std::pin::pin!(futures_util::future::join_all(
                 calls.iter().map(|call| async move { (call.clone(), this.run_tool(call).await) })
             ));
+            // Threads stop by themselves on cancellation and record how they ended: wait for
+            // them rather than drop them.
+            let patient = calls
+                .iter()
+                .all(|call| this.agent.tool(&call.function.name).is_some_and(|tool| tool.ends_on_cancel()));
             tokio::select! {
                 results = &mut running => (results, None),
-                reason = cancel.cancelled() => match tokio::time::timeout(grace, &mut running).await {
-                    Ok(results) => (results, Some(reason)),
-                    Err(_) => return Err(Stop::Cancelled(reason)),
+                reason = cancel.cancelled() => {
+                    if patient {
+                        (running.await, Some(reason))
+                    } else {
+                        match tokio::time::timeout(grace, &mut running).await {
+                            Ok(results) => (results, Some(reason)),
+                            Err(_) => return Err(Stop::Cancelled(reason)),
+                        }
+                    }
                 },
             }
         };
@@ -1046,6 +1105,12 @@ impl TurnEngine {
     /// again; its stored result is used.
     async fn run_tool(&self, call: &ToolCall) -> Result<Ran, Stop> {
         let name = &call.function.name;
+        if !self.agent.may_call(name) {
+            let reason =
+                format!("{} may not call `{name}`: it is not among its capabilities", self.agent.name());
+            self.emit(EventPayload::CapabilityDenied { tool: name.clone(), reason: reason.clone() }).await?;
+            return Ok(Ran::Result(error_result(reason)));
+        }
         let Some(tool) = self.agent.tool(name) else {
             return Ok(Ran::Result(error_result(format!("unknown tool `{name}`"))));
         };

@@ -55,8 +55,8 @@ pub use live::EventStream;
 pub use runtime::{PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest};
 pub use streaming::{AdalFlowEventStream, RunnerStreamingResult};
 pub use tool::{
-    ASK_USER_QUESTION, FunctionTool, SchemaValidator, ThreadResult, Tool, ToolContext, ToolError,
-    ask_user_question, parameters_schema,
+    ASK_USER_QUESTION, FunctionTool, SchemaValidator, ThreadInstance, ThreadResult, Tool, ToolContext,
+    ToolError, ask_user_question, parameters_schema,
 };
 #[cfg(feature = "mcp")]
 mod mcp;

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use agentry_events::ThreadParent;
-use agentry_types::{McpServerRef, SessionId, ThreadId, ThreadMessage, ToolSpec, TurnId};
+use agentry_events::{TeamContext, ThreadParent};
+use agentry_types::{BudgetLimit, McpServerRef, SessionId, ThreadId, ThreadMessage, ToolSpec, TurnId};
 
 use crate::agent::Agent;
 use crate::engine::ThreadScope;
@@ -70,6 +70,31 @@ impl ToolContext {
         task: impl Into<String>,
         title: impl Into<String>,
     ) -> Result<ThreadResult, ToolError> {
+        self.start_thread(agent, task.into(), title.into(), None).await
+    }
+
+    /// Like [`ToolContext::run_thread`], for an agent-team instance: the thread's events
+    /// carry `instance.team`, and it reports `agent_team.instance.started` and then
+    /// `instance.completed`, `instance.failed` or `instance.cancelled`.
+    ///
+    /// Errors: as [`ToolContext::run_thread`].
+    pub async fn run_instance(
+        &self,
+        agent: &Agent,
+        task: impl Into<String>,
+        title: impl Into<String>,
+        instance: ThreadInstance,
+    ) -> Result<ThreadResult, ToolError> {
+        self.start_thread(agent, task.into(), title.into(), Some(instance)).await
+    }
+
+    async fn start_thread(
+        &self,
+        agent: &Agent,
+        task: String,
+        title: String,
+        instance: Option<ThreadInstance>,
+    ) -> Result<ThreadResult, ToolError> {
         let Some(scope) = &self.scope else {
             return Err(ToolError::Failed(
                 "sub-agent threads can only be started by a tool call inside a turn".to_owned(),
@@ -77,7 +102,7 @@ impl ToolContext {
         };
         let parent =
             ThreadParent { thread_id: self.thread_id.clone(), tool_call_id: self.tool_call_id.clone() };
-        let run = scope.run_thread(agent.clone(), task.into(), title.into(), parent).await;
+        let run = scope.run_thread(agent.clone(), task, title, parent, instance).await;
         match run.result {
             Ok((answer, output)) => {
                 Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer, output })
@@ -94,6 +119,17 @@ impl ToolContext {
             scope.answer_directly(output);
         }
     }
+}
+
+/// A sub-agent thread that is an agent-team instance (seed 001).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadInstance {
+    /// Mission, instance, parent instance and source, carried by the thread's events.
+    pub team: TeamContext,
+    /// The instance's role.
+    pub role: String,
+    /// Its budget limit, as reported by `instance.started`.
+    pub budget: BudgetLimit,
 }
 
 /// What a sub-agent thread answered.
@@ -142,6 +178,13 @@ pub trait Tool: Send + Sync + fmt::Debug {
     /// running it once. After a crash, a call that started but has no recorded result is
     /// re-run only when this is true; otherwise the turn asks a person what to do.
     fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Whether the tool ends promptly on its own when the turn is cancelled (it runs a
+    /// sub-agent thread, which stops itself): a cancelled turn then waits for it past the
+    /// grace period rather than dropping it, so the thread records how it ended.
+    fn ends_on_cancel(&self) -> bool {
         false
     }
 
@@ -226,6 +269,7 @@ pub struct FunctionTool<A> {
     validator: Option<SchemaValidator>,
     idempotent: bool,
     timeout: Option<std::time::Duration>,
+    ends_on_cancel: bool,
     call: Box<BoxedCall<A>>,
     arguments: PhantomData<fn() -> A>,
 }
@@ -257,6 +301,7 @@ where
             validator,
             idempotent: false,
             timeout: None,
+            ends_on_cancel: false,
             call: Box::new(move |arguments, context| Box::pin(function(arguments, context))),
             arguments: PhantomData,
         }
@@ -273,6 +318,14 @@ where
     #[must_use]
     pub const fn timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Declares that the tool stops by itself when the turn is cancelled (see
+    /// [`Tool::ends_on_cancel`]).
+    #[must_use]
+    pub const fn ends_on_cancel(mut self) -> Self {
+        self.ends_on_cancel = true;
         self
     }
 
@@ -315,6 +368,10 @@ where
 
     fn timeout(&self) -> Option<std::time::Duration> {
         self.timeout
+    }
+
+    fn ends_on_cancel(&self) -> bool {
+        self.ends_on_cancel
     }
 
     async fn call(&self, arguments: Value, context: ToolContext) -> Result<String, ToolError> {

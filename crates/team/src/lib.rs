@@ -25,8 +25,12 @@ mod tasks;
 
 use std::sync::Arc;
 
+use agentry_events::{EventSource, TeamContext};
 use agentry_model::{Model, ToolChoice};
-use agentry_runner::{Agent, AgentLimits, FunctionTool, Tool, ToolContext, ToolError};
+use agentry_runner::{
+    Agent, AgentLimits, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
+};
+use agentry_types::{BudgetLimit, EventId};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -175,6 +179,27 @@ struct DelegateToMembers {
     task: String,
 }
 
+/// Runs a member on its own thread as an agent-team instance of the turn's mission.
+pub(crate) async fn run_member(
+    context: &ToolContext,
+    member: &Agent,
+    task: String,
+    title: String,
+) -> Result<ThreadResult, ToolError> {
+    let instance = ThreadInstance {
+        team: TeamContext {
+            mission_id: Some(format!("mis_{}", context.turn_id)),
+            instance_id: Some(format!("ins_{}", EventId::new())),
+            parent_instance_id: None,
+            source: Some(EventSource::ToolCall),
+            message_id: None,
+        },
+        role: member.name().to_owned(),
+        budget: BudgetLimit::default(),
+    };
+    context.run_instance(member, task, title, instance).await
+}
+
 /// A thread title: the member and the start of the task.
 pub(crate) fn title(member: &str, task: &str) -> String {
     let short: String = task.chars().take(60).collect();
@@ -190,11 +215,12 @@ fn delegate_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
             async move {
                 let member = find_member(&members, &args.member_id)?;
                 let result =
-                    context.run_thread(member, args.task.clone(), title(member.name(), &args.task)).await?;
+                    run_member(&context, member, args.task.clone(), title(member.name(), &args.task)).await?;
                 Ok(result.answer)
             }
         },
     )
+    .ends_on_cancel()
     .shared()
 }
 
@@ -207,7 +233,7 @@ fn route_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
             async move {
                 let member = find_member(&members, &args.member_id)?;
                 let result =
-                    context.run_thread(member, args.task.clone(), title(member.name(), &args.task)).await?;
+                    run_member(&context, member, args.task.clone(), title(member.name(), &args.task)).await?;
                 if let Some(output) = result.output {
                     context.answer_directly(output);
                 }
@@ -215,6 +241,7 @@ fn route_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
             }
         },
     )
+    .ends_on_cancel()
     .shared()
 }
 
@@ -229,7 +256,7 @@ fn delegate_to_members(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
                     let context = &context;
                     let task = args.task.clone();
                     async move {
-                        let outcome = context.run_thread(member, task.clone(), title(member.name(), &task)).await;
+                        let outcome = run_member(context, member, task.clone(), title(member.name(), &task)).await;
                         (member.name().to_owned(), outcome)
                     }
                 });
@@ -245,5 +272,6 @@ fn delegate_to_members(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
             }
         },
     )
+    .ends_on_cancel()
     .shared()
 }

@@ -10,7 +10,7 @@ use agentry_types::TurnId;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{find_member, title};
+use crate::{find_member, run_member, title};
 
 /// How many turns' task lists are kept.
 const KEPT_TURNS: usize = 1024;
@@ -134,10 +134,11 @@ async fn run_one(
 ) -> Result<String, ToolError> {
     let task = board.start(context.turn_id, id)?;
     let outcome = match find_member(members, &task.assignee) {
-        Ok(member) => context
-            .run_thread(member, task.description.clone(), title(member.name(), &task.title))
-            .await
-            .map(|result| result.answer),
+        Ok(member) => {
+            run_member(context, member, task.description.clone(), title(member.name(), &task.title))
+                .await
+                .map(|result| result.answer)
+        }
         Err(error) => Err(error),
     };
     board.finish(context.turn_id, id, &outcome);
@@ -183,6 +184,7 @@ pub(crate) fn tools(members: Arc<Vec<Agent>>) -> Vec<Arc<dyn Tool>> {
                 async move { run_one(&board, &members, &context, &args.task_id).await }
             },
         )
+        .ends_on_cancel()
     };
     let run_many = {
         let (board, members) = (board.clone(), members);
@@ -208,6 +210,7 @@ pub(crate) fn tools(members: Arc<Vec<Agent>>) -> Vec<Arc<dyn Tool>> {
                 }
             },
         )
+        .ends_on_cancel()
     };
     let complete = {
         let board = board.clone();

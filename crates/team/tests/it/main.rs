@@ -5,3 +5,4 @@
 
 mod coordinate;
 mod modes;
+mod policy;

@@ -1,0 +1,183 @@
+//! Capabilities enforced at dispatch, instance lifecycle events, and cancellation cascading
+//! to every running member.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_memory::InMemoryStore;
+use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
+use agentry_runner::{Agent, AgentLimits, FunctionTool, Runtime, ToolError, TurnRequest};
+use agentry_team::Team;
+use agentry_types::{CancellationReason, Role, TurnState};
+use futures_util::StreamExt;
+use serde_json::json;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Nothing {}
+
+fn tool_results(request: &ModelRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens() {
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let delete = {
+        let deleted = deleted.clone();
+        FunctionTool::new("delete_everything", "Deletes everything.", move |_: Nothing, _| {
+            let deleted = deleted.clone();
+            async move {
+                deleted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("deleted".to_owned())
+            }
+        })
+    };
+    let read =
+        FunctionTool::new("read", "Reads.", |_: Nothing, _| async { Ok::<_, ToolError>("read".to_owned()) });
+    let member_model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delete_everything", &json!({}))
+        } else {
+            ScriptedResponse::text(format!("I could not: {}", tool_results(request)[0]))
+        }
+    }));
+    // The member has the tool, but its role may only read.
+    let member = Agent::builder("intern", member_model)
+        .tool(delete.shared())
+        .tool(read.shared())
+        .capabilities(["read"])
+        .build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "intern", "task": "Clean up."}),
+            )
+        } else {
+            ScriptedResponse::text("Done.")
+        }
+    }));
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(Team::builder("office", coordinator).member(member).build());
+    let session = runtime.create_session("office", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Clean up.")).await.unwrap();
+    let mut denied = Vec::new();
+    let mut stream = turn.stream(None);
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        if let EventPayload::CapabilityDenied { tool, reason } = &event.payload {
+            let instance = event.team.as_ref().and_then(|team| team.instance_id.clone());
+            denied.push((tool.clone(), reason.clone(), instance));
+        }
+    }
+    assert_eq!(deleted.load(Ordering::SeqCst), 0, "the refused tool did not run");
+    assert_eq!(denied.len(), 1);
+    assert_eq!(denied[0].0, "delete_everything");
+    assert!(denied[0].1.contains("not among its capabilities"), "{}", denied[0].1);
+    assert!(denied[0].2.as_deref().is_some_and(|id| id.starts_with("ins_")), "the event names the instance");
+    assert!(matches!(turn.wait().await.unwrap(), TurnState::Done { .. }));
+}
+
+/// A member that waits in a tool until it is cancelled.
+fn stuck(name: &str, started: Arc<tokio::sync::Barrier>) -> Agent {
+    let wait = FunctionTool::new("wait", "Waits forever.", move |_: Nothing, _| {
+        let started = started.clone();
+        async move {
+            started.wait().await;
+            std::future::pending::<()>().await;
+            Ok::<_, ToolError>(String::new())
+        }
+    });
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("wait", &json!({}))));
+    let limits = AgentLimits { cancel_grace: Duration::from_millis(50), ..AgentLimits::default() };
+    Agent::builder(name, model).tool(wait.shared()).limits(limits).build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_events() {
+    let started = Arc::new(tokio::sync::Barrier::new(4));
+    let mut three = ScriptedResponse::default();
+    for (index, name) in ["a", "b", "c"].iter().enumerate() {
+        three.tool_calls.push(ScriptedToolCall {
+            id: Some(format!("call_{index}")),
+            name: "delegate_task_to_member".to_owned(),
+            arguments: json!({"member_id": name, "task": "Wait."}).to_string(),
+        });
+    }
+    let coordinator = Arc::new(ScriptedModel::new(vec![three]));
+    let team = Team::builder("waiters", coordinator)
+        .member(stuck("a", started.clone()))
+        .member(stuck("b", started.clone()))
+        .member(stuck("c", started.clone()))
+        .build();
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(team);
+    let session = runtime.create_session("waiters", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Wait, all of you.")).await.unwrap();
+    let stream = turn.stream(None);
+    // All three members are inside their tools.
+    started.wait().await;
+    tokio::time::timeout(Duration::from_secs(10), turn.cancel()).await.expect("cancelled in time").unwrap();
+    let state = turn.state().await.unwrap();
+    assert!(
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        "{state:?}"
+    );
+
+    let events: Vec<Arc<EventEnvelope>> = stream.map(Result::unwrap).collect().await;
+    let count = |kind: &str| events.iter().filter(|event| event.payload.kind() == kind).count();
+    assert_eq!(count("agent_team.instance.started"), 3);
+    assert_eq!(count("agent_team.instance.cancelled"), 3);
+    assert_eq!(count("thread.done"), 3);
+    let cancelled_instances: std::collections::HashSet<Option<String>> = events
+        .iter()
+        .filter(|event| event.payload.kind() == "agent_team.instance.cancelled")
+        .map(|event| event.team.as_ref().and_then(|team| team.instance_id.clone()))
+        .collect();
+    assert_eq!(cancelled_instances.len(), 3, "one per instance");
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+}
+
+#[tokio::test]
+async fn a_finished_member_reports_its_instance_started_and_completed_with_the_mission() {
+    let member =
+        Agent::builder("helper", Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("ok"))))
+            .build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "helper", "task": "Help."}),
+            )
+        } else {
+            ScriptedResponse::text("Helped.")
+        }
+    }));
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(Team::builder("t", coordinator).member(member).build());
+    let session = runtime.create_session("t", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let lifecycle: Vec<(&str, Option<String>)> = events
+        .iter()
+        .filter(|event| event.payload.kind().starts_with("agent_team.instance"))
+        .map(|event| (event.payload.kind(), event.team.as_ref().and_then(|team| team.mission_id.clone())))
+        .collect();
+    let mission = Some(format!("mis_{}", turn.id()));
+    assert_eq!(
+        lifecycle,
+        [("agent_team.instance.started", mission.clone()), ("agent_team.instance.completed", mission)]
+    );
+    let completed = events.iter().find_map(|event| match &event.payload {
+        EventPayload::InstanceCompleted { output, .. } => output.clone(),
+        _ => None,
+    });
+    assert_eq!(completed.as_deref(), Some("ok"));
+}

@@ -206,6 +206,29 @@ impl std::fmt::Debug for ThreadScope {
 }
 
 impl ThreadScope {
+    /// Emits a durable event with a team context on `thread`.
+    pub(crate) async fn emit_team(
+        &self,
+        thread: ThreadId,
+        team: TeamContext,
+        payload: EventPayload,
+    ) -> Result<(), String> {
+        self.sink
+            .emit_team(Some(thread), Some(team), payload)
+            .await
+            .map(|_| ())
+            .map_err(|stop| format!("{stop:?}"))
+    }
+
+    /// Waits for `future` unless the turn is cancelled first.
+    pub(crate) async fn until_cancelled<F: std::future::Future>(&self, future: F) -> Option<F::Output> {
+        let mut cancel = self.cancel.clone();
+        tokio::select! {
+            output = future => Some(output),
+            _ = cancel.cancelled() => None,
+        }
+    }
+
     /// Makes `output` the calling agent's answer: after this batch of calls the agent's
     /// loop ends with it instead of calling the model again.
     pub(crate) fn answer_directly(&self, output: ThreadMessage) {

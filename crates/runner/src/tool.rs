@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use agentry_events::{TeamContext, ThreadParent};
+use agentry_events::{EventPayload, TeamContext, ThreadParent};
 use agentry_types::{BudgetLimit, McpServerRef, SessionId, ThreadId, ThreadMessage, ToolSpec, TurnId};
 
 use crate::agent::Agent;
@@ -108,6 +108,35 @@ impl ToolContext {
                 Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer, output })
             }
             Err(error) => Err(ToolError::Failed(error)),
+        }
+    }
+
+    /// Emits an agent-team event (`agent_team.*`) on this call's thread with `team` as its
+    /// context, numbered and stored like every event of the turn.
+    ///
+    /// Errors: `ToolError::Failed` for an event that is not an agent-team event, outside a
+    /// turn, or when it cannot be stored.
+    pub async fn emit_team_event(&self, team: TeamContext, payload: EventPayload) -> Result<(), ToolError> {
+        if !payload.is_agent_team() {
+            return Err(ToolError::Failed(format!("{} is not an agent-team event", payload.kind())));
+        }
+        let Some(scope) = &self.scope else {
+            return Err(ToolError::Failed(
+                "events can only be emitted by a tool call inside a turn".to_owned(),
+            ));
+        };
+        scope
+            .emit_team(self.thread_id.clone(), team, payload)
+            .await
+            .map_err(|error| ToolError::Failed(format!("the event could not be recorded: {error}")))
+    }
+
+    /// Waits for `future` unless the turn is cancelled first (then `None`). Outside a turn
+    /// it just waits.
+    pub async fn until_cancelled<F: std::future::Future>(&self, future: F) -> Option<F::Output> {
+        match &self.scope {
+            Some(scope) => scope.until_cancelled(future).await,
+            None => Some(future.await),
         }
     }
 

@@ -21,6 +21,7 @@
 //! ```
 
 mod output;
+mod spawn;
 mod tasks;
 
 use std::sync::Arc;
@@ -35,6 +36,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 pub use output::team_run_output;
+pub use spawn::{
+    PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog, SpawnPolicy, Template,
+};
 
 /// How a team works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,6 +74,9 @@ impl Team {
             members: Vec::new(),
             mode: TeamMode::Coordinate,
             limits: AgentLimits::default(),
+            policy: None,
+            catalog: SpawnCatalog::default(),
+            approvals: SpawnApprovals::new(),
         }
     }
 }
@@ -83,6 +90,9 @@ pub struct TeamBuilder {
     members: Vec<Agent>,
     mode: TeamMode,
     limits: AgentLimits,
+    policy: Option<SpawnPolicy>,
+    catalog: SpawnCatalog,
+    approvals: SpawnApprovals,
 }
 
 impl TeamBuilder {
@@ -105,6 +115,28 @@ impl TeamBuilder {
     #[must_use]
     pub const fn mode(mut self, mode: TeamMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The spawn policy for `spawn_agent` (see [`SpawnPolicy`]); without one, every spawn is
+    /// denied with `spawn_policy_missing`.
+    #[must_use]
+    pub fn spawn_policy(mut self, policy: Option<SpawnPolicy>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The models and tools spawned instances' templates name.
+    #[must_use]
+    pub fn catalog(mut self, catalog: SpawnCatalog) -> Self {
+        self.catalog = catalog;
+        self
+    }
+
+    /// Where spawns that need a person's approval wait (share it with whoever decides).
+    #[must_use]
+    pub fn approvals(mut self, approvals: SpawnApprovals) -> Self {
+        self.approvals = approvals;
         self
     }
 
@@ -142,10 +174,22 @@ impl TeamBuilder {
             }
         };
         instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
-        let builder = Agent::builder(self.name, self.model).instructions(instructions).limits(self.limits);
+        let builder =
+            Agent::builder(self.name, self.model.clone()).instructions(instructions).limits(self.limits);
         match self.mode {
             TeamMode::Coordinate => {
-                builder.tool(delegate_to_member(members.clone())).tool(delegate_to_members(members)).build()
+                let spawner = spawn::Spawner {
+                    policy: self.policy.map(Arc::new),
+                    catalog: self.catalog,
+                    approvals: self.approvals,
+                    default_model: self.model.clone(),
+                    counts: Arc::default(),
+                };
+                builder
+                    .tool(delegate_to_member(members.clone()))
+                    .tool(delegate_to_members(members))
+                    .tool(spawn::spawn_agent(spawner))
+                    .build()
             }
             TeamMode::Route => builder.tool(route_to_member(members)).build(),
             TeamMode::Broadcast => builder

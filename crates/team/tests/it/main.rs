@@ -6,3 +6,4 @@
 mod coordinate;
 mod modes;
 mod policy;
+mod spawn;

@@ -1,0 +1,513 @@
+//! Spawning agent instances under a spawn policy (seed 001): the policy file, the
+//! `spawn_agent` tool, approvals of gated spawns, and the `spawn.requested` →
+//! `spawn.denied` | `spawn.approved` → `instance.started` lifecycle.
+//!
+//! The policy is TOML:
+//!
+//! ```toml
+//! coordinator_role = "lead"          # the role of the team's coordinator (default "coordinator")
+//!
+//! [mission]                          # totals for all instances of one mission (team turn)
+//! max_tokens = 40000
+//!
+//! [roles.lead]
+//! can_spawn = ["worker"]             # which roles this role may spawn
+//!
+//! [roles.worker]
+//! require_justification = true
+//! require_approval = false
+//! max_instances = 4                  # per mission
+//! max_depth = 1                      # spawned by the coordinator: depth 1
+//! budget = { max_tokens = 8000, max_tool_calls = 10 }
+//! capabilities = ["read"]            # the tools its instances may call
+//!
+//! [roles.worker.templates.default]   # what a worker is; `spawn_agent` names one (default "default")
+//! instructions = "You research."
+//! model = "small"                    # a model registered with the team
+//! tools = ["read"]                   # tools registered with the team
+//! skills = ["citations"]
+//! ```
+//!
+//! With no policy every spawn is denied with `spawn_policy_missing`; every other refusal
+//! has its own code: `unknown_role`, `spawn_not_allowed`, `justification_required`,
+//! `instance_limit_reached`, `depth_limit_reached`, `template_missing`,
+//! `budget_override_too_large`, `approval_denied`, `invalid_template`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agentry_events::{EventSource, TeamContext};
+use agentry_model::Model;
+use agentry_runner::{Agent, FunctionTool, ThreadInstance, Tool, ToolContext, ToolError};
+use agentry_types::{BudgetLimit, EventId, TurnId};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+/// A spawn policy file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read the spawn policy {path}: {reason}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The file is not a valid policy.
+    #[error("the spawn policy is invalid: {0}")]
+    Invalid(String),
+}
+
+/// A budget in the policy file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBudget {
+    /// Tokens.
+    pub max_tokens: Option<u64>,
+    /// Model calls.
+    pub max_steps: Option<u64>,
+    /// Tool calls.
+    pub max_tool_calls: Option<u64>,
+    /// US dollars.
+    pub max_cost_usd: Option<f64>,
+    /// Milliseconds.
+    pub max_elapsed_ms: Option<u64>,
+}
+
+impl From<PolicyBudget> for BudgetLimit {
+    fn from(budget: PolicyBudget) -> Self {
+        Self {
+            max_tokens: budget.max_tokens,
+            max_steps: budget.max_steps,
+            max_tool_calls: budget.max_tool_calls,
+            max_cost_usd: budget.max_cost_usd,
+            max_elapsed_ms: budget.max_elapsed_ms,
+        }
+    }
+}
+
+/// What an instance of a role is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    /// Its instructions.
+    #[serde(default)]
+    pub instructions: String,
+    /// The model, by the name it was registered with; the coordinator's model when absent.
+    pub model: Option<String>,
+    /// Tools, by name, from those registered with the team.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Skills, named for the instance's skill hash.
+    #[serde(default)]
+    pub skills: Vec<String>,
+}
+
+/// A role of the policy.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Role {
+    /// The roles this role may spawn.
+    #[serde(default)]
+    pub can_spawn: Vec<String>,
+    /// Whether a spawn of this role must say why.
+    #[serde(default)]
+    pub require_justification: bool,
+    /// Whether a spawn of this role waits for a person's approval.
+    #[serde(default)]
+    pub require_approval: bool,
+    /// Instances of this role per mission.
+    pub max_instances: Option<u32>,
+    /// How deep in the spawn tree an instance of this role may be (the coordinator is 0).
+    pub max_depth: Option<u32>,
+    /// The default budget of its instances.
+    #[serde(default)]
+    pub budget: PolicyBudget,
+    /// The tools its instances may call; all of their template's when absent.
+    pub capabilities: Option<Vec<String>>,
+    /// Its templates by name.
+    #[serde(default)]
+    pub templates: BTreeMap<String, Template>,
+}
+
+/// A spawn policy.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnPolicy {
+    /// The role of the team's coordinator.
+    #[serde(default = "coordinator_role")]
+    pub coordinator_role: String,
+    /// Totals for all instances of a mission.
+    #[serde(default)]
+    pub mission: PolicyBudget,
+    /// The roles.
+    #[serde(default)]
+    pub roles: BTreeMap<String, Role>,
+}
+
+fn coordinator_role() -> String {
+    "coordinator".to_owned()
+}
+
+impl SpawnPolicy {
+    /// Parses a policy from TOML text.
+    ///
+    /// Errors: `Invalid` naming the problem (syntax, an unknown key, a role that can spawn
+    /// an undefined role).
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let policy: Self = toml::from_str(text).map_err(|error| PolicyError::Invalid(error.to_string()))?;
+        for (name, role) in &policy.roles {
+            if let Some(unknown) = role.can_spawn.iter().find(|target| !policy.roles.contains_key(*target)) {
+                return Err(PolicyError::Invalid(format!(
+                    "role {name:?} can spawn {unknown:?}, which is not defined"
+                )));
+            }
+        }
+        Ok(policy)
+    }
+
+    /// Reads a policy file. A missing file is `Ok(None)`: every spawn is then denied with
+    /// `spawn_policy_missing`.
+    ///
+    /// Errors: `Read` when the file exists but cannot be read; `Invalid` as in
+    /// [`SpawnPolicy::parse`].
+    pub fn load(path: impl AsRef<Path>) -> Result<Option<Self>, PolicyError> {
+        let path = path.as_ref();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text).map(Some),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => {
+                Err(PolicyError::Read { path: path.display().to_string(), reason: error.to_string() })
+            }
+        }
+    }
+}
+
+/// A spawn waiting for a person's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingSpawn {
+    /// The approval's id (`appr_…`).
+    pub approval_id: String,
+    /// The mission.
+    pub mission_id: String,
+    /// The role asked for.
+    pub role: String,
+    /// The task.
+    pub task: String,
+    /// The justification given.
+    pub justification: Option<String>,
+}
+
+/// Spawns waiting for approval, shared by a team and whoever decides (the server's
+/// approval routes, a test).
+#[derive(Debug, Clone, Default)]
+pub struct SpawnApprovals {
+    pending: Arc<Mutex<Waiting>>,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+/// Spawns waiting for a decision, by approval id, with the channel their tool call waits on.
+type Waiting = BTreeMap<String, (PendingSpawn, Option<oneshot::Sender<Decision>>)>;
+
+#[derive(Debug)]
+enum Decision {
+    Approve,
+    Deny(String),
+}
+
+impl SpawnApprovals {
+    /// A new, empty set.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The spawns waiting for a decision, oldest first.
+    #[must_use]
+    pub fn pending(&self) -> Vec<PendingSpawn> {
+        self.lock().values().map(|(spawn, _)| spawn.clone()).collect()
+    }
+
+    /// Waits until at least one spawn waits for a decision.
+    pub async fn wait_for_pending(&self) -> Vec<PendingSpawn> {
+        loop {
+            let notified = self.waiting.notified();
+            let pending = self.pending();
+            if !pending.is_empty() {
+                return pending;
+            }
+            notified.await;
+        }
+    }
+
+    /// Approves a waiting spawn. Returns false when no spawn waits under that id.
+    pub fn approve(&self, approval_id: &str) -> bool {
+        self.decide(approval_id, Decision::Approve)
+    }
+
+    /// Denies a waiting spawn with a reason. Returns false when no spawn waits under that id.
+    pub fn deny(&self, approval_id: &str, reason: impl Into<String>) -> bool {
+        self.decide(approval_id, Decision::Deny(reason.into()))
+    }
+
+    fn decide(&self, approval_id: &str, decision: Decision) -> bool {
+        let sender = self.lock().remove(approval_id).and_then(|(_, sender)| sender);
+        sender.is_some_and(|sender| sender.send(decision).is_ok())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(&self, spawn: PendingSpawn) -> oneshot::Receiver<Decision> {
+        let (sender, receiver) = oneshot::channel();
+        self.lock().insert(spawn.approval_id.clone(), (spawn, Some(sender)));
+        self.waiting.notify_waiters();
+        receiver
+    }
+
+    fn forget(&self, approval_id: &str) {
+        self.lock().remove(approval_id);
+    }
+}
+
+/// What templates are made of: models and tools by name.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnCatalog {
+    /// Models by name.
+    pub models: HashMap<String, Arc<dyn Model>>,
+    /// Tools, named by their spec.
+    pub tools: Vec<Arc<dyn Tool>>,
+}
+
+/// Everything `spawn_agent` needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Spawner {
+    pub(crate) policy: Option<Arc<SpawnPolicy>>,
+    pub(crate) catalog: SpawnCatalog,
+    pub(crate) approvals: SpawnApprovals,
+    pub(crate) default_model: Arc<dyn Model>,
+    /// Instances spawned per mission and role.
+    pub(crate) counts: Arc<Mutex<HashMap<(TurnId, String), u32>>>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct SpawnArgs {
+    /// The role of the new instance.
+    role: String,
+    /// The role's template to use (`default` when absent).
+    #[serde(default)]
+    template: Option<String>,
+    /// The task, self-contained.
+    task: String,
+    /// Why the instance is needed.
+    #[serde(default)]
+    justification: Option<String>,
+    /// A budget for this instance instead of the role's default (at most the default).
+    #[serde(default)]
+    budget_override: Option<agentry_types::BudgetLimit>,
+}
+
+/// A refusal: its code and message.
+struct Refusal(&'static str, String);
+
+fn within(limit: Option<u64>, requested: Option<u64>) -> bool {
+    match (limit, requested) {
+        (Some(limit), Some(requested)) => requested <= limit,
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+impl Spawner {
+    fn check(
+        &self,
+        args: &SpawnArgs,
+        mission: TurnId,
+    ) -> Result<(Arc<SpawnPolicy>, Role, Template), Refusal> {
+        let Some(policy) = self.policy.clone() else {
+            return Err(Refusal("spawn_policy_missing", "spawn policy file missing".to_owned()));
+        };
+        let Some(role) = policy.roles.get(&args.role).cloned() else {
+            return Err(Refusal("unknown_role", format!("the policy has no role {:?}", args.role)));
+        };
+        let spawner = policy.roles.get(&policy.coordinator_role);
+        if !spawner.is_some_and(|spawner| spawner.can_spawn.contains(&args.role)) {
+            return Err(Refusal(
+                "spawn_not_allowed",
+                format!("role {:?} may not spawn role {:?}", policy.coordinator_role, args.role),
+            ));
+        }
+        if role.require_justification
+            && args.justification.as_deref().is_none_or(|text| text.trim().is_empty())
+        {
+            return Err(Refusal(
+                "justification_required",
+                format!("spawning a {} needs a justification", args.role),
+            ));
+        }
+        // The coordinator is at depth 0; what it spawns is at depth 1.
+        if role.max_depth.is_some_and(|max| max < 1) {
+            return Err(Refusal(
+                "depth_limit_reached",
+                format!("role {:?} may not be spawned this deep", args.role),
+            ));
+        }
+        let template_name = args.template.clone().unwrap_or_else(|| "default".to_owned());
+        let Some(template) = role.templates.get(&template_name).cloned() else {
+            return Err(Refusal(
+                "template_missing",
+                format!("role {:?} has no template {template_name:?}", args.role),
+            ));
+        };
+        if let Some(requested) = &args.budget_override {
+            let default = BudgetLimit::from(role.budget);
+            let fits = within(default.max_tokens, requested.max_tokens)
+                && within(default.max_steps, requested.max_steps)
+                && within(default.max_tool_calls, requested.max_tool_calls)
+                && within(default.max_elapsed_ms, requested.max_elapsed_ms)
+                && match (default.max_cost_usd, requested.max_cost_usd) {
+                    (Some(limit), Some(requested)) => requested <= limit,
+                    (Some(_), None) => false,
+                    (None, _) => true,
+                };
+            if !fits {
+                return Err(Refusal(
+                    "budget_override_too_large",
+                    format!("the budget asked for exceeds role {:?}'s default", args.role),
+                ));
+            }
+        }
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry((mission, args.role.clone())).or_default();
+        if role.max_instances.is_some_and(|max| *count >= max) {
+            return Err(Refusal(
+                "instance_limit_reached",
+                format!("the mission already has {count} instance(s) of role {:?}, its limit", args.role),
+            ));
+        }
+        *count += 1;
+        Ok((policy, role, template))
+    }
+
+    fn build_agent(&self, name: &str, role: &Role, template: &Template) -> Result<Agent, Refusal> {
+        let model = match &template.model {
+            Some(model) => self.catalog.models.get(model).cloned().ok_or_else(|| {
+                Refusal("invalid_template", format!("the template names the unknown model {model:?}"))
+            })?,
+            None => self.default_model.clone(),
+        };
+        let mut builder = Agent::builder(name, model).instructions(template.instructions.clone());
+        for tool_name in &template.tools {
+            let tool =
+                self.catalog.tools.iter().find(|tool| &tool.spec().name == tool_name).ok_or_else(|| {
+                    Refusal("invalid_template", format!("the template names the unknown tool {tool_name:?}"))
+                })?;
+            builder = builder.tool(tool.clone());
+        }
+        if let Some(capabilities) = &role.capabilities {
+            builder = builder.capabilities(capabilities.iter().cloned());
+        }
+        Ok(builder.build())
+    }
+}
+
+/// The `spawn_agent` tool of a team's coordinator.
+pub(crate) fn spawn_agent(spawner: Spawner) -> Arc<dyn Tool> {
+    FunctionTool::new(
+        "spawn_agent",
+        "Starts a new agent instance of a role (under the team's spawn policy) to work on a task on its own \
+         thread; returns its answer.",
+        move |args: SpawnArgs, context: ToolContext| {
+            let spawner = spawner.clone();
+            async move { spawn(&spawner, args, &context).await }
+        },
+    )
+    .ends_on_cancel()
+    .shared()
+}
+
+async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Result<String, ToolError> {
+    let mission = context.turn_id;
+    let team = |instance_id: Option<String>| TeamContext {
+        mission_id: Some(format!("mis_{mission}")),
+        instance_id,
+        parent_instance_id: None,
+        source: Some(EventSource::ToolCall),
+        message_id: None,
+    };
+    context
+        .emit_team_event(
+            team(None),
+            agentry_events::EventPayload::SpawnRequested {
+                requested_role: args.role.clone(),
+                template: args.template.clone(),
+                task: Some(args.task.clone()),
+                justification: args.justification.clone(),
+                budget_override: args.budget_override,
+            },
+        )
+        .await?;
+    let requested_role = args.role.clone();
+    let deny = |code: &'static str, error: String| {
+        let requested_role = requested_role.clone();
+        async move {
+            context
+                .emit_team_event(
+                    team(None),
+                    agentry_events::EventPayload::SpawnDenied {
+                        requested_role,
+                        code: code.to_owned(),
+                        error: error.clone(),
+                    },
+                )
+                .await?;
+            Err::<String, ToolError>(ToolError::Failed(format!("spawn denied ({code}): {error}")))
+        }
+    };
+    let (_policy, role, template) = match spawner.check(&args, mission) {
+        Ok(granted) => granted,
+        Err(Refusal(code, error)) => return deny(code, error).await,
+    };
+    let mut approval_id = None;
+    if role.require_approval {
+        let id = format!("appr_{}", EventId::new());
+        let decision = spawner.approvals.register(PendingSpawn {
+            approval_id: id.clone(),
+            mission_id: format!("mis_{mission}"),
+            role: args.role.clone(),
+            task: args.task.clone(),
+            justification: args.justification.clone(),
+        });
+        let decided = context.until_cancelled(decision).await;
+        match decided {
+            Some(Ok(Decision::Approve)) => approval_id = Some(id),
+            Some(Ok(Decision::Deny(reason))) => return deny("approval_denied", reason).await,
+            Some(Err(_)) | None => {
+                spawner.approvals.forget(&id);
+                return deny("approval_denied", "the spawn was not decided before the turn ended".to_owned())
+                    .await;
+            }
+        }
+    }
+    context
+        .emit_team_event(
+            team(None),
+            agentry_events::EventPayload::SpawnApproved { requested_role: args.role.clone(), approval_id },
+        )
+        .await?;
+    let instance_id = format!("ins_{}", EventId::new());
+    let agent = match spawner.build_agent(&format!("{}-{}", args.role, &instance_id[4..12]), &role, &template)
+    {
+        Ok(agent) => agent,
+        Err(Refusal(code, error)) => return deny(code, error).await,
+    };
+    let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
+    let instance = ThreadInstance { team: team(Some(instance_id)), role: args.role.clone(), budget };
+    let title = crate::title(&args.role, &args.task);
+    context.run_instance(&agent, args.task, title, instance).await.map(|result| result.answer)
+}

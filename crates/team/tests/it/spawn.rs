@@ -1,0 +1,239 @@
+//! Spawning instances under a spawn policy: each refusal has its seed 001 code, and gated
+//! spawns wait for a decision.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_memory::InMemoryStore;
+use agentry_model::{Model, ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
+use agentry_runner::{Runtime, TurnRequest};
+use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team};
+use agentry_types::Role;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"
+coordinator_role = "lead"
+
+[roles.lead]
+can_spawn = ["worker", "auditor"]
+
+[roles.worker]
+require_justification = true
+max_instances = 1
+budget = { max_tokens = 8000 }
+[roles.worker.templates.default]
+instructions = "You work."
+model = "small"
+
+[roles.auditor]
+require_approval = true
+[roles.auditor.templates.default]
+instructions = "You audit."
+model = "small"
+
+[roles.intruder]
+[roles.intruder.templates.default]
+instructions = "You should not exist."
+"#;
+
+fn tool_results(request: &ModelRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}
+
+/// A coordinator that makes the given `spawn_agent` calls, one model message each, then
+/// answers with every result joined.
+fn coordinator(calls: Vec<Value>) -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(move |request| {
+        let results = tool_results(request);
+        match calls.get(results.len()) {
+            Some(arguments) => ScriptedResponse {
+                tool_calls: vec![ScriptedToolCall {
+                    id: Some(format!("spawn_{}", results.len())),
+                    name: "spawn_agent".to_owned(),
+                    arguments: arguments.to_string(),
+                }],
+                ..ScriptedResponse::default()
+            },
+            None => ScriptedResponse::text(results.join(" | ")),
+        }
+    }))
+}
+
+fn small_model() -> Arc<dyn Model> {
+    Arc::new(ScriptedModel::responder(|request: &ModelRequest| {
+        ScriptedResponse::text(format!("worked on: {}", request.last_user_text().unwrap_or_default()))
+    }))
+}
+
+async fn run(
+    policy: Option<SpawnPolicy>,
+    approvals: SpawnApprovals,
+    calls: Vec<Value>,
+) -> (Vec<Arc<EventEnvelope>>, String) {
+    let catalog =
+        SpawnCatalog { models: HashMap::from([("small".to_owned(), small_model())]), tools: Vec::new() };
+    let team = Team::builder("org", coordinator(calls))
+        .spawn_policy(policy)
+        .catalog(catalog)
+        .approvals(approvals)
+        .build();
+    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    runtime.register(team);
+    let session = runtime.create_session("org", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Staff the project.")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let answer = match turn.wait().await.unwrap() {
+        agentry_types::TurnState::Done { output, .. } => output.unwrap().message.content.unwrap_or_default(),
+        other => panic!("{other:?}"),
+    };
+    (events, answer)
+}
+
+/// The spawn lifecycle as (event kind, code or role).
+fn lifecycle(events: &[Arc<EventEnvelope>]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::SpawnRequested { requested_role, .. } => {
+                Some(("requested".to_owned(), requested_role.clone()))
+            }
+            EventPayload::SpawnDenied { code, .. } => Some(("denied".to_owned(), code.clone())),
+            EventPayload::SpawnApproved { requested_role, .. } => {
+                Some(("approved".to_owned(), requested_role.clone()))
+            }
+            EventPayload::InstanceStarted { role, .. } => Some(("started".to_owned(), role.clone())),
+            EventPayload::InstanceCompleted { .. } => Some(("completed".to_owned(), String::new())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected.iter().map(|(kind, detail)| ((*kind).to_owned(), (*detail).to_owned())).collect()
+}
+
+#[tokio::test]
+async fn without_a_policy_every_spawn_is_denied_as_spawn_policy_missing() {
+    let dir = std::env::temp_dir().join(format!("agentry-no-policy-{}", agentry_types::EventId::new()));
+    assert_eq!(SpawnPolicy::load(dir.join("spawn.toml")).unwrap(), None, "a missing file is no policy");
+    let (events, answer) =
+        run(None, SpawnApprovals::new(), vec![json!({"role": "worker", "task": "Work."})]).await;
+    assert_eq!(lifecycle(&events), pairs(&[("requested", "worker"), ("denied", "spawn_policy_missing")]));
+    assert!(answer.contains("spawn_policy_missing"), "{answer}");
+    let denied = events.iter().find(|event| event.payload.kind() == "agent_team.spawn.denied").unwrap();
+    assert!(
+        denied
+            .team
+            .as_ref()
+            .and_then(|team| team.mission_id.as_deref())
+            .is_some_and(|id| id.starts_with("mis_"))
+    );
+}
+
+#[tokio::test]
+async fn each_refusal_of_the_policy_has_its_own_code() {
+    let policy = SpawnPolicy::parse(POLICY).unwrap();
+    let cases = [
+        (json!({"role": "intruder", "task": "Sneak."}), "spawn_not_allowed"),
+        (json!({"role": "worker", "task": "Work."}), "justification_required"),
+        (json!({"role": "ghost", "task": "Haunt."}), "unknown_role"),
+        (
+            json!({"role": "worker", "task": "Work.", "justification": "x", "template": "nope"}),
+            "template_missing",
+        ),
+        (
+            json!({"role": "worker", "task": "Work.", "justification": "x", "budget_override": {"max_tokens": 9000}}),
+            "budget_override_too_large",
+        ),
+    ];
+    for (arguments, code) in cases {
+        let (events, _) = run(Some(policy.clone()), SpawnApprovals::new(), vec![arguments.clone()]).await;
+        let role = arguments["role"].as_str().unwrap();
+        assert_eq!(lifecycle(&events), pairs(&[("requested", role), ("denied", code)]), "{arguments}");
+    }
+}
+
+#[tokio::test]
+async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied() {
+    let policy = SpawnPolicy::parse(POLICY).unwrap();
+    let spawn = json!({"role": "worker", "task": "Write the plan.", "justification": "Needs doing."});
+    let (events, answer) = run(Some(policy), SpawnApprovals::new(), vec![spawn.clone(), spawn]).await;
+    assert_eq!(
+        lifecycle(&events),
+        pairs(&[
+            ("requested", "worker"),
+            ("approved", "worker"),
+            ("started", "worker"),
+            ("completed", ""),
+            ("requested", "worker"),
+            ("denied", "instance_limit_reached"),
+        ])
+    );
+    assert!(answer.starts_with("worked on: Write the plan."), "{answer}");
+    let started = events.iter().find_map(|event| match &event.payload {
+        EventPayload::InstanceStarted { budget_limit, .. } => Some(*budget_limit),
+        _ => None,
+    });
+    assert_eq!(started.and_then(|limit| limit.max_tokens), Some(8000), "the role's default budget");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once() {
+    let policy = SpawnPolicy::parse(POLICY).unwrap();
+    let approvals = SpawnApprovals::new();
+    let audit = json!({"role": "auditor", "task": "Audit the books."});
+    let decider = {
+        let approvals = approvals.clone();
+        tokio::spawn(async move {
+            let first = approvals.wait_for_pending().await;
+            assert_eq!(first.len(), 1);
+            assert_eq!(first[0].role, "auditor");
+            assert!(approvals.approve(&first[0].approval_id));
+            assert!(!approvals.approve(&first[0].approval_id), "a decision is taken once");
+        })
+    };
+    let (events, answer) = run(Some(policy.clone()), approvals.clone(), vec![audit.clone()]).await;
+    decider.await.unwrap();
+    assert_eq!(
+        lifecycle(&events),
+        pairs(&[
+            ("requested", "auditor"),
+            ("approved", "auditor"),
+            ("started", "auditor"),
+            ("completed", "")
+        ])
+    );
+    let approval_id = events.iter().find_map(|event| match &event.payload {
+        EventPayload::SpawnApproved { approval_id, .. } => approval_id.clone(),
+        _ => None,
+    });
+    assert!(approval_id.is_some_and(|id| id.starts_with("appr_")));
+    assert!(answer.contains("Audit the books."), "{answer}");
+
+    let decider = {
+        let approvals = approvals.clone();
+        tokio::spawn(async move {
+            let pending = approvals.wait_for_pending().await;
+            assert!(approvals.deny(&pending[0].approval_id, "not this quarter"));
+        })
+    };
+    let (events, answer) = run(Some(policy), approvals, vec![audit]).await;
+    decider.await.unwrap();
+    assert_eq!(lifecycle(&events), pairs(&[("requested", "auditor"), ("denied", "approval_denied")]));
+    assert!(answer.contains("not this quarter"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_invalid_policy_is_refused_with_the_problem_named() {
+    let unknown_key = SpawnPolicy::parse("[roles.worker]\nmax_instancez = 3\n").unwrap_err();
+    assert!(unknown_key.to_string().contains("max_instancez"), "{unknown_key}");
+    let dangling = SpawnPolicy::parse("[roles.lead]\ncan_spawn = [\"ghost\"]\n").unwrap_err();
+    assert!(dangling.to_string().contains("ghost"), "{dangling}");
+}

@@ -7,3 +7,13 @@ mod coordinate;
 mod modes;
 mod policy;
 mod spawn;
+
+/// The tool results a model request carries, oldest first.
+fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|message| message.role == agentry_types::Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}

@@ -7,9 +7,11 @@ use agentry_memory::InMemoryStore;
 use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall, ToolChoice};
 use agentry_runner::{Agent, Runtime, TurnHandle, TurnRequest};
 use agentry_team::{Team, TeamMode, team_run_output};
+use agentry_types::TurnState;
 use agentry_types::agno::MemberResponse;
-use agentry_types::{Role, TurnState};
 use futures_util::StreamExt;
+
+use crate::tool_results;
 use serde_json::json;
 
 fn echoing(name: &'static str) -> Agent {
@@ -17,15 +19,6 @@ fn echoing(name: &'static str) -> Agent {
         ScriptedResponse::text(format!("{name} says: {}", request.last_user_text().unwrap_or_default()))
     }));
     Agent::builder(name, model).build()
-}
-
-fn tool_results(request: &ModelRequest) -> Vec<String> {
-    request
-        .messages
-        .iter()
-        .filter(|message| message.role == Role::Tool)
-        .map(agentry_types::Message::text)
-        .collect()
 }
 
 async fn run(team: Agent, message: &str) -> (Runtime, TurnHandle, Vec<Arc<EventEnvelope>>) {

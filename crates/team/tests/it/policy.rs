@@ -7,24 +7,17 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::InMemoryStore;
-use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
+use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, AgentLimits, FunctionTool, Runtime, ToolError, TurnRequest};
 use agentry_team::Team;
-use agentry_types::{CancellationReason, Role, TurnState};
+use agentry_types::{CancellationReason, TurnState};
 use futures_util::StreamExt;
+
+use crate::tool_results;
 use serde_json::json;
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Nothing {}
-
-fn tool_results(request: &ModelRequest) -> Vec<String> {
-    request
-        .messages
-        .iter()
-        .filter(|message| message.role == Role::Tool)
-        .map(agentry_types::Message::text)
-        .collect()
-}
 
 #[tokio::test]
 async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens() {

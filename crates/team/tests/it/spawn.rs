@@ -9,8 +9,9 @@ use agentry_memory::InMemoryStore;
 use agentry_model::{Model, ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Runtime, TurnRequest};
 use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team};
-use agentry_types::Role;
 use futures_util::StreamExt;
+
+use crate::tool_results;
 use serde_json::{Value, json};
 
 const POLICY: &str = r#"
@@ -37,15 +38,6 @@ model = "small"
 [roles.intruder.templates.default]
 instructions = "You should not exist."
 "#;
-
-fn tool_results(request: &ModelRequest) -> Vec<String> {
-    request
-        .messages
-        .iter()
-        .filter(|message| message.role == Role::Tool)
-        .map(agentry_types::Message::text)
-        .collect()
-}
 
 /// A coordinator that makes the given `spawn_agent` calls, one model message each, then
 /// answers with every result joined.

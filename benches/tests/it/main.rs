@@ -8,3 +8,4 @@ mod crash;
 mod recovery;
 mod scenarios;
 mod shared;
+mod team;

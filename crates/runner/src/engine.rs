@@ -18,15 +18,17 @@ use agentry_memory::{Conflict, HistoryQuery, Memory, MemoryConfig, Store, StoreE
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
 use agentry_types::{
-    ApprovalDecision, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message, ModelMessage,
-    PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId, SessionType, ThreadId,
-    ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
+    ApprovalDecision, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message,
+    ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId,
+    SessionType, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem,
+    TurnMetrics, TurnState,
 };
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
+use crate::budget::{Step, StepBudget};
 use crate::live::LiveTurn;
 use crate::tool::{ThreadInstance, ToolContext, ToolError};
 
@@ -206,6 +208,11 @@ impl std::fmt::Debug for ThreadScope {
 }
 
 impl ThreadScope {
+    /// The turn's store.
+    pub(crate) fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
     /// Emits a durable event with a team context on `thread`.
     pub(crate) async fn emit_team(
         &self,
@@ -270,6 +277,7 @@ impl ThreadScope {
         );
         engine.thread = thread;
         engine.team = instance.as_ref().map(|instance| instance.team.clone());
+        engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
         engine.run_thread(task, parent, title, instance).await
     }
 }
@@ -361,6 +369,8 @@ pub(crate) struct TurnEngine {
     approved: HashSet<String>,
     /// The agent-team context of this thread's events (a team member's instance).
     team: Option<TeamContext>,
+    /// The instance's budget, reserved before each model and tool call.
+    ledger: Option<Arc<dyn StepBudget>>,
     /// An answer a tool gave for the agent (a routed member's), ending the loop.
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
     model_calls: u32,
@@ -391,6 +401,7 @@ impl TurnEngine {
             approved: HashSet::new(),
             direct_answer: Arc::default(),
             team: None,
+            ledger: None,
             recovered_output: None,
             steps: 0,
             model_calls: 0,
@@ -399,6 +410,41 @@ impl TurnEngine {
 
     fn session_id(&self) -> SessionId {
         self.run.session_id
+    }
+
+    /// Reserves a step from the instance's budget (nothing without one). When the budget is
+    /// out, emits the exhaustion (once per budget) and stops the thread.
+    async fn reserve(&self, step: Step) -> Result<Option<String>, Stop> {
+        let Some(ledger) = &self.ledger else { return Ok(None) };
+        match ledger.reserve(step).await {
+            Ok(reservation) => Ok(Some(reservation)),
+            Err(exhausted) => {
+                if exhausted.first {
+                    let payload = if exhausted.mission {
+                        EventPayload::MissionBudgetExhausted {
+                            exhausted_by: exhausted.exhausted_by,
+                            usage: exhausted.usage,
+                        }
+                    } else {
+                        EventPayload::BudgetExhausted {
+                            exhausted_by: exhausted.exhausted_by,
+                            usage: exhausted.usage,
+                        }
+                    };
+                    self.emit(payload).await?;
+                }
+                Err(Stop::Cancelled(CancellationReason::BudgetExhausted))
+            }
+        }
+    }
+
+    /// Settles a reservation and reports the instance's usage.
+    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Result<(), Stop> {
+        let Some(ledger) = &self.ledger else { return Ok(()) };
+        if let Some(settled) = ledger.settle(reservation, used).await {
+            self.emit(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
+        }
+        Ok(())
     }
 
     /// Emits a durable event on this engine's thread, with its team context.
@@ -511,7 +557,22 @@ impl TurnEngine {
                     "the agent reached its limit of {limit} model calls in one turn"
                 )));
             }
-            let (message, output) = self.call_model().await?;
+            let reservation = self.reserve(Step::Model).await?;
+            let called = self.call_model().await;
+            if let Some(reservation) = reservation {
+                let used = match &called {
+                    Ok((message, _)) => BudgetUsage {
+                        tokens_used: message
+                            .usage
+                            .map_or(0, |usage| usage.input_tokens + usage.output_tokens),
+                        steps_used: 1,
+                        ..BudgetUsage::default()
+                    },
+                    Err(_) => BudgetUsage { steps_used: 1, ..BudgetUsage::default() },
+                };
+                self.settle(&reservation, used).await?;
+            }
+            let (message, output) = called?;
             if message.tool_calls.is_empty() {
                 self.complete_step(None, message.content.clone()).await?;
                 if let Some(memory) = memory {
@@ -967,7 +1028,17 @@ impl TurnEngine {
                 runnable.push(call.clone());
             }
         }
-        let (results, auth) = self.run_tools(&runnable).await?;
+        let mut reservations = Vec::new();
+        for _ in &runnable {
+            if let Some(reservation) = self.reserve(Step::Tool).await? {
+                reservations.push(reservation);
+            }
+        }
+        let ran = self.run_tools(&runnable).await;
+        for reservation in &reservations {
+            self.settle(reservation, BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }).await?;
+        }
+        let (results, auth) = ran?;
         for (call, result) in &results {
             self.emit_tool_response(call, result).await?;
         }

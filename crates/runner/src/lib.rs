@@ -39,6 +39,7 @@
 //! ```
 
 mod agent;
+mod budget;
 mod engine;
 mod error;
 mod input;
@@ -50,6 +51,7 @@ mod streaming;
 mod tool;
 
 pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory};
+pub use budget::{Exhausted, Settled, Step, StepBudget};
 pub use error::{RunnerError, RuntimeResult};
 pub use live::EventStream;
 pub use runtime::{PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest};

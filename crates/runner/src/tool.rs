@@ -131,6 +131,13 @@ impl ToolContext {
             .map_err(|error| ToolError::Failed(format!("the event could not be recorded: {error}")))
     }
 
+    /// The store of the turn the call runs in (for tools that keep state, such as budget
+    /// ledgers); `None` outside a turn.
+    #[must_use]
+    pub fn store(&self) -> Option<Arc<dyn agentry_memory::Store>> {
+        self.scope.as_ref().map(|scope| scope.store())
+    }
+
     /// Waits for `future` unless the turn is cancelled first (then `None`). Outside a turn
     /// it just waits.
     pub async fn until_cancelled<F: std::future::Future>(&self, future: F) -> Option<F::Output> {
@@ -151,7 +158,7 @@ impl ToolContext {
 }
 
 /// A sub-agent thread that is an agent-team instance (seed 001).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ThreadInstance {
     /// Mission, instance, parent instance and source, carried by the thread's events.
     pub team: TeamContext,
@@ -159,6 +166,9 @@ pub struct ThreadInstance {
     pub role: String,
     /// Its budget limit, as reported by `instance.started`.
     pub budget: BudgetLimit,
+    /// The ledger its model and tool calls reserve from and settle to; unbudgeted when
+    /// absent.
+    pub ledger: Option<Arc<dyn crate::StepBudget>>,
 }
 
 /// What a sub-agent thread answered.

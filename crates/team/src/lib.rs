@@ -20,10 +20,12 @@
 //! assert!(team.tool("delegate_task_to_member").is_some());
 //! ```
 
+mod budget;
 mod output;
 mod spawn;
 mod tasks;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use agentry_events::{EventSource, TeamContext};
@@ -77,6 +79,8 @@ impl Team {
             policy: None,
             catalog: SpawnCatalog::default(),
             approvals: SpawnApprovals::new(),
+            mission_budget: None,
+            tokens_per_step: 1000,
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct TeamBuilder {
     policy: Option<SpawnPolicy>,
     catalog: SpawnCatalog,
     approvals: SpawnApprovals,
+    mission_budget: Option<BudgetLimit>,
+    tokens_per_step: u64,
 }
 
 impl TeamBuilder {
@@ -140,6 +146,23 @@ impl TeamBuilder {
         self
     }
 
+    /// The totals every mission (team turn) may use across its instances; the spawn
+    /// policy's `[mission]` when not set.
+    #[must_use]
+    pub const fn mission_budget(mut self, limit: BudgetLimit) -> Self {
+        self.mission_budget = Some(limit);
+        self
+    }
+
+    /// Tokens held before each model call of an instance, settled with the real count after
+    /// (default 1,000). A budget is never passed by more than one such reservation per
+    /// concurrent instance.
+    #[must_use]
+    pub const fn tokens_per_step(mut self, tokens: u64) -> Self {
+        self.tokens_per_step = tokens;
+        self
+    }
+
     /// Sets the coordinator's limits.
     #[must_use]
     pub fn limits(mut self, limits: AgentLimits) -> Self {
@@ -150,8 +173,32 @@ impl TeamBuilder {
     /// The coordinator agent, named after the team, with the tools of its mode.
     #[must_use]
     pub fn build(self) -> Agent {
-        let members = Arc::new(self.members);
-        let roster: Vec<String> = members.iter().map(|member| format!("- {}", member.name())).collect();
+        let policy = self.policy.map(Arc::new);
+        let mission = self
+            .mission_budget
+            .or_else(|| policy.as_ref().map(|policy| BudgetLimit::from(policy.mission)))
+            .unwrap_or_default();
+        let role_budgets = policy
+            .as_ref()
+            .map(|policy| {
+                policy
+                    .roles
+                    .iter()
+                    .map(|(name, role)| (name.clone(), BudgetLimit::from(role.budget)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let members = Arc::new(Crew {
+            agents: self.members,
+            budgets: budget::Budgets {
+                mission,
+                tokens_per_step: self.tokens_per_step,
+                reported: Arc::default(),
+            },
+            role_budgets,
+        });
+        let roster: Vec<String> =
+            members.agents.iter().map(|member| format!("- {}", member.name())).collect();
         let mut instructions = self.instructions.unwrap_or_else(|| "You coordinate a team.".to_owned());
         let how = match self.mode {
             TeamMode::Coordinate => {
@@ -179,7 +226,8 @@ impl TeamBuilder {
         match self.mode {
             TeamMode::Coordinate => {
                 let spawner = spawn::Spawner {
-                    policy: self.policy.map(Arc::new),
+                    crew: members.clone(),
+                    policy,
                     catalog: self.catalog,
                     approvals: self.approvals,
                     default_model: self.model.clone(),
@@ -201,12 +249,26 @@ impl TeamBuilder {
     }
 }
 
-/// The member named `name`, or an error listing the members.
-fn find_member<'a>(members: &'a [Agent], name: &str) -> Result<&'a Agent, ToolError> {
-    members.iter().find(|member| member.name() == name).ok_or_else(|| {
-        let names: Vec<&str> = members.iter().map(Agent::name).collect();
-        ToolError::Failed(format!("no team member is named {name:?}; the members are: {}", names.join(", ")))
-    })
+/// A team's members and the budgets they run under, shared by its tools.
+#[derive(Debug)]
+pub(crate) struct Crew {
+    pub(crate) agents: Vec<Agent>,
+    pub(crate) budgets: budget::Budgets,
+    /// Instance budgets by role (a member's role is its name), from the spawn policy.
+    pub(crate) role_budgets: HashMap<String, BudgetLimit>,
+}
+
+impl Crew {
+    /// The member named `name`, or an error listing the members.
+    pub(crate) fn find(&self, name: &str) -> Result<&Agent, ToolError> {
+        self.agents.iter().find(|member| member.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = self.agents.iter().map(Agent::name).collect();
+            ToolError::Failed(format!(
+                "no team member is named {name:?}; the members are: {}",
+                names.join(", ")
+            ))
+        })
+    }
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -223,25 +285,55 @@ struct DelegateToMembers {
     task: String,
 }
 
-/// Runs a member on its own thread as an agent-team instance of the turn's mission.
+/// Runs a member on its own thread as an agent-team instance of the turn's mission, under
+/// its role's budget and the mission's.
 pub(crate) async fn run_member(
+    crew: &Crew,
     context: &ToolContext,
     member: &Agent,
     task: String,
     title: String,
 ) -> Result<ThreadResult, ToolError> {
+    let limit = crew.role_budgets.get(member.name()).copied().unwrap_or_default();
+    run_instance(crew, context, member, task, title, member.name(), limit, None).await
+}
+
+/// Runs an agent as a new instance of `role` with its own ledger.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_instance(
+    crew: &Crew,
+    context: &ToolContext,
+    agent: &Agent,
+    task: String,
+    title: String,
+    role: &str,
+    limit: BudgetLimit,
+    instance_id: Option<String>,
+) -> Result<ThreadResult, ToolError> {
+    let mission_id = format!("mis_{}", context.turn_id);
+    let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
+    let ledger = match context.store() {
+        Some(store) => Some(
+            crew.budgets
+                .instance(store, &mission_id, &instance_id, limit)
+                .await
+                .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?,
+        ),
+        None => None,
+    };
     let instance = ThreadInstance {
         team: TeamContext {
-            mission_id: Some(format!("mis_{}", context.turn_id)),
-            instance_id: Some(format!("ins_{}", EventId::new())),
+            mission_id: Some(mission_id),
+            instance_id: Some(instance_id),
             parent_instance_id: None,
             source: Some(EventSource::ToolCall),
             message_id: None,
         },
-        role: member.name().to_owned(),
-        budget: BudgetLimit::default(),
+        role: role.to_owned(),
+        budget: limit,
+        ledger: ledger.map(|ledger| Arc::new(ledger) as Arc<dyn agentry_runner::StepBudget>),
     };
-    context.run_instance(member, task, title, instance).await
+    context.run_instance(agent, task, title, instance).await
 }
 
 /// A thread title: the member and the start of the task.
@@ -250,34 +342,37 @@ pub(crate) fn title(member: &str, task: &str) -> String {
     if short.len() < task.len() { format!("{member}: {short}…") } else { format!("{member}: {short}") }
 }
 
-fn delegate_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
+/// Runs the named member on the task.
+async fn delegate(
+    crew: &Crew,
+    context: &ToolContext,
+    args: &DelegateToMember,
+) -> Result<ThreadResult, ToolError> {
+    let member = crew.find(&args.member_id)?;
+    run_member(crew, context, member, args.task.clone(), title(member.name(), &args.task)).await
+}
+
+fn delegate_to_member(members: Arc<Crew>) -> Arc<dyn Tool> {
     FunctionTool::new(
         "delegate_task_to_member",
         "Delegates a task to one team member, who works on it on its own thread and returns its answer.",
         move |args: DelegateToMember, context: ToolContext| {
             let members = members.clone();
-            async move {
-                let member = find_member(&members, &args.member_id)?;
-                let result =
-                    run_member(&context, member, args.task.clone(), title(member.name(), &args.task)).await?;
-                Ok(result.answer)
-            }
+            async move { delegate(&members, &context, &args).await.map(|result| result.answer) }
         },
     )
     .ends_on_cancel()
     .shared()
 }
 
-fn route_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
+fn route_to_member(members: Arc<Crew>) -> Arc<dyn Tool> {
     FunctionTool::new(
         "route_to_member",
         "Hands the user's request to one team member, whose answer goes to the user as it is.",
         move |args: DelegateToMember, context: ToolContext| {
             let members = members.clone();
             async move {
-                let member = find_member(&members, &args.member_id)?;
-                let result =
-                    run_member(&context, member, args.task.clone(), title(member.name(), &args.task)).await?;
+                let result = delegate(&members, &context, &args).await?;
                 if let Some(output) = result.output {
                     context.answer_directly(output);
                 }
@@ -289,18 +384,19 @@ fn route_to_member(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
     .shared()
 }
 
-fn delegate_to_members(members: Arc<Vec<Agent>>) -> Arc<dyn Tool> {
+fn delegate_to_members(members: Arc<Crew>) -> Arc<dyn Tool> {
     FunctionTool::new(
         "delegate_task_to_members",
         "Gives the same task to every team member at once; each works on its own thread. Returns every answer.",
         move |args: DelegateToMembers, context: ToolContext| {
             let members = members.clone();
             async move {
-                let runs = members.iter().map(|member| {
+                let crew = &*members;
+                let runs = crew.agents.iter().map(|member| {
                     let context = &context;
                     let task = args.task.clone();
                     async move {
-                        let outcome = run_member(context, member, task.clone(), title(member.name(), &task)).await;
+                        let outcome = run_member(crew, context, member, task.clone(), title(member.name(), &task)).await;
                         (member.name().to_owned(), outcome)
                     }
                 });

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_events::{EventSource, TeamContext};
 use agentry_model::Model;
-use agentry_runner::{Agent, FunctionTool, ThreadInstance, Tool, ToolContext, ToolError};
+use agentry_runner::{Agent, FunctionTool, Tool, ToolContext, ToolError};
 use agentry_types::{BudgetLimit, EventId, TurnId};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -287,6 +287,7 @@ pub struct SpawnCatalog {
 /// Everything `spawn_agent` needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Spawner {
+    pub(crate) crew: Arc<crate::Crew>,
     pub(crate) policy: Option<Arc<SpawnPolicy>>,
     pub(crate) catalog: SpawnCatalog,
     pub(crate) approvals: SpawnApprovals,
@@ -507,7 +508,17 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         Err(Refusal(code, error)) => return deny(code, error).await,
     };
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
-    let instance = ThreadInstance { team: team(Some(instance_id)), role: args.role.clone(), budget };
     let title = crate::title(&args.role, &args.task);
-    context.run_instance(&agent, args.task, title, instance).await.map(|result| result.answer)
+    crate::run_instance(
+        &spawner.crew,
+        context,
+        &agent,
+        args.task,
+        title,
+        &args.role,
+        budget,
+        Some(instance_id),
+    )
+    .await
+    .map(|result| result.answer)
 }

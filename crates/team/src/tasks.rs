@@ -5,12 +5,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use agentry_runner::{Agent, FunctionTool, Tool, ToolContext, ToolError};
+use agentry_runner::{FunctionTool, Tool, ToolContext, ToolError};
 use agentry_types::TurnId;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{find_member, run_member, title};
+use crate::{Crew, run_member, title};
 
 /// How many turns' task lists are kept.
 const KEPT_TURNS: usize = 1024;
@@ -128,14 +128,14 @@ struct Nothing {}
 
 async fn run_one(
     board: &Board,
-    members: &[Agent],
+    members: &Crew,
     context: &ToolContext,
     id: &str,
 ) -> Result<String, ToolError> {
     let task = board.start(context.turn_id, id)?;
-    let outcome = match find_member(members, &task.assignee) {
+    let outcome = match members.find(&task.assignee) {
         Ok(member) => {
-            run_member(context, member, task.description.clone(), title(member.name(), &task.title))
+            run_member(members, context, member, task.description.clone(), title(member.name(), &task.title))
                 .await
                 .map(|result| result.answer)
         }
@@ -146,7 +146,7 @@ async fn run_one(
 }
 
 /// The task-list tools over one board.
-pub(crate) fn tools(members: Arc<Vec<Agent>>) -> Vec<Arc<dyn Tool>> {
+pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
     let board = Board::default();
     let create = {
         let (board, members) = (board.clone(), members.clone());
@@ -156,7 +156,7 @@ pub(crate) fn tools(members: Arc<Vec<Agent>>) -> Vec<Arc<dyn Tool>> {
             move |args: CreateTask, context: ToolContext| {
                 let (board, members) = (board.clone(), members.clone());
                 async move {
-                    find_member(&members, &args.assignee)?;
+                    members.find(&args.assignee)?;
                     let id = board.with(context.turn_id, |tasks| {
                         let id = format!("task-{}", tasks.len() + 1);
                         tasks.push(Task {

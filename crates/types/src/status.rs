@@ -48,6 +48,8 @@ pub enum CancellationReason {
     CancelledForNextTurn,
     /// Its process went away and it could not be resumed.
     Abandoned,
+    /// Its budget (or its mission's) ran out.
+    BudgetExhausted,
 }
 
 impl CancellationReason {
@@ -59,6 +61,7 @@ impl CancellationReason {
             Self::ServerExecutionTimeout => "server-execution-timeout",
             Self::CancelledForNextTurn => "cancelled-for-next-turn",
             Self::Abandoned => "abandoned",
+            Self::BudgetExhausted => "budget-exhausted",
         }
     }
 }

@@ -3,6 +3,7 @@
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]
 
+mod budgets;
 mod coordinate;
 mod modes;
 mod policy;

@@ -1,0 +1,52 @@
+//! Budgets around the steps of a thread: a [`StepBudget`] reserves before each model call
+//! and each tool call and settles with what was really used after. The team crate backs it
+//! with ledgers in the store shared by a mission and its instances.
+
+use std::fmt;
+
+use agentry_types::{BudgetLimit, BudgetUsage};
+use async_trait::async_trait;
+
+/// What a reservation is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// One model call.
+    Model,
+    /// One tool call.
+    Tool,
+}
+
+/// A budget ran out: the thread stops (cancelled, `budget-exhausted`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exhausted {
+    /// The limit that ran out (`max_tokens`, …; `mission_max_tokens`, … for the mission's).
+    pub exhausted_by: String,
+    /// The usage at that point.
+    pub usage: BudgetUsage,
+    /// Whether the mission's total ran out (rather than the instance's own budget).
+    pub mission: bool,
+    /// Whether this is the first time this budget was found exhausted: only then is the
+    /// exhaustion event emitted, so it is emitted once however many threads run into it.
+    pub first: bool,
+}
+
+/// A reservation's settlement: what to report in `budget.usage`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    /// The instance's usage after settling.
+    pub usage: BudgetUsage,
+    /// Its limit.
+    pub limit: Option<BudgetLimit>,
+}
+
+/// Budget checks around each model and tool call of a thread.
+#[async_trait]
+pub trait StepBudget: Send + Sync + fmt::Debug {
+    /// Holds an amount for the next step. Returns the reservation's id, or why the budget
+    /// cannot cover it (all scopes or none are held).
+    async fn reserve(&self, step: Step) -> Result<String, Exhausted>;
+
+    /// Settles a reservation with what the step really used; `None` when it could not be
+    /// settled (it expired or the store failed: the hold then lapses with its lease).
+    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Option<Settled>;
+}

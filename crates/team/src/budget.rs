@@ -1,0 +1,119 @@
+//! Budget ledgers of a mission (one team turn) and its instances, kept in the store: every
+//! model call and tool call of an instance reserves from its own ledger and its mission's
+//! in one transaction, and settles with the real usage after, so concurrent members can
+//! never push a budget past its limit by more than one reservation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentry_memory::{Conflict, Store, StoreError};
+use agentry_runner::{Exhausted, Settled, Step, StepBudget};
+use agentry_types::{BudgetLimit, BudgetReservation, BudgetUsage, EventId, Timestamp, lease_expiry};
+use async_trait::async_trait;
+
+/// How long a reservation holds if its instance dies before settling it.
+const RESERVATION_TTL: Duration = Duration::from_secs(600);
+
+/// Mission-wide settings of a team's budgets.
+#[derive(Debug, Clone)]
+pub(crate) struct Budgets {
+    /// The mission's totals.
+    pub(crate) mission: BudgetLimit,
+    /// Tokens held before each model call (the real count is settled after).
+    pub(crate) tokens_per_step: u64,
+    /// Per mission: whether its exhaustion was reported.
+    pub(crate) reported: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+}
+
+impl Budgets {
+    /// A ledger for a new instance of `mission`, creating the mission's ledger on first use.
+    pub(crate) async fn instance(
+        &self,
+        store: Arc<dyn Store>,
+        mission: &str,
+        instance: &str,
+        limit: BudgetLimit,
+    ) -> Result<InstanceLedger, StoreError> {
+        match store.create_budget(mission, &self.mission).await {
+            Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
+            Err(error) => return Err(error),
+        }
+        store.create_budget(instance, &limit).await?;
+        let mission_reported = self
+            .reported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(mission.to_owned())
+            .or_default()
+            .clone();
+        Ok(InstanceLedger {
+            store,
+            instance: instance.to_owned(),
+            mission: mission.to_owned(),
+            limit,
+            tokens_per_step: self.tokens_per_step,
+            mission_reported,
+            instance_reported: AtomicBool::new(false),
+        })
+    }
+}
+
+/// One instance's view of the ledgers: its own and its mission's.
+#[derive(Debug)]
+pub(crate) struct InstanceLedger {
+    store: Arc<dyn Store>,
+    instance: String,
+    mission: String,
+    limit: BudgetLimit,
+    tokens_per_step: u64,
+    mission_reported: Arc<AtomicBool>,
+    instance_reported: AtomicBool,
+}
+
+#[async_trait]
+impl StepBudget for InstanceLedger {
+    async fn reserve(&self, step: Step) -> Result<String, Exhausted> {
+        let amount = match step {
+            Step::Model => {
+                BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
+            }
+            Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
+        };
+        let now = Timestamp::now();
+        let reservation = BudgetReservation {
+            id: format!("res_{}", EventId::new()),
+            scopes: vec![self.instance.clone(), self.mission.clone()],
+            amount,
+            expires_at: lease_expiry(now, RESERVATION_TTL),
+        };
+        match self.store.reserve(&reservation, now).await {
+            Ok(()) => Ok(reservation.id),
+            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
+                let mission = scope == self.mission;
+                let usage =
+                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
+                let flag = if mission { &*self.mission_reported } else { &self.instance_reported };
+                Err(Exhausted {
+                    exhausted_by: if mission { format!("mission_{dimension}") } else { dimension.to_owned() },
+                    usage,
+                    mission,
+                    first: !flag.swap(true, Ordering::AcqRel),
+                })
+            }
+            Err(error) => Err(Exhausted {
+                exhausted_by: format!("ledger_unavailable: {error}"),
+                usage: BudgetUsage::default(),
+                mission: false,
+                first: !self.instance_reported.swap(true, Ordering::AcqRel),
+            }),
+        }
+    }
+
+    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Option<Settled> {
+        self.store.settle(reservation, &used).await.ok()?;
+        let ledger = self.store.budget(&self.instance, Timestamp::now()).await.ok()?;
+        Some(Settled { usage: ledger.used, limit: Some(self.limit) })
+    }
+}

@@ -1,0 +1,79 @@
+//! Budgets shared by a mission and its instances: concurrent members stop at the mission's
+//! limit, within one reservation, and every instance is cancelled.
+
+use std::sync::Arc;
+
+use agentry_events::{EventEnvelope, EventPayload};
+use agentry_memory::InMemoryStore;
+use agentry_model::{ScriptedModel, ScriptedResponse};
+use agentry_runner::{Agent, FunctionTool, Runtime, ToolError, TurnRequest};
+use agentry_team::Team;
+use agentry_types::{BudgetLimit, Timestamp, Usage};
+use futures_util::StreamExt;
+use serde_json::json;
+
+use crate::tool_results;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Nothing {}
+
+/// A member that works forever: every model call costs 200 tokens and calls `work`.
+fn tireless(name: String) -> Agent {
+    let work =
+        FunctionTool::new("work", "Works.", |_: Nothing, _| async { Ok::<_, ToolError>("more".to_owned()) });
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse {
+        usage: Some(Usage::new(150, 50)),
+        ..ScriptedResponse::tool_call("work", &json!({}))
+    }));
+    Agent::builder(name, model).tool(work.shared()).build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled() {
+    const LIMIT: u64 = 5_000;
+    const STEP: u64 = 200;
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Work until stopped."}))
+        } else {
+            ScriptedResponse::text("Out of budget.")
+        }
+    }));
+    let mut team = Team::builder("crowd", coordinator)
+        .mission_budget(BudgetLimit { max_tokens: Some(LIMIT), ..BudgetLimit::default() })
+        .tokens_per_step(STEP);
+    for index in 0..10 {
+        team = team.member(tireless(format!("member-{index}")));
+    }
+    let store = Arc::new(InMemoryStore::new());
+    let runtime = Runtime::new(store.clone());
+    runtime.register(team.build());
+    let session = runtime.create_session("crowd", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Go.")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+
+    let count = |kind: &str| events.iter().filter(|event| event.payload.kind() == kind).count();
+    assert_eq!(count("agent_team.mission.budget.exhausted"), 1, "reported once");
+    assert_eq!(count("agent_team.instance.started"), 10);
+    assert_eq!(count("agent_team.instance.cancelled"), 10, "every instance was cancelled");
+    let exhausted_by = events.iter().find_map(|event| match &event.payload {
+        EventPayload::MissionBudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+        _ => None,
+    });
+    assert_eq!(exhausted_by.as_deref(), Some("mission_max_tokens"));
+    let cancelled_for_budget = events.iter().all(|event| match &event.payload {
+        EventPayload::InstanceCancelled { reason } => reason.as_deref() == Some("budget-exhausted"),
+        _ => true,
+    });
+    assert!(cancelled_for_budget);
+    assert!(count("agent_team.budget.usage") > 0, "settled usage is reported");
+
+    // The mission's ledger, in the store: within one reservation of the limit.
+    let mission = format!("mis_{}", turn.id());
+    let ledger =
+        agentry_memory::BudgetStore::budget(store.as_ref(), &mission, Timestamp::now()).await.unwrap();
+    assert!(ledger.used.tokens_used <= LIMIT + STEP, "{ledger:?}");
+    assert!(ledger.used.tokens_used >= LIMIT - STEP * 10, "the members used the budget: {ledger:?}");
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the coordinator answered: {state:?}");
+}

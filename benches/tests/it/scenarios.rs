@@ -1,5 +1,5 @@
-//! The runner's acceptance scenarios on real SQLite and redb files (the runner cannot
-//! name a storage crate, so they run here).
+//! The runner's and the team's acceptance scenarios on real SQLite and redb files (neither
+//! crate can name a storage crate, so they run here).
 
 mod sqlite {
     use std::sync::Arc;
@@ -14,6 +14,10 @@ mod sqlite {
     }
 
     agentry_runner::runner_scenarios!(fresh);
+
+    mod team {
+        agentry_team::team_scenarios!(super::fresh);
+    }
 }
 
 mod redb {
@@ -29,4 +33,8 @@ mod redb {
     }
 
     agentry_runner::runner_scenarios!(fresh);
+
+    mod team {
+        agentry_team::team_scenarios!(super::fresh);
+    }
 }

@@ -22,6 +22,8 @@
 
 mod budget;
 mod output;
+#[cfg(feature = "scenarios")]
+pub mod scenarios;
 mod spawn;
 mod tasks;
 

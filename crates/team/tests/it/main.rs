@@ -1,20 +1,9 @@
-//! Integration tests of teams, end to end through the runtime with scripted models.
+//! The team's acceptance scenarios on the in-memory store (SQLite and redb run them in
+//! `agentry-benches`).
 
-// Test helpers fail loudly, like the tests that call them.
-#![allow(clippy::unwrap_used)]
+use std::sync::Arc;
 
-mod budgets;
-mod coordinate;
-mod modes;
-mod policy;
-mod spawn;
+use agentry_memory::InMemoryStore;
+use agentry_memory::conformance::Harness;
 
-/// The tool results a model request carries, oldest first.
-fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
-    request
-        .messages
-        .iter()
-        .filter(|message| message.role == agentry_types::Role::Tool)
-        .map(agentry_types::Message::text)
-        .collect()
-}
+agentry_team::team_scenarios!(|| async { Harness::new(Arc::new(InMemoryStore::new())) });

@@ -1,18 +1,18 @@
 //! Budgets shared by a mission and its instances: concurrent members stop at the mission's
 //! limit, within one reservation, and every instance is cancelled.
 
+use agentry_memory::conformance::Harness;
 use std::sync::Arc;
 
+use crate::Team;
 use agentry_events::{EventEnvelope, EventPayload};
-use agentry_memory::InMemoryStore;
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_runner::{Agent, FunctionTool, Runtime, ToolError, TurnRequest};
-use agentry_team::Team;
 use agentry_types::{BudgetLimit, Timestamp, Usage};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use crate::tool_results;
+use super::tool_results;
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Nothing {}
@@ -28,8 +28,8 @@ fn tireless(name: String) -> Agent {
     Agent::builder(name, model).tool(work.shared()).build()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled() {
+/// Scenario.
+pub async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled(harness: Harness) {
     const LIMIT: u64 = 5_000;
     const STEP: u64 = 200;
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
@@ -45,7 +45,7 @@ async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled(
     for index in 0..10 {
         team = team.member(tireless(format!("member-{index}")));
     }
-    let store = Arc::new(InMemoryStore::new());
+    let store = harness.store.clone();
     let runtime = Runtime::new(store.clone());
     runtime.register(team.build());
     let session = runtime.create_session("crowd", None).await.unwrap();
@@ -70,8 +70,7 @@ async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled(
 
     // The mission's ledger, in the store: within one reservation of the limit.
     let mission = format!("mis_{}", turn.id());
-    let ledger =
-        agentry_memory::BudgetStore::budget(store.as_ref(), &mission, Timestamp::now()).await.unwrap();
+    let ledger = store.budget(&mission, Timestamp::now()).await.unwrap();
     assert!(ledger.used.tokens_used <= LIMIT + STEP, "{ledger:?}");
     assert!(ledger.used.tokens_used >= LIMIT - STEP * 10, "the members used the budget: {ledger:?}");
     let state = turn.wait().await.unwrap();

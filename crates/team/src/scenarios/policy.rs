@@ -1,26 +1,28 @@
 //! Capabilities enforced at dispatch, instance lifecycle events, and cancellation cascading
 //! to every running member.
 
+use agentry_memory::conformance::Harness;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::Team;
 use agentry_events::{EventEnvelope, EventPayload};
-use agentry_memory::InMemoryStore;
 use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, AgentLimits, FunctionTool, Runtime, ToolError, TurnRequest};
-use agentry_team::Team;
 use agentry_types::{CancellationReason, TurnState};
 use futures_util::StreamExt;
 
-use crate::tool_results;
+use super::tool_results;
 use serde_json::json;
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Nothing {}
 
-#[tokio::test]
-async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens() {
+/// Scenario.
+pub async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens(
+    harness: Harness,
+) {
     let deleted = Arc::new(AtomicUsize::new(0));
     let delete = {
         let deleted = deleted.clone();
@@ -57,7 +59,7 @@ async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing
             ScriptedResponse::text("Done.")
         }
     }));
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(Team::builder("office", coordinator).member(member).build());
     let session = runtime.create_session("office", None).await.unwrap();
     let turn = session.create_turn(TurnRequest::message("Clean up.")).await.unwrap();
@@ -93,8 +95,8 @@ fn stuck(name: &str, started: Arc<tokio::sync::Barrier>) -> Agent {
     Agent::builder(name, model).tool(wait.shared()).limits(limits).build()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_events() {
+/// Scenario.
+pub async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_events(harness: Harness) {
     let started = Arc::new(tokio::sync::Barrier::new(4));
     let mut three = ScriptedResponse::default();
     for (index, name) in ["a", "b", "c"].iter().enumerate() {
@@ -110,7 +112,7 @@ async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_event
         .member(stuck("b", started.clone()))
         .member(stuck("c", started.clone()))
         .build();
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(team);
     let session = runtime.create_session("waiters", None).await.unwrap();
     let turn = session.create_turn(TurnRequest::message("Wait, all of you.")).await.unwrap();
@@ -138,8 +140,8 @@ async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_event
     assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
 }
 
-#[tokio::test]
-async fn a_finished_member_reports_its_instance_started_and_completed_with_the_mission() {
+/// Scenario.
+pub async fn a_finished_member_reports_its_instance_started_and_completed_with_the_mission(harness: Harness) {
     let member =
         Agent::builder("helper", Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("ok"))))
             .build();
@@ -153,7 +155,7 @@ async fn a_finished_member_reports_its_instance_started_and_completed_with_the_m
             ScriptedResponse::text("Helped.")
         }
     }));
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(Team::builder("t", coordinator).member(member).build());
     let session = runtime.create_session("t", None).await.unwrap();
     let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();

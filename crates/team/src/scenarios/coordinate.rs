@@ -1,13 +1,14 @@
 //! Coordinate mode: the coordinator delegates to members on concurrent sub-agent threads.
 
+use agentry_memory::conformance::Harness;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::Team;
 use agentry_events::{EventEnvelope, EventPayload, ThreadOutcome};
-use agentry_memory::{InMemoryStore, Order, PageRequest, ParentFilter, RunQuery};
+use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
 use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, FunctionTool, Runtime, ToolError, TurnRequest};
-use agentry_team::Team;
 use agentry_types::{Role, ThreadId, TurnState};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -61,14 +62,14 @@ fn coordinator() -> Arc<ScriptedModel> {
     }))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads() {
+/// Scenario.
+pub async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads(harness: Harness) {
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let team = Team::builder("demo-team", coordinator())
         .member(member("researcher", "Otters hold hands.", barrier.clone()))
         .member(member("writer", "Paws of the River", barrier))
         .build();
-    let store = Arc::new(InMemoryStore::new());
+    let store = harness.store.clone();
     let runtime = Runtime::new(store.clone());
     runtime.register(team);
     let session = runtime.create_session("demo-team", None).await.unwrap();
@@ -141,7 +142,7 @@ async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads
     assert_eq!(agents, ["researcher", "writer"]);
     assert!(members.items.iter().all(|run| run.thread_id.is_some() && run.state.is_terminal()));
     // TeamRunOutput holds both member responses.
-    let output = agentry_team::team_run_output(runtime.store().as_ref(), turn.id()).await.unwrap();
+    let output = crate::team_run_output(runtime.store().as_ref(), turn.id()).await.unwrap();
     assert_eq!(output.content, Some(json!("Team answer: Otters hold hands. + Paws of the River")));
     assert_eq!(output.team_name.as_deref(), Some("demo-team"));
     let mut responses: Vec<(Option<String>, Option<serde_json::Value>)> = output
@@ -165,14 +166,16 @@ async fn two_members_called_in_one_message_run_concurrently_on_their_own_threads
     assert_eq!(turns.items.len(), 1);
 }
 
-#[tokio::test]
-async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members() {
+/// Scenario.
+pub async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members(
+    harness: Harness,
+) {
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptedResponse::tool_call("delegate_task_to_member", &json!({"member_id": "nobody", "task": "x"})),
         ScriptedResponse::text("Sorry."),
     ]));
     let helper = Agent::builder("helper", Arc::new(ScriptedModel::new(vec![]))).build();
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(Team::builder("t", model.clone()).member(helper).build());
     let session = runtime.create_session("t", None).await.unwrap();
     session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
@@ -181,8 +184,10 @@ async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_
     assert!(result.contains("helper"), "{result}");
 }
 
-#[tokio::test]
-async fn delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported() {
+/// Scenario.
+pub async fn delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported(
+    harness: Harness,
+) {
     let ok =
         Agent::builder("ok", Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("fine")))).build();
     let broken = Agent::builder(
@@ -199,7 +204,7 @@ async fn delegating_to_every_member_collects_each_answer_and_a_failed_member_is_
         ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "status?"})),
         ScriptedResponse::text("Summarized."),
     ]));
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(Team::builder("all", model.clone()).member(ok).member(broken).build());
     let session = runtime.create_session("all", None).await.unwrap();
     let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();

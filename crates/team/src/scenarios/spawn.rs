@@ -1,17 +1,17 @@
 //! Spawning instances under a spawn policy: each refusal has its seed 001 code, and gated
 //! spawns wait for a decision.
 
+use agentry_memory::conformance::Harness;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team};
 use agentry_events::{EventEnvelope, EventPayload};
-use agentry_memory::InMemoryStore;
 use agentry_model::{Model, ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Runtime, TurnRequest};
-use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team};
 use futures_util::StreamExt;
 
-use crate::tool_results;
+use super::tool_results;
 use serde_json::{Value, json};
 
 const POLICY: &str = r#"
@@ -65,6 +65,7 @@ fn small_model() -> Arc<dyn Model> {
 }
 
 async fn run(
+    harness: &Harness,
     policy: Option<SpawnPolicy>,
     approvals: SpawnApprovals,
     calls: Vec<Value>,
@@ -76,7 +77,7 @@ async fn run(
         .catalog(catalog)
         .approvals(approvals)
         .build();
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+    let runtime = Runtime::new(harness.store.clone());
     runtime.register(team);
     let session = runtime.create_session("org", None).await.unwrap();
     let turn = session.create_turn(TurnRequest::message("Staff the project.")).await.unwrap();
@@ -111,12 +112,12 @@ fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
     expected.iter().map(|(kind, detail)| ((*kind).to_owned(), (*detail).to_owned())).collect()
 }
 
-#[tokio::test]
-async fn without_a_policy_every_spawn_is_denied_as_spawn_policy_missing() {
+/// Scenario.
+pub async fn without_a_policy_every_spawn_is_denied_as_spawn_policy_missing(harness: Harness) {
     let dir = std::env::temp_dir().join(format!("agentry-no-policy-{}", agentry_types::EventId::new()));
     assert_eq!(SpawnPolicy::load(dir.join("spawn.toml")).unwrap(), None, "a missing file is no policy");
     let (events, answer) =
-        run(None, SpawnApprovals::new(), vec![json!({"role": "worker", "task": "Work."})]).await;
+        run(&harness, None, SpawnApprovals::new(), vec![json!({"role": "worker", "task": "Work."})]).await;
     assert_eq!(lifecycle(&events), pairs(&[("requested", "worker"), ("denied", "spawn_policy_missing")]));
     assert!(answer.contains("spawn_policy_missing"), "{answer}");
     let denied = events.iter().find(|event| event.payload.kind() == "agent_team.spawn.denied").unwrap();
@@ -129,8 +130,8 @@ async fn without_a_policy_every_spawn_is_denied_as_spawn_policy_missing() {
     );
 }
 
-#[tokio::test]
-async fn each_refusal_of_the_policy_has_its_own_code() {
+/// Scenario.
+pub async fn each_refusal_of_the_policy_has_its_own_code(harness: Harness) {
     let policy = SpawnPolicy::parse(POLICY).unwrap();
     let cases = [
         (json!({"role": "intruder", "task": "Sneak."}), "spawn_not_allowed"),
@@ -146,17 +147,19 @@ async fn each_refusal_of_the_policy_has_its_own_code() {
         ),
     ];
     for (arguments, code) in cases {
-        let (events, _) = run(Some(policy.clone()), SpawnApprovals::new(), vec![arguments.clone()]).await;
+        let (events, _) =
+            run(&harness, Some(policy.clone()), SpawnApprovals::new(), vec![arguments.clone()]).await;
         let role = arguments["role"].as_str().unwrap();
         assert_eq!(lifecycle(&events), pairs(&[("requested", role), ("denied", code)]), "{arguments}");
     }
 }
 
-#[tokio::test]
-async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied() {
+/// Scenario.
+pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied(harness: Harness) {
     let policy = SpawnPolicy::parse(POLICY).unwrap();
     let spawn = json!({"role": "worker", "task": "Write the plan.", "justification": "Needs doing."});
-    let (events, answer) = run(Some(policy), SpawnApprovals::new(), vec![spawn.clone(), spawn]).await;
+    let (events, answer) =
+        run(&harness, Some(policy), SpawnApprovals::new(), vec![spawn.clone(), spawn]).await;
     assert_eq!(
         lifecycle(&events),
         pairs(&[
@@ -176,8 +179,8 @@ async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_d
     assert_eq!(started.and_then(|limit| limit.max_tokens), Some(8000), "the role's default budget");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once() {
+/// Scenario.
+pub async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once(harness: Harness) {
     let policy = SpawnPolicy::parse(POLICY).unwrap();
     let approvals = SpawnApprovals::new();
     let audit = json!({"role": "auditor", "task": "Audit the books."});
@@ -191,7 +194,7 @@ async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once()
             assert!(!approvals.approve(&first[0].approval_id), "a decision is taken once");
         })
     };
-    let (events, answer) = run(Some(policy.clone()), approvals.clone(), vec![audit.clone()]).await;
+    let (events, answer) = run(&harness, Some(policy.clone()), approvals.clone(), vec![audit.clone()]).await;
     decider.await.unwrap();
     assert_eq!(
         lifecycle(&events),
@@ -216,14 +219,14 @@ async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once()
             assert!(approvals.deny(&pending[0].approval_id, "not this quarter"));
         })
     };
-    let (events, answer) = run(Some(policy), approvals, vec![audit]).await;
+    let (events, answer) = run(&harness, Some(policy), approvals, vec![audit]).await;
     decider.await.unwrap();
     assert_eq!(lifecycle(&events), pairs(&[("requested", "auditor"), ("denied", "approval_denied")]));
     assert!(answer.contains("not this quarter"), "{answer}");
 }
 
-#[tokio::test]
-async fn an_invalid_policy_is_refused_with_the_problem_named() {
+/// Scenario.
+pub async fn an_invalid_policy_is_refused_with_the_problem_named(_harness: Harness) {
     let unknown_key = SpawnPolicy::parse("[roles.worker]\nmax_instancez = 3\n").unwrap_err();
     assert!(unknown_key.to_string().contains("max_instancez"), "{unknown_key}");
     let dangling = SpawnPolicy::parse("[roles.lead]\ncan_spawn = [\"ghost\"]\n").unwrap_err();

@@ -1,17 +1,17 @@
 //! Route, broadcast and tasks modes, and a team nested in a team, end to end.
 
+use agentry_memory::conformance::Harness;
 use std::sync::Arc;
 
+use crate::{Team, TeamMode, team_run_output};
 use agentry_events::{EventEnvelope, EventPayload};
-use agentry_memory::InMemoryStore;
 use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall, ToolChoice};
 use agentry_runner::{Agent, Runtime, TurnHandle, TurnRequest};
-use agentry_team::{Team, TeamMode, team_run_output};
 use agentry_types::TurnState;
 use agentry_types::agno::MemberResponse;
 use futures_util::StreamExt;
 
-use crate::tool_results;
+use super::tool_results;
 use serde_json::json;
 
 fn echoing(name: &'static str) -> Agent {
@@ -21,8 +21,12 @@ fn echoing(name: &'static str) -> Agent {
     Agent::builder(name, model).build()
 }
 
-async fn run(team: Agent, message: &str) -> (Runtime, TurnHandle, Vec<Arc<EventEnvelope>>) {
-    let runtime = Runtime::new(Arc::new(InMemoryStore::new()));
+async fn run(
+    harness: &Harness,
+    team: Agent,
+    message: &str,
+) -> (Runtime, TurnHandle, Vec<Arc<EventEnvelope>>) {
+    let runtime = Runtime::new(harness.store.clone());
     let name = team.name().to_owned();
     runtime.register(team);
     let session = runtime.create_session(&name, None).await.unwrap();
@@ -44,8 +48,8 @@ fn answer(state: &TurnState) -> Option<(String, String)> {
     }
 }
 
-#[tokio::test]
-async fn route_mode_answers_with_the_chosen_members_own_message() {
+/// Scenario.
+pub async fn route_mode_answers_with_the_chosen_members_own_message(harness: Harness) {
     let coordinator = Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call(
         "route_to_member",
         &json!({"member_id": "billing", "task": "Why was I charged twice?"}),
@@ -55,7 +59,7 @@ async fn route_mode_answers_with_the_chosen_members_own_message() {
         .member(echoing("billing"))
         .member(echoing("tech"))
         .build();
-    let (_runtime, turn, events) = run(team, "Why was I charged twice?").await;
+    let (_runtime, turn, events) = run(&harness, team, "Why was I charged twice?").await;
     let state = turn.wait().await.unwrap();
     let (thread, text) = answer(&state).unwrap();
     assert_eq!(text, "billing says: Why was I charged twice?");
@@ -65,8 +69,8 @@ async fn route_mode_answers_with_the_chosen_members_own_message() {
     assert_eq!(created, 1);
 }
 
-#[tokio::test]
-async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes() {
+/// Scenario.
+pub async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes(harness: Harness) {
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
         let results = tool_results(request);
         if results.is_empty() {
@@ -81,7 +85,7 @@ async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesi
         .member(echoing("b"))
         .member(echoing("c"))
         .build();
-    let (_runtime, turn, events) = run(team, "Name a colour.").await;
+    let (_runtime, turn, events) = run(&harness, team, "Name a colour.").await;
     let state = turn.wait().await.unwrap();
     assert_eq!(answer(&state).unwrap().1, "Synthesis of 3 answers.");
     let first = &coordinator.requests()[0];
@@ -92,8 +96,8 @@ async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesi
     assert_eq!(done, 3);
 }
 
-#[tokio::test]
-async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list() {
+/// Scenario.
+pub async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list(harness: Harness) {
     let call = |id: &str, name: &str, arguments: serde_json::Value| ScriptedToolCall {
         id: Some(id.to_owned()),
         name: name.to_owned(),
@@ -127,7 +131,7 @@ async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list() {
         .member(echoing("researcher"))
         .member(echoing("writer"))
         .build();
-    let (runtime, turn, _events) = run(team, "Write about otters.").await;
+    let (runtime, turn, _events) = run(&harness, team, "Write about otters.").await;
     let state = turn.wait().await.unwrap();
     assert_eq!(answer(&state).unwrap().1, "All tasks done.");
     let requests = coordinator.requests();
@@ -142,8 +146,8 @@ async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list() {
     assert_eq!(output.member_responses.len(), 2);
 }
 
-#[tokio::test]
-async fn a_team_nested_in_a_team_nests_its_member_responses() {
+/// Scenario.
+pub async fn a_team_nested_in_a_team_nests_its_member_responses(harness: Harness) {
     let inner_coordinator = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call(
@@ -166,7 +170,7 @@ async fn a_team_nested_in_a_team_nests_its_member_responses() {
         }
     }));
     let outer = Team::builder("outer", outer_coordinator).member(inner).build();
-    let (runtime, turn, events) = run(outer, "Go.").await;
+    let (runtime, turn, events) = run(&harness, outer, "Go.").await;
     turn.wait().await.unwrap();
     // The leaf's thread was started by the inner coordinator's thread.
     let parents: Vec<bool> = events

@@ -1,0 +1,56 @@
+//! The team's acceptance scenarios, end to end through the runtime with scripted models:
+//! one free async function per scenario taking a fresh store, and
+//! [`team_scenarios!`](crate::team_scenarios) to expand them into one named test each, so
+//! every store backend runs the same suite.
+
+// The suite asserts: a failing expectation is the result.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc, clippy::too_many_lines)]
+
+pub mod budgets;
+pub mod coordinate;
+pub mod modes;
+pub mod policy;
+pub mod spawn;
+
+/// The tool results a model request carries, oldest first.
+fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|message| message.role == agentry_types::Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}
+
+/// Expands every team scenario into a named `#[tokio::test]` over stores from `$factory`
+/// (an async closure returning a fresh `agentry_memory::conformance::Harness`).
+#[macro_export]
+macro_rules! team_scenarios {
+    ($factory:expr) => {
+        $crate::team_scenarios!(@cases $factory; budgets::ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled,
+            coordinate::two_members_called_in_one_message_run_concurrently_on_their_own_threads,
+            coordinate::delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members,
+            coordinate::delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported,
+            modes::route_mode_answers_with_the_chosen_members_own_message,
+            modes::broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes,
+            modes::tasks_mode_creates_runs_in_parallel_and_completes_a_task_list,
+            modes::a_team_nested_in_a_team_nests_its_member_responses,
+            policy::a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens,
+            policy::cancelling_a_team_turn_cancels_every_running_member_with_instance_events,
+            policy::a_finished_member_reports_its_instance_started_and_completed_with_the_mission,
+            spawn::without_a_policy_every_spawn_is_denied_as_spawn_policy_missing,
+            spawn::each_refusal_of_the_policy_has_its_own_code,
+            spawn::a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied,
+            spawn::a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once,
+            spawn::an_invalid_policy_is_refused_with_the_problem_named);
+    };
+    (@cases $factory:expr; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness = ($factory)().await;
+                $crate::scenarios::$module::$name(harness).await;
+            }
+        )*
+    };
+}

@@ -267,14 +267,12 @@ impl ThreadScope {
                 result: Err(format!("storing the member run failed: {error}")),
             };
         }
-        let mut engine = TurnEngine::new(
-            self.store.clone(),
-            agent,
-            run,
-            self.sink.clone(),
-            self.fence,
-            self.cancel.clone(),
-        );
+        let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
+            Some(token) => self.cancel.with(token),
+            None => self.cancel.clone(),
+        };
+        let mut engine =
+            TurnEngine::new(self.store.clone(), agent, run, self.sink.clone(), self.fence, cancel);
         engine.thread = thread;
         engine.team = instance.as_ref().map(|instance| instance.team.clone());
         engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
@@ -285,7 +283,8 @@ impl ThreadScope {
 /// Watches for cancellation and the turn's deadline.
 #[derive(Debug, Clone)]
 pub(crate) struct CancelWatch {
-    receiver: watch::Receiver<Option<CancellationReason>>,
+    /// The turn's cancellation, then those of the instances the thread runs in.
+    receivers: Vec<watch::Receiver<Option<CancellationReason>>>,
     deadline: Option<tokio::time::Instant>,
 }
 
@@ -294,11 +293,21 @@ impl CancelWatch {
         receiver: watch::Receiver<Option<CancellationReason>>,
         timeout: Option<Duration>,
     ) -> Self {
-        Self { receiver, deadline: timeout.map(|timeout| tokio::time::Instant::now() + timeout) }
+        Self {
+            receivers: vec![receiver],
+            deadline: timeout.map(|timeout| tokio::time::Instant::now() + timeout),
+        }
+    }
+
+    /// This watch, also stopped by `token` (a thread's own cancellation).
+    pub(crate) fn with(&self, token: &CancelToken) -> Self {
+        let mut watch = self.clone();
+        watch.receivers.push(token.subscribe());
+        watch
     }
 
     fn check(&self) -> Result<(), Stop> {
-        if let Some(reason) = *self.receiver.borrow() {
+        if let Some(reason) = self.receivers.iter().find_map(|receiver| *receiver.borrow()) {
             return Err(Stop::Cancelled(reason));
         }
         if self.deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
@@ -307,32 +316,79 @@ impl CancelWatch {
         Ok(())
     }
 
-    /// Resolves when the turn is cancelled or its deadline passes.
+    /// Resolves when the turn or one of the thread's instances is cancelled, or the
+    /// deadline passes.
     async fn cancelled(&mut self) -> CancellationReason {
         loop {
-            if let Some(reason) = *self.receiver.borrow_and_update() {
+            if let Some(reason) = self.receivers.iter_mut().find_map(|receiver| *receiver.borrow_and_update())
+            {
                 return reason;
             }
             let deadline = self.deadline;
-            tokio::select! {
-                changed = self.receiver.changed() => {
-                    if changed.is_err() {
-                        // The runtime dropped the turn's cancel handle: nobody can cancel.
-                        match deadline {
-                            Some(deadline) => tokio::time::sleep_until(deadline).await,
-                            None => std::future::pending::<()>().await,
-                        }
-                        return CancellationReason::ServerExecutionTimeout;
-                    }
+            let past_deadline = async move {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending::<()>().await,
                 }
-                () = async {
-                    match deadline {
-                        Some(deadline) => tokio::time::sleep_until(deadline).await,
-                        None => std::future::pending::<()>().await,
-                    }
-                } => return CancellationReason::ServerExecutionTimeout,
+            };
+            if self.receivers.is_empty() {
+                past_deadline.await;
+                return CancellationReason::ServerExecutionTimeout;
+            }
+            let closed = {
+                let changes = self.receivers.iter_mut().map(|receiver| Box::pin(receiver.changed()));
+                tokio::select! {
+                    (changed, index, _) = futures_util::future::select_all(changes) => changed.is_err().then_some(index),
+                    () = past_deadline => return CancellationReason::ServerExecutionTimeout,
+                }
+            };
+            if let Some(index) = closed {
+                // Nobody can cancel through a dropped handle any more.
+                self.receivers.remove(index);
             }
         }
+    }
+}
+
+/// A cancellation of its own for a thread (an agent-team instance), on top of its turn's.
+#[derive(Debug, Clone)]
+pub struct CancelToken {
+    sender: Arc<watch::Sender<Option<CancellationReason>>>,
+}
+
+impl Default for CancelToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CancelToken {
+    /// A token nobody has cancelled.
+    #[must_use]
+    pub fn new() -> Self {
+        Self { sender: Arc::new(watch::channel(None).0) }
+    }
+
+    /// Cancels the threads holding the token. Idempotent: the first reason stays.
+    pub fn cancel(&self, reason: CancellationReason) {
+        self.sender.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Whether it was cancelled.
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        self.sender.borrow().is_some()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Option<CancellationReason>> {
+        self.sender.subscribe()
     }
 }
 

@@ -52,6 +52,7 @@ mod tool;
 
 pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory};
 pub use budget::{Exhausted, Settled, Step, StepBudget};
+pub use engine::CancelToken;
 pub use error::{RunnerError, RuntimeResult};
 pub use live::EventStream;
 pub use runtime::{PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest};

@@ -169,6 +169,9 @@ pub struct ThreadInstance {
     /// The ledger its model and tool calls reserve from and settle to; unbudgeted when
     /// absent.
     pub ledger: Option<Arc<dyn crate::StepBudget>>,
+    /// Its own cancellation (cancelling one instance, or every instance of a mission), on
+    /// top of the turn's.
+    pub cancel: Option<crate::CancelToken>,
 }
 
 /// What a sub-agent thread answered.

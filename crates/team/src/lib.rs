@@ -33,9 +33,9 @@ use std::sync::Arc;
 use agentry_events::{EventSource, TeamContext};
 use agentry_model::{Model, ToolChoice};
 use agentry_runner::{
-    Agent, AgentLimits, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
+    Agent, AgentLimits, CancelToken, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
 };
-use agentry_types::{BudgetLimit, EventId};
+use agentry_types::{BudgetLimit, CancellationReason, EventId};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -83,6 +83,7 @@ impl Team {
             approvals: SpawnApprovals::new(),
             mission_budget: None,
             tokens_per_step: 1000,
+            control: TeamControl::new(),
         }
     }
 }
@@ -101,6 +102,7 @@ pub struct TeamBuilder {
     approvals: SpawnApprovals,
     mission_budget: Option<BudgetLimit>,
     tokens_per_step: u64,
+    control: TeamControl,
 }
 
 impl TeamBuilder {
@@ -165,6 +167,14 @@ impl TeamBuilder {
         self
     }
 
+    /// Where the team's running instances are listed and cancelled (share it with whoever
+    /// cancels).
+    #[must_use]
+    pub fn control(mut self, control: TeamControl) -> Self {
+        self.control = control;
+        self
+    }
+
     /// Sets the coordinator's limits.
     #[must_use]
     pub fn limits(mut self, limits: AgentLimits) -> Self {
@@ -192,6 +202,7 @@ impl TeamBuilder {
             .unwrap_or_default();
         let members = Arc::new(Crew {
             agents: self.members,
+            control: self.control,
             budgets: budget::Budgets {
                 mission,
                 tokens_per_step: self.tokens_per_step,
@@ -251,10 +262,94 @@ impl TeamBuilder {
     }
 }
 
+/// The live instances of a team's missions, to list them and cancel one instance or a
+/// whole mission on its own (share it with the server's routes, a test).
+#[derive(Debug, Clone, Default)]
+pub struct TeamControl {
+    live: Arc<std::sync::Mutex<std::collections::BTreeMap<String, (InstanceInfo, CancelToken)>>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+/// A running instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceInfo {
+    /// Its id (`ins_…`).
+    pub instance_id: String,
+    /// Its mission (`mis_<turn>`).
+    pub mission_id: String,
+    /// Its role.
+    pub role: String,
+}
+
+impl TeamControl {
+    /// A control with no instance.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, (InstanceInfo, CancelToken)>> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The running instances.
+    #[must_use]
+    pub fn instances(&self) -> Vec<InstanceInfo> {
+        self.lock().values().map(|(info, _)| info.clone()).collect()
+    }
+
+    /// Waits until at least `count` instances run, and returns them.
+    pub async fn wait_for_instances(&self, count: usize) -> Vec<InstanceInfo> {
+        loop {
+            let notified = self.changed.notified();
+            let instances = self.instances();
+            if instances.len() >= count {
+                return instances;
+            }
+            notified.await;
+        }
+    }
+
+    /// Cancels one running instance; its thread ends `instance.cancelled` and its caller
+    /// gets an error result. False when no such instance runs.
+    pub fn cancel_instance(&self, instance_id: &str) -> bool {
+        self.lock().get(instance_id).is_some_and(|(_, token)| {
+            token.cancel(CancellationReason::ClientCancelled);
+            true
+        })
+    }
+
+    /// Cancels every running instance of a mission; returns how many.
+    pub fn cancel_mission(&self, mission_id: &str) -> usize {
+        let live = self.lock();
+        let mut count = 0;
+        for (info, token) in live.values() {
+            if info.mission_id == mission_id {
+                token.cancel(CancellationReason::ClientCancelled);
+                count += 1;
+            }
+        }
+        count
+    }
+
+    fn start(&self, info: InstanceInfo, token: CancelToken) {
+        self.lock().insert(info.instance_id.clone(), (info, token));
+        self.changed.notify_waiters();
+    }
+
+    fn end(&self, instance_id: &str) {
+        self.lock().remove(instance_id);
+        self.changed.notify_waiters();
+    }
+}
+
 /// A team's members and the budgets they run under, shared by its tools.
 #[derive(Debug)]
 pub(crate) struct Crew {
     pub(crate) agents: Vec<Agent>,
+    pub(crate) control: TeamControl,
     pub(crate) budgets: budget::Budgets,
     /// Instance budgets by role (a member's role is its name), from the spawn policy.
     pub(crate) role_budgets: HashMap<String, BudgetLimit>,
@@ -323,10 +418,16 @@ pub(crate) async fn run_instance(
         ),
         None => None,
     };
+    let token = CancelToken::new();
+    let info = InstanceInfo {
+        instance_id: instance_id.clone(),
+        mission_id: mission_id.clone(),
+        role: role.to_owned(),
+    };
     let instance = ThreadInstance {
         team: TeamContext {
             mission_id: Some(mission_id),
-            instance_id: Some(instance_id),
+            instance_id: Some(instance_id.clone()),
             parent_instance_id: None,
             source: Some(EventSource::ToolCall),
             message_id: None,
@@ -334,8 +435,24 @@ pub(crate) async fn run_instance(
         role: role.to_owned(),
         budget: limit,
         ledger: ledger.map(|ledger| Arc::new(ledger) as Arc<dyn agentry_runner::StepBudget>),
+        cancel: Some(token.clone()),
     };
+    crew.control.start(info, token);
+    // Listed while it runs, even if the call is dropped part way.
+    let _listed = Listed { control: &crew.control, instance_id: &instance_id };
     context.run_instance(agent, task, title, instance).await
+}
+
+/// Removes a running instance from its control's list when dropped.
+struct Listed<'a> {
+    control: &'a TeamControl,
+    instance_id: &'a str,
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.control.end(self.instance_id);
+    }
 }
 
 /// A thread title: the member and the start of the task.

@@ -176,3 +176,107 @@ pub async fn a_finished_member_reports_its_instance_started_and_completed_with_t
     });
     assert_eq!(completed.as_deref(), Some("ok"));
 }
+
+/// Two members: `a` waits until cancelled, `b` until the test releases it.
+fn pair(release: Arc<tokio::sync::Notify>) -> (Agent, Agent) {
+    let forever = FunctionTool::new("wait", "Waits forever.", |_: Nothing, _| async {
+        std::future::pending::<()>().await;
+        Ok::<_, ToolError>(String::new())
+    });
+    let released = FunctionTool::new("wait", "Waits for the release.", move |_: Nothing, _| {
+        let release = release.clone();
+        async move {
+            release.notified().await;
+            Ok::<_, ToolError>("released".to_owned())
+        }
+    });
+    let model = |done: &'static str| {
+        Arc::new(ScriptedModel::responder(move |request| {
+            if tool_results(request).is_empty() {
+                ScriptedResponse::tool_call("wait", &json!({}))
+            } else {
+                ScriptedResponse::text(done)
+            }
+        }))
+    };
+    let limits = AgentLimits { cancel_grace: Duration::from_millis(50), ..AgentLimits::default() };
+    (
+        Agent::builder("a", model("a done")).tool(forever.shared()).limits(limits.clone()).build(),
+        Agent::builder("b", model("b done")).tool(released.shared()).limits(limits).build(),
+    )
+}
+
+fn both_then_answer() -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(|request| {
+        let results = tool_results(request);
+        if results.is_empty() {
+            let mut both = ScriptedResponse::default();
+            for member in ["a", "b"] {
+                both.tool_calls.push(ScriptedToolCall {
+                    id: Some(format!("call_{member}")),
+                    name: "delegate_task_to_member".to_owned(),
+                    arguments: json!({"member_id": member, "task": "Wait."}).to_string(),
+                });
+            }
+            both
+        } else {
+            ScriptedResponse::text(results.join(" / "))
+        }
+    }))
+}
+
+/// Scenario.
+pub async fn one_instance_is_cancelled_on_its_own_and_the_others_finish(harness: Harness) {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (a, b) = pair(release.clone());
+    let control = crate::TeamControl::new();
+    let team = Team::builder("pair", both_then_answer()).member(a).member(b).control(control.clone()).build();
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(team);
+    let session = runtime.create_session("pair", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Wait, both.")).await.unwrap();
+    let running = control.wait_for_instances(2).await;
+    let a_instance = running.iter().find(|instance| instance.role == "a").unwrap().instance_id.clone();
+    assert!(control.cancel_instance(&a_instance));
+    assert!(!control.cancel_instance("ins_nobody"));
+    release.notify_one();
+    let state = turn.wait().await.unwrap();
+    let TurnState::Done { output, .. } = state else { panic!("{state:?}") };
+    let answer = output.unwrap().message.content.unwrap();
+    assert!(answer.contains("cancelled: client-cancelled") && answer.contains("b done"), "{answer}");
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let ended: Vec<(String, Option<String>)> = events
+        .iter()
+        .filter(|event| {
+            matches!(
+                event.payload,
+                EventPayload::InstanceCancelled { .. } | EventPayload::InstanceCompleted { .. }
+            )
+        })
+        .map(|event| {
+            (event.payload.kind().to_owned(), event.team.as_ref().and_then(|team| team.instance_id.clone()))
+        })
+        .collect();
+    assert_eq!(ended.len(), 2);
+    assert!(ended.contains(&("agent_team.instance.cancelled".to_owned(), Some(a_instance))), "{ended:?}");
+    assert!(control.instances().is_empty(), "ended instances are no longer listed");
+}
+
+/// Scenario.
+pub async fn a_mission_is_cancelled_with_all_its_instances(harness: Harness) {
+    let (a, b) = pair(Arc::new(tokio::sync::Notify::new()));
+    let control = crate::TeamControl::new();
+    let team = Team::builder("pair", both_then_answer()).member(a).member(b).control(control.clone()).build();
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(team);
+    let session = runtime.create_session("pair", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Wait, both.")).await.unwrap();
+    let running = control.wait_for_instances(2).await;
+    assert_eq!(control.cancel_mission(&running[0].mission_id), 2);
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, TurnState::Done { .. }), "the coordinator still answers: {state:?}");
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let cancelled =
+        events.iter().filter(|event| event.payload.kind() == "agent_team.instance.cancelled").count();
+    assert_eq!(cancelled, 2);
+}

@@ -17,7 +17,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 
 fn member(name: &str) -> Agent {
-    Agent::builder(name, Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("member answer")))).build()
+    Agent::builder(name, Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("member answer"))))
+        .build()
 }
 
 fn runtime() -> Runtime {

@@ -223,3 +223,89 @@ pub async fn delegating_to_every_member_collects_each_answer_and_a_failed_member
     assert!(result.contains("ok: fine"), "{result}");
     assert!(result.contains("broken failed:"), "{result}");
 }
+
+/// Scenario.
+pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies(harness: Harness) {
+    use agentry_events::render::{agent_team, agno, harness as wire};
+    let member = |name: &'static str| {
+        Agent::builder(
+            name,
+            Arc::new(ScriptedModel::responder(move |_| ScriptedResponse::text(format!("{name} ok")))),
+        )
+        .build()
+    };
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if super::tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
+        } else {
+            ScriptedResponse::text("All reported.")
+        }
+    }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("crew", coordinator).member(member("x")).member(member("y")).build());
+    let session = runtime.create_session("crew", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Report, everyone.")).await.unwrap();
+    let mut events = Vec::new();
+    let mut stream = turn.stream(None);
+    while let Some(event) = stream.next().await {
+        events.push(event.unwrap());
+    }
+
+    // Harness: thread events carry their thread, the stream opens and closes the turn.
+    let rendered: Vec<serde_json::Value> = events
+        .iter()
+        .filter_map(|event| wire::render(event))
+        .map(|event| serde_json::to_value(event).unwrap())
+        .collect();
+    assert_eq!(rendered.first().unwrap()["type"], "turn.created");
+    assert_eq!(rendered.last().unwrap()["type"], "turn.done");
+    let threads: Vec<&serde_json::Value> =
+        rendered.iter().filter(|event| event["type"] == "thread.created").collect();
+    assert_eq!(threads.len(), 2);
+    assert!(
+        threads.iter().all(|event| event["thread_id"].is_string() && event["parent"]["thread_id"] == "main")
+    );
+
+    // Agent-team: instance events as {type, properties} with camelCase fields.
+    let team_frames: Vec<serde_json::Value> = events
+        .iter()
+        .filter_map(|event| agent_team::render(event))
+        .map(|event| serde_json::to_value(event).unwrap())
+        .collect();
+    let started: Vec<&serde_json::Value> =
+        team_frames.iter().filter(|frame| frame["type"] == "agent_team.instance.started").collect();
+    assert_eq!(started.len(), 2);
+    for frame in started {
+        let properties = &frame["properties"];
+        assert!(properties["missionID"].as_str().unwrap().starts_with("mis_"), "{frame}");
+        assert!(properties["instanceID"].as_str().unwrap().starts_with("ins_"), "{frame}");
+        assert!(properties["timestampMs"].is_number(), "{frame}");
+        assert_eq!(properties["sessionID"], session.id().to_string());
+    }
+
+    // Agno: TeamRunStarted first, TeamRunCompleted last with both member responses.
+    let mut renderer = agno::AgnoRenderer::new(agno::AgnoContext {
+        team_id: "crew".to_owned(),
+        team_name: "crew".to_owned(),
+        model: "scripted".to_owned(),
+        model_provider: "scripted".to_owned(),
+        workflow_id: None,
+        workflow_run_id: None,
+        step_id: None,
+        step_name: None,
+        step_index: None,
+    });
+    let agno_events: Vec<serde_json::Value> = events
+        .iter()
+        .filter_map(|event| renderer.render(event))
+        .map(|event| serde_json::to_value(event).unwrap())
+        .collect();
+    assert_eq!(agno_events.first().unwrap()["event"], "TeamRunStarted");
+    let completed = agno_events.last().unwrap();
+    assert_eq!(completed["event"], "TeamRunCompleted");
+    assert_eq!(completed["content"], "All reported.");
+    let members = completed["member_responses"].as_array().unwrap();
+    let mut contents: Vec<&str> = members.iter().map(|member| member["content"].as_str().unwrap()).collect();
+    contents.sort_unstable();
+    assert_eq!(contents, ["x ok", "y ok"]);
+}

@@ -14,7 +14,10 @@ use std::time::Duration;
 use agentry_events::{
     EventEnvelope, EventPayload, TeamContext, ThreadAgent, ThreadOutcome, ThreadParent, TurnEmitter,
 };
-use agentry_memory::{Conflict, HistoryQuery, Memory, MemoryConfig, Store, StoreError};
+use agentry_memory::{
+    Conflict, HistoryQuery, MAX_PAGE, Memory, MemoryConfig, Order, PageRequest, ParentFilter, RunQuery,
+    Store, StoreError,
+};
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
 use agentry_types::{
@@ -53,12 +56,43 @@ impl From<StoreError> for Stop {
     }
 }
 
+/// A member thread paused in the previous turn, to resume when its delegating call runs
+/// again in this one.
+#[derive(Debug, Clone)]
+pub(crate) struct Resume {
+    run: RunRecord,
+    thread: ThreadId,
+    answers: Vec<TurnInputItem>,
+}
+
+/// Paused member threads by the tool call that started them.
+type Resumes = Arc<std::sync::Mutex<HashMap<String, Resume>>>;
+
+/// What a batch of tool calls produced: results, MCP servers waiting for authorization, and
+/// what paused member threads wait for.
+#[derive(Debug, Default)]
+struct ToolRuns {
+    results: Vec<(ToolCall, ToolResult)>,
+    auth: Vec<McpServerAuth>,
+    paused: Vec<RequiredActionRecord>,
+}
+
 /// How a sub-agent thread ended: its answer, or why it has none.
 #[derive(Debug, Clone)]
 pub(crate) struct ThreadRun {
     pub(crate) thread_id: ThreadId,
     pub(crate) run_id: TurnId,
-    pub(crate) result: Result<(String, Option<ThreadMessage>), String>,
+    pub(crate) result: Result<(String, Option<ThreadMessage>), ThreadEnd>,
+}
+
+/// Why a sub-agent thread has no answer.
+#[derive(Debug, Clone)]
+pub(crate) enum ThreadEnd {
+    /// It failed or was cancelled.
+    Failed(String),
+    /// It waits for a person or the client: the turn ends with these required actions and
+    /// the next turn resumes the thread.
+    Paused(Vec<RequiredActionRecord>),
 }
 
 /// What running one call produced.
@@ -68,6 +102,8 @@ enum Ran {
     Result(ToolResult),
     /// The call's MCP server needs the user's authorization; the call has no result yet.
     AuthRequired(McpServerAuth),
+    /// The call's sub-agent thread waits for a person or the client; no result yet.
+    Paused(Vec<RequiredActionRecord>),
 }
 
 /// How a turn ended without stopping.
@@ -199,6 +235,8 @@ pub(crate) struct ThreadScope {
     parent_run: TurnId,
     /// Where a tool leaves an answer given for the agent.
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
+    /// Member threads to resume instead of starting anew, by the starting tool call.
+    resumes: Resumes,
 }
 
 impl std::fmt::Debug for ThreadScope {
@@ -253,6 +291,23 @@ impl ThreadScope {
         parent: ThreadParent,
         instance: Option<ThreadInstance>,
     ) -> ThreadRun {
+        let resume = self
+            .resumes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&parent.tool_call_id);
+        if let Some(resume) = resume {
+            let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
+                Some(token) => self.cancel.with(token),
+                None => self.cancel.clone(),
+            };
+            let mut engine =
+                TurnEngine::new(self.store.clone(), agent, resume.run, self.sink.clone(), self.fence, cancel);
+            engine.thread = resume.thread;
+            engine.team = instance.as_ref().map(|instance| instance.team.clone());
+            engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
+            return engine.resume_thread(resume.answers, parent, title, instance).await;
+        }
         let thread = ThreadId::new_sub_thread();
         let session_id = self.sink.live.session_id;
         let mut run =
@@ -264,7 +319,7 @@ impl ThreadScope {
             return ThreadRun {
                 thread_id: thread,
                 run_id: run.id,
-                result: Err(format!("storing the member run failed: {error}")),
+                result: Err(ThreadEnd::Failed(format!("storing the member run failed: {error}"))),
             };
         }
         let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
@@ -429,6 +484,8 @@ pub(crate) struct TurnEngine {
     ledger: Option<Arc<dyn StepBudget>>,
     /// An answer a tool gave for the agent (a routed member's), ending the loop.
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
+    /// Member threads this turn's input resumes.
+    resumes: Resumes,
     model_calls: u32,
 }
 
@@ -456,6 +513,7 @@ impl TurnEngine {
             responded: HashSet::new(),
             approved: HashSet::new(),
             direct_answer: Arc::default(),
+            resumes: Arc::default(),
             team: None,
             ledger: None,
             recovered_output: None,
@@ -545,17 +603,7 @@ impl TurnEngine {
     }
 
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
-        self.approved = self
-            .run
-            .input
-            .iter()
-            .filter_map(|item| match item {
-                TurnInputItem::ToolApproval(approval) if approval.approval == ApprovalDecision::Allow => {
-                    Some(approval.tool_call_id.clone())
-                }
-                _ => None,
-            })
-            .collect();
+        self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
             Start::New { previous } => {
                 let payload = EventPayload::TurnCreated {
@@ -578,6 +626,9 @@ impl TurnEngine {
             }
         };
         self.load_context().await?;
+        if let Some(previous) = previous.as_ref() {
+            self.prepare_resumes(previous).await?;
+        }
         let memory = self.prepare_memory().await?;
         if let Some(stored) = recovered {
             self.reconcile(&stored).await?;
@@ -677,6 +728,57 @@ impl TurnEngine {
             Ok(()) => self.thread_loop(task).await,
             Err(stop) => Err(stop),
         };
+        self.end_thread(outcome, parent, title, instance).await
+    }
+
+    /// Resumes a member thread that paused for a person or the client: its run's messages
+    /// are the context, `answers` (this turn's input for the thread) answer its pending
+    /// calls, and the loop continues to an answer.
+    pub(crate) async fn resume_thread(
+        mut self,
+        answers: Vec<TurnInputItem>,
+        parent: ThreadParent,
+        title: String,
+        instance: Option<ThreadInstance>,
+    ) -> ThreadRun {
+        let outcome = self.resumed_loop(answers).await;
+        self.end_thread(outcome, parent, title, instance).await
+    }
+
+    async fn resumed_loop(&mut self, answers: Vec<TurnInputItem>) -> Result<Outcome, Stop> {
+        let paused = self.run.clone();
+        if let Some(instructions) = self.agent.instructions() {
+            self.context.push(Message::system(instructions));
+        }
+        self.own_start = self.context.len();
+        let query = HistoryQuery { include_member_runs: true, ..HistoryQuery::default() };
+        let history = self.store.history(self.session_id(), &query).await?;
+        self.context.extend(
+            history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),
+        );
+        self.approved = approved_calls(&answers);
+        self.run.input = answers;
+        self.run.set_state(TurnState::Running);
+        self.store.put_run(&self.run, Some(self.fence)).await?;
+        self.apply_input(Some(&paused)).await?;
+        if let Some((_, unanswered)) = self.unanswered_calls()
+            && !unanswered.is_empty()
+            && let Some(paused) = self.handle_tool_calls(&unanswered, None).await?
+        {
+            return Ok(paused);
+        }
+        self.agent_loop(None).await
+    }
+
+    /// Records how a thread ended: the member run's state, the instance's end and
+    /// `thread.done` (not for a paused thread, which lives on into the next turn).
+    async fn end_thread(
+        &mut self,
+        outcome: Result<Outcome, Stop>,
+        parent: ThreadParent,
+        title: String,
+        instance: Option<ThreadInstance>,
+    ) -> ThreadRun {
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let (state, result) = match outcome {
@@ -691,12 +793,20 @@ impl TurnEngine {
                 };
                 (state, Ok((answer, output)))
             }
-            Ok(Outcome::Paused(..)) => {
-                let message =
-                    "the member asked for a person's decision or a client-side tool, which delegated \
-                               threads cannot wait for yet"
-                        .to_owned();
-                (TurnState::Error { message: message.clone(), completed_at, metrics }, Err(message))
+            Ok(Outcome::Paused(output, required_actions)) => {
+                self.run.set_state(TurnState::Done {
+                    output: output.map(Box::new),
+                    required_actions: required_actions.clone(),
+                    completed_at,
+                    metrics,
+                });
+                let result = match self.store.put_run(&self.run, Some(self.fence)).await {
+                    Ok(()) => Err(ThreadEnd::Paused(required_actions)),
+                    Err(error) => {
+                        Err(ThreadEnd::Failed(format!("recording the paused thread failed: {error}")))
+                    }
+                };
+                return ThreadRun { thread_id: self.thread.clone(), run_id: self.run.id, result };
             }
             Err(Stop::Cancelled(reason)) => {
                 let message = format!("cancelled: {}", reason.as_str());
@@ -709,7 +819,7 @@ impl TurnEngine {
                 return ThreadRun {
                     thread_id: self.thread.clone(),
                     run_id: self.run.id,
-                    result: Err("the turn lost its lease".to_owned()),
+                    result: Err(ThreadEnd::Failed("the turn lost its lease".to_owned())),
                 };
             }
         };
@@ -741,8 +851,8 @@ impl TurnEngine {
             Err(error) => Err(error.into()),
         };
         let result = match recorded {
-            Ok(()) => result,
-            Err(_) => Err("recording the end of the thread failed".to_owned()),
+            Ok(()) => result.map_err(ThreadEnd::Failed),
+            Err(_) => Err(ThreadEnd::Failed("recording the end of the thread failed".to_owned())),
         };
         ThreadRun { thread_id: self.thread.clone(), run_id: self.run.id, result }
     }
@@ -772,6 +882,49 @@ impl TurnEngine {
             .extend(earlier.into_iter().map(|stored| Message { from_history: true, ..stored.message }));
         self.own_start = self.context.len();
         self.context.extend(own.into_iter().map(|stored| stored.message));
+        Ok(())
+    }
+
+    /// Finds the member threads the previous turn paused on, and this turn's answers for
+    /// each, so their delegating calls resume them when they run again.
+    async fn prepare_resumes(&mut self, previous: &RunRecord) -> Result<(), Stop> {
+        let waiting: HashSet<ThreadId> = previous
+            .state
+            .required_actions()
+            .iter()
+            .filter_map(|record| action_thread(&record.action))
+            .filter(|thread| **thread != self.thread)
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let query = RunQuery { parent: ParentFilter::Of(previous.id), ..RunQuery::default() };
+        let members =
+            self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
+        let started_by: HashMap<ThreadId, String> =
+            crate::live::stored_events(self.store.as_ref(), previous.id, Order::Asc)
+                .await
+                .map_err(|error| Stop::Failed(format!("reading the previous turn failed: {error}")))?
+                .into_iter()
+                .filter_map(|event| match &event.payload {
+                    EventPayload::ThreadCreated { parent, .. } => {
+                        Some((event.thread_or_main(), parent.tool_call_id.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
+        let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for thread in waiting {
+            let (Some(run), Some(call)) =
+                (members.iter().find(|run| run.thread_id.as_ref() == Some(&thread)), started_by.get(&thread))
+            else {
+                continue;
+            };
+            let answers =
+                self.run.input.iter().filter(|item| input_thread(item) == Some(&thread)).cloned().collect();
+            resumes.insert(call.clone(), Resume { run: run.clone(), thread, answers });
+        }
         Ok(())
     }
 
@@ -895,6 +1048,10 @@ impl TurnEngine {
         let mut approved = Vec::new();
         let mut denied = Vec::new();
         for (slot, item) in input.iter().enumerate() {
+            if input_thread(item).is_some_and(|thread| *thread != self.thread) {
+                // An answer for a member's thread: that thread takes it when it resumes.
+                continue;
+            }
             match item {
                 TurnInputItem::Message(user) => slots[slot] = Some(Message::user(user.content.clone())),
                 TurnInputItem::ToolResponse(response) => {
@@ -920,7 +1077,7 @@ impl TurnEngine {
         let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
         // Calls whose MCP server needs authorization stay unanswered; the boundary step
         // after the input pauses the turn for them.
-        let (results, _auth) = self.run_tools(&calls).await?;
+        let results = self.run_tools(&calls).await?.results;
         let mut results: HashMap<String, (ToolCall, ToolResult)> =
             results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
         let decided = approved
@@ -1094,7 +1251,7 @@ impl TurnEngine {
         for reservation in &reservations {
             self.settle(reservation, BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }).await?;
         }
-        let (results, auth) = ran?;
+        let ToolRuns { results, auth, paused } = ran?;
         for (call, result) in &results {
             self.emit_tool_response(call, result).await?;
         }
@@ -1107,10 +1264,11 @@ impl TurnEngine {
             self.complete_step(None, direct.message.content.clone()).await?;
             return Ok(Some(Outcome::Answered(Some(direct))));
         }
-        if approvals.is_empty() && responses.is_empty() && auth.is_empty() {
+        if approvals.is_empty() && responses.is_empty() && auth.is_empty() && paused.is_empty() {
             return Ok(None);
         }
-        let mut required = Vec::new();
+        // Member threads' own requests keep their thread; they were emitted on it.
+        let mut required = paused;
         if !auth.is_empty() {
             let event = self.emit(EventPayload::McpAuthRequired { servers: auth.clone() }).await?;
             required.push(RequiredActionRecord {
@@ -1182,12 +1340,9 @@ impl TurnEngine {
 
     /// Runs calls concurrently. On cancellation, running calls get the grace period to
     /// finish; those that finish in it are kept, then the turn stops.
-    async fn run_tools(
-        &mut self,
-        calls: &[ToolCall],
-    ) -> Result<(Vec<(ToolCall, ToolResult)>, Vec<McpServerAuth>), Stop> {
+    async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<ToolRuns, Stop> {
         if calls.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(ToolRuns::default());
         }
         for call in calls {
             if self.responded.contains(&call.id) {
@@ -1228,6 +1383,7 @@ impl TurnEngine {
         };
         let mut done = Vec::with_capacity(results.len());
         let mut auth: Vec<McpServerAuth> = Vec::new();
+        let mut paused = Vec::new();
         for (call, ran) in results {
             match ran? {
                 Ran::Result(result) => done.push((call, result)),
@@ -1236,6 +1392,7 @@ impl TurnEngine {
                         auth.push(server);
                     }
                 }
+                Ran::Paused(required) => paused.extend(required),
             }
         }
         if let Some(reason) = stopped {
@@ -1248,7 +1405,7 @@ impl TurnEngine {
             .await?;
             return Err(Stop::Cancelled(reason));
         }
-        Ok((done, auth))
+        Ok(ToolRuns { results: done, auth, paused })
     }
 
     /// Runs one call with the journal around it: a call journaled as completed is not run
@@ -1322,10 +1479,12 @@ impl TurnEngine {
             created_by: self.run.created_by.clone(),
             parent_run: self.run.id,
             direct_answer: self.direct_answer.clone(),
+            resumes: self.resumes.clone(),
         }));
         let timeout = tool.timeout().unwrap_or(self.agent.limits().tool_timeout);
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },
+            Ok(Err(ToolError::Paused { required })) => return Ok(Ran::Paused(required)),
             Ok(Err(ToolError::AuthRequired { server, auth_url })) => {
                 // Not a result: the call runs again once the user authorized. The journal
                 // entry stays open, which is what it is: started, no result.
@@ -1339,6 +1498,38 @@ impl TurnEngine {
             .await?;
         Ok(Ran::Result(result))
     }
+}
+
+/// The thread an input item answers on (none for a user message).
+fn input_thread(item: &TurnInputItem) -> Option<&ThreadId> {
+    match item {
+        TurnInputItem::Message(_) => None,
+        TurnInputItem::ToolApproval(approval) => Some(&approval.thread_id),
+        TurnInputItem::ToolResponse(response) => Some(&response.thread_id),
+    }
+}
+
+/// The thread a required action waits on.
+fn action_thread(action: &RequiredAction) -> Option<&ThreadId> {
+    match action {
+        RequiredAction::ToolApproval { thread_id, .. } | RequiredAction::ToolResponse { thread_id, .. } => {
+            Some(thread_id)
+        }
+        RequiredAction::McpAuth { thread_id, .. } => thread_id.as_ref(),
+    }
+}
+
+/// The tool calls an input approves.
+fn approved_calls(input: &[TurnInputItem]) -> HashSet<String> {
+    input
+        .iter()
+        .filter_map(|item| match item {
+            TurnInputItem::ToolApproval(approval) if approval.approval == ApprovalDecision::Allow => {
+                Some(approval.tool_call_id.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn error_result(content: String) -> ToolResult {

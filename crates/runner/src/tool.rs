@@ -107,7 +107,8 @@ impl ToolContext {
             Ok((answer, output)) => {
                 Ok(ThreadResult { thread_id: run.thread_id, run_id: run.run_id, answer, output })
             }
-            Err(error) => Err(ToolError::Failed(error)),
+            Err(crate::engine::ThreadEnd::Failed(error)) => Err(ToolError::Failed(error)),
+            Err(crate::engine::ThreadEnd::Paused(required)) => Err(ToolError::Paused { required }),
         }
     }
 
@@ -197,6 +198,14 @@ pub enum ToolError {
     /// The tool ran and failed.
     #[error("{0}")]
     Failed(String),
+    /// A sub-agent thread the tool ran waits for a person or the client: the turn ends with
+    /// these required actions (on the member's thread), and the next turn's answers resume
+    /// the thread and then this call.
+    #[error("the member's thread waits for {} decision(s)", required.len())]
+    Paused {
+        /// What the member's thread waits for.
+        required: Vec<agentry_types::RequiredActionRecord>,
+    },
     /// The MCP server behind the tool needs the user to authorize access first. The turn
     /// ends with `mcp.auth_required`; the next turn (with no input) runs the call again.
     #[error("the MCP server {} needs authorization at {auth_url}", server.name)]

@@ -280,3 +280,68 @@ pub async fn a_mission_is_cancelled_with_all_its_instances(harness: Harness) {
         events.iter().filter(|event| event.payload.kind() == "agent_team.instance.cancelled").count();
     assert_eq!(cancelled, 2);
 }
+
+/// Scenario.
+pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let file = {
+        let filed = filed.clone();
+        FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
+            let filed = filed.clone();
+            async move {
+                filed.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("filed".to_owned())
+            }
+        })
+    };
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("file_report", &json!({}))
+        } else {
+            ScriptedResponse::text(format!("Report {}.", tool_results(request)[0]))
+        }
+    }));
+    let clerk =
+        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "clerk", "task": "File it."}),
+            )
+        } else {
+            ScriptedResponse::text(format!("Clerk says: {}", tool_results(request)[0]))
+        }
+    }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("office", coordinator).member(clerk).build());
+    let session = runtime.create_session("office", None).await.unwrap();
+    let first = session.create_turn(TurnRequest::message("File the report.")).await.unwrap();
+    let state = first.wait().await.unwrap();
+    assert_eq!(filed.load(Ordering::SeqCst), 0, "nothing runs before the approval");
+    let (thread, call) = match state.required_actions() {
+        [record] => match &record.action {
+            agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } => {
+                (thread_id.clone(), tool_calls[0].id.clone())
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+        other => panic!("expected one required action, got {other:?}"),
+    };
+    assert!(!thread.is_main(), "the request carries the member's thread");
+    let first_events: Vec<Arc<EventEnvelope>> = first.stream(None).map(Result::unwrap).collect().await;
+    assert_eq!(first_events.iter().filter(|event| event.payload.kind() == "thread.done").count(), 0);
+
+    let approve = agentry_types::TurnInputItem::allow(thread.clone(), call);
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    let TurnState::Done { output, required_actions, .. } = state else { panic!("{state:?}") };
+    assert!(required_actions.is_empty());
+    assert_eq!(output.unwrap().message.content.as_deref(), Some("Clerk says: Report filed."));
+    assert_eq!(filed.load(Ordering::SeqCst), 1);
+    let second_events: Vec<Arc<EventEnvelope>> = second.stream(None).map(Result::unwrap).collect().await;
+    let done_on_member = second_events
+        .iter()
+        .any(|event| event.payload.kind() == "thread.done" && event.thread_id.as_ref() == Some(&thread));
+    assert!(done_on_member, "the member's thread finished in the second turn");
+}

@@ -49,4 +49,4 @@ pub use store::{
     MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,
     SessionUpdate, Store, StoredEvent, UserStore,
 };
-pub use views::{LastRunsQuery, TeamSession};
+pub use views::{LastRunsQuery, TeamSession, run_output};

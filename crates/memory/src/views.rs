@@ -1,16 +1,18 @@
 //! Session views (seed 000): [`TeamSession`] over a stored team session, with Agno's
-//! methods. Runs are the stored run documents; every read takes a bounded window of the
-//! latest runs, never the whole session.
+//! methods. Runs are the stored run documents, or, for runs the runner stored (which keep
+//! their messages in the history and their members as child runs), documents assembled
+//! from the records ([`run_output`]); every read takes a bounded window of the latest
+//! runs, never the whole session.
 
 use std::sync::Arc;
 
-use agentry_types::agno::{MemberResponse, SessionSummary};
-use agentry_types::{Message, Role, RunRecord, RunStatus, SessionId, TurnId};
+use agentry_types::agno::{MemberResponse, RunOutput, SessionSummary, TeamRunOutput};
+use agentry_types::{Message, Role, RunRecord, RunStatus, SessionId, TurnId, TurnState};
 use serde_json::{Map, Value, json};
 
 use crate::error::{StoreError, StoreResult};
 use crate::page::{MAX_PAGE, Order, PageRequest};
-use crate::store::{DEFAULT_HISTORY_RUNS, ParentFilter, RunQuery, Store};
+use crate::store::{DEFAULT_HISTORY_RUNS, HistoryQuery, ParentFilter, RunQuery, Store};
 
 /// The filters of `get_messages_from_last_n_runs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -128,11 +130,15 @@ impl TeamSession {
         self.store.put_run(&record, None).await
     }
 
-    /// A run of this session by its `run_id`.
+    /// A run of this session by its `run_id`: its stored document, or one assembled from
+    /// the records (with nested member responses).
     pub async fn get_run(&self, run_id: &str) -> StoreResult<Option<MemberResponse>> {
         let Ok(id) = parse_run_id(run_id) else { return Ok(None) };
         match self.store.get_run(id).await {
-            Ok(run) if run.session_id == self.session_id => document(&run),
+            Ok(run) if run.session_id == self.session_id => match document(&run)? {
+                Some(document) => Ok(Some(document)),
+                None => run_output(self.store.as_ref(), run).await.map(Some),
+            },
             Ok(_) | Err(StoreError::NotFound { .. }) => Ok(None),
             Err(error) => Err(error),
         }
@@ -143,7 +149,14 @@ impl TeamSession {
         let query = RunQuery { order: Order::Desc, parent: ParentFilter::Any, ..RunQuery::default() };
         let page =
             self.store.list_runs(self.session_id, &query, &PageRequest::first(limit.min(MAX_PAGE))).await?;
-        Ok(page.items.iter().filter_map(|run| document(run).ok().flatten()).collect())
+        let mut runs = Vec::with_capacity(page.items.len());
+        for run in page.items {
+            match document(&run)? {
+                Some(document) => runs.push(document),
+                None => runs.push(run_output(self.store.as_ref(), run).await?),
+            }
+        }
+        Ok(runs)
     }
 
     /// The messages of the last `last_n` runs that match the filters, oldest first.
@@ -156,6 +169,22 @@ impl TeamSession {
             team_id: query.team_id.clone(),
             ..RunQuery::default()
         };
+        let first = self.store.list_runs(self.session_id, &run_query, &PageRequest::first(1)).await?;
+        if first.items.first().is_some_and(|run| run.output.is_none()) {
+            // Runs the runner stored keep their messages in the history.
+            let history = HistoryQuery {
+                last_runs: Some(wanted),
+                agent_id: query.agent_id.clone(),
+                team_id: query.team_id.clone(),
+                skip_roles: query.skip_role.into_iter().collect(),
+                skip_statuses: query.skip_status.clone(),
+                skip_history_messages: query.skip_history_messages,
+                include_member_runs: query.agent_id.is_some(),
+                ..HistoryQuery::default()
+            };
+            let messages = self.store.history(self.session_id, &history).await?;
+            return Ok(messages.into_iter().map(|stored| stored.message).collect());
+        }
         let mut taken: Vec<Vec<Message>> = Vec::new();
         let mut page = PageRequest::first(wanted.clamp(1, MAX_PAGE));
         'pages: while taken.len() < wanted {
@@ -220,5 +249,63 @@ fn messages_of(document: &MemberResponse) -> Vec<Message> {
     match document {
         MemberResponse::Agent(run) => run.messages.clone().unwrap_or_default(),
         MemberResponse::Team(run) => run.messages.clone().unwrap_or_default(),
+    }
+}
+
+/// The Agno document of a run the runner stored: a `TeamRunOutput` (its member runs,
+/// stored with it as parent, nested in `member_responses` in the order they started) for a
+/// run with members or of a team, a `RunOutput` otherwise.
+///
+/// Errors: as the store's reads.
+pub fn run_output(
+    store: &dyn Store,
+    run: RunRecord,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = StoreResult<MemberResponse>> + Send + '_>> {
+    Box::pin(async move {
+        let members = member_runs(store, &run).await?;
+        let content = match &run.state {
+            TurnState::Done { output, .. } => {
+                output.as_ref().and_then(|output| output.message.content.clone()).map(Value::String)
+            }
+            _ => None,
+        };
+        if members.is_empty() && run.team_id.is_none() {
+            let mut output = RunOutput::new(run.created_at.unix_seconds());
+            output.content = content;
+            output.run_id = Some(run.id.to_string());
+            output.agent_id = run.agent_id.clone();
+            output.agent_name = run.agent_id.clone();
+            output.session_id = Some(run.session_id.to_string());
+            output.parent_run_id = run.parent_run_id.map(|parent| parent.to_string());
+            output.status = run.status;
+            return Ok(MemberResponse::Agent(Box::new(output)));
+        }
+        let mut output = TeamRunOutput::new(run.created_at.unix_seconds());
+        output.content = content;
+        output.run_id = Some(run.id.to_string());
+        output.team_id = run.team_id.clone().or_else(|| run.agent_id.clone());
+        output.team_name = output.team_id.clone();
+        output.session_id = Some(run.session_id.to_string());
+        output.parent_run_id = run.parent_run_id.map(|parent| parent.to_string());
+        output.status = run.status;
+        for member in members {
+            output.member_responses.push(run_output(store, member).await?);
+        }
+        Ok(MemberResponse::Team(Box::new(output)))
+    })
+}
+
+/// A run's member runs, in the order they started.
+async fn member_runs(store: &dyn Store, run: &RunRecord) -> StoreResult<Vec<RunRecord>> {
+    let query = RunQuery { order: Order::Asc, parent: ParentFilter::Of(run.id), ..RunQuery::default() };
+    let mut page = PageRequest::first(MAX_PAGE);
+    let mut members = Vec::new();
+    loop {
+        let found = store.list_runs(run.session_id, &query, &page).await?;
+        members.extend(found.items);
+        match found.next_token {
+            Some(token) => page = PageRequest::after(token, MAX_PAGE),
+            None => return Ok(members),
+        }
     }
 }

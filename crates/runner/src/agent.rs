@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentry_events::McpServerSession;
 use agentry_memory::MemoryConfig;
 use agentry_model::{Model, ToolChoice};
-use agentry_types::{ToolInfo, ToolSpec};
+use agentry_types::{SessionType, ToolInfo, ToolSpec};
 
 use crate::tool::{Tool, ask_user_question};
 
@@ -62,6 +62,8 @@ struct AgentInner {
     approval_required: Vec<String>,
     client_tools: Vec<ToolSpec>,
     limits: AgentLimits,
+    /// The type of the sessions it runs in (`team` for a team's coordinator).
+    session_type: SessionType,
     /// The tools the agent may call (its role's capabilities); `None` allows all.
     capabilities: Option<Vec<String>>,
     /// The tool choice of each turn's first model call (a broadcast team forces its
@@ -91,6 +93,7 @@ impl Agent {
                 approval_required: Vec::new(),
                 client_tools: Vec::new(),
                 limits: AgentLimits::default(),
+                session_type: SessionType::Agent,
                 capabilities: None,
                 first_tool_choice: None,
                 memory: None,
@@ -147,6 +150,12 @@ impl Agent {
     #[must_use]
     pub fn requires_approval(&self, name: &str) -> bool {
         self.inner.approval_required.iter().any(|gated| gated == name)
+    }
+
+    /// The type of its sessions: `team` for a team's coordinator, `agent` otherwise.
+    #[must_use]
+    pub fn session_type(&self) -> SessionType {
+        self.inner.session_type
     }
 
     /// Whether its capabilities allow calling `name` (checked where calls are dispatched,
@@ -286,6 +295,14 @@ impl AgentBuilder {
     #[must_use]
     pub fn memory(mut self, config: MemoryConfig, analysis_model: Option<Arc<dyn Model>>) -> Self {
         self.inner.memory = Some(AgentMemory { config, analysis_model });
+        self
+    }
+
+    /// Sets the type of the sessions it runs in (a team's coordinator is a `team`: its
+    /// sessions are team sessions and its turns team runs).
+    #[must_use]
+    pub fn session_type(mut self, session_type: SessionType) -> Self {
+        self.inner.session_type = session_type;
         self
     }
 

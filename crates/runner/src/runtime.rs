@@ -187,8 +187,8 @@ impl Runtime {
         agent_name: &str,
         title: Option<&str>,
     ) -> RuntimeResult<Session> {
-        self.require_agent(agent_name)?;
-        let mut record = SessionRecord::new(SessionType::Agent, agent_name, owner);
+        let agent = self.require_agent(agent_name)?;
+        let mut record = SessionRecord::new(agent.session_type(), agent_name, owner);
         record.title = title.map(str::to_owned);
         self.inner.store.create_session(&record).await?;
         Ok(Session { runtime: self.clone(), record })
@@ -501,7 +501,11 @@ impl Session {
             request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
         let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
         run.previous_turn_id = previous.as_ref().map(|run| run.id);
-        run.agent_id = Some(self.record.name.clone());
+        if self.record.session_type == SessionType::Team {
+            run.team_id = Some(self.record.name.clone());
+        } else {
+            run.agent_id = Some(self.record.name.clone());
+        }
         store.put_run(&run, Some(lease.fence())).await?;
         Ok((run, previous))
     }

@@ -35,7 +35,7 @@ use agentry_model::{Model, ToolChoice};
 use agentry_runner::{
     Agent, AgentLimits, CancelToken, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
 };
-use agentry_types::{BudgetLimit, CancellationReason, EventId};
+use agentry_types::{BudgetLimit, CancellationReason, EventId, SessionType};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -234,8 +234,10 @@ impl TeamBuilder {
             }
         };
         instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
-        let builder =
-            Agent::builder(self.name, self.model.clone()).instructions(instructions).limits(self.limits);
+        let builder = Agent::builder(self.name, self.model.clone())
+            .instructions(instructions)
+            .limits(self.limits)
+            .session_type(SessionType::Team);
         match self.mode {
             TeamMode::Coordinate => {
                 let spawner = spawn::Spawner {

@@ -309,3 +309,51 @@ pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies
     contents.sort_unstable();
     assert_eq!(contents, ["x ok", "y ok"]);
 }
+
+/// Scenario.
+pub async fn a_team_session_is_read_through_the_team_session_view(harness: Harness) {
+    let member = |name: &'static str| {
+        Agent::builder(
+            name,
+            Arc::new(ScriptedModel::responder(move |_| ScriptedResponse::text(format!("{name} ok")))),
+        )
+        .build()
+    };
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if super::tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
+        } else {
+            ScriptedResponse::text("All reported.")
+        }
+    }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("crew", coordinator).member(member("x")).member(member("y")).build());
+    let session = runtime.create_session("crew", None).await.unwrap();
+    assert_eq!(session.record().session_type, agentry_types::SessionType::Team);
+    let turn = session.create_turn(TurnRequest::message("Report, everyone.")).await.unwrap();
+    turn.wait().await.unwrap();
+
+    let view = agentry_memory::TeamSession::load(harness.store.clone(), session.id()).await.unwrap();
+    assert_eq!(view.team_id.as_deref(), Some("crew"));
+    let Some(agentry_types::agno::MemberResponse::Team(run)) =
+        view.get_run(&turn.id().to_string()).await.unwrap()
+    else {
+        panic!("the team turn reads as a team run")
+    };
+    assert_eq!(run.team_id.as_deref(), Some("crew"));
+    assert_eq!(run.content, Some(json!("All reported.")));
+    assert_eq!(run.member_responses.len(), 2);
+    let history = view.get_chat_history().await.unwrap();
+    let texts: Vec<String> = history.iter().map(agentry_types::Message::text).collect();
+    assert_eq!(texts.first().map(String::as_str), Some("Report, everyone."));
+    assert_eq!(texts.last().map(String::as_str), Some("All reported."));
+    let members_only = view
+        .get_messages_from_last_n_runs(&agentry_memory::LastRunsQuery {
+            agent_id: Some("x".to_owned()),
+            ..agentry_memory::LastRunsQuery::default()
+        })
+        .await
+        .unwrap();
+    let member_texts: Vec<String> = members_only.iter().map(agentry_types::Message::text).collect();
+    assert_eq!(member_texts, ["Report.", "x ok"]);
+}

@@ -224,9 +224,9 @@ pub async fn delegating_to_every_member_collects_each_answer_and_a_failed_member
     assert!(result.contains("broken failed:"), "{result}");
 }
 
-/// Scenario.
-pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies(harness: Harness) {
-    use agentry_events::render::{agent_team, agno, harness as wire};
+/// A team `crew` of members `x` and `y`, whose coordinator asks both to report and then
+/// answers `All reported.`, and a session of it.
+async fn crew(harness: &Harness) -> (Runtime, agentry_runner::Session) {
     let member = |name: &'static str| {
         Agent::builder(
             name,
@@ -244,6 +244,13 @@ pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies
     let runtime = Runtime::new(harness.store.clone());
     runtime.register(Team::builder("crew", coordinator).member(member("x")).member(member("y")).build());
     let session = runtime.create_session("crew", None).await.unwrap();
+    (runtime, session)
+}
+
+/// Scenario.
+pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies(harness: Harness) {
+    use agentry_events::render::{agent_team, agno, harness as wire};
+    let (_runtime, session) = crew(&harness).await;
     let turn = session.create_turn(TurnRequest::message("Report, everyone.")).await.unwrap();
     let mut events = Vec::new();
     let mut stream = turn.stream(None);
@@ -312,23 +319,7 @@ pub async fn a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies
 
 /// Scenario.
 pub async fn a_team_session_is_read_through_the_team_session_view(harness: Harness) {
-    let member = |name: &'static str| {
-        Agent::builder(
-            name,
-            Arc::new(ScriptedModel::responder(move |_| ScriptedResponse::text(format!("{name} ok")))),
-        )
-        .build()
-    };
-    let coordinator = Arc::new(ScriptedModel::responder(|request| {
-        if super::tool_results(request).is_empty() {
-            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
-        } else {
-            ScriptedResponse::text("All reported.")
-        }
-    }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("crew", coordinator).member(member("x")).member(member("y")).build());
-    let session = runtime.create_session("crew", None).await.unwrap();
+    let (_runtime, session) = crew(&harness).await;
     assert_eq!(session.record().session_type, agentry_types::SessionType::Team);
     let turn = session.create_turn(TurnRequest::message("Report, everyone.")).await.unwrap();
     turn.wait().await.unwrap();

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use agentry_types::{BudgetLimit, BudgetUsage};
+use agentry_types::{BudgetLimit, BudgetUsage, Usage};
 use async_trait::async_trait;
 
 /// What a reservation is for.
@@ -30,6 +30,15 @@ pub struct Exhausted {
     pub first: bool,
 }
 
+/// What a step really used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spent {
+    /// Tokens, steps and tool calls.
+    pub usage: BudgetUsage,
+    /// For a model call: the model's id and its usage report (for pricing).
+    pub model: Option<(String, Usage)>,
+}
+
 /// A reservation's settlement: what to report in `budget.usage`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settled {
@@ -46,7 +55,8 @@ pub trait StepBudget: Send + Sync + fmt::Debug {
     /// cannot cover it (all scopes or none are held).
     async fn reserve(&self, step: Step) -> Result<String, Exhausted>;
 
-    /// Settles a reservation with what the step really used; `None` when it could not be
-    /// settled (it expired or the store failed: the hold then lapses with its lease).
-    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Option<Settled>;
+    /// Settles a reservation with what the step really used (the implementation adds cost
+    /// and elapsed time as it measures them); `None` when it could not be settled (it expired
+    /// or the store failed: the hold then lapses).
+    async fn settle(&self, reservation: &str, spent: Spent) -> Option<Settled>;
 }

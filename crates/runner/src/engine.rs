@@ -31,7 +31,7 @@ use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
-use crate::budget::{Step, StepBudget};
+use crate::budget::{Spent, Step, StepBudget};
 use crate::live::LiveTurn;
 use crate::tool::{ThreadInstance, ToolContext, ToolError};
 
@@ -553,9 +553,9 @@ impl TurnEngine {
     }
 
     /// Settles a reservation and reports the instance's usage.
-    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Result<(), Stop> {
+    async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
-        if let Some(settled) = ledger.settle(reservation, used).await {
+        if let Some(settled) = ledger.settle(reservation, spent).await {
             self.emit(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
         }
         Ok(())
@@ -667,17 +667,22 @@ impl TurnEngine {
             let reservation = self.reserve(Step::Model).await?;
             let called = self.call_model().await;
             if let Some(reservation) = reservation {
-                let used = match &called {
-                    Ok((message, _)) => BudgetUsage {
-                        tokens_used: message
-                            .usage
-                            .map_or(0, |usage| usage.input_tokens + usage.output_tokens),
-                        steps_used: 1,
-                        ..BudgetUsage::default()
+                let spent = match &called {
+                    Ok((message, _)) => Spent {
+                        usage: BudgetUsage {
+                            tokens_used: message
+                                .usage
+                                .map_or(0, |usage| usage.input_tokens + usage.output_tokens),
+                            steps_used: 1,
+                            ..BudgetUsage::default()
+                        },
+                        model: message.usage.map(|usage| (self.agent.model().info().id, usage)),
                     },
-                    Err(_) => BudgetUsage { steps_used: 1, ..BudgetUsage::default() },
+                    Err(_) => {
+                        Spent { usage: BudgetUsage { steps_used: 1, ..BudgetUsage::default() }, model: None }
+                    }
                 };
-                self.settle(&reservation, used).await?;
+                self.settle(&reservation, spent).await?;
             }
             let (message, output) = called?;
             if message.tool_calls.is_empty() {
@@ -716,7 +721,7 @@ impl TurnEngine {
                         role: instance.role.clone(),
                         status: "running".to_owned(),
                         budget_limit: instance.budget,
-                        skill_hash: None,
+                        skill_hash: instance.skill_hash.clone(),
                     })
                     .await
                     .map(|_| ()),
@@ -1249,7 +1254,9 @@ impl TurnEngine {
         }
         let ran = self.run_tools(&runnable).await;
         for reservation in &reservations {
-            self.settle(reservation, BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }).await?;
+            let spent =
+                Spent { usage: BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }, model: None };
+            self.settle(reservation, spent).await?;
         }
         let ToolRuns { results, auth, paused } = ran?;
         for (call, result) in &results {

@@ -173,6 +173,8 @@ pub struct ThreadInstance {
     /// Its own cancellation (cancelling one instance, or every instance of a mission), on
     /// top of the turn's.
     pub cancel: Option<crate::CancelToken>,
+    /// A hash of its instructions and skills (`sha256:…`), reported by `instance.started`.
+    pub skill_hash: Option<String>,
 }
 
 /// What a sub-agent thread answered.

@@ -4,13 +4,13 @@
 //! never push a budget past its limit by more than one reservation.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agentry_memory::{Conflict, Store, StoreError};
-use agentry_runner::{Exhausted, Settled, Step, StepBudget};
-use agentry_types::{BudgetLimit, BudgetReservation, BudgetUsage, EventId, Timestamp, lease_expiry};
+use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget};
+use agentry_types::{BudgetLimit, BudgetReservation, BudgetUsage, EventId, Timestamp, Usage, lease_expiry};
 use async_trait::async_trait;
 
 /// How long a reservation holds if its instance dies before settling it.
@@ -25,6 +25,28 @@ pub(crate) struct Budgets {
     pub(crate) tokens_per_step: u64,
     /// Per mission: whether its exhaustion was reported.
     pub(crate) reported: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    /// US dollars per million input and output tokens, by model id.
+    pub(crate) prices: Arc<HashMap<String, Price>>,
+}
+
+/// What a model costs: US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Price {
+    /// Per million input (prompt) tokens.
+    pub input_per_million: f64,
+    /// Per million output tokens.
+    pub output_per_million: f64,
+}
+
+impl Price {
+    /// The cost of one model call's usage.
+    #[must_use]
+    pub fn cost(&self, usage: &Usage) -> f64 {
+        // Token counts are far below 2^52: the conversion is exact.
+        #[allow(clippy::cast_precision_loss)]
+        let (input, output) = (usage.input_tokens as f64, usage.output_tokens as f64);
+        (input * self.input_per_million + output * self.output_per_million) / 1_000_000.0
+    }
 }
 
 impl Budgets {
@@ -49,6 +71,9 @@ impl Budgets {
             .or_default()
             .clone();
         Ok(InstanceLedger {
+            prices: self.prices.clone(),
+            started: Instant::now(),
+            settled_ms: AtomicU64::new(0),
             store,
             instance: instance.to_owned(),
             mission: mission.to_owned(),
@@ -63,6 +88,11 @@ impl Budgets {
 /// One instance's view of the ledgers: its own and its mission's.
 #[derive(Debug)]
 pub(crate) struct InstanceLedger {
+    prices: Arc<HashMap<String, Price>>,
+    /// When the instance started: its elapsed time counts against `max_elapsed_ms`.
+    started: Instant,
+    /// Elapsed milliseconds already settled.
+    settled_ms: AtomicU64,
     store: Arc<dyn Store>,
     instance: String,
     mission: String,
@@ -111,7 +141,18 @@ impl StepBudget for InstanceLedger {
         }
     }
 
-    async fn settle(&self, reservation: &str, used: BudgetUsage) -> Option<Settled> {
+    async fn settle(&self, reservation: &str, spent: Spent) -> Option<Settled> {
+        let mut used = spent.usage;
+        if let Some((model, usage)) = &spent.model
+            && let Some(price) = self.prices.get(model)
+        {
+            used.cost_used_usd += price.cost(usage);
+        }
+        // Time passes whether or not a step used anything: each settlement adds what passed
+        // since the last.
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let before = self.settled_ms.swap(now_ms, Ordering::AcqRel);
+        used.elapsed_ms = Some(now_ms.saturating_sub(before));
         self.store.settle(reservation, &used).await.ok()?;
         let ledger = self.store.budget(&self.instance, Timestamp::now()).await.ok()?;
         Some(Settled { usage: ledger.used, limit: Some(self.limit) })

@@ -39,6 +39,7 @@ use agentry_types::{BudgetLimit, CancellationReason, EventId, SessionType};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use budget::Price;
 pub use output::team_run_output;
 pub use spawn::{
     PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog, SpawnPolicy, Template,
@@ -84,6 +85,7 @@ impl Team {
             mission_budget: None,
             tokens_per_step: 1000,
             control: TeamControl::new(),
+            prices: HashMap::new(),
         }
     }
 }
@@ -103,6 +105,7 @@ pub struct TeamBuilder {
     mission_budget: Option<BudgetLimit>,
     tokens_per_step: u64,
     control: TeamControl,
+    prices: HashMap<String, Price>,
 }
 
 impl TeamBuilder {
@@ -167,6 +170,14 @@ impl TeamBuilder {
         self
     }
 
+    /// The price of a model (by its id): instances' model calls on it count against the
+    /// cost budgets (`max_cost_usd`).
+    #[must_use]
+    pub fn price(mut self, model_id: impl Into<String>, price: Price) -> Self {
+        self.prices.insert(model_id.into(), price);
+        self
+    }
+
     /// Where the team's running instances are listed and cancelled (share it with whoever
     /// cancels).
     #[must_use]
@@ -207,6 +218,7 @@ impl TeamBuilder {
                 mission,
                 tokens_per_step: self.tokens_per_step,
                 reported: Arc::default(),
+                prices: Arc::new(self.prices),
             },
             role_budgets,
         });
@@ -394,7 +406,23 @@ pub(crate) async fn run_member(
     title: String,
 ) -> Result<ThreadResult, ToolError> {
     let limit = crew.role_budgets.get(member.name()).copied().unwrap_or_default();
-    run_instance(crew, context, member, task, title, member.name(), limit, None).await
+    let skills = skill_hash(member.instructions().unwrap_or_default(), &[]);
+    run_instance(crew, context, member, task, title, member.name(), limit, None, skills).await
+}
+
+/// `sha256:<hex>` of an instance's instructions and skills: the same template hashes the
+/// same, so a client can tell instances of one definition apart from changed ones.
+pub(crate) fn skill_hash(instructions: &str, skills: &[String]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(instructions.as_bytes());
+    for skill in skills {
+        hasher.update(b"\n");
+        hasher.update(skill.as_bytes());
+    }
+    let digest = hasher.finalize();
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("sha256:{hex}")
 }
 
 /// Runs an agent as a new instance of `role` with its own ledger.
@@ -408,6 +436,7 @@ pub(crate) async fn run_instance(
     role: &str,
     limit: BudgetLimit,
     instance_id: Option<String>,
+    skill_hash: String,
 ) -> Result<ThreadResult, ToolError> {
     let mission_id = format!("mis_{}", context.turn_id);
     let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
@@ -438,6 +467,7 @@ pub(crate) async fn run_instance(
         budget: limit,
         ledger: ledger.map(|ledger| Arc::new(ledger) as Arc<dyn agentry_runner::StepBudget>),
         cancel: Some(token.clone()),
+        skill_hash: Some(skill_hash),
     };
     crew.control.start(info, token);
     // Listed while it runs, even if the call is dropped part way.

@@ -509,6 +509,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     };
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
     let title = crate::title(&args.role, &args.task);
+    let skills = crate::skill_hash(&template.instructions, &template.skills);
     crate::run_instance(
         &spawner.crew,
         context,
@@ -518,6 +519,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         &args.role,
         budget,
         Some(instance_id),
+        skills,
     )
     .await
     .map(|result| result.answer)

@@ -76,3 +76,67 @@ pub async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancel
     let state = turn.wait().await.unwrap();
     assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the coordinator answered: {state:?}");
 }
+
+/// Scenario.
+pub async fn an_instance_stops_when_its_cost_or_its_time_runs_out(harness: Harness) {
+    let policy = crate::SpawnPolicy::parse(
+        r#"
+[roles.spender]
+budget = { max_cost_usd = 0.025 }
+[roles.slowpoke]
+budget = { max_elapsed_ms = 40 }
+"#,
+    )
+    .unwrap();
+    let slow = FunctionTool::new("work", "Takes a while.", |_: Nothing, _| async {
+        // The work itself: time passing is what this member spends.
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        Ok::<_, ToolError>("more".to_owned())
+    })
+    .shared();
+    let looping = || {
+        Arc::new(ScriptedModel::responder(|_| ScriptedResponse {
+            usage: Some(Usage::new(1_000, 0)),
+            ..ScriptedResponse::tool_call("work", &json!({}))
+        }))
+    };
+    let spender = Agent::builder("spender", looping()).tool(slow.clone()).build();
+    let slowpoke = Agent::builder("slowpoke", looping()).tool(slow).build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Spend."}))
+        } else {
+            ScriptedResponse::text("Stopped.")
+        }
+    }));
+    let team = Team::builder("spenders", coordinator)
+        .member(spender)
+        .member(slowpoke)
+        .spawn_policy(Some(policy))
+        // Each call: 1,000 input tokens at $10 per million, $0.01.
+        .price("scripted", crate::Price { input_per_million: 10.0, output_per_million: 0.0 })
+        .build();
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(team);
+    let session = runtime.create_session("spenders", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Go.")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let mut exhausted: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+            _ => None,
+        })
+        .collect();
+    exhausted.sort();
+    assert_eq!(exhausted, ["max_cost_usd", "max_elapsed_ms"]);
+    let cancelled =
+        events.iter().filter(|event| event.payload.kind() == "agent_team.instance.cancelled").count();
+    assert_eq!(cancelled, 2);
+    let spent = events.iter().filter_map(|event| match &event.payload {
+        EventPayload::BudgetUsage { usage, .. } => Some(usage.cost_used_usd),
+        _ => None,
+    });
+    let most = spent.fold(0.0_f64, f64::max);
+    assert!(most > 0.02 && most < 0.04, "the spender stopped within one call of its limit: {most}");
+}

@@ -177,6 +177,12 @@ pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_
         _ => None,
     });
     assert_eq!(started.and_then(|limit| limit.max_tokens), Some(8000), "the role's default budget");
+    let skill_hash = events.iter().find_map(|event| match &event.payload {
+        EventPayload::InstanceStarted { skill_hash, .. } => skill_hash.clone(),
+        _ => None,
+    });
+    let skill_hash = skill_hash.expect("instance.started carries the skill hash");
+    assert!(skill_hash.starts_with("sha256:") && skill_hash.len() == 7 + 64, "{skill_hash}");
 }
 
 /// Scenario.

@@ -59,4 +59,7 @@ pub trait StepBudget: Send + Sync + fmt::Debug {
     /// and elapsed time as it measures them); `None` when it could not be settled (it expired
     /// or the store failed: the hold then lapses).
     async fn settle(&self, reservation: &str, spent: Spent) -> Option<Settled>;
+
+    /// Gives a reservation back unused (its step will not run).
+    async fn release(&self, reservation: &str);
 }

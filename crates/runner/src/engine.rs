@@ -576,6 +576,7 @@ impl TurnEngine {
     /// first, so whoever sees `turn.done` can start the next turn at once.
     pub(crate) async fn drive(mut self, start: Start) -> Option<Arc<EventEnvelope>> {
         let outcome = self.run_loop(start).await;
+        self.close_unanswered(&outcome).await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let state = match outcome {
@@ -784,6 +785,7 @@ impl TurnEngine {
         title: String,
         instance: Option<ThreadInstance>,
     ) -> ThreadRun {
+        self.close_unanswered(&outcome).await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let (state, result) = match outcome {
@@ -1067,6 +1069,9 @@ impl TurnEngine {
                     let Some(call) = pending.get(approval.tool_call_id.as_str()) else { continue };
                     let call = ToolCall::function(call.id.clone(), call.name.clone(), call.arguments.clone());
                     match &approval.approval {
+                        // A call a dead process started without a recorded result is left
+                        // unanswered: the boundary step asks again, saying it is in doubt.
+                        ApprovalDecision::Allow if self.in_doubt(&call) => {}
                         ApprovalDecision::Allow => approved.push((slot, call)),
                         ApprovalDecision::Deny { reason } => {
                             let content = match reason {
@@ -1194,6 +1199,27 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// When a thread stops (cancelled or failed) after a model message whose calls have no
+    /// results, records an error result for each: the history stays a valid conversation
+    /// for the next turn (providers refuse tool calls without results). A pause keeps its
+    /// calls open on purpose; a lost lease writes nothing.
+    async fn close_unanswered(&mut self, outcome: &Result<Outcome, Stop>) {
+        let why = match outcome {
+            Err(Stop::Cancelled(reason)) => format!("the turn was cancelled ({})", reason.as_str()),
+            Err(Stop::Failed(message)) => format!("the turn failed: {message}"),
+            Ok(_) | Err(Stop::LeaseLost) => return,
+        };
+        let Some((_, unanswered)) = self.unanswered_calls() else { return };
+        let closing: Vec<Message> = unanswered
+            .iter()
+            .map(|call| Message::tool(call.id.clone(), format!("The call did not complete: {why}.")))
+            .collect();
+        if !closing.is_empty() {
+            // Best effort: the turn's end is recorded either way.
+            let _recorded = self.persist(closing).await;
+        }
+    }
+
     /// The last assistant message after the last user message, and its calls that have no
     /// tool result after it (empty when it answered without calls, or all are answered).
     fn unanswered_calls(&self) -> Option<(usize, Vec<ToolCall>)> {
@@ -1248,8 +1274,18 @@ impl TurnEngine {
         }
         let mut reservations = Vec::new();
         for _ in &runnable {
-            if let Some(reservation) = self.reserve(Step::Tool).await? {
-                reservations.push(reservation);
+            match self.reserve(Step::Tool).await {
+                Ok(Some(reservation)) => reservations.push(reservation),
+                Ok(None) => {}
+                Err(stop) => {
+                    // The calls will not run: give back what was held for them.
+                    if let Some(ledger) = &self.ledger {
+                        for reservation in &reservations {
+                            ledger.release(reservation).await;
+                        }
+                    }
+                    return Err(stop);
+                }
             }
         }
         let ran = self.run_tools(&runnable).await;
@@ -1488,7 +1524,13 @@ impl TurnEngine {
             direct_answer: self.direct_answer.clone(),
             resumes: self.resumes.clone(),
         }));
-        let timeout = tool.timeout().unwrap_or(self.agent.limits().tool_timeout);
+        // A tool that runs threads ends with them (on cancellation too) and records how: a
+        // wall-clock limit would drop it part way. Its threads have their own limits.
+        let timeout = if tool.ends_on_cancel() {
+            Duration::MAX
+        } else {
+            tool.timeout().unwrap_or(self.agent.limits().tool_timeout)
+        };
         let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },
             Ok(Err(ToolError::Paused { required })) => return Ok(Ran::Paused(required)),

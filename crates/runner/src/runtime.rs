@@ -249,8 +249,13 @@ impl Runtime {
                 };
                 let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
                 for run in runs.items {
-                    if let Some(handle) = self.recover_turn(session, run).await? {
-                        resumed.push(handle);
+                    let turn = run.id;
+                    match self.recover_turn(session, run).await {
+                        Ok(Some(handle)) => resumed.push(handle),
+                        Ok(None) => {}
+                        // One turn that cannot be recovered now does not stop the others;
+                        // its lease was given back, so a later recovery tries again.
+                        Err(error) => tracing::warn!(%turn, %error, "recovering a turn failed"),
                     }
                 }
             }
@@ -292,13 +297,24 @@ impl Runtime {
             store.release_lease(session.id, lease.token).await?;
             return Ok(None);
         };
-        let previous = match run.previous_turn_id {
-            Some(id) => Some(store.get_run(id).await?),
-            None => None,
+        let loaded = async {
+            let previous = match run.previous_turn_id {
+                Some(id) => Some(store.get_run(id).await?),
+                None => None,
+            };
+            let high_water = store.high_water(run.id).await?;
+            let journal = store.journal(run.id).await?;
+            let stored = stored_events(store.as_ref(), run.id, Order::Asc).await?;
+            Ok::<_, RunnerError>((previous, high_water, journal, stored))
+        }
+        .await;
+        let (previous, high_water, journal, stored) = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                let _released = store.release_lease(session.id, lease.token).await;
+                return Err(error);
+            }
         };
-        let high_water = store.high_water(run.id).await?;
-        let journal = store.journal(run.id).await?;
-        let stored = stored_events(store.as_ref(), run.id, Order::Asc).await?;
         let emitter = TurnEmitter::new(TurnSequencer::resuming_after(session.id, run.id, high_water));
         let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
         self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });
@@ -351,7 +367,7 @@ impl Runtime {
         let runtime = Arc::downgrade(&self.inner);
         let ttl = self.inner.options.lease_ttl;
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval(ttl / 3);
+            let mut interval = tokio::time::interval((ttl / 3).max(Duration::from_millis(1)));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval.tick().await;
             loop {
@@ -479,8 +495,17 @@ impl Session {
             }
             PreviousTurn::Turn(id) => {
                 let run = store.get_run(id).await?;
-                if run.session_id != self.id() {
+                if run.session_id != self.id() || run.parent_run_id.is_some() {
                     return Err(RunnerError::not_found("turn", id));
+                }
+                // Turns chain in a line: only the latest can be continued, so no pending call
+                // is answered twice.
+                let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
+                let latest = store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items;
+                if latest.first().is_some_and(|latest| latest.id != id) {
+                    return Err(RunnerError::InvalidInput(format!(
+                        "turn {id} is not the session's latest turn; a new turn chains on the latest"
+                    )));
                 }
                 Some(run)
             }

@@ -451,14 +451,21 @@ pub async fn a_turn_past_its_timeout_ends_cancelled_by_the_server(harness: Harne
     assert!(matches!(state, TurnState::Cancelled { reason: CancellationReason::ServerExecutionTimeout, .. }));
 }
 
-/// Scenario.
-pub async fn a_tool_past_its_timeout_gives_the_model_an_error_result(harness: Harness) {
-    #[derive(serde::Deserialize, schemars::JsonSchema)]
-    struct Nothing {}
-    let hang = FunctionTool::new("hang", "Never returns.", |_: Nothing, _| async {
+/// A tool named `hang` that never returns.
+fn hanging_tool() -> FunctionTool<NoArguments> {
+    FunctionTool::new("hang", "Never returns.", |_: NoArguments, _| async {
         std::future::pending::<()>().await;
         Ok::<_, ToolError>(String::new())
-    });
+    })
+}
+
+/// A tool's empty arguments.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct NoArguments {}
+
+/// Scenario.
+pub async fn a_tool_past_its_timeout_gives_the_model_an_error_result(harness: Harness) {
+    let hang = hanging_tool();
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptedResponse::tool_call("hang", &json!({})),
         ScriptedResponse::text("It hung."),
@@ -1015,13 +1022,63 @@ pub async fn a_tool_with_its_own_timeout_uses_it_instead_of_the_agents(harness: 
     assert!(result.contains("30ms"), "{result}");
 }
 
+/// Scenario.
+pub async fn a_new_turn_chains_only_on_the_latest_turn(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("ok")));
+    let runtime = runtime(&harness, Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    let first = session.create_turn(TurnRequest::message("one")).await.unwrap();
+    first.wait().await.unwrap();
+    let second = session.create_turn(TurnRequest::message("two")).await.unwrap();
+    second.wait().await.unwrap();
+    let stale = TurnRequest {
+        previous_turn_id: crate::PreviousTurn::Turn(first.id()),
+        ..TurnRequest::message("three")
+    };
+    let refused = session.create_turn(stale).await;
+    assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{refused:?}");
+    let latest = TurnRequest {
+        previous_turn_id: crate::PreviousTurn::Turn(second.id()),
+        ..TurnRequest::message("three")
+    };
+    let third = session.create_turn(latest).await.unwrap();
+    third.wait().await.unwrap();
+    assert_eq!(third.previous_turn_id(), Some(second.id()));
+}
+
+/// Scenario.
+pub async fn calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_turn(harness: Harness) {
+    let hang = hanging_tool();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("hang", &json!({})),
+        ScriptedResponse::text("Starting over."),
+    ]));
+    let limits = AgentLimits {
+        cancel_grace: Duration::from_millis(10),
+        timeout: Some(Duration::from_millis(100)),
+        ..AgentLimits::default()
+    };
+    let runtime =
+        runtime(&harness, Agent::builder("hang", model.clone()).tool(hang.shared()).limits(limits).build());
+    let session = session_for(&runtime, "hang").await;
+    let stopped = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    assert!(matches!(stopped.wait().await.unwrap(), TurnState::Cancelled { .. }));
+    let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
+    next.wait().await.unwrap();
+    let seen = &model.requests()[1].messages;
+    let closed = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
+    assert!(closed.is_some_and(|text| text.contains("did not complete")), "{seen:?}");
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
 #[macro_export]
 macro_rules! runner_scenarios {
     ($factory:expr) => {
-        $crate::runner_scenarios!(@cases $factory; a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period,
+        $crate::runner_scenarios!(@cases $factory; a_new_turn_chains_only_on_the_latest_turn,
+            calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_turn,
+            a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period,
             a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled,
             a_paused_turn_is_resumed_by_another_runtime_on_the_same_store,
             a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,

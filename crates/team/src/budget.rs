@@ -141,6 +141,11 @@ impl StepBudget for InstanceLedger {
         }
     }
 
+    async fn release(&self, reservation: &str) {
+        // A hold that cannot be released expires with its reservation's time limit.
+        let _released = self.store.release(reservation).await;
+    }
+
     async fn settle(&self, reservation: &str, spent: Spent) -> Option<Settled> {
         let mut used = spent.usage;
         if let Some((model, usage)) = &spent.model
@@ -153,7 +158,11 @@ impl StepBudget for InstanceLedger {
         let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let before = self.settled_ms.swap(now_ms, Ordering::AcqRel);
         used.elapsed_ms = Some(now_ms.saturating_sub(before));
-        self.store.settle(reservation, &used).await.ok()?;
+        if let Err(error) = self.store.settle(reservation, &used).await {
+            // The usage is not counted; the hold expires with the reservation.
+            tracing::warn!(reservation, %error, "settling a budget reservation failed");
+            return None;
+        }
         let ledger = self.store.budget(&self.instance, Timestamp::now()).await.ok()?;
         Some(Settled { usage: ledger.used, limit: Some(self.limit) })
     }

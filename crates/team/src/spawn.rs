@@ -474,6 +474,13 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         Ok(granted) => granted,
         Err(Refusal(code, error)) => return deny(code, error).await,
     };
+    // The slot `check` took counts only if the instance starts.
+    let uncount = || {
+        let mut counts = spawner.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(&(mission, args.role.clone())) {
+            *count = count.saturating_sub(1);
+        }
+    };
     let mut approval_id = None;
     if role.require_approval {
         let id = format!("appr_{}", EventId::new());
@@ -487,9 +494,13 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         let decided = context.until_cancelled(decision).await;
         match decided {
             Some(Ok(Decision::Approve)) => approval_id = Some(id),
-            Some(Ok(Decision::Deny(reason))) => return deny("approval_denied", reason).await,
+            Some(Ok(Decision::Deny(reason))) => {
+                uncount();
+                return deny("approval_denied", reason).await;
+            }
             Some(Err(_)) | None => {
                 spawner.approvals.forget(&id);
+                uncount();
                 return deny("approval_denied", "the spawn was not decided before the turn ended".to_owned())
                     .await;
             }
@@ -505,7 +516,10 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     let agent = match spawner.build_agent(&format!("{}-{}", args.role, &instance_id[4..12]), &role, &template)
     {
         Ok(agent) => agent,
-        Err(Refusal(code, error)) => return deny(code, error).await,
+        Err(Refusal(code, error)) => {
+            uncount();
+            return deny(code, error).await;
+        }
     };
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
     let title = crate::title(&args.role, &args.task);

@@ -56,17 +56,23 @@ impl From<StoreError> for Stop {
     }
 }
 
-/// A member thread paused in the previous turn, to resume when its delegating call runs
-/// again in this one.
+/// A member thread the previous turn started from a call that the turn left unanswered
+/// (because one of the call's threads paused): when the call runs again in this turn, a
+/// paused thread resumes with this turn's answers and a finished one gives its stored
+/// result without running again.
 #[derive(Debug, Clone)]
-pub(crate) struct Resume {
-    run: RunRecord,
-    thread: ThreadId,
-    answers: Vec<TurnInputItem>,
+pub(crate) enum Resume {
+    /// It waits for the answers.
+    Paused { run: RunRecord, thread: ThreadId, answers: Vec<TurnInputItem> },
+    /// It finished: its answer and final message.
+    Answered { thread: ThreadId, run_id: TurnId, answer: String, output: Option<ThreadMessage> },
+    /// It failed or was cancelled.
+    Failed { thread: ThreadId, run_id: TurnId, error: String },
 }
 
-/// Paused member threads by the tool call that started them.
-type Resumes = Arc<std::sync::Mutex<HashMap<String, Resume>>>;
+/// The previous turn's member threads by the tool call that started them, and the agent
+/// that ran each.
+type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<(String, Resume)>>>>;
 
 /// What a batch of tool calls produced: results, MCP servers waiting for authorization, and
 /// what paused member threads wait for.
@@ -291,22 +297,33 @@ impl ThreadScope {
         parent: ThreadParent,
         instance: Option<ThreadInstance>,
     ) -> ThreadRun {
-        let resume = self
-            .resumes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&parent.tool_call_id);
-        if let Some(resume) = resume {
+        let resume = {
+            let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            resumes.get_mut(&parent.tool_call_id).and_then(|threads| {
+                let index = threads.iter().position(|(name, _)| name == agent.name())?;
+                Some(threads.remove(index).1)
+            })
+        };
+        match resume {
+            Some(Resume::Answered { thread, run_id, answer, output }) => {
+                return ThreadRun { thread_id: thread, run_id, result: Ok((answer, output)) };
+            }
+            Some(Resume::Failed { thread, run_id, error }) => {
+                return ThreadRun { thread_id: thread, run_id, result: Err(ThreadEnd::Failed(error)) };
+            }
+            Some(Resume::Paused { .. }) | None => {}
+        }
+        if let Some(Resume::Paused { run, thread, answers }) = resume {
             let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
                 Some(token) => self.cancel.with(token),
                 None => self.cancel.clone(),
             };
             let mut engine =
-                TurnEngine::new(self.store.clone(), agent, resume.run, self.sink.clone(), self.fence, cancel);
-            engine.thread = resume.thread;
+                TurnEngine::new(self.store.clone(), agent, run, self.sink.clone(), self.fence, cancel);
+            engine.thread = thread;
             engine.team = instance.as_ref().map(|instance| instance.team.clone());
             engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
-            return engine.resume_thread(resume.answers, parent, title, instance).await;
+            return engine.resume_thread(answers, parent, title, instance).await;
         }
         let thread = ThreadId::new_sub_thread();
         let session_id = self.sink.live.session_id;
@@ -922,15 +939,40 @@ impl TurnEngine {
                 })
                 .collect();
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for thread in waiting {
-            let (Some(run), Some(call)) =
-                (members.iter().find(|run| run.thread_id.as_ref() == Some(&thread)), started_by.get(&thread))
-            else {
-                continue;
+        for run in &members {
+            let (Some(thread), Some(agent)) = (run.thread_id.clone(), run.agent_id.clone()) else { continue };
+            let Some(call) = started_by.get(&thread) else { continue };
+            let resume = if waiting.contains(&thread) {
+                let answers = self
+                    .run
+                    .input
+                    .iter()
+                    .filter(|item| input_thread(item) == Some(&thread))
+                    .cloned()
+                    .collect();
+                Resume::Paused { run: run.clone(), thread, answers }
+            } else {
+                match &run.state {
+                    TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {
+                        let output = output.as_deref().cloned();
+                        let answer = output
+                            .as_ref()
+                            .and_then(|output| output.message.content.clone())
+                            .unwrap_or_default();
+                        Resume::Answered { thread, run_id: run.id, answer, output }
+                    }
+                    TurnState::Cancelled { reason, .. } => Resume::Failed {
+                        thread,
+                        run_id: run.id,
+                        error: format!("cancelled: {}", reason.as_str()),
+                    },
+                    TurnState::Error { message, .. } => {
+                        Resume::Failed { thread, run_id: run.id, error: message.clone() }
+                    }
+                    _ => continue,
+                }
             };
-            let answers =
-                self.run.input.iter().filter(|item| input_thread(item) == Some(&thread)).cloned().collect();
-            resumes.insert(call.clone(), Resume { run: run.clone(), thread, answers });
+            resumes.entry(call.clone()).or_default().push((agent, resume));
         }
         Ok(())
     }

@@ -552,6 +552,19 @@ fn delegate_to_members(members: Arc<Crew>) -> Arc<dyn Tool> {
                     }
                 });
                 let results = futures_util::future::join_all(runs).await;
+                // A member waiting for a person pauses the whole call; the others' results are
+                // kept with their runs and given again when the call resumes.
+                let required: Vec<_> = results
+                    .iter()
+                    .filter_map(|(_, outcome)| match outcome {
+                        Err(ToolError::Paused { required }) => Some(required.clone()),
+                        _ => None,
+                    })
+                    .flatten()
+                    .collect();
+                if !required.is_empty() {
+                    return Err(ToolError::Paused { required });
+                }
                 let lines: Vec<String> = results
                     .into_iter()
                     .map(|(name, outcome)| match outcome {

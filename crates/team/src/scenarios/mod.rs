@@ -27,7 +27,8 @@ fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
 #[macro_export]
 macro_rules! team_scenarios {
     ($factory:expr) => {
-        $crate::team_scenarios!(@cases $factory; budgets::an_instance_stops_when_its_cost_or_its_time_runs_out,
+        $crate::team_scenarios!(@cases $factory; policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
+            budgets::an_instance_stops_when_its_cost_or_its_time_runs_out,
             coordinate::a_team_session_is_read_through_the_team_session_view,
             policy::an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish,
             coordinate::a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies,

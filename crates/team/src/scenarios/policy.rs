@@ -345,3 +345,54 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
         .any(|event| event.payload.kind() == "thread.done" && event.thread_id.as_ref() == Some(&thread));
     assert!(done_on_member, "the member's thread finished in the second turn");
 }
+
+/// Scenario.
+pub async fn a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others(
+    harness: Harness,
+) {
+    let helped = Arc::new(AtomicUsize::new(0));
+    let helper_model = {
+        let helped = helped.clone();
+        Arc::new(ScriptedModel::responder(move |_| {
+            helped.fetch_add(1, Ordering::SeqCst);
+            ScriptedResponse::text("helped")
+        }))
+    };
+    let helper = Agent::builder("helper", helper_model).build();
+    let file = FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
+        Ok::<_, ToolError>("filed".to_owned())
+    });
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("file_report", &json!({}))
+        } else {
+            ScriptedResponse::text("Report filed.")
+        }
+    }));
+    let clerk =
+        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Do your part."}))
+        } else {
+            ScriptedResponse::text(tool_results(request)[0].clone())
+        }
+    }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("office", coordinator).member(clerk).member(helper).build());
+    let session = runtime.create_session("office", None).await.unwrap();
+    let first = session.create_turn(TurnRequest::message("Everyone, go.")).await.unwrap();
+    let state = first.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    assert_eq!(helped.load(Ordering::SeqCst), 1);
+
+    let approve = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    let TurnState::Done { output, .. } = second.wait().await.unwrap() else { panic!("not done") };
+    let answer = output.unwrap().message.content.unwrap();
+    assert!(answer.contains("clerk: Report filed.") && answer.contains("helper: helped"), "{answer}");
+    assert_eq!(helped.load(Ordering::SeqCst), 1, "the member that had finished did not run again");
+}

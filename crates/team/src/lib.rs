@@ -259,6 +259,9 @@ impl TeamBuilder {
                     approvals: self.approvals,
                     default_model: self.model.clone(),
                     counts: Arc::default(),
+                    role: None,
+                    depth: 0,
+                    parent_instance: None,
                 };
                 builder
                     .tool(delegate_to_member(members.clone()))
@@ -407,7 +410,14 @@ pub(crate) async fn run_member(
 ) -> Result<ThreadResult, ToolError> {
     let limit = crew.role_budgets.get(member.name()).copied().unwrap_or_default();
     let skills = skill_hash(member.instructions().unwrap_or_default(), &[]);
-    run_instance(crew, context, member, task, title, member.name(), limit, None, skills).await
+    let spec = InstanceSpec {
+        role: member.name(),
+        limit,
+        instance_id: None,
+        parent_instance_id: None,
+        skill_hash: skills,
+    };
+    run_instance(crew, context, member, task, title, spec).await
 }
 
 /// `sha256:<hex>` of an instance's instructions and skills: the same template hashes the
@@ -425,19 +435,25 @@ pub(crate) fn skill_hash(instructions: &str, skills: &[String]) -> String {
     format!("sha256:{hex}")
 }
 
+/// What a new instance is.
+pub(crate) struct InstanceSpec<'a> {
+    pub(crate) role: &'a str,
+    pub(crate) limit: BudgetLimit,
+    pub(crate) instance_id: Option<String>,
+    pub(crate) parent_instance_id: Option<String>,
+    pub(crate) skill_hash: String,
+}
+
 /// Runs an agent as a new instance of `role` with its own ledger.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_instance(
     crew: &Crew,
     context: &ToolContext,
     agent: &Agent,
     task: String,
     title: String,
-    role: &str,
-    limit: BudgetLimit,
-    instance_id: Option<String>,
-    skill_hash: String,
+    spec: InstanceSpec<'_>,
 ) -> Result<ThreadResult, ToolError> {
+    let InstanceSpec { role, limit, instance_id, parent_instance_id, skill_hash } = spec;
     let mission_id = format!("mis_{}", context.turn_id);
     let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
     let ledger = match context.store() {
@@ -459,7 +475,7 @@ pub(crate) async fn run_instance(
         team: TeamContext {
             mission_id: Some(mission_id),
             instance_id: Some(instance_id.clone()),
-            parent_instance_id: None,
+            parent_instance_id,
             source: Some(EventSource::ToolCall),
             message_id: None,
         },
@@ -491,6 +507,20 @@ impl Drop for Listed<'_> {
 pub(crate) fn title(member: &str, task: &str) -> String {
     let short: String = task.chars().take(60).collect();
     if short.len() < task.len() { format!("{member}: {short}…") } else { format!("{member}: {short}") }
+}
+
+/// The pause of a call that ran several threads, when any of them paused: every paused
+/// thread's required actions together.
+pub(crate) fn paused_together<T, U>(results: &[(T, Result<U, ToolError>)]) -> Option<ToolError> {
+    let required: Vec<_> = results
+        .iter()
+        .filter_map(|(_, outcome)| match outcome {
+            Err(ToolError::Paused { required }) => Some(required.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    (!required.is_empty()).then_some(ToolError::Paused { required })
 }
 
 /// Runs the named member on the task.
@@ -554,16 +584,8 @@ fn delegate_to_members(members: Arc<Crew>) -> Arc<dyn Tool> {
                 let results = futures_util::future::join_all(runs).await;
                 // A member waiting for a person pauses the whole call; the others' results are
                 // kept with their runs and given again when the call resumes.
-                let required: Vec<_> = results
-                    .iter()
-                    .filter_map(|(_, outcome)| match outcome {
-                        Err(ToolError::Paused { required }) => Some(required.clone()),
-                        _ => None,
-                    })
-                    .flatten()
-                    .collect();
-                if !required.is_empty() {
-                    return Err(ToolError::Paused { required });
+                if let Some(paused) = paused_together(&results) {
+                    return Err(paused);
                 }
                 let lines: Vec<String> = results
                     .into_iter()

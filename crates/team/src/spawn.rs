@@ -294,6 +294,12 @@ pub(crate) struct Spawner {
     pub(crate) default_model: Arc<dyn Model>,
     /// Instances spawned per mission and role.
     pub(crate) counts: Arc<Mutex<HashMap<(TurnId, String), u32>>>,
+    /// The role that spawns through this tool; the coordinator's role when `None`.
+    pub(crate) role: Option<String>,
+    /// How deep the spawning agent is (the coordinator is 0).
+    pub(crate) depth: u32,
+    /// The instance that spawns (none for the coordinator).
+    pub(crate) parent_instance: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -336,11 +342,11 @@ impl Spawner {
         let Some(role) = policy.roles.get(&args.role).cloned() else {
             return Err(Refusal("unknown_role", format!("the policy has no role {:?}", args.role)));
         };
-        let spawner = policy.roles.get(&policy.coordinator_role);
-        if !spawner.is_some_and(|spawner| spawner.can_spawn.contains(&args.role)) {
+        let spawning = self.role.as_deref().unwrap_or(&policy.coordinator_role);
+        if !policy.roles.get(spawning).is_some_and(|spawner| spawner.can_spawn.contains(&args.role)) {
             return Err(Refusal(
                 "spawn_not_allowed",
-                format!("role {:?} may not spawn role {:?}", policy.coordinator_role, args.role),
+                format!("role {spawning:?} may not spawn role {:?}", args.role),
             ));
         }
         if role.require_justification
@@ -351,8 +357,8 @@ impl Spawner {
                 format!("spawning a {} needs a justification", args.role),
             ));
         }
-        // The coordinator is at depth 0; what it spawns is at depth 1.
-        if role.max_depth.is_some_and(|max| max < 1) {
+        // The coordinator is at depth 0; what an agent at depth d spawns is at depth d + 1.
+        if role.max_depth.is_some_and(|max| self.depth + 1 > max) {
             return Err(Refusal(
                 "depth_limit_reached",
                 format!("role {:?} may not be spawned this deep", args.role),
@@ -395,7 +401,14 @@ impl Spawner {
         Ok((policy, role, template))
     }
 
-    fn build_agent(&self, name: &str, role: &Role, template: &Template) -> Result<Agent, Refusal> {
+    fn build_agent(
+        &self,
+        name: &str,
+        role_name: &str,
+        role: &Role,
+        template: &Template,
+        instance_id: &str,
+    ) -> Result<Agent, Refusal> {
         let model = match &template.model {
             Some(model) => self.catalog.models.get(model).cloned().ok_or_else(|| {
                 Refusal("invalid_template", format!("the template names the unknown model {model:?}"))
@@ -410,8 +423,22 @@ impl Spawner {
                 })?;
             builder = builder.tool(tool.clone());
         }
+        if !role.can_spawn.is_empty() {
+            // An instance of a role that may spawn gets its own spawn_agent, one level deeper.
+            let child = Self {
+                role: Some(role_name.to_owned()),
+                depth: self.depth + 1,
+                parent_instance: Some(instance_id.to_owned()),
+                ..self.clone()
+            };
+            builder = builder.tool(spawn_agent(child));
+        }
         if let Some(capabilities) = &role.capabilities {
-            builder = builder.capabilities(capabilities.iter().cloned());
+            let mut capabilities = capabilities.clone();
+            if !role.can_spawn.is_empty() {
+                capabilities.push("spawn_agent".to_owned());
+            }
+            builder = builder.capabilities(capabilities);
         }
         Ok(builder.build())
     }
@@ -437,7 +464,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     let team = |instance_id: Option<String>| TeamContext {
         mission_id: Some(format!("mis_{mission}")),
         instance_id,
-        parent_instance_id: None,
+        parent_instance_id: spawner.parent_instance.clone(),
         source: Some(EventSource::ToolCall),
         message_id: None,
     };
@@ -513,8 +540,8 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         )
         .await?;
     let instance_id = format!("ins_{}", EventId::new());
-    let agent = match spawner.build_agent(&format!("{}-{}", args.role, &instance_id[4..12]), &role, &template)
-    {
+    let name = format!("{}-{}", args.role, &instance_id[4..12]);
+    let agent = match spawner.build_agent(&name, &args.role, &role, &template, &instance_id) {
         Ok(agent) => agent,
         Err(Refusal(code, error)) => {
             uncount();
@@ -524,17 +551,14 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
     let title = crate::title(&args.role, &args.task);
     let skills = crate::skill_hash(&template.instructions, &template.skills);
-    crate::run_instance(
-        &spawner.crew,
-        context,
-        &agent,
-        args.task,
-        title,
-        &args.role,
-        budget,
-        Some(instance_id),
-        skills,
-    )
-    .await
-    .map(|result| result.answer)
+    let spec = crate::InstanceSpec {
+        role: &args.role,
+        limit: budget,
+        instance_id: Some(instance_id),
+        parent_instance_id: spawner.parent_instance.clone(),
+        skill_hash: skills,
+    };
+    crate::run_instance(&spawner.crew, context, &agent, args.task, title, spec)
+        .await
+        .map(|result| result.answer)
 }

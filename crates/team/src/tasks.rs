@@ -1,31 +1,39 @@
-//! Tasks mode: the coordinator's task list and its tools. Each turn has its own list, kept
-//! in process memory while the team runs (the latest 1,024 turns' lists are kept); every
-//! task a member runs is a sub-agent thread with a stored member run.
+//! Tasks mode: the coordinator's task list and its tools. Each session has one list, kept in
+//! process memory (the latest 1,024 sessions') and written through to the session's state
+//! (`agentry.tasks`), from which it is read again by a process that does not have it. Every
+//! task a member runs is a sub-agent thread with a stored member run; a task whose member
+//! paused for a person pauses the team turn and resumes with the next turn's answers, and a
+//! finished task gives its result again without running.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_runner::{FunctionTool, Tool, ToolContext, ToolError};
-use agentry_types::TurnId;
+use agentry_types::SessionId;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{Crew, run_member, title};
 
-/// How many turns' task lists are kept.
+/// How many sessions' task lists are kept in memory.
 const KEPT_TURNS: usize = 1024;
 
+/// The session-state key of the task list.
+const STATE_KEY: &str = "agentry.tasks";
+
 /// Where a task is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Status {
     Pending,
     Running,
+    /// Its member waits for a person or the client.
+    Paused,
     Done,
     Failed,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Task {
     id: String,
     title: String,
@@ -38,15 +46,15 @@ struct Task {
 
 #[derive(Debug, Default)]
 struct Lists {
-    by_turn: HashMap<TurnId, Vec<Task>>,
-    order: VecDeque<TurnId>,
+    by_turn: HashMap<SessionId, Vec<Task>>,
+    order: VecDeque<SessionId>,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Board(Arc<Mutex<Lists>>);
 
 impl Board {
-    fn with<T>(&self, turn: TurnId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
+    fn with<T>(&self, turn: SessionId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
         let mut lists = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if !lists.by_turn.contains_key(&turn) {
             lists.order.push_back(turn);
@@ -59,22 +67,60 @@ impl Board {
         change(lists.by_turn.entry(turn).or_default())
     }
 
-    /// Marks a task running and returns it, or says why it cannot run.
-    fn start(&self, turn: TurnId, id: &str) -> Result<Task, ToolError> {
+    /// Marks a task running and returns it (a finished task is returned as it is), or says
+    /// why it cannot run.
+    fn start(&self, turn: SessionId, id: &str) -> Result<Task, ToolError> {
         self.with(turn, |tasks| {
             let task = tasks
                 .iter_mut()
                 .find(|task| task.id == id)
                 .ok_or_else(|| ToolError::Failed(format!("there is no task {id:?}; create it first")))?;
-            if task.status == Status::Running {
-                return Err(ToolError::Failed(format!("task {id} is already running")));
+            match task.status {
+                Status::Running => Err(ToolError::Failed(format!("task {id} is already running"))),
+                Status::Done => Ok(task.clone()),
+                Status::Pending | Status::Paused | Status::Failed => {
+                    task.status = Status::Running;
+                    Ok(task.clone())
+                }
             }
-            task.status = Status::Running;
-            Ok(task.clone())
         })
     }
 
-    fn finish(&self, turn: TurnId, id: &str, outcome: &Result<String, ToolError>) {
+    /// The list of a session, loaded from its state when this process does not have it.
+    async fn load(&self, context: &ToolContext) {
+        let known =
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).by_turn.contains_key(&context.session_id);
+        if known {
+            return;
+        }
+        let Some(store) = context.store() else { return };
+        let Ok(session) = store.get_session(context.session_id).await else { return };
+        let Some(stored) = session.state.get(STATE_KEY) else { return };
+        if let Ok(tasks) = serde_json::from_value::<Vec<Task>>(stored.clone()) {
+            self.with(context.session_id, |list| {
+                if list.is_empty() {
+                    *list = tasks;
+                }
+            });
+        }
+    }
+
+    /// Writes the session's list through to its state (best effort: the list in memory is
+    /// the one in use).
+    async fn save(&self, context: &ToolContext) {
+        let Some(store) = context.store() else { return };
+        let tasks = self.with(context.session_id, |tasks| tasks.clone());
+        let Ok(session) = store.get_session(context.session_id).await else { return };
+        let mut state = session.state;
+        state.insert(STATE_KEY.to_owned(), serde_json::to_value(tasks).unwrap_or_default());
+        let update =
+            agentry_memory::SessionUpdate { state: Some(state), ..agentry_memory::SessionUpdate::default() };
+        if let Err(error) = store.update_session(context.session_id, &update).await {
+            tracing::warn!(%error, "saving the task list failed");
+        }
+    }
+
+    fn finish(&self, turn: SessionId, id: &str, outcome: &Result<String, ToolError>) {
         self.with(turn, |tasks| {
             if let Some(task) = tasks.iter_mut().find(|task| task.id == id) {
                 match outcome {
@@ -82,6 +128,7 @@ impl Board {
                         task.status = Status::Done;
                         task.result = Some(answer.clone());
                     }
+                    Err(ToolError::Paused { .. }) => task.status = Status::Paused,
                     Err(error) => {
                         task.status = Status::Failed;
                         task.result = Some(error.to_string());
@@ -132,7 +179,11 @@ async fn run_one(
     context: &ToolContext,
     id: &str,
 ) -> Result<String, ToolError> {
-    let task = board.start(context.turn_id, id)?;
+    board.load(context).await;
+    let task = board.start(context.session_id, id)?;
+    if task.status == Status::Done {
+        return Ok(task.result.unwrap_or_default());
+    }
     let outcome = match members.find(&task.assignee) {
         Ok(member) => {
             run_member(members, context, member, task.description.clone(), title(member.name(), &task.title))
@@ -141,7 +192,8 @@ async fn run_one(
         }
         Err(error) => Err(error),
     };
-    board.finish(context.turn_id, id, &outcome);
+    board.finish(context.session_id, id, &outcome);
+    board.save(context).await;
     outcome
 }
 
@@ -157,7 +209,8 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
                 let (board, members) = (board.clone(), members.clone());
                 async move {
                     members.find(&args.assignee)?;
-                    let id = board.with(context.turn_id, |tasks| {
+                    board.load(&context).await;
+                    let id = board.with(context.session_id, |tasks| {
                         let id = format!("task-{}", tasks.len() + 1);
                         tasks.push(Task {
                             id: id.clone(),
@@ -169,6 +222,7 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
                         });
                         id
                     });
+                    board.save(&context).await;
                     Ok(format!("created {id}"))
                 }
             },
@@ -199,6 +253,9 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
                         async move { (id.clone(), run_one(board, members, context, id).await) }
                     });
                     let results = futures_util::future::join_all(runs).await;
+                    if let Some(paused) = crate::paused_together(&results) {
+                        return Err(paused);
+                    }
                     Ok(results
                         .into_iter()
                         .map(|(id, outcome)| match outcome {
@@ -220,7 +277,8 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
             move |args: CompleteTask, context: ToolContext| {
                 let board = board.clone();
                 async move {
-                    board.with(context.turn_id, |tasks| {
+                    board.load(&context).await;
+                    let done = board.with(context.session_id, |tasks| {
                         let task =
                             tasks.iter_mut().find(|task| task.id == args.task_id).ok_or_else(|| {
                                 ToolError::Failed(format!("there is no task {:?}", args.task_id))
@@ -230,7 +288,9 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
                             task.result = args.result;
                         }
                         Ok(format!("{} done", task.id))
-                    })
+                    });
+                    board.save(&context).await;
+                    done
                 }
             },
         )
@@ -241,7 +301,8 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
         move |_: Nothing, context: ToolContext| {
             let board = board.clone();
             async move {
-                let tasks = board.with(context.turn_id, |tasks| tasks.clone());
+                board.load(&context).await;
+                let tasks = board.with(context.session_id, |tasks| tasks.clone());
                 serde_json::to_string(&tasks).map_err(|error| ToolError::Failed(error.to_string()))
             }
         },

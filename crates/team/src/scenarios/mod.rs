@@ -22,12 +22,35 @@ fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
         .collect()
 }
 
+/// A member `clerk` that files a report with `file_report`, which needs approval, then
+/// answers `Report filed.`.
+fn gated_clerk() -> agentry_runner::Agent {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let file = agentry_runner::FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
+        Ok::<_, agentry_runner::ToolError>("filed".to_owned())
+    });
+    let model = std::sync::Arc::new(agentry_model::ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            agentry_model::ScriptedResponse::tool_call("file_report", &serde_json::json!({}))
+        } else {
+            agentry_model::ScriptedResponse::text("Report filed.")
+        }
+    }));
+    agentry_runner::Agent::builder("clerk", model)
+        .tool(file.shared())
+        .requires_approval("file_report")
+        .build()
+}
+
 /// Expands every team scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh `agentry_memory::conformance::Harness`).
 #[macro_export]
 macro_rules! team_scenarios {
     ($factory:expr) => {
-        $crate::team_scenarios!(@cases $factory; policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
+        $crate::team_scenarios!(@cases $factory; spawn::an_instance_may_spawn_in_turn_within_the_depth_limit,
+            modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
+            policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
             budgets::an_instance_stops_when_its_cost_or_its_time_runs_out,
             coordinate::a_team_session_is_read_through_the_team_session_view,
             policy::an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish,

@@ -192,3 +192,35 @@ pub async fn a_team_nested_in_a_team_nests_its_member_responses(harness: Harness
     };
     assert_eq!(leaf.content, Some(json!("leaf says: Say hi.")));
 }
+
+/// Scenario.
+pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list(harness: Harness) {
+    let clerk = super::gated_clerk();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
+        0 => ScriptedResponse::tool_call(
+            "create_task",
+            &json!({"title": "Report", "description": "File the report.", "assignee": "clerk"}),
+        ),
+        1 => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-1"})),
+        _ => ScriptedResponse::text(format!("Done: {}", tool_results(request).last().unwrap())),
+    }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build());
+    let session = runtime.create_session("desk", None).await.unwrap();
+    let first = session.create_turn(TurnRequest::message("File the report.")).await.unwrap();
+    let state = first.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    assert_eq!(stored[0]["status"], "paused", "{stored}");
+
+    let approve = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Done: Report filed.");
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    assert_eq!(stored[0]["status"], "done", "{stored}");
+    assert_eq!(stored[0]["result"], "Report filed.");
+}

@@ -359,18 +359,7 @@ pub async fn a_member_pausing_inside_a_parallel_delegation_resumes_without_rerun
         }))
     };
     let helper = Agent::builder("helper", helper_model).build();
-    let file = FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
-        Ok::<_, ToolError>("filed".to_owned())
-    });
-    let clerk_model = Arc::new(ScriptedModel::responder(|request| {
-        if tool_results(request).is_empty() {
-            ScriptedResponse::tool_call("file_report", &json!({}))
-        } else {
-            ScriptedResponse::text("Report filed.")
-        }
-    }));
-    let clerk =
-        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let clerk = super::gated_clerk();
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Do your part."}))

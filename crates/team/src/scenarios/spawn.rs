@@ -238,3 +238,82 @@ pub async fn an_invalid_policy_is_refused_with_the_problem_named(_harness: Harne
     let dangling = SpawnPolicy::parse("[roles.lead]\ncan_spawn = [\"ghost\"]\n").unwrap_err();
     assert!(dangling.to_string().contains("ghost"), "{dangling}");
 }
+
+/// Scenario.
+pub async fn an_instance_may_spawn_in_turn_within_the_depth_limit(harness: Harness) {
+    let policy = |worker_depth: u32| {
+        SpawnPolicy::parse(&format!(
+            r#"
+coordinator_role = "lead"
+[roles.lead]
+can_spawn = ["manager"]
+[roles.manager]
+can_spawn = ["worker"]
+max_depth = 1
+[roles.manager.templates.default]
+instructions = "You manage."
+model = "manager"
+[roles.worker]
+max_depth = {worker_depth}
+[roles.worker.templates.default]
+instructions = "You work."
+model = "small"
+"#
+        ))
+        .unwrap()
+    };
+    let manager: Arc<dyn Model> = Arc::new(ScriptedModel::responder(|request| {
+        let results = tool_results(request);
+        if results.is_empty() {
+            ScriptedResponse::tool_call("spawn_agent", &json!({"role": "worker", "task": "Do the work."}))
+        } else {
+            ScriptedResponse::text(format!("manager: {}", results[0]))
+        }
+    }));
+    for (depth, expected) in [(2, "approved"), (1, "depth_limit_reached")] {
+        let catalog = SpawnCatalog {
+            models: HashMap::from([
+                ("small".to_owned(), small_model()),
+                ("manager".to_owned(), manager.clone()),
+            ]),
+            tools: Vec::new(),
+        };
+        let team =
+            Team::builder("org", coordinator(vec![json!({"role": "manager", "task": "Run the project."})]))
+                .spawn_policy(Some(policy(depth)))
+                .catalog(catalog)
+                .build();
+        let runtime = Runtime::new(harness.store.clone());
+        runtime.register(team);
+        let session = runtime.create_session("org", None).await.unwrap();
+        let turn = session.create_turn(TurnRequest::message("Staff it.")).await.unwrap();
+        let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+        let worker_spawn = events.iter().rev().find_map(|event| match &event.payload {
+            EventPayload::SpawnApproved { requested_role, .. } if requested_role == "worker" => {
+                Some(("approved".to_owned(), event.team.clone().unwrap_or_default()))
+            }
+            EventPayload::SpawnDenied { requested_role, code, .. } if requested_role == "worker" => {
+                Some((code.clone(), event.team.clone().unwrap_or_default()))
+            }
+            _ => None,
+        });
+        let (outcome, team_context) = worker_spawn.expect("the manager asked for a worker");
+        assert_eq!(outcome, expected, "worker max_depth {depth}");
+        let manager_instance = events.iter().find_map(|event| match &event.payload {
+            EventPayload::InstanceStarted { role, .. } if role == "manager" => {
+                event.team.as_ref().and_then(|team| team.instance_id.clone())
+            }
+            _ => None,
+        });
+        assert_eq!(team_context.parent_instance_id, manager_instance, "the manager spawned it");
+        if depth == 2 {
+            let worker_parent = events.iter().find_map(|event| match &event.payload {
+                EventPayload::InstanceStarted { role, .. } if role == "worker" => {
+                    event.team.as_ref().and_then(|team| team.parent_instance_id.clone())
+                }
+                _ => None,
+            });
+            assert_eq!(worker_parent, manager_instance);
+        }
+    }
+}

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use agentry_memory::{Conflict, Store, StoreError};
 use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget};
-use agentry_types::{BudgetLimit, BudgetReservation, BudgetUsage, EventId, Timestamp, Usage, lease_expiry};
+use agentry_types::{
+    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Timestamp, Usage, lease_expiry,
+};
 use async_trait::async_trait;
 
 /// How long a reservation holds if its instance dies before settling it.
@@ -57,6 +59,7 @@ impl Budgets {
         mission: &str,
         instance: &str,
         limit: BudgetLimit,
+        control: crate::TeamControl,
     ) -> Result<InstanceLedger, StoreError> {
         match store.create_budget(mission, &self.mission).await {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
@@ -71,6 +74,7 @@ impl Budgets {
             .or_default()
             .clone();
         Ok(InstanceLedger {
+            control,
             prices: self.prices.clone(),
             started: Instant::now(),
             settled_ms: AtomicU64::new(0),
@@ -88,6 +92,9 @@ impl Budgets {
 /// One instance's view of the ledgers: its own and its mission's.
 #[derive(Debug)]
 pub(crate) struct InstanceLedger {
+    /// To cancel every instance of the mission when its budget runs out, rather than at
+    /// each one's next step.
+    control: crate::TeamControl,
     prices: Arc<HashMap<String, Price>>,
     /// When the instance started: its elapsed time counts against `max_elapsed_ms`.
     started: Instant,
@@ -125,11 +132,15 @@ impl StepBudget for InstanceLedger {
                 let usage =
                     self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
                 let flag = if mission { &*self.mission_reported } else { &self.instance_reported };
+                let first = !flag.swap(true, Ordering::AcqRel);
+                if mission && first {
+                    self.control.cancel_mission_for(&self.mission, CancellationReason::BudgetExhausted);
+                }
                 Err(Exhausted {
                     exhausted_by: if mission { format!("mission_{dimension}") } else { dimension.to_owned() },
                     usage,
                     mission,
-                    first: !flag.swap(true, Ordering::AcqRel),
+                    first,
                 })
             }
             Err(error) => Err(Exhausted {

@@ -340,11 +340,16 @@ impl TeamControl {
 
     /// Cancels every running instance of a mission; returns how many.
     pub fn cancel_mission(&self, mission_id: &str) -> usize {
+        self.cancel_mission_for(mission_id, CancellationReason::ClientCancelled)
+    }
+
+    /// Cancels every running instance of a mission for `reason`; returns how many.
+    pub(crate) fn cancel_mission_for(&self, mission_id: &str, reason: CancellationReason) -> usize {
         let live = self.lock();
         let mut count = 0;
         for (info, token) in live.values() {
             if info.mission_id == mission_id {
-                token.cancel(CancellationReason::ClientCancelled);
+                token.cancel(reason);
                 count += 1;
             }
         }
@@ -459,7 +464,7 @@ pub(crate) async fn run_instance(
     let ledger = match context.store() {
         Some(store) => Some(
             crew.budgets
-                .instance(store, &mission_id, &instance_id, limit)
+                .instance(store, &mission_id, &instance_id, limit, crew.control.clone())
                 .await
                 .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?,
         ),

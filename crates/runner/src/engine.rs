@@ -503,6 +503,8 @@ pub(crate) struct TurnEngine {
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
     /// Member threads this turn's input resumes.
     resumes: Resumes,
+    /// The model message whose tool calls are running (their `message_id`).
+    calling_message: std::sync::Mutex<Option<EventId>>,
     model_calls: u32,
 }
 
@@ -531,6 +533,7 @@ impl TurnEngine {
             approved: HashSet::new(),
             direct_answer: Arc::default(),
             resumes: Arc::default(),
+            calling_message: std::sync::Mutex::new(None),
             team: None,
             ledger: None,
             recovered_output: None,
@@ -1290,6 +1293,8 @@ impl TurnEngine {
         output: Option<ThreadMessage>,
     ) -> Result<Option<Outcome>, Stop> {
         let source_event_id = output.as_ref().map_or_else(EventId::new, |output| output.id);
+        *self.calling_message.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            output.as_ref().map(|output| output.id);
         let mut approvals = Vec::new();
         let mut responses = Vec::new();
         let mut runnable = Vec::new();
@@ -1566,6 +1571,7 @@ impl TurnEngine {
             direct_answer: self.direct_answer.clone(),
             resumes: self.resumes.clone(),
         }));
+        context.message_id = *self.calling_message.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A tool that runs threads ends with them (on cancellation too) and records how: a
         // wall-clock limit would drop it part way. Its threads have their own limits.
         let timeout = if tool.ends_on_cancel() {

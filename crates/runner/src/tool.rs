@@ -32,6 +32,9 @@ pub struct ToolContext {
     /// Stable for this call across crashes and retries: a tool with side effects can use it
     /// to do its work at most once (for example as an idempotency key of a payment API).
     pub idempotency_key: String,
+    /// The model message that made the call, when it is known (the agent-team events of a
+    /// call carry it as `messageID`).
+    pub message_id: Option<agentry_types::EventId>,
     /// The turn the call runs in; absent for a call made outside a turn.
     pub(crate) scope: Option<Arc<ThreadScope>>,
 }
@@ -53,6 +56,7 @@ impl ToolContext {
             thread_id,
             tool_call_id: tool_call_id.into(),
             idempotency_key: idempotency_key.into(),
+            message_id: None,
             scope: None,
         }
     }

@@ -482,7 +482,7 @@ pub(crate) async fn run_instance(
             instance_id: Some(instance_id.clone()),
             parent_instance_id,
             source: Some(EventSource::ToolCall),
-            message_id: None,
+            message_id: context.message_id.map(|id| id.to_string()),
         },
         role: role.to_owned(),
         budget: limit,

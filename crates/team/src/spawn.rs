@@ -466,7 +466,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         instance_id,
         parent_instance_id: spawner.parent_instance.clone(),
         source: Some(EventSource::ToolCall),
-        message_id: None,
+        message_id: context.message_id.map(|id| id.to_string()),
     };
     context
         .emit_team_event(

@@ -182,6 +182,13 @@ pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_
         _ => None,
     });
     let skill_hash = skill_hash.expect("instance.started carries the skill hash");
+    // The spawn names the model message whose call asked for it (seed 001's messageID).
+    let asking =
+        events.iter().find(|event| event.payload.kind() == "model.message").unwrap().event_id.to_string();
+    let requested = events.iter().find(|event| event.payload.kind() == "agent_team.spawn.requested").unwrap();
+    assert_eq!(requested.team.as_ref().and_then(|team| team.message_id.clone()), Some(asking.clone()));
+    let frame = serde_json::to_value(agentry_events::render::agent_team::render(requested).unwrap()).unwrap();
+    assert_eq!(frame["properties"]["messageID"], asking.as_str());
     assert!(skill_hash.starts_with("sha256:") && skill_hash.len() == 7 + 64, "{skill_hash}");
 }
 

@@ -643,6 +643,15 @@ impl TurnEngine {
             }
             Start::Recovered { previous, journal, stored } => {
                 self.journal = journal.into_iter().map(|entry| (entry.tool_call_id.clone(), entry)).collect();
+                if !stored.iter().any(|event| matches!(event.payload, EventPayload::TurnCreated { .. })) {
+                    // The dead process stopped before storing the turn's first event.
+                    let payload = EventPayload::TurnCreated {
+                        previous_turn_id: self.run.previous_turn_id,
+                        input: self.run.input.clone(),
+                        created_by: self.run.created_by.clone(),
+                    };
+                    self.sink.emit(None, payload).await?;
+                }
                 (previous, Some(stored))
             }
         };

@@ -24,6 +24,10 @@ use crate::live::{EventStream, LiveTurn, stored_events, subscribe};
 /// The session-state key that marks a cancelled session.
 const CANCELLED_KEY: &str = "agentry.cancelled";
 
+/// The session-state key naming a turn whose cancellation another process asked for: the
+/// process running it sees the request when it renews the turn's lease.
+const CANCEL_REQUEST_KEY: &str = "agentry.cancel_requested";
+
 /// Settings of a [`Runtime`].
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
@@ -389,6 +393,15 @@ impl Runtime {
                         store.renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now()).await;
                     if let Err(StoreError::Conflict(_)) = renewed {
                         turn.request_cancel(CancellationReason::Abandoned);
+                        continue;
+                    }
+                    // A cancellation asked for by another process sharing the store.
+                    if let Ok(session) = store.get_session(turn.session_id).await {
+                        let requested = session.state.get(CANCEL_REQUEST_KEY).and_then(Value::as_str)
+                            == Some(turn.turn_id.to_string().as_str());
+                        if requested || session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
+                            turn.request_cancel(CancellationReason::ClientCancelled);
+                        }
                     }
                 }
             }
@@ -589,6 +602,8 @@ impl Session {
                 .update_session(self.id(), &SessionUpdate { state: Some(state), ..SessionUpdate::default() })
                 .await?;
         }
+        // A turn running in another process sees the cancelled session when it renews its
+        // lease.
         if let Some(turn) = self.runtime.running_turn_of(self.id()) {
             turn.request_cancel(CancellationReason::ClientCancelled);
             turn.wait_done().await;
@@ -687,16 +702,33 @@ impl TurnHandle {
         stored_events(self.runtime.inner.store.as_ref(), self.id(), order).await
     }
 
-    /// Requests cancellation and waits for the turn to end. Idempotent: cancelling a
-    /// finished turn does nothing.
+    /// Requests cancellation. Idempotent: cancelling a finished turn does nothing. A turn
+    /// running here is cancelled at once and this waits for its end; for a turn running in
+    /// another process sharing the store, the request is stored in the session and that
+    /// process acts on it when it next renews the turn's lease (within a third of the lease
+    /// time); this returns once the request is stored.
     ///
-    /// Errors: none today for a turn running here; a turn running in another process is
-    /// not reachable from this one and is left running.
+    /// Errors: `NotFound` when the turn or its session was deleted; `Store` when the request
+    /// cannot be stored.
     pub async fn cancel(&self) -> RuntimeResult<()> {
         if let Some(live) = self.runtime.live_turn(self.id()) {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
+            return Ok(());
         }
+        let store = &self.runtime.inner.store;
+        if store.get_run(self.id()).await?.state.is_terminal() {
+            return Ok(());
+        }
+        let session = store.get_session(self.session_id()).await?;
+        let mut state = session.state;
+        state.insert(CANCEL_REQUEST_KEY.to_owned(), Value::String(self.id().to_string()));
+        store
+            .update_session(
+                self.session_id(),
+                &SessionUpdate { state: Some(state), ..SessionUpdate::default() },
+            )
+            .await?;
         Ok(())
     }
 }

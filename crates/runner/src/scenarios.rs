@@ -1070,13 +1070,34 @@ pub async fn calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_tu
     assert!(closed.is_some_and(|text| text.contains("did not complete")), "{seen:?}");
 }
 
+/// Scenario.
+pub async fn a_turn_running_in_one_runtime_is_cancelled_from_another_on_the_same_store(harness: Harness) {
+    let (model, _gate) = GatedModel::new("never finishes");
+    let options = RuntimeOptions { lease_ttl: Duration::from_millis(300), ..RuntimeOptions::default() };
+    let owner = Runtime::with_options(harness.store.clone(), options.clone());
+    owner.register(Agent::builder("held", model).build());
+    let session = owner.create_session("held", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("hold")).await.unwrap();
+    let other = Runtime::with_options(harness.store.clone(), options);
+    let remote = other.get_turn(turn.id()).await.unwrap();
+    remote.cancel().await.unwrap();
+    let state =
+        tokio::time::timeout(Duration::from_secs(10), turn.wait()).await.expect("cancelled in time").unwrap();
+    assert!(
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        "{state:?}"
+    );
+    remote.cancel().await.unwrap(); // idempotent once finished
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
 #[macro_export]
 macro_rules! runner_scenarios {
     ($factory:expr) => {
-        $crate::runner_scenarios!(@cases $factory; a_new_turn_chains_only_on_the_latest_turn,
+        $crate::runner_scenarios!(@cases $factory; a_turn_running_in_one_runtime_is_cancelled_from_another_on_the_same_store,
+            a_new_turn_chains_only_on_the_latest_turn,
             calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_turn,
             a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period,
             a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled,

@@ -304,41 +304,35 @@ impl ThreadScope {
                 Some(threads.remove(index).1)
             })
         };
-        match resume {
+        let (run, thread, answers) = match resume {
             Some(Resume::Answered { thread, run_id, answer, output }) => {
                 return ThreadRun { thread_id: thread, run_id, result: Ok((answer, output)) };
             }
             Some(Resume::Failed { thread, run_id, error }) => {
                 return ThreadRun { thread_id: thread, run_id, result: Err(ThreadEnd::Failed(error)) };
             }
-            Some(Resume::Paused { .. }) | None => {}
-        }
-        if let Some(Resume::Paused { run, thread, answers }) = resume {
-            let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
-                Some(token) => self.cancel.with(token),
-                None => self.cancel.clone(),
-            };
-            let mut engine =
-                TurnEngine::new(self.store.clone(), agent, run, self.sink.clone(), self.fence, cancel);
-            engine.thread = thread;
-            engine.team = instance.as_ref().map(|instance| instance.team.clone());
-            engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
-            return engine.resume_thread(answers, parent, title, instance).await;
-        }
-        let thread = ThreadId::new_sub_thread();
-        let session_id = self.sink.live.session_id;
-        let mut run =
-            RunRecord::new(session_id, vec![TurnInputItem::message(task.clone())], self.created_by.clone());
-        run.parent_run_id = Some(self.parent_run);
-        run.thread_id = Some(thread.clone());
-        run.agent_id = Some(agent.name().to_owned());
-        if let Err(error) = self.store.put_run(&run, Some(self.fence)).await {
-            return ThreadRun {
-                thread_id: thread,
-                run_id: run.id,
-                result: Err(ThreadEnd::Failed(format!("storing the member run failed: {error}"))),
-            };
-        }
+            Some(Resume::Paused { run, thread, answers }) => (run, thread, Some(answers)),
+            None => {
+                let thread = ThreadId::new_sub_thread();
+                let session_id = self.sink.live.session_id;
+                let mut run = RunRecord::new(
+                    session_id,
+                    vec![TurnInputItem::message(task.clone())],
+                    self.created_by.clone(),
+                );
+                run.parent_run_id = Some(self.parent_run);
+                run.thread_id = Some(thread.clone());
+                run.agent_id = Some(agent.name().to_owned());
+                if let Err(error) = self.store.put_run(&run, Some(self.fence)).await {
+                    return ThreadRun {
+                        thread_id: thread,
+                        run_id: run.id,
+                        result: Err(ThreadEnd::Failed(format!("storing the member run failed: {error}"))),
+                    };
+                }
+                (run, thread, None)
+            }
+        };
         let cancel = match instance.as_ref().and_then(|instance| instance.cancel.as_ref()) {
             Some(token) => self.cancel.with(token),
             None => self.cancel.clone(),
@@ -348,7 +342,10 @@ impl ThreadScope {
         engine.thread = thread;
         engine.team = instance.as_ref().map(|instance| instance.team.clone());
         engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
-        engine.run_thread(task, parent, title, instance).await
+        match answers {
+            Some(answers) => engine.resume_thread(answers, parent, title, instance).await,
+            None => engine.run_thread(task, parent, title, instance).await,
+        }
     }
 }
 
@@ -581,6 +578,15 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// The turn's first event.
+    fn turn_created(&self) -> EventPayload {
+        EventPayload::TurnCreated {
+            previous_turn_id: self.run.previous_turn_id,
+            input: self.run.input.clone(),
+            created_by: self.run.created_by.clone(),
+        }
+    }
+
     /// Emits a durable event on this engine's thread, with its team context.
     async fn emit(&self, payload: EventPayload) -> Result<Arc<EventEnvelope>, Stop> {
         self.sink.emit_team(Some(self.thread.clone()), self.team.clone(), payload).await
@@ -627,12 +633,7 @@ impl TurnEngine {
         self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
             Start::New { previous } => {
-                let payload = EventPayload::TurnCreated {
-                    previous_turn_id: self.run.previous_turn_id,
-                    input: self.run.input.clone(),
-                    created_by: self.run.created_by.clone(),
-                };
-                self.sink.emit(None, payload).await?;
+                self.sink.emit(None, self.turn_created()).await?;
                 if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.
@@ -645,12 +646,7 @@ impl TurnEngine {
                 self.journal = journal.into_iter().map(|entry| (entry.tool_call_id.clone(), entry)).collect();
                 if !stored.iter().any(|event| matches!(event.payload, EventPayload::TurnCreated { .. })) {
                     // The dead process stopped before storing the turn's first event.
-                    let payload = EventPayload::TurnCreated {
-                        previous_turn_id: self.run.previous_turn_id,
-                        input: self.run.input.clone(),
-                        created_by: self.run.created_by.clone(),
-                    };
-                    self.sink.emit(None, payload).await?;
+                    self.sink.emit(None, self.turn_created()).await?;
                 }
                 (previous, Some(stored))
             }

@@ -514,9 +514,11 @@ pub(crate) fn title(member: &str, task: &str) -> String {
     if short.len() < task.len() { format!("{member}: {short}…") } else { format!("{member}: {short}") }
 }
 
-/// The pause of a call that ran several threads, when any of them paused: every paused
-/// thread's required actions together.
-pub(crate) fn paused_together<T, U>(results: &[(T, Result<U, ToolError>)]) -> Option<ToolError> {
+/// The result of a call that ran several threads, one `name: answer` (or `name failed: …`)
+/// line each; when any thread paused, the call pauses with every paused thread's required
+/// actions together (the others' results are kept with their runs and given again when the
+/// call resumes).
+pub(crate) fn join_outcomes(results: Vec<(String, Result<String, ToolError>)>) -> Result<String, ToolError> {
     let required: Vec<_> = results
         .iter()
         .filter_map(|(_, outcome)| match outcome {
@@ -525,7 +527,17 @@ pub(crate) fn paused_together<T, U>(results: &[(T, Result<U, ToolError>)]) -> Op
         })
         .flatten()
         .collect();
-    (!required.is_empty()).then_some(ToolError::Paused { required })
+    if !required.is_empty() {
+        return Err(ToolError::Paused { required });
+    }
+    let lines: Vec<String> = results
+        .into_iter()
+        .map(|(name, outcome)| match outcome {
+            Ok(answer) => format!("{name}: {answer}"),
+            Err(error) => format!("{name} failed: {error}"),
+        })
+        .collect();
+    Ok(lines.join("\n"))
 }
 
 /// Runs the named member on the task.
@@ -583,23 +595,10 @@ fn delegate_to_members(members: Arc<Crew>) -> Arc<dyn Tool> {
                     let task = args.task.clone();
                     async move {
                         let outcome = run_member(crew, context, member, task.clone(), title(member.name(), &task)).await;
-                        (member.name().to_owned(), outcome)
+                        (member.name().to_owned(), outcome.map(|result| result.answer))
                     }
                 });
-                let results = futures_util::future::join_all(runs).await;
-                // A member waiting for a person pauses the whole call; the others' results are
-                // kept with their runs and given again when the call resumes.
-                if let Some(paused) = paused_together(&results) {
-                    return Err(paused);
-                }
-                let lines: Vec<String> = results
-                    .into_iter()
-                    .map(|(name, outcome)| match outcome {
-                        Ok(result) => format!("{name}: {}", result.answer),
-                        Err(error) => format!("{name} failed: {error}"),
-                    })
-                    .collect();
-                Ok(lines.join("\n"))
+                join_outcomes(futures_util::future::join_all(runs).await)
             }
         },
     )

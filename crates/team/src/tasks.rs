@@ -252,18 +252,7 @@ pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
                         let (board, members, context) = (&board, &members, &context);
                         async move { (id.clone(), run_one(board, members, context, id).await) }
                     });
-                    let results = futures_util::future::join_all(runs).await;
-                    if let Some(paused) = crate::paused_together(&results) {
-                        return Err(paused);
-                    }
-                    Ok(results
-                        .into_iter()
-                        .map(|(id, outcome)| match outcome {
-                            Ok(answer) => format!("{id}: {answer}"),
-                            Err(error) => format!("{id} failed: {error}"),
-                        })
-                        .collect::<Vec<_>>()
-                        .join("\n"))
+                    crate::join_outcomes(futures_util::future::join_all(runs).await)
                 }
             },
         )

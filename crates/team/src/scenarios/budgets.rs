@@ -116,10 +116,7 @@ budget = { max_elapsed_ms = 40 }
         // Each call: 1,000 input tokens at $10 per million, $0.01.
         .price("scripted", crate::Price { input_per_million: 10.0, output_per_million: 0.0 })
         .build();
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(team);
-    let session = runtime.create_session("spenders", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Go.")).await.unwrap();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Go.").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
     let mut exhausted: Vec<String> = events
         .iter()

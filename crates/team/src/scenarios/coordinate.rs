@@ -204,10 +204,9 @@ pub async fn delegating_to_every_member_collects_each_answer_and_a_failed_member
         ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "status?"})),
         ScriptedResponse::text("Summarized."),
     ]));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("all", model.clone()).member(ok).member(broken).build());
-    let session = runtime.create_session("all", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let (_runtime, _session, turn) =
+        super::start(&harness, Team::builder("all", model.clone()).member(ok).member(broken).build(), "go")
+            .await;
     let mut errors = Vec::new();
     let mut stream = turn.stream(None);
     while let Some(event) = stream.next().await {

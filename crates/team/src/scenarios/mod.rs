@@ -22,6 +22,21 @@ fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
         .collect()
 }
 
+/// A runtime over the harness's store with `agent` registered, a session of it, and a first
+/// turn with `message`.
+async fn start(
+    harness: &agentry_memory::conformance::Harness,
+    agent: agentry_runner::Agent,
+    message: &str,
+) -> (agentry_runner::Runtime, agentry_runner::Session, agentry_runner::TurnHandle) {
+    let runtime = agentry_runner::Runtime::new(harness.store.clone());
+    let name = agent.name().to_owned();
+    runtime.register(agent);
+    let session = runtime.create_session(&name, None).await.unwrap();
+    let turn = session.create_turn(agentry_runner::TurnRequest::message(message)).await.unwrap();
+    (runtime, session, turn)
+}
+
 /// A member `clerk` that files a report with `file_report`, which needs approval, then
 /// answers `Report filed.`.
 fn gated_clerk() -> agentry_runner::Agent {

@@ -204,10 +204,12 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
         1 => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-1"})),
         _ => ScriptedResponse::text(format!("Done: {}", tool_results(request).last().unwrap())),
     }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build());
-    let session = runtime.create_session("desk", None).await.unwrap();
-    let first = session.create_turn(TurnRequest::message("File the report.")).await.unwrap();
+    let (_runtime, session, first) = super::start(
+        &harness,
+        Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build(),
+        "File the report.",
+    )
+    .await;
     let state = first.wait().await.unwrap();
     let [record] = state.required_actions() else { panic!("{state:?}") };
     let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::Team;
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
-use agentry_runner::{Agent, AgentLimits, FunctionTool, Runtime, ToolError, TurnRequest};
+use agentry_runner::{Agent, AgentLimits, FunctionTool, ToolError, TurnRequest};
 use agentry_types::{CancellationReason, TurnState};
 use futures_util::StreamExt;
 
@@ -59,10 +59,9 @@ pub async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_not
             ScriptedResponse::text("Done.")
         }
     }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("office", coordinator).member(member).build());
-    let session = runtime.create_session("office", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Clean up.")).await.unwrap();
+    let (_runtime, _session, turn) =
+        super::start(&harness, Team::builder("office", coordinator).member(member).build(), "Clean up.")
+            .await;
     let mut denied = Vec::new();
     let mut stream = turn.stream(None);
     while let Some(event) = stream.next().await {
@@ -112,10 +111,7 @@ pub async fn cancelling_a_team_turn_cancels_every_running_member_with_instance_e
         .member(stuck("b", started.clone()))
         .member(stuck("c", started.clone()))
         .build();
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(team);
-    let session = runtime.create_session("waiters", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Wait, all of you.")).await.unwrap();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Wait, all of you.").await;
     let stream = turn.stream(None);
     // All three members are inside their tools.
     started.wait().await;
@@ -155,10 +151,8 @@ pub async fn a_finished_member_reports_its_instance_started_and_completed_with_t
             ScriptedResponse::text("Helped.")
         }
     }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("t", coordinator).member(member).build());
-    let session = runtime.create_session("t", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let (_runtime, _session, turn) =
+        super::start(&harness, Team::builder("t", coordinator).member(member).build(), "go").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
     let lifecycle: Vec<(&str, Option<String>)> = events
         .iter()
@@ -231,10 +225,7 @@ pub async fn one_instance_is_cancelled_on_its_own_and_the_others_finish(harness:
     let (a, b) = pair(release.clone());
     let control = crate::TeamControl::new();
     let team = Team::builder("pair", both_then_answer()).member(a).member(b).control(control.clone()).build();
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(team);
-    let session = runtime.create_session("pair", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Wait, both.")).await.unwrap();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Wait, both.").await;
     let running = control.wait_for_instances(2).await;
     let a_instance = running.iter().find(|instance| instance.role == "a").unwrap().instance_id.clone();
     assert!(control.cancel_instance(&a_instance));
@@ -267,10 +258,7 @@ pub async fn a_mission_is_cancelled_with_all_its_instances(harness: Harness) {
     let (a, b) = pair(Arc::new(tokio::sync::Notify::new()));
     let control = crate::TeamControl::new();
     let team = Team::builder("pair", both_then_answer()).member(a).member(b).control(control.clone()).build();
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(team);
-    let session = runtime.create_session("pair", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Wait, both.")).await.unwrap();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Wait, both.").await;
     let running = control.wait_for_instances(2).await;
     assert_eq!(control.cancel_mission(&running[0].mission_id), 2);
     let state = turn.wait().await.unwrap();
@@ -313,10 +301,12 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
             ScriptedResponse::text(format!("Clerk says: {}", tool_results(request)[0]))
         }
     }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("office", coordinator).member(clerk).build());
-    let session = runtime.create_session("office", None).await.unwrap();
-    let first = session.create_turn(TurnRequest::message("File the report.")).await.unwrap();
+    let (_runtime, session, first) = super::start(
+        &harness,
+        Team::builder("office", coordinator).member(clerk).build(),
+        "File the report.",
+    )
+    .await;
     let state = first.wait().await.unwrap();
     assert_eq!(filed.load(Ordering::SeqCst), 0, "nothing runs before the approval");
     let (thread, call) = match state.required_actions() {
@@ -367,10 +357,12 @@ pub async fn a_member_pausing_inside_a_parallel_delegation_resumes_without_rerun
             ScriptedResponse::text(tool_results(request)[0].clone())
         }
     }));
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(Team::builder("office", coordinator).member(clerk).member(helper).build());
-    let session = runtime.create_session("office", None).await.unwrap();
-    let first = session.create_turn(TurnRequest::message("Everyone, go.")).await.unwrap();
+    let (_runtime, session, first) = super::start(
+        &harness,
+        Team::builder("office", coordinator).member(clerk).member(helper).build(),
+        "Everyone, go.",
+    )
+    .await;
     let state = first.wait().await.unwrap();
     let [record] = state.required_actions() else { panic!("{state:?}") };
     let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {

@@ -77,10 +77,7 @@ async fn run(
         .catalog(catalog)
         .approvals(approvals)
         .build();
-    let runtime = Runtime::new(harness.store.clone());
-    runtime.register(team);
-    let session = runtime.create_session("org", None).await.unwrap();
-    let turn = session.create_turn(TurnRequest::message("Staff the project.")).await.unwrap();
+    let (_runtime, _session, turn) = super::start(harness, team, "Staff the project.").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
     let answer = match turn.wait().await.unwrap() {
         agentry_types::TurnState::Done { output, .. } => output.unwrap().message.content.unwrap_or_default(),

@@ -51,11 +51,16 @@ struct Lists {
 }
 
 #[derive(Debug, Clone, Default)]
-struct Board(Arc<Mutex<Lists>>);
+struct Board {
+    lists: Arc<Mutex<Lists>>,
+    /// Saves run one at a time, each writing the list as it is when it starts: the last
+    /// save stored holds every change made before it.
+    saving: Arc<tokio::sync::Mutex<()>>,
+}
 
 impl Board {
     fn with<T>(&self, turn: SessionId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
-        let mut lists = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut lists = self.lists.lock().unwrap_or_else(PoisonError::into_inner);
         if !lists.by_turn.contains_key(&turn) {
             lists.order.push_back(turn);
             if lists.order.len() > KEPT_TURNS
@@ -88,8 +93,12 @@ impl Board {
 
     /// The list of a session, loaded from its state when this process does not have it.
     async fn load(&self, context: &ToolContext) {
-        let known =
-            self.0.lock().unwrap_or_else(PoisonError::into_inner).by_turn.contains_key(&context.session_id);
+        let known = self
+            .lists
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_turn
+            .contains_key(&context.session_id);
         if known {
             return;
         }
@@ -109,6 +118,7 @@ impl Board {
     /// the one in use).
     async fn save(&self, context: &ToolContext) {
         let Some(store) = context.store() else { return };
+        let _saving = self.saving.lock().await;
         let tasks = self.with(context.session_id, |tasks| tasks.clone());
         let Ok(session) = store.get_session(context.session_id).await else { return };
         let mut state = session.state;

@@ -140,10 +140,13 @@ fn test(root: &Path, quick: bool) -> Result<()> {
     cargo(root, &["test", "--workspace", "--doc"])?;
     let fixtures = root.join("target/wire-fixtures.json");
     write_fixtures(&fixtures)?;
+    // The Python tests drive a real `agentry serve` process.
+    cargo(root, &["build", "-p", "agentry-cli", "--bin", "agentry"])?;
     eprintln!("$ bash tests/python/run.sh");
     let status = Command::new("bash")
         .arg("tests/python/run.sh")
         .env("AGENTRY_FIXTURES", &fixtures)
+        .env("AGENTRY_BIN", root.join("target/debug/agentry"))
         .current_dir(root)
         .status()
         .context("running the Python wire tests")?;

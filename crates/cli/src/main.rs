@@ -1,0 +1,271 @@
+//! The `agentry` command: `serve` runs the server; `chat` talks to an agent in the
+//! terminal; `sessions list`, `turns list` and `events` inspect what is stored (JSON
+//! lines, for piping).
+#![allow(clippy::print_stdout, unreachable_pub, missing_docs)]
+
+mod chat;
+mod client;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use agentry_server::{Config, Server};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use futures_util::StreamExt;
+
+use crate::client::Api;
+
+/// Agentry: an agent runtime with a harness HTTP/SSE API.
+#[derive(Debug, Parser)]
+#[command(name = "agentry", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the server is, for the client commands.
+#[derive(Debug, clap::Args)]
+struct Remote {
+    /// The server's base URL.
+    #[arg(long, env = "AGENTRY_URL", default_value = "http://127.0.0.1:8787")]
+    url: String,
+    /// A bearer API key (not needed for a server without keys).
+    #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs the server (the embedded default without --config: SQLite `agentry.db` in the
+    /// working directory, 127.0.0.1:8787, the demo agents).
+    Serve {
+        /// A TOML configuration file.
+        #[arg(long, env = "AGENTRY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Listen here instead of the configured address (`127.0.0.1:0` picks a free port).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Store here instead of the configured path.
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Chats with an agent in the terminal.
+    Chat {
+        /// The agent (or team).
+        agent: String,
+        /// Continue this session instead of starting one.
+        #[arg(long)]
+        session: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// Turns.
+    Turns {
+        #[command(subcommand)]
+        command: TurnsCommand,
+    },
+    /// Prints a turn's events as JSON lines: its stored events, or with --follow its live
+    /// stream from the start.
+    Events {
+        /// The turn.
+        turn: String,
+        /// Follow the turn's live stream until it ends.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionsCommand {
+    /// Lists an agent's sessions, newest first (JSON lines).
+    List {
+        /// The agent.
+        #[arg(long, default_value = "demo")]
+        agent: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TurnsCommand {
+    /// Lists a session's turns, newest first (JSON lines).
+    List {
+        /// The session.
+        session: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Serve { config, listen, store } => serve(config, listen, store).await,
+        Command::Chat { agent, session, remote } => chat::run(&api(&remote)?, &agent, session).await,
+        Command::Sessions { command: SessionsCommand::List { agent, limit, remote } } => {
+            let api = api(&remote)?;
+            let mut token: Option<String> = None;
+            let mut printed = 0;
+            while printed < limit {
+                let mut path = format!(
+                    "/v1/agents/sessions?agent_name={}&limit={}",
+                    encode(&agent),
+                    (limit - printed).min(100)
+                );
+                if let Some(token) = &token {
+                    path.push_str(&format!("&page_token={}", encode(token)));
+                }
+                let page = api.get(&path).await?;
+                for session in page["data"].as_array().into_iter().flatten() {
+                    println!("{session}");
+                    printed += 1;
+                }
+                token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
+                if token.is_none() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+        Command::Turns { command: TurnsCommand::List { session, remote } } => {
+            let api = api(&remote)?;
+            let mut token: Option<String> = None;
+            loop {
+                let mut path = format!("/v1/agents/sessions/{}/turns?limit=25", encode(&session));
+                if let Some(token) = &token {
+                    path.push_str(&format!("&page_token={}", encode(token)));
+                }
+                let page = api.get(&path).await?;
+                for turn in page["data"].as_array().into_iter().flatten() {
+                    println!("{turn}");
+                }
+                token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
+                if token.is_none() {
+                    return Ok(());
+                }
+            }
+        }
+        Command::Events { turn, follow, remote } => events(&api(&remote)?, &turn, follow).await,
+    }
+}
+
+fn api(remote: &Remote) -> Result<Api> {
+    Api::new(&remote.url, remote.api_key.clone())
+}
+
+/// Percent-encodes a query value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(byte).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
+    let found = api.get(&format!("/v1/agents/turns/{}", encode(turn))).await?;
+    let session =
+        found["data"]["session_id"].as_str().context("the server did not say the turn's session")?.to_owned();
+    let mut out = std::io::stdout();
+    if follow {
+        // A broken connection is resumed from the last event received, a few times.
+        let path = format!("/v1/agents/sessions/{session}/turns/{}/subscribe", encode(turn));
+        let mut last: Option<String> = None;
+        let mut attempts = 0;
+        loop {
+            let mut stream =
+                Box::pin(api.stream(&path, Some(&serde_json::json!({})), last.as_deref()).await?);
+            let mut broke = None;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        writeln!(out, "{}", event.data)?;
+                        out.flush()?;
+                        last = event.id.or(last);
+                        if event.data["type"] == "turn.done" {
+                            return Ok(());
+                        }
+                    }
+                    Err(error) => {
+                        broke = Some(error);
+                        break;
+                    }
+                }
+            }
+            attempts += 1;
+            match broke {
+                Some(error) if attempts < 5 => eprintln!("reconnecting after: {error}"),
+                Some(error) => return Err(error),
+                None => return Ok(()),
+            }
+        }
+    }
+    let mut token: Option<String> = None;
+    loop {
+        let mut path =
+            format!("/v1/agents/sessions/{session}/turns/{}/events?limit=25&order=asc", encode(turn));
+        if let Some(token) = &token {
+            path.push_str(&format!("&page_token={}", encode(token)));
+        }
+        let page = api.get(&path).await?;
+        for event in page["data"].as_array().into_iter().flatten() {
+            writeln!(out, "{event}")?;
+        }
+        token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+async fn serve(
+    config: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    store: Option<PathBuf>,
+) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut config = match &config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    if let Some(store) = store {
+        config.storage.path = store;
+    }
+    let server = Server::start(config).await?;
+    // The first line on stdout says where to connect (tests and scripts read it).
+    let mut out = std::io::stdout();
+    writeln!(out, "agentry listening on http://{}", server.local_addr())?;
+    out.flush()?;
+    server.run(agentry_server::shutdown_signal()).await?;
+    Ok(())
+}

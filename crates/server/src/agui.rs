@@ -1,0 +1,223 @@
+//! `POST /agui/{agent_name}`: the AG-UI protocol 1.x over HTTP + SSE. The body is a
+//! `RunAgentInput`; the answer streams AG-UI events (`RUN_STARTED`, text and tool-call
+//! frames, sub-agent frames, `RUN_FINISHED` with an interrupt outcome when the turn waits
+//! for approvals or answers). A `resume` list answers those interrupts on the next run.
+//!
+//! A `threadId` names a session: the first run of an unknown thread creates a session for
+//! the agent (a `threadId` that is the id of one of the caller's sessions continues it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentry_events::render::agui::{AguiEvent, AguiRenderer};
+use agentry_memory::{Order, PageRequest};
+use agentry_runner::{Session, TurnRequest};
+use agentry_types::{RequiredAction, SessionId, TurnInputItem};
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use axum::routing::post;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::harness::JsonBody;
+use crate::sse::{self, Frame};
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new().route("/agui/{agent_name}", post(run))
+}
+
+/// The parts of `RunAgentInput` the server acts on (other fields are accepted and ignored).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RunAgentInput {
+    thread_id: String,
+    run_id: String,
+    messages: Vec<AguiMessage>,
+    #[serde(default)]
+    resume: Option<Vec<ResumeEntry>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AguiMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResumeEntry {
+    interrupt_id: String,
+    status: String,
+    #[serde(default)]
+    payload: Option<Value>,
+}
+
+/// The session of an AG-UI thread, created on first use.
+async fn thread_session(
+    state: &AppState,
+    caller: &Caller,
+    agent: &str,
+    thread_id: &str,
+) -> ApiResult<Session> {
+    let known =
+        state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(thread_id).copied();
+    let candidate = known.or_else(|| thread_id.parse::<SessionId>().ok());
+    if let Some(id) = candidate
+        && let Ok(session) = caller.session(state, &id.to_string()).await
+    {
+        if session.record().name != agent {
+            return Err(ApiError::bad_param(
+                "threadId",
+                format!("thread {thread_id} belongs to another agent"),
+            ));
+        }
+        return Ok(session);
+    }
+    let session = state.runtime.create_session_as(caller.0.clone(), agent, Some(thread_id)).await?;
+    state
+        .agui_threads
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(thread_id.to_owned(), session.id());
+    Ok(session)
+}
+
+/// The text of a message's `content` (a string, or text parts).
+fn text_of(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// The turn input that answers the latest turn's interrupts with `resume`.
+async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
+    let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
+    let actions =
+        latest.items.first().map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
+    let mut input = Vec::new();
+    for entry in resume {
+        let found = actions.iter().find_map(|record| match &record.action {
+            RequiredAction::ToolApproval { thread_id, tool_calls } => tool_calls
+                .iter()
+                .find(|call| call.id == entry.interrupt_id)
+                .map(|call| (true, thread_id.clone(), call.id.clone())),
+            RequiredAction::ToolResponse { thread_id, tool_calls } => tool_calls
+                .iter()
+                .find(|call| call.id == entry.interrupt_id)
+                .map(|call| (false, thread_id.clone(), call.id.clone())),
+            RequiredAction::McpAuth { .. } => None,
+        });
+        let Some((approval, thread, call)) = found else {
+            if entry.interrupt_id.starts_with("mcp:") {
+                continue; // Authorization happened elsewhere; the resumed turn retries.
+            }
+            return Err(ApiError::bad_param(
+                "resume",
+                format!("interrupt {} is not pending on this thread", entry.interrupt_id),
+            ));
+        };
+        let resolved = entry.status == "resolved";
+        let payload = entry.payload.as_ref();
+        input.push(if approval {
+            let approved =
+                resolved && payload.and_then(|p| p.get("approved")).and_then(Value::as_bool).unwrap_or(true);
+            if approved {
+                TurnInputItem::allow(thread, call)
+            } else {
+                let reason = payload.and_then(|p| p.get("reason")).and_then(Value::as_str).map(str::to_owned);
+                TurnInputItem::deny(
+                    thread,
+                    call,
+                    reason.or_else(|| (!resolved).then(|| "cancelled".to_owned())),
+                )
+            }
+        } else {
+            let content = match payload {
+                _ if !resolved => "The user cancelled the question.".to_owned(),
+                Some(Value::String(text)) => text.clone(),
+                Some(value) => value
+                    .get("answer")
+                    .or_else(|| value.get("content"))
+                    .and_then(Value::as_str)
+                    .map_or_else(|| value.to_string(), str::to_owned),
+                None => String::new(),
+            };
+            TurnInputItem::respond(thread, call, content)
+        });
+    }
+    Ok(input)
+}
+
+async fn run(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(agent_name): Path<String>,
+    JsonBody(body): JsonBody<RunAgentInput>,
+) -> ApiResult<Response> {
+    if state.runtime.agent(&agent_name).is_none() {
+        return Err(ApiError::not_found("agent", &agent_name));
+    }
+    let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
+    let input = match body.resume.as_deref() {
+        Some(resume) if !resume.is_empty() => resume_input(&session, resume).await?,
+        _ => {
+            let text = body
+                .messages
+                .iter()
+                .rev()
+                .find(|message| message.role == "user")
+                .map(|message| text_of(message.content.as_ref()))
+                .unwrap_or_default();
+            vec![TurnInputItem::message(text)]
+        }
+    };
+    let request = TurnRequest { input, created_by: Some(caller.0.clone()), ..TurnRequest::default() };
+    let turn = session.create_turn(request).await?;
+    state.track(&turn);
+    let (thread_id, run_id) = (body.thread_id, body.run_id);
+    let mut renderer = AguiRenderer::new();
+    let frames =
+        turn.stream(None).filter_map(|event| std::future::ready(event.ok())).flat_map(move |event| {
+            let frames: Vec<Frame> = renderer
+                .render(&event)
+                .into_iter()
+                .map(|rendered| frame(rendered, &thread_id, &run_id))
+                .collect();
+            futures_util::stream::iter(frames)
+        });
+    Ok(sse::respond(&state, frames))
+}
+
+/// An AG-UI event as an SSE frame, with the client's thread and run ids.
+fn frame(event: AguiEvent, thread: &str, run: &str) -> Frame {
+    let event = match event {
+        AguiEvent::RunStarted { timestamp, .. } => {
+            AguiEvent::RunStarted { thread_id: thread.to_owned(), run_id: run.to_owned(), timestamp }
+        }
+        AguiEvent::RunFinished { result, outcome, timestamp, .. } => AguiEvent::RunFinished {
+            thread_id: thread.to_owned(),
+            run_id: run.to_owned(),
+            result,
+            outcome,
+            timestamp,
+        },
+        other => other,
+    };
+    Frame { id: None, data: serde_json::to_string(&event).unwrap_or_default() }
+}
+
+/// The AG-UI thread ids this server has mapped to sessions.
+pub(crate) type Threads = std::sync::Mutex<HashMap<String, SessionId>>;

@@ -1,0 +1,599 @@
+//! The server's configuration: one TOML file, or the embedded default.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8787"
+//! demo_agents = true               # the built-in `demo` and `demo-team`
+//!
+//! [storage]
+//! backend = "sqlite"               # or "redb"
+//! path = "agentry.db"
+//! durability = "batched"           # "strict", "batched" or "relaxed"
+//!
+//! [[keys]]                         # bearer API keys and the subject each acts as
+//! key_env = "AGENTRY_KEY_ALICE"    # or `key = "…"`
+//! subject = "alice"
+//!
+//! [providers.openai]               # OpenAI-compatible chat completions
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY"
+//! model = "gpt-4o-mini"
+//!
+//! [[agents]]
+//! name = "helper"
+//! model = "openai"                 # a provider name, or "demo" for the scripted rules
+//! instructions = "You are helpful."
+//! tools = ["calculator", "send_email"]
+//! requires_approval = ["send_email"]
+//! ask_user_question = true
+//! max_iterations = 25
+//! timeout_secs = 300
+//! [[agents.mcp]]
+//! name = "everything"
+//! command = "npx"                  # stdio; or `url = "http://…/mcp"` for streamable HTTP
+//! args = ["-y", "@modelcontextprotocol/server-everything"]
+//!
+//! [[teams]]
+//! name = "crew"
+//! model = "openai"
+//! members = ["helper"]
+//! spawn_policy = "spawn-policy.toml"
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_memory::Durability;
+use agentry_model::{Model, OpenAiCompatibleModel, OpenAiConfig, ScriptedModel, ScriptedResponse};
+use agentry_runner::{Agent, AgentLimits, FunctionTool, McpConnection, McpServerConfig, ToolError};
+use agentry_team::{SpawnApprovals, SpawnPolicy, Team, TeamControl};
+use agentry_types::Subject;
+use serde::Deserialize;
+
+use crate::demo;
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {message}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The file is not valid configuration TOML.
+    #[error("invalid configuration{}: {message}", path.as_ref().map(|path| format!(" in {}", path.display())).unwrap_or_default())]
+    Parse {
+        /// The file, when there is one.
+        path: Option<PathBuf>,
+        /// What is wrong, with the line.
+        message: String,
+    },
+    /// The configuration is well-formed but inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The address to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Whether to register the built-in `demo` agent and `demo-team` team.
+    #[serde(default = "yes")]
+    pub demo_agents: bool,
+    /// Where sessions, turns and events are stored.
+    #[serde(default)]
+    pub storage: StorageConfig,
+    /// Bearer API keys; with none, only loopback clients are served (as subject `local`).
+    #[serde(default)]
+    pub keys: Vec<ApiKeyConfig>,
+    /// Model providers by name.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Agents.
+    #[serde(default)]
+    pub agents: Vec<AgentConfig>,
+    /// Teams.
+    #[serde(default)]
+    pub teams: Vec<TeamConfig>,
+    /// Request and stream limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// A storage backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite (WAL).
+    #[default]
+    Sqlite,
+    /// redb.
+    Redb,
+}
+
+/// How hard the store works to keep acknowledged writes across a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilitySetting {
+    /// Every write synced on its own.
+    Strict,
+    /// Concurrent writes committed together, synced (the default).
+    #[default]
+    Batched,
+    /// Committed without a sync per commit.
+    Relaxed,
+}
+
+impl From<DurabilitySetting> for Durability {
+    fn from(setting: DurabilitySetting) -> Self {
+        match setting {
+            DurabilitySetting::Strict => Self::Strict,
+            DurabilitySetting::Batched => Self::Batched,
+            DurabilitySetting::Relaxed => Self::Relaxed,
+        }
+    }
+}
+
+/// The store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `sqlite` or `redb`.
+    #[serde(default)]
+    pub backend: Backend,
+    /// The file (relative paths are relative to the working directory).
+    #[serde(default = "default_path")]
+    pub path: PathBuf,
+    /// `strict`, `batched` or `relaxed`.
+    #[serde(default)]
+    pub durability: DurabilitySetting,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self { backend: Backend::Sqlite, path: default_path(), durability: DurabilitySetting::Batched }
+    }
+}
+
+/// One API key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The key itself (prefer `key_env`: keys do not belong in files).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The environment variable holding the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// The subject requests with this key act as.
+    pub subject: String,
+}
+
+/// An OpenAI-compatible provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// The API base URL (default `https://api.openai.com/v1`).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The model id.
+    pub model: String,
+    /// Seconds a request may take.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+/// An MCP server an agent uses.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// Its name.
+    pub name: String,
+    /// The command of a stdio server.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The URL of a streamable-HTTP server.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The environment variable holding a bearer token for an HTTP server.
+    #[serde(default)]
+    pub bearer_token_env: Option<String>,
+}
+
+/// An agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Its name (what sessions are created for).
+    pub name: String,
+    /// A provider name from `[providers]`, or `demo`.
+    pub model: String,
+    /// Its instructions.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Built-in server-side tools: `calculator`, `send_email`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Tools whose calls wait for a person's approval.
+    #[serde(default)]
+    pub requires_approval: Vec<String>,
+    /// Whether it may ask the user with the client-side `ask_user_question`.
+    #[serde(default)]
+    pub ask_user_question: bool,
+    /// MCP servers whose tools it gets.
+    #[serde(default)]
+    pub mcp: Vec<McpConfig>,
+    /// Model calls per turn.
+    #[serde(default)]
+    pub max_iterations: Option<u32>,
+    /// Seconds a turn may take before it is cancelled (`server-execution-timeout`).
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+/// A team (coordinate mode).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamConfig {
+    /// Its name.
+    pub name: String,
+    /// The coordinator's provider name, or `demo`.
+    pub model: String,
+    /// The coordinator's instructions.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Member agents, by name from `[[agents]]`.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// The spawn policy file (`spawn_agent` is denied without one).
+    #[serde(default)]
+    pub spawn_policy: Option<PathBuf>,
+}
+
+/// Request and stream limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The largest request body, in bytes.
+    #[serde(default = "default_body_bytes")]
+    pub body_bytes: usize,
+    /// Seconds between SSE keep-alive comments and feed heartbeats.
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_secs: u64,
+    /// Seconds running turns get to finish when the server is asked to stop.
+    #[serde(default = "default_grace")]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            body_bytes: default_body_bytes(),
+            heartbeat_secs: default_heartbeat(),
+            shutdown_grace_secs: default_grace(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8787))
+}
+fn default_path() -> PathBuf {
+    PathBuf::from("agentry.db")
+}
+const fn yes() -> bool {
+    true
+}
+const fn default_body_bytes() -> usize {
+    8 * 1024 * 1024
+}
+const fn default_heartbeat() -> u64 {
+    15
+}
+const fn default_grace() -> u64 {
+    10
+}
+
+impl Default for Config {
+    /// The embedded default: SQLite `agentry.db` in the working directory, `127.0.0.1:8787`,
+    /// the demo agents, and `assistant` on OpenAI when `OPENAI_API_KEY` is set
+    /// (`OPENAI_BASE_URL` and `AGENTRY_MODEL` optional).
+    fn default() -> Self {
+        let mut config = Self {
+            listen: default_listen(),
+            demo_agents: true,
+            storage: StorageConfig::default(),
+            keys: Vec::new(),
+            providers: BTreeMap::new(),
+            agents: Vec::new(),
+            teams: Vec::new(),
+            limits: LimitsConfig::default(),
+        };
+        if std::env::var_os("OPENAI_API_KEY").is_some_and(|key| !key.is_empty()) {
+            config.providers.insert(
+                "openai".to_owned(),
+                ProviderConfig {
+                    base_url: std::env::var("OPENAI_BASE_URL").ok().filter(|url| !url.is_empty()),
+                    api_key_env: Some("OPENAI_API_KEY".to_owned()),
+                    model: std::env::var("AGENTRY_MODEL")
+                        .ok()
+                        .filter(|model| !model.is_empty())
+                        .unwrap_or_else(|| "gpt-4o-mini".to_owned()),
+                    timeout_secs: None,
+                },
+            );
+            config.agents.push(AgentConfig {
+                name: "assistant".to_owned(),
+                model: "openai".to_owned(),
+                instructions: Some("You are a helpful assistant.".to_owned()),
+                tools: vec!["calculator".to_owned()],
+                requires_approval: Vec::new(),
+                ask_user_question: true,
+                mcp: Vec::new(),
+                max_iterations: None,
+                timeout_secs: None,
+            });
+        }
+        config
+    }
+}
+
+impl Config {
+    /// Parses a configuration; `path` is named in errors.
+    ///
+    /// Errors: `Parse` with the line of the first problem.
+    pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|error| ConfigError::Parse {
+            path: path.map(Path::to_path_buf),
+            message: error.to_string(),
+        })
+    }
+
+    /// Reads and parses a configuration file.
+    ///
+    /// Errors: `Read` when the file cannot be read; `Parse` when it is not valid.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| ConfigError::Read { path: path.to_path_buf(), message: error.to_string() })?;
+        Self::parse(&text, Some(path))
+    }
+
+    /// The API keys and their subjects, read from the environment where the file says so.
+    ///
+    /// Errors: `Invalid` for a key with neither `key` nor a set `key_env`, or an empty one.
+    pub fn api_keys(&self) -> Result<Vec<(String, Subject)>, ConfigError> {
+        self.keys
+            .iter()
+            .map(|entry| {
+                let key = match (&entry.key, &entry.key_env) {
+                    (Some(key), None) => key.clone(),
+                    (None, Some(var)) => std::env::var(var).map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "the key of subject {:?} is read from ${var}, which is not set",
+                            entry.subject
+                        ))
+                    })?,
+                    _ => {
+                        return Err(ConfigError::Invalid(format!(
+                            "the key of subject {:?} needs exactly one of `key` and `key_env`",
+                            entry.subject
+                        )));
+                    }
+                };
+                if key.trim().is_empty() || entry.subject.trim().is_empty() {
+                    return Err(ConfigError::Invalid(
+                        "an API key and its subject must not be empty".to_owned(),
+                    ));
+                }
+                Ok((key, subject(&entry.subject)))
+            })
+            .collect()
+    }
+
+    /// Builds every configured agent and team (connecting to MCP servers), the demo ones
+    /// first when enabled. Teams share `approvals` and `control` with the server's routes.
+    ///
+    /// Errors: `Invalid` naming the agent and what is wrong (an unknown provider, tool or
+    /// member, an MCP server that cannot be reached, a bad spawn policy).
+    pub async fn build_agents(
+        &self,
+        approvals: &SpawnApprovals,
+        control: &TeamControl,
+    ) -> Result<BuiltAgents, ConfigError> {
+        let mut built: Vec<Agent> = Vec::new();
+        let mut policies = Vec::new();
+        if self.demo_agents {
+            built.push(demo::demo_agent());
+            let (team, policy) = demo::demo_team(approvals, control);
+            built.push(team);
+            policies.push((demo::DEMO_TEAM.to_owned(), policy));
+        }
+        for agent in &self.agents {
+            if built.iter().any(|existing| existing.name() == agent.name) {
+                return Err(ConfigError::Invalid(format!("agent {:?} is defined twice", agent.name)));
+            }
+            built.push(self.build_agent(agent).await?);
+        }
+        for team in &self.teams {
+            if built.iter().any(|existing| existing.name() == team.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "team {:?} has the name of another agent",
+                    team.name
+                )));
+            }
+            let model = self.model(&team.model, &team.name)?;
+            let mut builder =
+                Team::builder(team.name.clone(), model).approvals(approvals.clone()).control(control.clone());
+            if let Some(instructions) = &team.instructions {
+                builder = builder.instructions(instructions.clone());
+            }
+            for member in &team.members {
+                let agent = built.iter().find(|agent| agent.name() == member).ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "team {:?}: member {member:?} is not a configured agent",
+                        team.name
+                    ))
+                })?;
+                builder = builder.member(agent.clone());
+            }
+            if let Some(path) = &team.spawn_policy {
+                let policy = SpawnPolicy::load(path)
+                    .map_err(|error| ConfigError::Invalid(format!("team {:?}: {error}", team.name)))?;
+                if let Some(policy) = &policy {
+                    policies.push((team.name.clone(), policy.clone()));
+                }
+                builder = builder.spawn_policy(policy);
+            }
+            built.push(builder.build());
+        }
+        Ok(BuiltAgents { agents: built, policies })
+    }
+
+    fn model(&self, name: &str, agent: &str) -> Result<Arc<dyn Model>, ConfigError> {
+        if name == "demo" {
+            return Ok(Arc::new(ScriptedModel::responder(|_| {
+                ScriptedResponse::text("Hello from the demo model.")
+            })));
+        }
+        let provider = self.providers.get(name).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "agent {agent:?}: model {name:?} is neither `demo` nor a configured provider"
+            ))
+        })?;
+        let mut config = OpenAiConfig::new(provider.model.clone());
+        if let Some(url) = &provider.base_url {
+            config = config.with_base_url(url.clone());
+        }
+        if let Some(var) = &provider.api_key_env {
+            let key = std::env::var(var).map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "provider {name:?} reads its API key from ${var}, which is not set"
+                ))
+            })?;
+            config = config.with_api_key(key);
+        }
+        if let Some(secs) = provider.timeout_secs {
+            config.request_timeout = Duration::from_secs(secs);
+        }
+        let model = OpenAiCompatibleModel::new(config)
+            .map_err(|error| ConfigError::Invalid(format!("provider {name:?}: {error}")))?;
+        Ok(Arc::new(model))
+    }
+
+    async fn build_agent(&self, config: &AgentConfig) -> Result<Agent, ConfigError> {
+        if config.model == "demo" {
+            return Ok(demo::demo_agent_named(&config.name));
+        }
+        let model = self.model(&config.model, &config.name)?;
+        let mut builder = Agent::builder(config.name.clone(), model);
+        if let Some(instructions) = &config.instructions {
+            builder = builder.instructions(instructions.clone());
+        }
+        for tool in &config.tools {
+            builder = builder.tool(builtin_tool(tool).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "agent {:?}: unknown tool {tool:?} (built-in tools: calculator, send_email)",
+                    config.name
+                ))
+            })?);
+        }
+        for gated in &config.requires_approval {
+            builder = builder.requires_approval(gated.clone());
+        }
+        if config.ask_user_question {
+            builder = builder.ask_user_question();
+        }
+        let mut limits = AgentLimits::default();
+        if let Some(max) = config.max_iterations {
+            limits.max_iterations = max;
+        }
+        limits.timeout = config.timeout_secs.map(Duration::from_secs);
+        builder = builder.limits(limits);
+        for server in &config.mcp {
+            let transport = match (&server.command, &server.url) {
+                (Some(command), None) => {
+                    McpServerConfig::stdio(server.name.clone(), command.clone()).args(server.args.clone())
+                }
+                (None, Some(url)) => {
+                    let mut http = McpServerConfig::streamable_http(server.name.clone(), url.clone());
+                    if let Some(var) = &server.bearer_token_env {
+                        let token = std::env::var(var).map_err(|_| {
+                            ConfigError::Invalid(format!(
+                                "MCP server {:?} reads its token from ${var}, which is not set",
+                                server.name
+                            ))
+                        })?;
+                        http = http.bearer_token(token);
+                    }
+                    http
+                }
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {:?} needs exactly one of `command` and `url`",
+                        config.name, server.name
+                    )));
+                }
+            };
+            let connection = McpConnection::connect(transport).await.map_err(|error| {
+                ConfigError::Invalid(format!(
+                    "agent {:?}: MCP server {:?}: {error}",
+                    config.name, server.name
+                ))
+            })?;
+            builder = builder.mcp(Arc::new(connection));
+        }
+        Ok(builder.build())
+    }
+}
+
+/// What [`Config::build_agents`] builds.
+#[derive(Debug)]
+pub struct BuiltAgents {
+    /// Agents and team coordinators, to register.
+    pub agents: Vec<Agent>,
+    /// Each team's spawn policy, by team name.
+    pub policies: Vec<(String, SpawnPolicy)>,
+}
+
+/// The subject a key name stands for.
+#[must_use]
+pub fn subject(name: &str) -> Subject {
+    Subject { subject_id: name.to_owned(), subject_type: "user".to_owned(), subject_slug: name.to_owned() }
+}
+
+/// A built-in server-side tool by name.
+fn builtin_tool(name: &str) -> Option<Arc<dyn agentry_runner::Tool>> {
+    match name {
+        "calculator" => Some(demo::calculator_tool()),
+        "send_email" => Some(demo::send_email_tool()),
+        "echo" => Some(
+            FunctionTool::new("echo", "Returns its text.", |args: EchoArgs, _| async move {
+                Ok::<_, ToolError>(args.text)
+            })
+            .idempotent()
+            .shared(),
+        ),
+        _ => None,
+    }
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct EchoArgs {
+    /// The text.
+    text: String,
+}

@@ -1,0 +1,269 @@
+//! The opencode-style event feeds: `GET /event?session_id=…` (one session) and
+//! `GET /global/event` (every session of the caller). Each opens with `server.connected`,
+//! sends `server.heartbeat` periodically, and carries the agent-team events of seed 001
+//! and the turn and thread lifecycle events as `{"type", "properties"}` frames whose SSE
+//! `id` is the event's store-wide position: reconnecting with `Last-Event-ID` (or
+//! `?after=<position>`) resumes with the next event, without gaps or repeats.
+//!
+//! One poller per server reads the store's feed and broadcasts new events; each
+//! connection replays from the store up to the live edge, then follows the broadcast (and
+//! replays again from the store if it falls behind).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_events::render::{agent_team, harness};
+use agentry_memory::{FeedQuery, Order, Store, StoredEvent};
+use agentry_types::SessionId;
+use axum::Router;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::get;
+use futures_util::Stream;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::harness::Params;
+use crate::sse::{self, Frame};
+
+/// How often the poller looks for new events when it is caught up.
+const POLL: Duration = Duration::from_millis(100);
+/// Events read from the store at once.
+const BATCH: usize = 256;
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new().route("/event", get(session_feed)).route("/global/event", get(global_feed))
+}
+
+/// The server's feed poller: broadcasts every stored event once, in position order.
+#[derive(Debug)]
+pub(crate) struct FeedHub {
+    sender: broadcast::Sender<Arc<StoredEvent>>,
+}
+
+impl FeedHub {
+    /// Starts the poller over `store`, beginning at its current end; it ends when
+    /// `stopping` turns true.
+    pub(crate) fn start(store: Arc<dyn Store>, mut stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        let (sender, _) = broadcast::channel(4096);
+        let hub_sender = sender.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stopping.wait_for(|stopping| *stopping).await;
+            };
+            let newest = FeedQuery { order: Order::Desc, ..FeedQuery::default() };
+            let mut last =
+                store.feed(&newest, 1).await.ok().and_then(|events| events.first().map(|e| e.position));
+            let poll = async {
+                loop {
+                    let query = FeedQuery { after: last, ..FeedQuery::default() };
+                    match store.feed(&query, BATCH).await {
+                        Ok(events) if !events.is_empty() => {
+                            for event in events {
+                                last = Some(event.position);
+                                // No receiver is fine: nobody is listening.
+                                let _ = hub_sender.send(Arc::new(event));
+                            }
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%error, "reading the event feed failed"),
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            };
+            tokio::select! {
+                () = poll => {},
+                () = stopped => {},
+            }
+        });
+        Self { sender }
+    }
+}
+
+/// Renders a stored event as a feed frame; `None` for events the feeds do not carry.
+fn render(stored: &StoredEvent) -> Option<Frame> {
+    let event = &stored.event;
+    let data = if let Some(team) = agent_team::render(event) {
+        serde_json::to_value(team).ok()?
+    } else {
+        let rendered = harness::render(event)?;
+        let kind = rendered.kind();
+        if !matches!(kind, "turn.created" | "turn.done" | "thread.created" | "thread.done") {
+            return None;
+        }
+        let mut properties = serde_json::to_value(&rendered).ok()?;
+        if let Value::Object(map) = &mut properties {
+            map.remove("type");
+            map.insert("sessionID".to_owned(), json!(event.session_id.to_string()));
+            map.insert("turnID".to_owned(), json!(event.turn_id.to_string()));
+        }
+        json!({"type": kind, "properties": properties})
+    };
+    Some(Frame { id: Some(stored.position.to_string()), data: data.to_string() })
+}
+
+fn ephemeral(kind: &str) -> Frame {
+    Frame { id: None, data: json!({"type": kind, "properties": {}}).to_string() }
+}
+
+/// The resume position: `Last-Event-ID` wins over `?after=`.
+fn cursor(headers: &HeaderMap, params: &HashMap<String, String>) -> ApiResult<Option<u64>> {
+    let header =
+        headers.get("last-event-id").map(|value| value.to_str().unwrap_or_default().trim().to_owned());
+    let (name, text) = match (header, params.get("after")) {
+        (Some(text), _) => ("Last-Event-ID", text),
+        (None, Some(text)) => ("after", text.clone()),
+        (None, None) => return Ok(None),
+    };
+    text.parse::<u64>().map(Some).map_err(|_| {
+        ApiError::bad_param(name, format!("{name} must be a feed position (an integer), not {text:?}"))
+    })
+}
+
+/// Which sessions a connection may see.
+enum Scope {
+    /// One session (already checked to be the caller's).
+    Session(SessionId),
+    /// Every session the subject owns.
+    Owner(String),
+}
+
+async fn session_feed(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    headers: HeaderMap,
+    Params(params): Params,
+) -> ApiResult<Response> {
+    let id = params.get("session_id").or_else(|| params.get("sessionID")).ok_or_else(|| {
+        ApiError::bad_param("session_id", "session_id is required (use /global/event for every session)")
+    })?;
+    let session = caller.session(&state, id).await?;
+    let after = cursor(&headers, &params)?;
+    Ok(sse::respond(&state, feed(state.clone(), Scope::Session(session.id()), after)))
+}
+
+async fn global_feed(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    headers: HeaderMap,
+    Params(params): Params,
+) -> ApiResult<Response> {
+    let after = cursor(&headers, &params)?;
+    Ok(sse::respond(&state, feed(state.clone(), Scope::Owner(caller.0.subject_id), after)))
+}
+
+/// The frames of one connection: connected, then stored events after `after` (all when
+/// `None`… from the live edge when no cursor is given), then live ones, with heartbeats.
+fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<Item = Frame> + Send {
+    async_stream(move |yield_frame| async move {
+        let mut live = state.feed.sender.subscribe();
+        let store = state.runtime.store().clone();
+        let session = match &scope {
+            Scope::Session(id) => Some(*id),
+            Scope::Owner(_) => None,
+        };
+        // Without a cursor the feed starts at the live edge.
+        let mut last = match after {
+            Some(position) => Some(position),
+            None => {
+                let newest = FeedQuery { session_id: session, order: Order::Desc, after: None };
+                store.feed(&newest, 1).await.ok().and_then(|events| events.first().map(|e| e.position))
+            }
+        };
+        // Connected once the start is fixed: every event stored from now on is delivered.
+        yield_frame.send(ephemeral("server.connected")).await.map_err(drop)?;
+        let mut owners: HashMap<SessionId, bool> = HashMap::new();
+        let mut heartbeat = tokio::time::interval(state.heartbeat);
+        heartbeat.tick().await;
+        loop {
+            // Replay from the store up to the live edge.
+            loop {
+                let query = FeedQuery { session_id: session, order: Order::Asc, after: last };
+                let events = store.feed(&query, BATCH).await.map_err(|_| ())?;
+                let done = events.len() < BATCH;
+                for event in events {
+                    last = Some(event.position);
+                    if visible(&state, &scope, &mut owners, &event).await
+                        && let Some(frame) = render(&event)
+                    {
+                        yield_frame.send(frame).await.map_err(drop)?;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            // Follow the broadcast until it lags.
+            loop {
+                tokio::select! {
+                    received = live.recv() => match received {
+                        Ok(event) => {
+                            if last.is_some_and(|last| event.position <= last) {
+                                continue;
+                            }
+                            last = Some(event.position);
+                            if session.is_none_or(|id| event.event.session_id == id)
+                                && visible(&state, &scope, &mut owners, &event).await
+                                && let Some(frame) = render(&event)
+                            {
+                                yield_frame.send(frame).await.map_err(drop)?;
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return Err(()),
+                    },
+                    _ = heartbeat.tick() => yield_frame.send(ephemeral("server.heartbeat")).await.map_err(drop)?,
+                }
+            }
+        }
+    })
+}
+
+/// Whether the connection may see an event's session.
+async fn visible(
+    state: &AppState,
+    scope: &Scope,
+    owners: &mut HashMap<SessionId, bool>,
+    event: &StoredEvent,
+) -> bool {
+    match scope {
+        Scope::Session(id) => event.event.session_id == *id,
+        Scope::Owner(owner) => {
+            let session = event.event.session_id;
+            if let Some(known) = owners.get(&session) {
+                return *known;
+            }
+            let mine = state
+                .runtime
+                .store()
+                .get_session(session)
+                .await
+                .is_ok_and(|record| &record.owner.subject_id == owner);
+            owners.insert(session, mine);
+            mine
+        }
+    }
+}
+
+/// A stream driven by a producer task writing into a small channel: the producer stops
+/// when the consumer goes away (its send fails).
+fn async_stream<F, Fut>(producer: F) -> impl Stream<Item = Frame> + Send
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Frame>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ()>> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(64);
+    let task = producer(sender);
+    tokio::spawn(async move {
+        let _ = task.await;
+    });
+    futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|frame| (frame, receiver))
+    })
+}

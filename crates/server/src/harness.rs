@@ -1,0 +1,547 @@
+//! The harness routes under `/v1/agents/sessions`, exactly as `truefoundry-gateway-sdk`
+//! 0.4.2 calls them (`private/agents/sessions/raw_client.py`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentry_events::EventEnvelope;
+use agentry_events::render::harness::{self, HarnessEvent};
+use agentry_memory::{Order, PageRequest};
+use agentry_runner::{PreviousTurn, TurnHandle, TurnRequest};
+use agentry_types::{RunRecord, SessionRecord, Timestamp, TurnId, TurnInputItem};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::sse::{self, Frame};
+
+type AppStateRef = State<Arc<AppState>>;
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/agents/sessions", post(create_session).get(list_sessions))
+        .route("/v1/agents/sessions/{session_id}", get(get_session))
+        .route("/v1/agents/sessions/{session_id}/cancel", post(cancel_session))
+        .route("/v1/agents/sessions/{session_id}/turns", post(create_turn).get(list_turns))
+        .route("/v1/agents/sessions/{session_id}/turns/{turn_id}", get(get_turn))
+        .route("/v1/agents/sessions/{session_id}/turns/{turn_id}/subscribe", post(subscribe))
+        .route("/v1/agents/sessions/{session_id}/turns/{turn_id}/events", get(list_turn_events))
+        .route("/v1/agents/sessions/{session_id}/events", get(list_session_events))
+        .route("/v1/agents/turns/{turn_id}", get(find_turn))
+}
+
+/// A JSON request body: a malformed or mistyped body is a 400 in the SDK's error shape
+/// naming what is wrong, an oversize one a 413. An empty body is `{}`.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| match rejection {
+            BytesRejection::FailedToBufferBody(failed)
+                if failed.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "the request body is larger than the limit",
+                )
+            }
+            other => ApiError::bad_request(format!("cannot read the request body: {other}")),
+        })?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        serde_json::from_slice(text)
+            .map(Self)
+            .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
+    }
+}
+
+/// Query parameters as strings, parsed field by field for precise errors.
+pub(crate) struct Params(pub(crate) HashMap<String, String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Query(map) = Query::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|error| ApiError::bad_request(format!("invalid query string: {error}")))?;
+        Ok(Self(map))
+    }
+}
+
+impl Params {
+    pub(crate) fn text(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str).filter(|value| !value.is_empty())
+    }
+
+    /// An integer within `1..=max`, or `default`.
+    fn limit(&self, default: usize, max: usize) -> ApiResult<usize> {
+        match self.text("limit") {
+            None => Ok(default),
+            Some(text) => match text.parse::<usize>() {
+                Ok(limit) if (1..=max).contains(&limit) => Ok(limit),
+                _ => Err(ApiError::bad_param(
+                    "limit",
+                    format!("limit must be an integer from 1 to {max}, not {text:?}"),
+                )),
+            },
+        }
+    }
+
+    fn order(&self, default: Order) -> ApiResult<Order> {
+        match self.text("order") {
+            None => Ok(default),
+            Some("asc") => Ok(Order::Asc),
+            Some("desc") => Ok(Order::Desc),
+            Some(other) => {
+                Err(ApiError::bad_param("order", format!("order must be `asc` or `desc`, not {other:?}")))
+            }
+        }
+    }
+
+    fn timestamp(&self, name: &str) -> ApiResult<Option<Timestamp>> {
+        self.text(name)
+            .map(|text| {
+                text.parse::<Timestamp>().map_err(|_| {
+                    ApiError::bad_param(name, format!("{name} must be an ISO-8601 timestamp, not {text:?}"))
+                })
+            })
+            .transpose()
+    }
+}
+
+/// `Session`.
+fn session_json(record: &SessionRecord) -> Value {
+    json!({
+        "type": "session",
+        "id": record.id.to_string(),
+        "agent_name": record.name,
+        "title": record.title,
+        "created_by_subject": record.owner,
+        "created_at": record.created_at.to_rfc3339(),
+        "updated_at": record.updated_at.to_rfc3339(),
+    })
+}
+
+/// `TokenPagination`.
+fn pagination(next: Option<String>, limit: usize) -> Value {
+    json!({"next_page_token": next, "limit": limit})
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSession {
+    agent_name: String,
+    #[serde(default)]
+    title: Option<String>,
+}
+
+async fn create_session(
+    State(state): AppStateRef,
+    caller: Caller,
+    JsonBody(body): JsonBody<CreateSession>,
+) -> ApiResult<Response> {
+    if body.agent_name.trim().is_empty() {
+        return Err(ApiError::bad_param("agent_name", "agent_name must not be empty"));
+    }
+    let session = state.runtime.create_session_as(caller.0, &body.agent_name, body.title.as_deref()).await?;
+    Ok(Json(json!({"data": session_json(session.record())})).into_response())
+}
+
+async fn list_sessions(State(state): AppStateRef, caller: Caller, params: Params) -> ApiResult<Response> {
+    let agent_name = params
+        .text("agent_name")
+        .ok_or_else(|| ApiError::bad_param("agent_name", "agent_name is required"))?
+        .to_owned();
+    if state.runtime.agent(&agent_name).is_none() {
+        return Err(ApiError::not_found("agent", &agent_name));
+    }
+    let limit = params.limit(10, 100)?;
+    if params.order(Order::Desc)? == Order::Asc {
+        return Err(ApiError::bad_param(
+            "order",
+            "sessions are listed newest first: only order=desc is supported",
+        ));
+    }
+    let mut filter = caller.sessions();
+    filter.name = Some(agent_name);
+    filter.created_from = params.timestamp("start_timestamp")?;
+    filter.created_until = params.timestamp("end_timestamp")?;
+    let page = PageRequest { token: params.text("page_token").map(str::to_owned), limit };
+    let sessions = state
+        .runtime
+        .list_sessions(&filter, &page)
+        .await
+        .map_err(|error| token_error(error.into(), "page_token"))?;
+    let data: Vec<Value> = sessions.items.iter().map(session_json).collect();
+    Ok(Json(json!({"data": data, "pagination": pagination(sessions.next_token, limit)})).into_response())
+}
+
+/// A store's complaint about a page token is the caller's bad token.
+fn token_error(error: ApiError, param: &str) -> ApiError {
+    if error.status == StatusCode::BAD_REQUEST {
+        ApiError::bad_param(param, format!("invalid {param}: {}", error.message))
+    } else {
+        error
+    }
+}
+
+async fn get_session(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &session_id).await?;
+    Ok(Json(json!({"data": session_json(session.record())})).into_response())
+}
+
+/// `POST …/cancel`: cancels the session's running turn, if any (idempotent). The session
+/// stays open: the next turn chains on the cancelled turn's history.
+async fn cancel_session(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &session_id).await?;
+    let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
+    if let Some(turn) = latest.items.into_iter().next()
+        && !turn.record().state.is_terminal()
+    {
+        turn.cancel().await?;
+    }
+    Ok(Json(json!({})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTurn {
+    #[serde(default)]
+    input: Option<Vec<TurnInputItem>>,
+    #[serde(default)]
+    previous_turn_id: Option<String>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+async fn create_turn(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+    JsonBody(body): JsonBody<CreateTurn>,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &session_id).await?;
+    let previous_turn_id = match body.previous_turn_id.as_deref() {
+        None | Some("auto") => PreviousTurn::Auto,
+        Some("none") => {
+            let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
+            if !latest.items.is_empty() {
+                return Err(ApiError::bad_param(
+                    "previous_turn_id",
+                    "previous_turn_id `none` starts a conversation, but this session already has turns: \
+                     use `auto` or the latest turn's id",
+                ));
+            }
+            PreviousTurn::Auto
+        }
+        Some(id) => PreviousTurn::Turn(id.parse().map_err(|_| ApiError::not_found("turn", id))?),
+    };
+    let request =
+        TurnRequest { input: body.input.unwrap_or_default(), previous_turn_id, created_by: Some(caller.0) };
+    let turn = session.create_turn(request).await?;
+    state.track(&turn);
+    if body.stream.unwrap_or(false) {
+        return Ok(stream_turn(&state, &turn, None));
+    }
+    Ok(Json(json!({"data": harness::turn(turn.record())})).into_response())
+}
+
+/// The SSE response of a turn's events after `after`.
+fn stream_turn(state: &Arc<AppState>, turn: &TurnHandle, after: Option<u64>) -> Response {
+    let turn_id = turn.id();
+    let frames = turn.stream(after).filter_map(move |event| async move {
+        match event {
+            Ok(event) => harness::render(&event).map(|rendered| frame(&event, &rendered)),
+            Err(error) => {
+                // The client reconnects with its last id and gets the rest.
+                tracing::warn!(turn = %turn_id, %error, "a turn stream ended early");
+                None
+            }
+        }
+    });
+    sse::respond(state, frames)
+}
+
+fn frame(event: &EventEnvelope, rendered: &HarnessEvent) -> Frame {
+    Frame { id: Some(event.seq.to_string()), data: serde_json::to_string(rendered).unwrap_or_default() }
+}
+
+async fn list_turns(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+    params: Params,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &session_id).await?;
+    let limit = params.limit(10, 25)?;
+    let page = PageRequest { token: params.text("page_token").map(str::to_owned), limit };
+    let turns = session
+        .list_turns(Order::Desc, &page)
+        .await
+        .map_err(|error| token_error(error.into(), "page_token"))?;
+    let data: Vec<_> = turns.items.iter().map(|turn| harness::turn(turn.record())).collect();
+    Ok(Json(json!({"data": data, "pagination": pagination(turns.next_token, limit)})).into_response())
+}
+
+/// A turn of a session the caller owns.
+async fn owned_turn(
+    state: &AppState,
+    caller: &Caller,
+    session_id: &str,
+    turn_id: &str,
+) -> ApiResult<TurnHandle> {
+    let session = caller.session(state, session_id).await?;
+    let id: TurnId = turn_id.parse().map_err(|_| ApiError::not_found("turn", turn_id))?;
+    Ok(session.get_turn(id).await?)
+}
+
+async fn get_turn(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path((session_id, turn_id)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let turn = owned_turn(&state, &caller, &session_id, &turn_id).await?;
+    Ok(Json(json!({"data": harness::turn(turn.record())})).into_response())
+}
+
+/// `GET /v1/agents/turns/{turn_id}` (not in the SDK): a turn by id alone, for tools that
+/// know a turn but not its session. Another subject's turn is not found.
+async fn find_turn(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(turn_id): Path<String>,
+) -> ApiResult<Response> {
+    let id: TurnId = turn_id.parse().map_err(|_| ApiError::not_found("turn", &turn_id))?;
+    let turn = state.runtime.get_turn(id).await?;
+    caller
+        .session(&state, &turn.session_id().to_string())
+        .await
+        .map_err(|_| ApiError::not_found("turn", &turn_id))?;
+    Ok(Json(json!({"data": harness::turn(turn.record())})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Subscribe {
+    #[serde(default)]
+    after_sequence_number: Option<u64>,
+}
+
+/// `POST …/subscribe`: the turn's events after the cursor, live while it runs. The
+/// `Last-Event-ID` header wins over `after_sequence_number`.
+async fn subscribe(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path((session_id, turn_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Subscribe>,
+) -> ApiResult<Response> {
+    let header = headers
+        .get("last-event-id")
+        .map(|value| {
+            value.to_str().ok().map(str::trim).and_then(|text| text.parse::<u64>().ok()).ok_or_else(|| {
+                ApiError::bad_param("Last-Event-ID", "Last-Event-ID must be a sequence number (an integer)")
+            })
+        })
+        .transpose()?;
+    let turn = owned_turn(&state, &caller, &session_id, &turn_id).await?;
+    Ok(stream_turn(&state, &turn, header.or(body.after_sequence_number)))
+}
+
+/// A page token over a turn's or a session's stored events.
+#[derive(Debug, Serialize, Deserialize)]
+struct EventCursor {
+    turn_id: String,
+    sequence_number: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    order: Option<String>,
+}
+
+fn encode_cursor(cursor: &EventCursor) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
+}
+
+fn decode_cursor(token: &str) -> ApiResult<EventCursor> {
+    URL_SAFE_NO_PAD.decode(token).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).ok_or_else(
+        || ApiError::bad_param("page_token", "invalid page_token: use a next_page_token from a response"),
+    )
+}
+
+/// Up to `limit` rendered stored events of `turn` past `cursor` in `order`, those `keep`
+/// accepts; and the cursor after the last one when more remain.
+async fn turn_page(
+    state: &AppState,
+    turn: TurnId,
+    order: Order,
+    mut cursor: Option<u64>,
+    limit: usize,
+    keep: impl Fn(&HarnessEvent) -> bool,
+) -> ApiResult<(Vec<(u64, HarnessEvent)>, Option<u64>)> {
+    let store = state.runtime.store();
+    let mut out = Vec::new();
+    loop {
+        let batch = store.turn_events(turn, order, cursor, limit + 1).await?;
+        let exhausted = batch.len() <= limit;
+        for stored in batch {
+            cursor = Some(stored.event.seq);
+            if let Some(rendered) = harness::render(&stored.event).filter(|rendered| keep(rendered)) {
+                if out.len() == limit {
+                    // One more exists past the page: the page ends at the last one kept.
+                    let last = out.last().map(|(seq, _)| *seq);
+                    return Ok((out, last));
+                }
+                out.push((stored.event.seq, rendered));
+            }
+        }
+        if exhausted {
+            return Ok((out, None));
+        }
+    }
+}
+
+/// `GET …/turns/{turn_id}/events`: a finished turn's stored content events (no
+/// `turn.created`, `turn.done` or deltas), paginated.
+async fn list_turn_events(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path((session_id, turn_id)): Path<(String, String)>,
+    params: Params,
+) -> ApiResult<Response> {
+    let limit = params.limit(25, 25)?;
+    let order = params.order(Order::Asc)?;
+    let order_name = if order == Order::Asc { "asc" } else { "desc" };
+    let cursor = params.text("page_token").map(decode_cursor).transpose()?;
+    let turn = owned_turn(&state, &caller, &session_id, &turn_id).await?;
+    if let Some(cursor) = &cursor
+        && (cursor.turn_id != turn.id().to_string() || cursor.order.as_deref() != Some(order_name))
+    {
+        return Err(ApiError::bad_param("page_token", "the page_token belongs to another listing"));
+    }
+    if !turn.state().await?.is_terminal() {
+        return Err(ApiError::precondition(
+            "turn_running",
+            format!("turn {} is still running: subscribe to it for its events", turn.id()),
+        ));
+    }
+    let (events, next) = turn_page(
+        &state,
+        turn.id(),
+        order,
+        cursor.map(|cursor| cursor.sequence_number),
+        limit,
+        HarnessEvent::is_turn_event,
+    )
+    .await?;
+    let next = next.map(|sequence_number| {
+        encode_cursor(&EventCursor {
+            turn_id: turn.id().to_string(),
+            sequence_number,
+            order: Some(order_name.to_owned()),
+        })
+    });
+    let data: Vec<HarnessEvent> = events.into_iter().map(|(_, event)| event).collect();
+    Ok(Json(json!({"data": data, "pagination": pagination(next, limit)})).into_response())
+}
+
+/// `GET …/events`: the stored events of a chain of turns, newest first, as
+/// `{turn_id, event}`. The chain starts at `last_turn_id` (or the latest turn); a running
+/// anchor is skipped for its parent, which subscribers get live instead.
+async fn list_session_events(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+    params: Params,
+) -> ApiResult<Response> {
+    let limit = params.limit(100, 100)?;
+    let cursor = params.text("page_token").map(decode_cursor).transpose()?;
+    let session = caller.session(&state, &session_id).await?;
+    let store = state.runtime.store();
+    let (mut next_turn, mut before): (Option<RunRecord>, Option<u64>) = if let Some(cursor) = cursor {
+        let id: TurnId =
+            cursor.turn_id.parse().map_err(|_| ApiError::bad_param("page_token", "invalid page_token"))?;
+        let run =
+            store.get_run(id).await.map_err(|_| ApiError::bad_param("page_token", "invalid page_token"))?;
+        if run.session_id != session.id() {
+            return Err(ApiError::bad_param("page_token", "the page_token belongs to another session"));
+        }
+        (Some(run), Some(cursor.sequence_number))
+    } else {
+        let anchor = match params.text("last_turn_id") {
+            Some(id) => {
+                let id: TurnId = id.parse().map_err(|_| ApiError::not_found("turn", id))?;
+                Some(session.get_turn(id).await?.record().clone())
+            }
+            None => session
+                .list_turns(Order::Desc, &PageRequest::first(1))
+                .await?
+                .items
+                .first()
+                .map(|turn| turn.record().clone()),
+        };
+        let anchor = match anchor {
+            Some(run) if !run.state.is_terminal() => match run.previous_turn_id {
+                Some(previous) => Some(store.get_run(previous).await?),
+                None => None,
+            },
+            other => other,
+        };
+        (anchor, None)
+    };
+    let mut data = Vec::new();
+    let mut next = None;
+    while let Some(run) = next_turn.take() {
+        let (events, more) =
+            turn_page(&state, run.id, Order::Desc, before.take(), limit - data.len(), |_| true).await?;
+        for (_, event) in events {
+            data.push(json!({"turn_id": run.id.to_string(), "event": event}));
+        }
+        if let Some(sequence_number) = more {
+            next = Some(encode_cursor(&EventCursor {
+                turn_id: run.id.to_string(),
+                sequence_number,
+                order: None,
+            }));
+            break;
+        }
+        let Some(previous) = run.previous_turn_id else { break };
+        let previous = store.get_run(previous).await?;
+        if data.len() == limit {
+            // The page is full at a turn boundary: the next page starts with the previous turn.
+            next = Some(encode_cursor(&EventCursor {
+                turn_id: previous.id.to_string(),
+                sequence_number: u64::MAX,
+                order: None,
+            }));
+            break;
+        }
+        next_turn = Some(previous);
+    }
+    Ok(Json(json!({"data": data, "pagination": pagination(next, limit)})).into_response())
+}

@@ -1,0 +1,355 @@
+//! Agentry's server: the harness HTTP/SSE API that `truefoundry-gateway-sdk` 0.4.2 clients
+//! talk to, the opencode-style event feeds (`/event`, `/global/event`), the agent-team
+//! routes, an AG-UI endpoint per agent, bearer-key auth, health, readiness and Prometheus
+//! metrics, and the TOML configuration with its embedded default.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), agentry_server::ServerError> {
+//! use agentry_server::{Config, Server};
+//!
+//! let server = Server::start(Config::default()).await?; // agentry.db, 127.0.0.1:8787, demo agents
+//! println!("listening on http://{}", server.local_addr());
+//! server.run(agentry_server::shutdown_signal()).await
+//! # }
+//! ```
+//!
+//! Only this crate (with the CLI) names a concrete store: [`Config::storage`] picks SQLite
+//! or redb; everything below sees the store traits.
+
+mod agui;
+mod auth;
+pub mod config;
+pub mod demo;
+mod error;
+mod feed;
+mod harness;
+mod metrics;
+mod sse;
+mod team_routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentry_memory::{PageRequest, SessionQuery, Store};
+use agentry_runner::{Runtime, RuntimeOptions, TurnHandle};
+use agentry_storage_redb::{RedbOptions, RedbStore};
+use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+use agentry_team::{SpawnApprovals, TeamControl};
+use agentry_types::TurnId;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::watch;
+
+pub use config::{Backend, Config, ConfigError, DurabilitySetting};
+pub use error::ApiError;
+
+use crate::auth::Keys;
+use crate::metrics::Metrics;
+
+/// Why the server cannot start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store cannot be opened.
+    #[error("cannot open the store {path}: {message}")]
+    Store {
+        /// The store file.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {address}: {message}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        message: String,
+    },
+    /// Serving failed.
+    #[error("serving failed: {0}")]
+    Serve(String),
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub(crate) runtime: Runtime,
+    pub(crate) keys: Keys,
+    pub(crate) metrics: Metrics,
+    pub(crate) approvals: SpawnApprovals,
+    pub(crate) control: TeamControl,
+    /// Each team's spawn policy, by team name.
+    pub(crate) policies: Vec<(String, agentry_team::SpawnPolicy)>,
+    pub(crate) heartbeat: Duration,
+    /// New stored events, for the feeds.
+    pub(crate) feed: feed::FeedHub,
+    /// Becomes true when the server is asked to stop: event streams end.
+    pub(crate) stopping: watch::Receiver<bool>,
+    /// AG-UI thread ids mapped to sessions.
+    pub(crate) agui_threads: agui::Threads,
+    /// Turns started through this server that may still run.
+    pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
+}
+
+impl AppState {
+    /// Starts following a turn this server created: counts it in the metrics while it runs
+    /// and lets shutdown wait for it.
+    pub(crate) fn track(self: &Arc<Self>, turn: &TurnHandle) {
+        self.metrics.turn_started();
+        self.running.lock().unwrap_or_else(PoisonError::into_inner).insert(turn.id(), turn.clone());
+        let state = Arc::clone(self);
+        let turn = turn.clone();
+        tokio::spawn(async move {
+            let status = match turn.wait().await {
+                Ok(agentry_types::TurnState::Done { .. }) => "done",
+                Ok(agentry_types::TurnState::Cancelled { .. }) => "cancelled",
+                Ok(_) => "error",
+                Err(_) => "unknown",
+            };
+            state.metrics.turn_finished(status);
+            state.running.lock().unwrap_or_else(PoisonError::into_inner).remove(&turn.id());
+        });
+    }
+
+    /// A future that resolves when the server starts stopping.
+    pub(crate) fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.clone();
+        async move {
+            // An error means the sender is gone: the server is gone too.
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+        }
+    }
+}
+
+/// A started server: the store is open, the agents are registered, turns a dead process
+/// left running are recovered, and the address is bound.
+#[derive(Debug)]
+pub struct Server {
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    stop: watch::Sender<bool>,
+    body_limit: usize,
+    grace: Duration,
+}
+
+impl Server {
+    /// Opens the store, builds the agents, recovers abandoned turns and binds the address.
+    /// With no API keys configured only loopback clients are served: a non-loopback listen
+    /// address is replaced by `127.0.0.1` on the same port, and a warning says so.
+    ///
+    /// Errors: `Config` for an unusable configuration, `Store` when the store cannot be
+    /// opened, `Bind` when the address is taken.
+    pub async fn start(config: Config) -> Result<Self, ServerError> {
+        let store = open_store(&config).await?;
+        Self::start_with_store(config, store).await
+    }
+
+    /// As [`Server::start`], over a store the caller opened.
+    ///
+    /// Errors: as [`Server::start`].
+    pub async fn start_with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, ServerError> {
+        let keys = Keys::new(config.api_keys()?);
+        let approvals = SpawnApprovals::new();
+        let control = TeamControl::new();
+        let runtime = Runtime::with_options(store, RuntimeOptions::default());
+        let built = config.build_agents(&approvals, &control).await?;
+        for agent in built.agents {
+            runtime.register(agent);
+        }
+        let mut address = config.listen;
+        if keys.is_empty() {
+            if !address.ip().is_loopback() {
+                tracing::warn!(
+                    requested = %address,
+                    "no API keys are configured: serving loopback clients only, on 127.0.0.1"
+                );
+                address = SocketAddr::from(([127, 0, 0, 1], address.port()));
+            }
+            tracing::info!(
+                "no API keys are configured: every request acts as subject `local` (loopback only)"
+            );
+        }
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|error| ServerError::Bind { address, message: error.to_string() })?;
+        let (stop, stopping) = watch::channel(false);
+        let feed = feed::FeedHub::start(runtime.store().clone(), stopping.clone());
+        let state = Arc::new(AppState {
+            feed,
+            runtime,
+            keys,
+            metrics: Metrics::default(),
+            approvals,
+            control,
+            policies: built.policies,
+            heartbeat: Duration::from_secs(config.limits.heartbeat_secs.max(1)),
+            stopping,
+            running: Mutex::new(std::collections::HashMap::new()),
+            agui_threads: agui::Threads::default(),
+        });
+        // Turns a dead process left running are finished in the background; the server
+        // serves meanwhile (their sessions refuse new turns until then).
+        let recovering = state.runtime.clone();
+        tokio::spawn(async move {
+            match recovering.recover().await {
+                Ok(turns) if !turns.is_empty() => {
+                    tracing::info!(count = turns.len(), "recovered abandoned turns")
+                }
+                Ok(_) => {}
+                Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),
+            }
+        });
+        Ok(Self {
+            state,
+            listener,
+            stop,
+            body_limit: config.limits.body_bytes,
+            grace: Duration::from_secs(config.limits.shutdown_grace_secs),
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    ///
+    /// # Panics
+    /// Never in practice: a bound listener has an address.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The runtime the server runs turns on.
+    #[must_use]
+    pub fn runtime(&self) -> &Runtime {
+        &self.state.runtime
+    }
+
+    /// Serves until `shutdown` resolves; then stops accepting connections, ends event
+    /// streams, and gives running turns the configured grace to finish (their progress
+    /// is stored at every step either way; a turn still running afterwards is recovered by
+    /// the next start).
+    ///
+    /// Errors: `Serve` when the listener fails.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        let app = router(self.state.clone(), self.body_limit);
+        let stop = self.stop;
+        let stopped = self.state.stopped();
+        let serving = axum::serve(self.listener, app).with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("stopping: no new connections; event streams end");
+            let _ = stop.send(true);
+            stopped.await;
+        });
+        serving.await.map_err(|error| ServerError::Serve(error.to_string()))?;
+        let running: Vec<TurnHandle> =
+            self.state.running.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        if !running.is_empty() {
+            tracing::info!(count = running.len(), grace = ?self.grace, "waiting for running turns");
+            let all = futures_util::future::join_all(running.iter().map(TurnHandle::wait));
+            if tokio::time::timeout(self.grace, all).await.is_err() {
+                tracing::warn!("turns still running after the grace; the next start recovers them");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the configured store.
+async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    let storage = config.storage.clone();
+    let path = storage.path.display().to_string();
+    let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Store>, String> {
+        if let Some(parent) = storage.path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|error| error.to_string())?;
+        }
+        Ok(match storage.backend {
+            Backend::Sqlite => Arc::new(
+                SqliteStore::open(
+                    &storage.path,
+                    SqliteOptions { durability: storage.durability.into(), ..SqliteOptions::default() },
+                )
+                .map_err(|error| error.to_string())?,
+            ),
+            Backend::Redb => Arc::new(
+                RedbStore::open(
+                    &storage.path,
+                    RedbOptions { durability: storage.durability.into(), ..RedbOptions::default() },
+                )
+                .map_err(|error| error.to_string())?,
+            ),
+        })
+    })
+    .await
+    .map_err(|error| ServerError::Store { path: path.clone(), message: error.to_string() })?;
+    opened.map_err(|message| ServerError::Store { path, message })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// Every route.
+fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+    Router::new()
+        .route("/healthz", get(health))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics::render))
+        .merge(harness::routes())
+        .merge(feed::routes())
+        .merge(team_routes::routes())
+        .merge(agui::routes())
+        .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
+        .with_state(state)
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready when the store answers a read.
+async fn ready(State(state): State<Arc<AppState>>) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let probe = state.runtime.store().list_sessions(&SessionQuery::default(), &PageRequest::first(1)).await;
+    state.metrics.store_latency(started.elapsed());
+    match probe {
+        Ok(_) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "readiness probe failed");
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "the store does not answer",
+            )
+            .into_response()
+        }
+    }
+}

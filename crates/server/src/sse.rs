@@ -1,0 +1,45 @@
+//! Server-Sent Events responses: `id:` on every numbered frame, keep-alive comments,
+//! `Cache-Control: no-cache`, `X-Accel-Buffering: no`, never compressed, and ended when
+//! the server stops (clients reconnect with their cursor).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::{Stream, StreamExt};
+
+use crate::AppState;
+
+/// One frame: an optional `id` and the JSON `data`.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub(crate) id: Option<String>,
+    pub(crate) data: String,
+}
+
+/// An SSE response of `frames`.
+pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
+    let client = state.metrics.sse_client();
+    let counting = state.clone();
+    let events = frames
+        .map(move |frame| {
+            let _client = &client;
+            counting.metrics.event_streamed();
+            let event = Event::default().data(frame.data);
+            Ok::<_, Infallible>(match frame.id {
+                Some(id) => event.id(id),
+                None => event,
+            })
+        })
+        .take_until(state.stopped());
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(state.heartbeat).text("keep-alive"))
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(axum::http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert(axum::http::header::CONTENT_ENCODING, HeaderValue::from_static("identity"));
+    response
+}

@@ -1,0 +1,321 @@
+//! The agent-team routes under `/v1/agent-team`: templates, instances, missions (with
+//! usage roll-ups), spawn approvals (list, approve, deny), and cancelling an instance or a
+//! whole mission. Instances and missions are read from the stored agent-team events of the
+//! caller's sessions, so they survive restarts and show finished work too.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use agentry_events::EventPayload;
+use agentry_events::render::agent_team::{self, AgentTeamEvent};
+use agentry_memory::{FeedQuery, Order};
+use agentry_types::{SessionId, TurnId};
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::harness::JsonBody;
+use crate::harness::Params;
+
+/// The most stored events a listing reads.
+const SCAN: usize = 20_000;
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/agent-team/templates", get(templates))
+        .route("/v1/agent-team/instances", get(instances))
+        .route("/v1/agent-team/instances/{instance_id}/cancel", post(cancel_instance))
+        .route("/v1/agent-team/missions", get(missions))
+        .route("/v1/agent-team/missions/{mission_id}/cancel", post(cancel_mission))
+        .route("/v1/agent-team/approvals", get(approvals))
+        .route("/v1/agent-team/approvals/{approval_id}/approve", post(approve))
+        .route("/v1/agent-team/approvals/{approval_id}/deny", post(deny))
+}
+
+/// `GET /v1/agent-team/templates`: every role template of every team's spawn policy.
+async fn templates(State(state): State<Arc<AppState>>, _caller: Caller) -> Response {
+    let mut data = Vec::new();
+    for (team, policy) in &state.policies {
+        for (role, spec) in &policy.roles {
+            for (name, template) in &spec.templates {
+                data.push(json!({
+                    "team": team,
+                    "role": role,
+                    "template": name,
+                    "instructions": template.instructions,
+                    "model": template.model,
+                    "tools": template.tools,
+                    "skills": template.skills,
+                    "requireApproval": spec.require_approval,
+                    "requireJustification": spec.require_justification,
+                    "budgetLimit": budget_json(&spec.budget),
+                }));
+            }
+        }
+    }
+    Json(json!({"data": data})).into_response()
+}
+
+fn budget_json(budget: &agentry_team::PolicyBudget) -> Value {
+    json!({
+        "max_tokens": budget.max_tokens,
+        "max_steps": budget.max_steps,
+        "max_tool_calls": budget.max_tool_calls,
+        "max_cost_usd": budget.max_cost_usd,
+        "max_elapsed_ms": budget.max_elapsed_ms,
+    })
+}
+
+/// The mission of a turn (`mis_<turn id>`).
+fn mission_turn(mission_id: &str) -> Option<TurnId> {
+    mission_id.strip_prefix("mis_").and_then(|turn| turn.parse().ok())
+}
+
+/// Whether the caller owns the session a mission runs in.
+async fn owns_mission(state: &AppState, caller: &Caller, mission_id: &str) -> bool {
+    let Some(turn) = mission_turn(mission_id) else { return false };
+    let Ok(run) = state.runtime.store().get_run(turn).await else { return false };
+    caller.session(state, &run.session_id.to_string()).await.is_ok()
+}
+
+/// The rendered agent-team events of the caller's sessions, oldest first.
+async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTeamEvent>> {
+    let store = state.runtime.store();
+    let mut owners: HashMap<SessionId, bool> = HashMap::new();
+    let mut out = Vec::new();
+    let mut after = None;
+    let mut read = 0;
+    while read < SCAN {
+        let batch = store.feed(&FeedQuery { session_id: None, order: Order::Asc, after }, 1000).await?;
+        if batch.is_empty() {
+            break;
+        }
+        read += batch.len();
+        for stored in batch {
+            after = Some(stored.position);
+            if !is_team_payload(&stored.event.payload) {
+                continue;
+            }
+            let session = stored.event.session_id;
+            let mine = match owners.get(&session) {
+                Some(mine) => *mine,
+                None => {
+                    let mine = caller.session(state, &session.to_string()).await.is_ok();
+                    owners.insert(session, mine);
+                    mine
+                }
+            };
+            if mine {
+                out.extend(agent_team::render(&stored.event));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn is_team_payload(payload: &EventPayload) -> bool {
+    agent_team::render_payload(
+        &agent_team::AgentTeamContext::default(),
+        payload,
+        agentry_types::Timestamp::now(),
+    )
+    .is_some()
+}
+
+/// One instance as the listing shows it.
+#[derive(Default)]
+struct Instance {
+    fields: serde_json::Map<String, Value>,
+}
+
+/// `GET /v1/agent-team/instances?mission_id=&parent_instance_id=&status=`.
+async fn instances(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Params(params): Params,
+) -> ApiResult<Response> {
+    if let Some(status) = params.get("status")
+        && !matches!(status.as_str(), "running" | "completed" | "cancelled" | "failed")
+    {
+        return Err(ApiError::bad_param(
+            "status",
+            format!("status must be running, completed, cancelled or failed, not {status:?}"),
+        ));
+    }
+    let mut by_id: BTreeMap<String, Instance> = BTreeMap::new();
+    for event in team_events(&state, &caller).await? {
+        let value = serde_json::to_value(&event).unwrap_or_default();
+        let properties = value.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+        let Some(id) = properties.get("instanceID").and_then(Value::as_str).map(str::to_owned) else {
+            continue;
+        };
+        let status = match event {
+            AgentTeamEvent::InstanceStarted(_) => "running",
+            AgentTeamEvent::InstanceCompleted(_) => "completed",
+            AgentTeamEvent::InstanceCancelled(_) => "cancelled",
+            AgentTeamEvent::InstanceFailed(_) => "failed",
+            _ => continue,
+        };
+        let entry = by_id.entry(id).or_default();
+        for (key, field) in properties {
+            if key != "timestampMs" {
+                entry.fields.insert(key, field);
+            }
+        }
+        entry.fields.insert("status".to_owned(), json!(status));
+    }
+    let data: Vec<Value> = by_id
+        .into_values()
+        .filter(|instance| {
+            let matches = |param: &str, field: &str| {
+                params
+                    .get(param)
+                    .is_none_or(|want| instance.fields.get(field).and_then(Value::as_str) == Some(want))
+            };
+            matches("mission_id", "missionID")
+                && matches("parent_instance_id", "parentInstanceID")
+                && matches("status", "status")
+        })
+        .map(|instance| Value::Object(instance.fields))
+        .collect();
+    Ok(Json(json!({"data": data})).into_response())
+}
+
+/// `GET /v1/agent-team/missions`: each mission with its instances and usage roll-up.
+async fn missions(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Response> {
+    let mut missions: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
+    let mut usage: BTreeMap<(String, String), Value> = BTreeMap::new();
+    for event in team_events(&state, &caller).await? {
+        let value = serde_json::to_value(&event).unwrap_or_default();
+        let properties = value.get("properties").cloned().unwrap_or_default();
+        let Some(mission) = properties.get("missionID").and_then(Value::as_str).map(str::to_owned) else {
+            continue;
+        };
+        let entry = missions.entry(mission.clone()).or_insert_with(|| {
+            let mut fields = serde_json::Map::new();
+            fields.insert("missionID".to_owned(), json!(mission));
+            fields
+                .insert("sessionID".to_owned(), properties.get("sessionID").cloned().unwrap_or(Value::Null));
+            fields.insert("status".to_owned(), json!("active"));
+            fields.insert("instances".to_owned(), json!(0));
+            fields
+        });
+        match event {
+            AgentTeamEvent::InstanceStarted(_) => {
+                let count = entry.get("instances").and_then(Value::as_u64).unwrap_or(0) + 1;
+                entry.insert("instances".to_owned(), json!(count));
+            }
+            AgentTeamEvent::MissionBudgetExhausted(_) => {
+                entry.insert("status".to_owned(), json!("budget_exhausted"));
+            }
+            AgentTeamEvent::BudgetUsage(_) | AgentTeamEvent::BudgetExhausted(_) => {
+                if let Some(instance) = properties.get("instanceID").and_then(Value::as_str) {
+                    usage.insert((mission.clone(), instance.to_owned()), properties.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((mission, _), latest) in usage {
+        let Some(entry) = missions.get_mut(&mission) else { continue };
+        for field in ["tokensUsed", "stepsUsed", "toolCallsUsed", "costUsedUsd"] {
+            let add = latest.get(field).and_then(Value::as_f64).unwrap_or(0.0);
+            let total = entry.get(field).and_then(Value::as_f64).unwrap_or(0.0) + add;
+            entry.insert(field.to_owned(), json!(total));
+        }
+    }
+    let data: Vec<Value> = missions.into_values().map(Value::Object).collect();
+    Ok(Json(json!({"data": data})).into_response())
+}
+
+/// `GET /v1/agent-team/approvals`: spawns waiting for a decision.
+async fn approvals(State(state): State<Arc<AppState>>, caller: Caller) -> Response {
+    let mut data = Vec::new();
+    for pending in state.approvals.pending() {
+        if owns_mission(&state, &caller, &pending.mission_id).await {
+            data.push(json!({
+                "approvalID": pending.approval_id,
+                "missionID": pending.mission_id,
+                "role": pending.role,
+                "task": pending.task,
+                "justification": pending.justification,
+            }));
+        }
+    }
+    Json(json!({"data": data})).into_response()
+}
+
+/// A pending approval the caller may decide.
+async fn pending_approval(state: &AppState, caller: &Caller, approval_id: &str) -> ApiResult<()> {
+    let pending = state.approvals.pending().into_iter().find(|pending| pending.approval_id == approval_id);
+    match pending {
+        Some(pending) if owns_mission(state, caller, &pending.mission_id).await => Ok(()),
+        _ => Err(ApiError::not_found("approval", approval_id)),
+    }
+}
+
+async fn approve(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(approval_id): Path<String>,
+) -> ApiResult<Response> {
+    pending_approval(&state, &caller, &approval_id).await?;
+    if !state.approvals.approve(&approval_id) {
+        return Err(ApiError::not_found("approval", &approval_id));
+    }
+    Ok(Json(json!({"approvalID": approval_id, "status": "approved"})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Deny {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn deny(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(approval_id): Path<String>,
+    JsonBody(body): JsonBody<Deny>,
+) -> ApiResult<Response> {
+    pending_approval(&state, &caller, &approval_id).await?;
+    let reason = body.reason.unwrap_or_else(|| "denied by an operator".to_owned());
+    if !state.approvals.deny(&approval_id, reason) {
+        return Err(ApiError::not_found("approval", &approval_id));
+    }
+    Ok(Json(json!({"approvalID": approval_id, "status": "denied"})).into_response())
+}
+
+async fn cancel_instance(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(instance_id): Path<String>,
+) -> ApiResult<Response> {
+    let instance = state.control.instances().into_iter().find(|instance| instance.instance_id == instance_id);
+    match instance {
+        Some(instance) if owns_mission(&state, &caller, &instance.mission_id).await => {
+            state.control.cancel_instance(&instance_id);
+            Ok(Json(json!({"instanceID": instance_id, "status": "cancelled"})).into_response())
+        }
+        _ => Err(ApiError::not_found("running instance", &instance_id)),
+    }
+}
+
+async fn cancel_mission(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(mission_id): Path<String>,
+) -> ApiResult<Response> {
+    if !owns_mission(&state, &caller, &mission_id).await {
+        return Err(ApiError::not_found("mission", &mission_id));
+    }
+    let cancelled = state.control.cancel_mission(&mission_id);
+    Ok(Json(json!({"missionID": mission_id, "cancelledInstances": cancelled})).into_response())
+}

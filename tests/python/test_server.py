@@ -1,0 +1,540 @@
+"""A real ``agentry serve`` process driven by the unmodified SDK client.
+
+The server binary is ``$AGENTRY_BIN`` (``cargo xtask test`` builds it). It runs with a
+configuration file that keeps the embedded demo agents and adds two API keys (subjects
+``alice`` and ``bob``), on a fresh SQLite file, on a free loopback port. Every test talks
+to it over HTTP: the SDK's ``AgentSessionClient`` for the harness API, ``httpx`` for bad
+input, the event feeds and AG-UI (parsed with ``ag-ui-protocol``).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import unittest
+
+import httpx
+from ag_ui.core import Event as AgUiEvent
+import pydantic
+from truefoundry_gateway_sdk.agents import AgentSessionClient
+from truefoundry_gateway_sdk.core.api_error import ApiError
+from truefoundry_gateway_sdk.errors import (
+    BadRequestError,
+    NotFoundError,
+    PreconditionFailedError,
+    UnauthorizedError,
+)
+from truefoundry_gateway_sdk.types import (
+    ApprovalAllow,
+    ApprovalDeny,
+    ModelMessageDeltaEvent,
+    ModelMessageEvent,
+    ThreadCreatedEvent,
+    ThreadDoneEvent,
+    ToolApprovalRequiredEvent,
+    ToolResponseEvent,
+    ToolResponseRequiredEvent,
+    TurnCreatedEvent,
+    TurnDoneEvent,
+    UserMessage,
+    UserToolApprovalEvent,
+    UserToolResponseEvent,
+)
+
+ALICE = "alice-test-key-0123456789"
+BOB = "bob-test-key-9876543210"
+BODY_LIMIT = 256 * 1024
+
+SERVER = {}
+
+
+def setUpModule():
+    binary = os.environ.get("AGENTRY_BIN")
+    if not binary:
+        raise unittest.SkipTest("AGENTRY_BIN is not set: run through `cargo xtask test`")
+    workdir = tempfile.mkdtemp(prefix="agentry-server-test-")
+    config = os.path.join(workdir, "agentry.toml")
+    with open(config, "w") as f:
+        f.write(
+            f"""
+listen = "127.0.0.1:0"
+
+[storage]
+path = "{workdir}/agentry.db"
+
+[limits]
+body_bytes = {BODY_LIMIT}
+heartbeat_secs = 1
+
+[[keys]]
+key_env = "AGENTRY_TEST_KEY_ALICE"
+subject = "alice"
+
+[[keys]]
+key_env = "AGENTRY_TEST_KEY_BOB"
+subject = "bob"
+"""
+        )
+    env = dict(os.environ, AGENTRY_TEST_KEY_ALICE=ALICE, AGENTRY_TEST_KEY_BOB=BOB, RUST_LOG="warn")
+    log = open(os.path.join(workdir, "server.log"), "w")
+    SERVER["log"] = log
+    process = subprocess.Popen(
+        [binary, "serve", "--config", config],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+        text=True,
+    )
+    line = process.stdout.readline()
+    if not line.startswith("agentry listening on "):
+        process.kill()
+        raise RuntimeError(f"the server did not start: {line!r}; see {workdir}/server.log")
+    SERVER["process"] = process
+    SERVER["url"] = line.strip().rsplit(" ", 1)[1]
+    SERVER["workdir"] = workdir
+
+
+def tearDownModule():
+    process = SERVER.get("process")
+    if process is None:
+        return
+    # Graceful shutdown: SIGTERM stops it cleanly (exit code 0) even with open streams.
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=30)
+    process.stdout.close()
+    SERVER["log"].close()
+    if code != 0:
+        raise AssertionError(f"the server exited with {code} after SIGTERM")
+
+
+def client(key=ALICE):
+    return AgentSessionClient(base_url=SERVER["url"], api_key=key, timeout=60)
+
+
+def http(key=ALICE):
+    return httpx.Client(base_url=SERVER["url"], headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def message(text):
+    return [UserMessage(content=text)]
+
+
+def run(session, input):
+    """Streams a turn; returns (events, sequence numbers). Checks that subscribing to the
+    finished turn from the start replays exactly the same events."""
+    prepared = session.prepare_turn(input=input)
+    items = list(prepared.execute())
+    replay = list(prepared.stream(after_sequence_number=0))
+    assert [i.sequence_number for i in replay] == [i.sequence_number for i in items], "replay differs"
+    assert [i.event.type for i in replay] == [i.event.type for i in items], "replay differs"
+    return [item.event for item in items], [item.sequence_number for item in items]
+
+
+def merged_text(events, thread="main"):
+    final = [e for e in events if isinstance(e, ModelMessageEvent) and e.thread_id == thread]
+    return final[-1].content if final else None
+
+
+class Lifecycle(unittest.TestCase):
+    def check_stream(self, events, seqs):
+        self.assertIsInstance(events[0], TurnCreatedEvent)
+        self.assertIsInstance(events[-1], TurnDoneEvent)
+        self.assertEqual(seqs, sorted(set(seqs)), "seq increases")
+        self.assertEqual(sum(isinstance(e, TurnCreatedEvent) for e in events), 1)
+
+    def test_echo_streams_deltas_then_the_message(self):
+        session = client().create_session(agent_name="demo")
+        events, seqs = run(session, message("hello there"))
+        self.check_stream(events, seqs)
+        deltas = [e for e in events if isinstance(e, ModelMessageDeltaEvent)]
+        self.assertGreater(len(deltas), 2, "echo streams several deltas")
+        self.assertEqual("".join(d.content or "" for d in deltas), "Echo: hello there")
+        self.assertEqual(merged_text(events), "Echo: hello there")
+        self.assertEqual(events[-1].state.status, "done")
+
+    def test_calculate_runs_the_calculator(self):
+        session = client().create_session(agent_name="demo")
+        events, seqs = run(session, message("please calculate (2 + 3) * 4"))
+        self.check_stream(events, seqs)
+        results = [e for e in events if isinstance(e, ToolResponseEvent)]
+        self.assertEqual([r.content for r in results], ["20"])
+        self.assertEqual(merged_text(events), "The result is 20.")
+
+    def approval(self, session):
+        events, seqs = run(session, message("send an email to the team"))
+        self.check_stream(events, seqs)
+        required = [e for e in events if isinstance(e, ToolApprovalRequiredEvent)]
+        self.assertEqual(len(required), 1)
+        self.assertEqual(events[-1].state.status, "done")
+        return required[0]
+
+    def test_email_approved_is_sent(self):
+        session = client().create_session(agent_name="demo")
+        required = self.approval(session)
+        call = required.tool_calls[0]
+        answer = UserToolApprovalEvent(thread_id=required.thread_id, tool_call_id=call.id, approval=ApprovalAllow())
+        events, seqs = run(session, [answer])
+        self.check_stream(events, seqs)
+        self.assertTrue(any(isinstance(e, ToolResponseEvent) and e.tool_call_id == call.id for e in events))
+        self.assertEqual(merged_text(events), "Email sent.")
+
+    def test_email_denied_is_not_sent_and_the_reason_reaches_the_model(self):
+        session = client().create_session(agent_name="demo")
+        required = self.approval(session)
+        call = required.tool_calls[0]
+        deny = ApprovalDeny(reason="not today")
+        answer = UserToolApprovalEvent(thread_id=required.thread_id, tool_call_id=call.id, approval=deny)
+        events, _ = run(session, [answer])
+        self.assertEqual(merged_text(events), "Email not sent: not today.")
+
+    def test_ask_me_waits_for_the_answer(self):
+        session = client().create_session(agent_name="demo")
+        events, _ = run(session, message("ask me something"))
+        required = [e for e in events if isinstance(e, ToolResponseRequiredEvent)]
+        self.assertEqual(len(required), 1)
+        call = required[0].tool_calls[0]
+        asked = [e for e in events if isinstance(e, ModelMessageEvent) and e.tool_calls]
+        arguments = json.loads(asked[-1].tool_calls[0].function.arguments)
+        self.assertIn("green", arguments["options"])
+        answer = UserToolResponseEvent(thread_id=required[0].thread_id, tool_call_id=call.id, content="green")
+        events, _ = run(session, [answer])
+        self.assertEqual(merged_text(events), "You chose green.")
+
+    def test_invalid_answers_are_refused_and_change_nothing(self):
+        session = client().create_session(agent_name="demo")
+        required = self.approval(session)
+        call = required.tool_calls[0]
+        allow = UserToolApprovalEvent(thread_id=required.thread_id, tool_call_id=call.id, approval=ApprovalAllow())
+        wrong_call = UserToolApprovalEvent(thread_id=required.thread_id, tool_call_id="nope", approval=ApprovalAllow())
+        before = [t.id for t in session.list_turns()]
+        for bad in ([UserMessage(content="hi"), allow], [wrong_call], [allow, allow], message("new topic")):
+            with self.assertRaises(BadRequestError) as caught:
+                list(session.prepare_turn(input=bad).execute())
+            self.assertTrue(caught.exception.body.error.message)
+        self.assertEqual([t.id for t in session.list_turns()], before, "nothing was stored")
+        events, _ = run(session, [allow])
+        self.assertEqual(merged_text(events), "Email sent.")
+
+    def test_listing_sessions_turns_and_events(self):
+        alice = client()
+        session = alice.create_session(agent_name="demo")
+        run(session, message("first"))
+        run(session, message("calculate 6 * 7"))
+        listed = [s.id for s in alice.list_sessions(agent_name="demo", limit=100)]
+        self.assertIn(session.id, listed)
+        turns = list(session.list_turns(limit=1))
+        self.assertEqual(len(turns), 2, "the pager walks every page")
+        self.assertEqual(turns[0].previous_turn_id, turns[1].id, "newest first, chained")
+        latest = session.get_turn(turns[0].id)
+        self.assertEqual(latest.state.status, "done")
+        asc = list(latest.list_events(order="asc", limit=2))
+        desc = list(latest.list_events(order="desc", limit=3))
+        self.assertEqual([e.id for e in asc], [e.id for e in reversed(desc)])
+        kinds = [e.type for e in asc]
+        self.assertNotIn("turn.created", kinds)
+        self.assertNotIn("turn.done", kinds)
+        self.assertEqual(kinds, ["model.message", "tool.response", "model.message"])
+        history = list(session.list_events(limit=4))
+        self.assertEqual(history[0].event.type, "turn.done")
+        self.assertEqual(history[0].turn_id, turns[0].id)
+        self.assertEqual(history[-1].event.type, "turn.created")
+        self.assertEqual(history[-1].turn_id, turns[1].id)
+
+    def test_a_dropped_slow_stream_resumes_where_it_stopped(self):
+        session = client().create_session(agent_name="demo")
+        prepared = session.prepare_turn(input=message("go slow please"))
+        stream = prepared.execute()
+        first = [next(stream) for _ in range(20)]
+        stream.close()  # drops the connection
+        last = first[-1].sequence_number
+        self.assertEqual(prepared.state.status, "running")
+        # The header wins over the body's cursor.
+        header = {"additional_headers": {"Last-Event-ID": str(last - 5)}}
+        replay = prepared.stream(after_sequence_number=1, request_options=header)
+        self.assertEqual(next(replay).sequence_number, last - 4)
+        replay.close()
+        rest = list(prepared.stream(after_sequence_number=last))
+        seqs = [item.sequence_number for item in first + rest]
+        # The turn's live log is kept after it ends: a full replay is the reference.
+        full = [item.sequence_number for item in prepared.stream(after_sequence_number=0)]
+        self.assertEqual(seqs, full, "every event once, in order, across the reconnect")
+        events = [item.event for item in first + rest]
+        text = "".join(e.content or "" for e in events if isinstance(e, ModelMessageDeltaEvent))
+        self.assertEqual(len(text), 200)
+        self.assertEqual(merged_text(events), text)
+        self.assertIsInstance(events[-1], TurnDoneEvent)
+
+    def test_cancel_a_running_turn_then_continue(self):
+        alice = client()
+        session = alice.create_session(agent_name="demo")
+        raw = alice._client.agents.sessions
+        running = raw.create_turn(session.id, input=message("slow")).data
+        self.assertEqual(running.state.status, "running")
+        # A second turn while one runs is refused.
+        with self.assertRaises(PreconditionFailedError):
+            raw.create_turn(session.id, input=message("me too"))
+        # A running turn has no stored event list yet.
+        with self.assertRaises(PreconditionFailedError):
+            list(session.get_turn(running.id).list_events())
+        session.cancel()
+        cancelled = session.get_turn(running.id)
+        self.assertEqual(cancelled.state.status, "cancelled")
+        self.assertEqual(cancelled.state.reason, "client-cancelled")
+        session.cancel()  # idempotent
+        events, _ = run(session, message("are you there"))
+        self.assertEqual(merged_text(events), "Echo: are you there")
+        self.assertEqual(events[0].previous_turn_id, running.id, "the next turn chains on the cancelled one")
+
+    def test_fifty_concurrent_turns_one_runs(self):
+        session = client().create_session(agent_name="demo")
+        outcomes = []
+
+        def attempt():
+            try:
+                client()._client.agents.sessions.create_turn(session.id, input=message("slow"))
+                outcomes.append("ran")
+            except PreconditionFailedError:
+                outcomes.append("refused")
+
+        threads = [threading.Thread(target=attempt) for _ in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(sorted(outcomes), ["ran"] + ["refused"] * 49)
+        self.assertEqual(len(list(session.list_turns())), 1, "nothing else was stored")
+        session.cancel()
+
+    def test_another_subject_sees_nothing(self):
+        alice, bob = client(ALICE), client(BOB)
+        session = alice.create_session(agent_name="demo")
+        run(session, message("secret"))
+        turn = list(session.list_turns())[0]
+        with self.assertRaises(NotFoundError):
+            bob.get_session(session.id)
+        self.assertNotIn(session.id, [s.id for s in bob.list_sessions(agent_name="demo", limit=100)])
+        raw = bob._client.agents.sessions
+        with self.assertRaises(NotFoundError):
+            raw.create_turn(session.id, input=message("hijack"))
+        with self.assertRaises(NotFoundError):
+            raw.get_turn(session.id, turn.id)
+        with self.assertRaises(NotFoundError):
+            list(raw.list_turn_events(session.id, turn.id))
+        # The SDK documents no 404 for cancel: it raises its generic ApiError with the status.
+        with self.assertRaises(ApiError) as caught:
+            raw.cancel(session.id)
+        self.assertEqual(caught.exception.status_code, 404)
+        with self.assertRaises(UnauthorizedError):
+            client("wrong-key").create_session(agent_name="demo")
+
+    def test_demo_team_runs_members_on_concurrent_threads(self):
+        session = client().create_session(agent_name="demo-team")
+        events, seqs = run(session, message("otters"))
+        self.check_stream(events, seqs)
+        created = [e for e in events if isinstance(e, ThreadCreatedEvent)]
+        done = [e for e in events if isinstance(e, ThreadDoneEvent)]
+        self.assertEqual(sorted(e.agent_info.name for e in created), ["researcher", "writer"])
+        self.assertEqual({e.thread_id for e in created}, {e.thread_id for e in done})
+        self.assertEqual(len({e.thread_id for e in created}), 2)
+        self.assertTrue(all(e.state.status == "done" for e in done))
+        first_done = events.index(done[0])
+        self.assertTrue(all(events.index(e) < first_done for e in created), "both threads ran at once")
+        answer = merged_text(events)
+        self.assertIn("Research notes on: otters", answer)
+        self.assertIn("Draft about: otters", answer)
+
+
+class BadInput(unittest.TestCase):
+    def assert_error(self, response, status):
+        self.assertEqual(response.status_code, status, response.text)
+        body = response.json()
+        self.assertIsInstance(body["error"]["message"], str)
+        self.assertTrue(body["error"]["message"])
+
+    def test_bad_requests_get_sdk_shaped_errors_and_the_server_keeps_serving(self):
+        with http() as h:
+            sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+            turns = f"/v1/agents/sessions/{sid}/turns"
+            self.assert_error(h.post(turns, content=b"{not json", headers={"content-type": "application/json"}), 400)
+            self.assert_error(h.post(turns, json={"input": "hello"}), 400)
+            self.assert_error(h.post(turns, json={"input": [{"type": "user.nonsense"}]}), 400)
+            self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": 42}), 400)
+            self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": "ghost"}), 404)
+            self.assert_error(h.get("/v1/agents/sessions/not-a-session"), 404)
+            self.assert_error(h.get("/v1/agents/sessions/01a20000-0000-7000-8000-000000000000"), 404)
+            self.assert_error(h.get(f"{turns}/01a20000-0000-7000-8000-000000000000"), 404)
+            self.assert_error(h.get("/v1/agents/sessions", params={"agent_name": "demo", "limit": "many"}), 400)
+            self.assert_error(h.get("/v1/agents/sessions", params={"agent_name": "demo", "page_token": "junk"}), 400)
+            self.assert_error(h.get("/v1/agents/sessions"), 400)
+            mixed = [
+                {"type": "user.message", "content": "hi"},
+                {"type": "user.tool_response", "thread_id": "main", "tool_call_id": "x", "content": "y"},
+            ]
+            self.assert_error(h.post(turns, json={"input": mixed}), 400)
+            bad_file = {"type": "file", "name": "a.txt", "data": "data:text/plain;base64,@@@"}
+            self.assert_error(h.post(turns, json={"input": [{"type": "user.message", "content": [bad_file]}]}), 400)
+            self.assert_error(h.post(turns, json={"input": [{"type": "user.message", "content": "x" * BODY_LIMIT}]}), 413)
+            ok = h.post(turns, json={"input": [{"type": "user.message", "content": "fine"}], "stream": False})
+            self.assertEqual(ok.status_code, 200, ok.text)
+            tid = ok.json()["data"]["id"]
+            subscribe = f"{turns}/{tid}/subscribe"
+            self.assert_error(h.post(subscribe, json={}, headers={"Last-Event-ID": "abc"}), 400)
+            self.assert_error(h.post(subscribe, json={"after_sequence_number": "x"}), 400)
+            self.assert_error(h.get(f"{turns}/{tid}/events", params={"page_token": "@@"}), 400)
+            self.assertEqual(h.get("/healthz").status_code, 200)
+            self.assertEqual(h.get("/readyz").status_code, 200)
+            self.assertEqual(h.get(f"/v1/agents/sessions/{sid}").status_code, 200)
+
+    def test_sse_hygiene_headers(self):
+        with http() as h:
+            sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+            body = {"input": [{"type": "user.message", "content": "hi"}], "stream": True}
+            with h.stream("POST", f"/v1/agents/sessions/{sid}/turns", json=body) as response:
+                self.assertEqual(response.headers["content-type"], "text/event-stream")
+                self.assertEqual(response.headers["cache-control"], "no-cache")
+                self.assertEqual(response.headers["x-accel-buffering"], "no")
+                self.assertNotIn(response.headers.get("content-encoding", "identity"), ("gzip", "br", "deflate"))
+                response.read()
+
+    def test_metrics_count_turns(self):
+        session = client().create_session(agent_name="demo")
+        run(session, message("count me"))
+        with http() as h:
+            text = h.get("/metrics").text
+        self.assertIn('agentry_turns_finished_total{status="done"}', text)
+        self.assertIn("agentry_sse_clients", text)
+        self.assertIn("agentry_store_read_seconds", text)
+
+
+def feed_frames(h, path, count=None, until=None, headers=None, connected=None):
+    """Reads SSE frames of a feed: (id, json) pairs, heartbeats skipped; sets the
+    ``connected`` event when the feed's first frame arrives."""
+    frames = []
+    with h.stream("GET", path, headers=headers or {}) as response:
+        assert response.status_code == 200, response.read()
+        event_id, data = None, []
+        for line in response.iter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif line == "" and data:
+                frame = json.loads("\n".join(data))
+                data = []
+                if frame["type"] != "server.heartbeat":
+                    frames.append((event_id, frame))
+                if connected is not None and frame["type"] == "server.connected":
+                    connected.set()
+                event_id = None
+                if until and until(frame):
+                    return frames
+                if count and len(frames) >= count:
+                    return frames
+    return frames
+
+
+class Feeds(unittest.TestCase):
+    def test_global_feed_carries_a_spawn_and_resumes_without_gaps(self):
+        alice = client()
+        session = alice.create_session(agent_name="demo-team")
+        done = threading.Event()
+        connected = threading.Event()
+        frames = []
+
+        def listen():
+            with http() as h:
+                frames.extend(
+                    feed_frames(
+                        h,
+                        "/global/event",
+                        until=lambda f: f["type"] == "agent_team.instance.completed",
+                        connected=connected,
+                    )
+                )
+            done.set()
+
+        # Without a cursor the feed starts at the live edge: connect first, then run the turn.
+        listener = threading.Thread(target=listen)
+        listener.start()
+        self.assertTrue(connected.wait(timeout=30), "the feed connected")
+        run(session, message("please spawn an analyst"))
+        listener.join(timeout=60)
+        self.assertTrue(done.is_set(), "the feed delivered the spawn")
+        self.assertEqual(frames[0][1]["type"], "server.connected")
+        kinds = [f["type"] for _, f in frames]
+        for kind in (
+            "agent_team.spawn.requested",
+            "agent_team.spawn.approved",
+            "agent_team.instance.started",
+            "agent_team.instance.completed",
+        ):
+            self.assertIn(kind, kinds)
+        started = next(f for _, f in frames if f["type"] == "agent_team.instance.started")["properties"]
+        self.assertEqual(started["sessionID"], session.id)
+        self.assertEqual(started["role"], "analyst")
+        numbered = [(int(i), f) for i, f in frames if i is not None]
+        positions = [p for p, _ in numbered]
+        self.assertEqual(positions, sorted(set(positions)), "positions increase")
+        # Resume from the second numbered frame: exactly the frames after it, again.
+        cut = positions[1]
+        with http() as h:
+            resumed = feed_frames(
+                h,
+                "/global/event",
+                until=lambda f: f["type"] == "agent_team.instance.completed",
+                headers={"Last-Event-ID": str(cut)},
+            )
+        self.assertEqual(resumed[0][1]["type"], "server.connected")
+        again = [(int(i), f) for i, f in resumed if i is not None]
+        self.assertEqual(again, [(p, f) for p, f in numbered if p > cut])
+        # The session feed has the same events of that session; another subject sees none.
+        with http() as h:
+            own = feed_frames(
+                h,
+                f"/event?session_id={session.id}&after=0",
+                until=lambda f: f["type"] == "agent_team.instance.completed",
+            )
+        self.assertIn("agent_team.spawn.approved", [f["type"] for _, f in own])
+        with http(BOB) as h:
+            self.assertEqual(h.get(f"/event?session_id={session.id}").status_code, 404)
+            instances = h.get("/v1/agent-team/instances").json()["data"]
+            self.assertEqual(instances, [])
+        with http() as h:
+            instances = h.get("/v1/agent-team/instances", params={"status": "completed"}).json()["data"]
+            self.assertIn(started["instanceID"], [i["instanceID"] for i in instances])
+            missions = h.get("/v1/agent-team/missions").json()["data"]
+            self.assertIn(started["missionID"], [m["missionID"] for m in missions])
+            templates = h.get("/v1/agent-team/templates").json()["data"]
+            self.assertIn(("demo-team", "analyst"), [(t["team"], t["role"]) for t in templates])
+
+
+class AgUi(unittest.TestCase):
+    def test_agui_run_streams_protocol_events(self):
+        adapter = pydantic.TypeAdapter(AgUiEvent)
+        body = {
+            "threadId": "thread-agui-1",
+            "runId": "run-1",
+            "messages": [{"id": "m1", "role": "user", "content": "hi from ag-ui"}],
+            "tools": [],
+            "context": [],
+            "state": {},
+            "forwardedProps": {},
+        }
+        with http() as h:
+            with h.stream("POST", "/agui/demo", json=body) as response:
+                self.assertEqual(response.status_code, 200)
+                data = [line[5:].strip() for line in response.iter_lines() if line.startswith("data:")]
+        events = [adapter.validate_json(d) for d in data]
+        kinds = [e.type.value if hasattr(e.type, "value") else e.type for e in events]
+        self.assertEqual(kinds[0], "RUN_STARTED")
+        self.assertEqual(kinds[-1], "RUN_FINISHED")
+        self.assertEqual(events[0].thread_id, "thread-agui-1")
+        self.assertEqual(events[0].run_id, "run-1")
+        text = "".join(e.delta for e in events if (e.type.value if hasattr(e.type, "value") else e.type) == "TEXT_MESSAGE_CONTENT")
+        self.assertEqual(text, "Echo: hi from ag-ui")
+
+
+if __name__ == "__main__":
+    unittest.main()

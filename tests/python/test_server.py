@@ -9,6 +9,9 @@ input, the event feeds and AG-UI (parsed with ``ag-ui-protocol``).
 
 import json
 import os
+import pty
+import select
+import time
 import signal
 import subprocess
 import tempfile
@@ -344,6 +347,92 @@ class Lifecycle(unittest.TestCase):
         answer = merged_text(events)
         self.assertIn("Research notes on: otters", answer)
         self.assertIn("Draft about: otters", answer)
+
+
+class Terminal:
+    """``agentry chat`` under a pseudo-terminal: type lines, read until text appears."""
+
+    def __init__(self, *args):
+        env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execve(os.environ["AGENTRY_BIN"], [os.environ["AGENTRY_BIN"], *args], env)
+        self.output = ""
+
+    def expect(self, text, timeout=30):
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{text!r} did not appear; the terminal shows:\n{self.output}")
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"the chat ended before {text!r}; it showed:\n{self.output}")
+                self.output += chunk.decode(errors="replace").replace("\r\n", "\n")
+        # Everything up to the match is consumed, so the next expect looks further on.
+        seen = self.output.index(text) + len(text)
+        consumed, self.output = self.output[:seen], self.output[seen:]
+        return consumed
+
+    def type(self, line):
+        os.write(self.fd, (line + "\n").encode())
+
+    def close(self):
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status)
+
+
+class Chat(unittest.TestCase):
+    def test_chat_streams_asks_for_approval_and_answers_questions(self):
+        terminal = Terminal("chat", "demo", "--url", SERVER["url"])
+        banner = terminal.expect("you> ")
+        self.assertIn("Chatting with demo in session", banner)
+        terminal.type("hello terminal")
+        self.assertIn("agent> Echo: hello terminal", terminal.expect("you> "))
+        terminal.type("calculate 6 * 7")
+        shown = terminal.expect("you> ")
+        self.assertIn('→ calculator({"expression":"6 * 7"})', shown)
+        self.assertIn("← 42", shown)
+        self.assertIn("The result is 42.", shown)
+        terminal.type("please email the team")
+        self.assertIn("Allow send_email(", terminal.expect("[y/n] "))
+        terminal.type("y")
+        shown = terminal.expect("you> ")
+        self.assertIn("← Sent to team@example.com.", shown)
+        self.assertIn("Email sent.", shown)
+        terminal.type("send another email")
+        terminal.expect("[y/n] ")
+        terminal.type("n")
+        terminal.expect("Reason (optional): ")
+        terminal.type("too many emails")
+        self.assertIn("Email not sent: too many emails.", terminal.expect("you> "))
+        terminal.type("ask me anything")
+        asked = terminal.expect("answer> ")
+        self.assertIn("? Which color do you like best?", asked)
+        self.assertIn("2. green", asked)
+        terminal.type("2")
+        self.assertIn("You chose green.", terminal.expect("you> "))
+        terminal.type("/quit")
+        self.assertEqual(terminal.close(), 0)
+
+    def test_chat_follows_sub_agent_threads(self):
+        terminal = Terminal("chat", "demo-team", "--url", SERVER["url"])
+        terminal.expect("you> ")
+        terminal.type("beavers")
+        shown = terminal.expect("you> ")
+        self.assertIn("[researcher] started on thread", shown)
+        self.assertIn("[writer] started on thread", shown)
+        self.assertIn("[researcher] Research notes on: beavers", shown)
+        self.assertIn("[writer] done", shown)
+        self.assertIn("The team answered.", shown)
+        terminal.type("/quit")
+        self.assertEqual(terminal.close(), 0)
 
 
 class BadInput(unittest.TestCase):

@@ -56,7 +56,7 @@ SERVER = {}
 def setUpModule():
     binary = os.environ.get("AGENTRY_BIN")
     if not binary:
-        raise unittest.SkipTest("AGENTRY_BIN is not set: run through `cargo xtask test`")
+        raise RuntimeError("AGENTRY_BIN is not set: run the tests through `cargo xtask test`")
     workdir = tempfile.mkdtemp(prefix="agentry-server-test-")
     config = os.path.join(workdir, "agentry.toml")
     with open(config, "w") as f:
@@ -80,11 +80,16 @@ key_env = "AGENTRY_TEST_KEY_BOB"
 subject = "bob"
 """
         )
+    SERVER["process"], SERVER["url"], SERVER["log"] = start_server(workdir, config)
+    SERVER["workdir"] = workdir
+
+
+def start_server(workdir, config):
+    """Starts ``agentry serve --config config``; returns (process, base URL, log file)."""
     env = dict(os.environ, AGENTRY_TEST_KEY_ALICE=ALICE, AGENTRY_TEST_KEY_BOB=BOB, RUST_LOG="warn")
-    log = open(os.path.join(workdir, "server.log"), "w")
-    SERVER["log"] = log
+    log = open(os.path.join(workdir, "server.log"), "a")
     process = subprocess.Popen(
-        [binary, "serve", "--config", config],
+        [os.environ["AGENTRY_BIN"], "serve", "--config", config],
         stdout=subprocess.PIPE,
         stderr=log,
         env=env,
@@ -94,9 +99,7 @@ subject = "bob"
     if not line.startswith("agentry listening on "):
         process.kill()
         raise RuntimeError(f"the server did not start: {line!r}; see {workdir}/server.log")
-    SERVER["process"] = process
-    SERVER["url"] = line.strip().rsplit(" ", 1)[1]
-    SERVER["workdir"] = workdir
+    return process, line.strip().rsplit(" ", 1)[1], log
 
 
 def tearDownModule():
@@ -347,6 +350,60 @@ class Lifecycle(unittest.TestCase):
         answer = merged_text(events)
         self.assertIn("Research notes on: otters", answer)
         self.assertIn("Draft about: otters", answer)
+
+
+class Durable(unittest.TestCase):
+    def test_a_killed_server_finishes_the_turn_after_restart(self):
+        workdir = tempfile.mkdtemp(prefix="agentry-durable-test-")
+        config = os.path.join(workdir, "agentry.toml")
+        with open(config, "w") as f:
+            f.write(
+                f"""
+listen = "127.0.0.1:0"
+[storage]
+path = "{workdir}/agentry.db"
+durability = "strict"
+[runtime]
+lease_ttl_secs = 2
+"""
+            )
+        first, url, log = start_server(workdir, config)
+        try:
+            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+            session = alice.create_session(agent_name="demo")
+            prepared = session.prepare_turn(input=message("slow, then crash"))
+            stream = prepared.execute()
+            seen = [next(stream) for _ in range(30)]
+            turn_id = prepared.id
+        finally:
+            first.kill()  # SIGKILL: no shutdown, the turn is left running
+            first.wait()
+            first.stdout.close()
+            log.close()
+        stream.close()
+        second, url, log = start_server(workdir, config)
+        try:
+            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+            session = alice.get_session(session.id)
+            turn = session.get_turn(turn_id)
+            self.assertEqual(turn.state.status, "running")
+            last = seen[-1].sequence_number
+            rest = list(turn.stream(after_sequence_number=last))
+            seqs = [item.sequence_number for item in seen + rest]
+            self.assertEqual(seqs, sorted(set(seqs)), "no event twice across the crash")
+            self.assertIsInstance(rest[-1].event, TurnDoneEvent)
+            self.assertEqual(rest[-1].event.state.status, "done")
+            final = [i.event for i in rest if isinstance(i.event, ModelMessageEvent)]
+            self.assertEqual(len(final[-1].content), 200)
+            self.assertEqual(session.get_turn(turn_id).state.status, "done")
+            # The session takes new turns again.
+            events, _ = run(session, message("back"))
+            self.assertEqual(merged_text(events), "Echo: back")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            self.assertEqual(second.wait(timeout=30), 0)
+            second.stdout.close()
+            log.close()
 
 
 class Terminal:

@@ -107,6 +107,28 @@ pub struct Config {
     /// Request and stream limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// How turns are run.
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+/// How turns are run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Seconds a turn's lease lasts without renewal: after a crash, its turns are recovered
+    /// by the next process this long after they were last renewed.
+    #[serde(default = "default_lease")]
+    pub lease_ttl_secs: u64,
+    /// Seconds a finished turn's live log (with deltas) stays in memory for subscribers.
+    #[serde(default = "default_retention")]
+    pub live_retention_secs: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { lease_ttl_secs: default_lease(), live_retention_secs: default_retention() }
+    }
 }
 
 /// A storage backend.
@@ -308,6 +330,12 @@ const fn default_heartbeat() -> u64 {
 const fn default_grace() -> u64 {
     10
 }
+const fn default_lease() -> u64 {
+    30
+}
+const fn default_retention() -> u64 {
+    60
+}
 
 impl Default for Config {
     /// The embedded default: SQLite `agentry.db` in the working directory, `127.0.0.1:8787`,
@@ -323,6 +351,7 @@ impl Default for Config {
             agents: Vec::new(),
             teams: Vec::new(),
             limits: LimitsConfig::default(),
+            runtime: RuntimeConfig::default(),
         };
         if std::env::var_os("OPENAI_API_KEY").is_some_and(|key| !key.is_empty()) {
             config.providers.insert(

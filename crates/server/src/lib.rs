@@ -159,7 +159,16 @@ impl Server {
         let keys = Keys::new(config.api_keys()?);
         let approvals = SpawnApprovals::new();
         let control = TeamControl::new();
-        let runtime = Runtime::with_options(store, RuntimeOptions::default());
+        if config.runtime.lease_ttl_secs == 0 {
+            return Err(ConfigError::Invalid("runtime.lease_ttl_secs must be at least 1".to_owned()).into());
+        }
+        let lease_ttl = Duration::from_secs(config.runtime.lease_ttl_secs);
+        let options = RuntimeOptions {
+            lease_ttl,
+            live_retention: Duration::from_secs(config.runtime.live_retention_secs),
+            ..RuntimeOptions::default()
+        };
+        let runtime = Runtime::with_options(store, options);
         let built = config.build_agents(&approvals, &control).await?;
         for agent in built.agents {
             runtime.register(agent);
@@ -196,15 +205,30 @@ impl Server {
             agui_threads: agui::Threads::default(),
         });
         // Turns a dead process left running are finished in the background; the server
-        // serves meanwhile (their sessions refuse new turns until then).
+        // serves meanwhile (their sessions refuse new turns until then). A turn whose lease
+        // has not expired yet (a restart within the lease time) is taken by the pass after
+        // one lease time; later passes pick up turns of other dead processes sharing the
+        // store.
         let recovering = state.runtime.clone();
+        let stopped = state.stopped();
         tokio::spawn(async move {
-            match recovering.recover().await {
-                Ok(turns) if !turns.is_empty() => {
-                    tracing::info!(count = turns.len(), "recovered abandoned turns")
+            let passes = async {
+                let mut wait = Duration::ZERO;
+                loop {
+                    tokio::time::sleep(wait).await;
+                    match recovering.recover().await {
+                        Ok(turns) if !turns.is_empty() => {
+                            tracing::info!(count = turns.len(), "recovered abandoned turns");
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),
+                    }
+                    wait = if wait.is_zero() { lease_ttl + Duration::from_secs(1) } else { lease_ttl * 10 };
                 }
-                Ok(_) => {}
-                Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),
+            };
+            tokio::select! {
+                () = passes => {},
+                () = stopped => {},
             }
         });
         Ok(Self {

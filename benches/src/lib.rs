@@ -9,6 +9,8 @@
 //! assert_eq!(deltas.len(), 11);
 //! ```
 
+pub mod http;
+
 use std::path::Path;
 use std::sync::Arc;
 

@@ -656,6 +656,61 @@ class Feeds(unittest.TestCase):
             self.assertIn(("demo-team", "analyst"), [(t["team"], t["role"]) for t in templates])
 
 
+    def test_operator_spawns_through_the_api_with_and_without_approval(self):
+        alice = client()
+        session = alice.create_session(agent_name="demo-team")
+
+        def finish(turn_id):
+            events = [item.event for item in session.get_turn(turn_id).stream(after_sequence_number=0)]
+            self.assertIsInstance(events[-1], TurnDoneEvent)
+            return events
+
+        with http() as h:
+            spawned = h.post(
+                "/v1/agent-team/spawn",
+                json={"session_id": session.id, "role": "analyst", "task": "size the market", "justification": "ops"},
+            )
+            self.assertEqual(spawned.status_code, 202, spawned.text)
+            first = spawned.json()["turnID"]
+            self.assertIn("The analyst instance answered: Analysis of: size the market", merged_text(finish(first)))
+
+            # An auditor waits for a person's approval: approve one, deny another.
+            decisions = []
+            for decision in ("approve", "deny"):
+                spawned = h.post("/v1/agent-team/spawn", json={"session_id": session.id, "role": "auditor", "task": f"audit {decision}"})
+                self.assertEqual(spawned.status_code, 202, spawned.text)
+                pending = h.get("/v1/agent-team/approvals", params={"wait_secs": 30}).json()["data"]
+                self.assertEqual([p["role"] for p in pending], ["auditor"])
+                with http(BOB) as other:
+                    self.assertEqual(other.get("/v1/agent-team/approvals").json()["data"], [])
+                    refused = other.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/approve")
+                    self.assertEqual(refused.status_code, 404)
+                body = {"reason": "not needed"} if decision == "deny" else {}
+                decided = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
+                self.assertEqual(decided.status_code, 200, decided.text)
+                decisions.append(merged_text(finish(spawned.json()["turnID"])))
+                again = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
+                self.assertEqual(again.status_code, 404, "a decision is made once")
+            self.assertIn("Analysis of: audit approve", decisions[0])
+            self.assertIn("approval_denied", decisions[1])
+            last = spawned.json()["turnID"]
+            frames = feed_frames(
+                h,
+                f"/event?session_id={session.id}&after=0",
+                until=lambda f: f["type"] == "turn.done" and f["properties"]["turnID"] == last,
+            )
+        requested = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.requested"]
+        self.assertEqual(len(requested), 3)
+        self.assertTrue(all(p["source"] == "ui_action" for p in requested))
+        denied = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.denied"]
+        self.assertEqual([d["code"] for d in denied], ["approval_denied"])
+        self.assertEqual([t.id for t in session.list_turns()][0], spawned.json()["turnID"])
+        with http() as h:
+            agent_session = alice.create_session(agent_name="demo")
+            wrong = h.post("/v1/agent-team/spawn", json={"session_id": agent_session.id, "role": "analyst", "task": "x"})
+            self.assertEqual(wrong.status_code, 400)
+
+
 class AgUi(unittest.TestCase):
     def test_agui_run_streams_protocol_events(self):
         adapter = pydantic.TypeAdapter(AgUiEvent)

@@ -261,7 +261,7 @@ pub const DEMO_SPAWN_POLICY: &str = r#"
 coordinator_role = "coordinator"
 
 [roles.coordinator]
-can_spawn = ["analyst"]
+can_spawn = ["analyst", "auditor"]
 
 [roles.analyst]
 require_justification = true
@@ -269,6 +269,14 @@ max_instances = 4
 budget = { max_tokens = 8000, max_tool_calls = 10 }
 [roles.analyst.templates.default]
 instructions = "You analyse one question and answer briefly."
+model = "demo-analyst"
+
+[roles.auditor]
+require_approval = true
+max_instances = 4
+budget = { max_tokens = 8000 }
+[roles.auditor.templates.default]
+instructions = "You audit one piece of work."
 model = "demo-analyst"
 "#;
 
@@ -360,7 +368,8 @@ mod tests {
     #[test]
     fn the_demo_spawn_policy_parses() {
         let policy = SpawnPolicy::parse(DEMO_SPAWN_POLICY).unwrap();
-        assert_eq!(policy.roles["coordinator"].can_spawn, ["analyst"]);
+        assert_eq!(policy.roles["coordinator"].can_spawn, ["analyst", "auditor"]);
+        assert!(policy.roles["auditor"].require_approval);
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/agent-team/instances/{instance_id}/cancel", post(cancel_instance))
         .route("/v1/agent-team/missions", get(missions))
         .route("/v1/agent-team/missions/{mission_id}/cancel", post(cancel_mission))
+        .route("/v1/agent-team/spawn", post(spawn))
         .route("/v1/agent-team/approvals", get(approvals))
         .route("/v1/agent-team/approvals/{approval_id}/approve", post(approve))
         .route("/v1/agent-team/approvals/{approval_id}/deny", post(deny))
@@ -234,8 +235,86 @@ async fn missions(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResu
     Ok(Json(json!({"data": data})).into_response())
 }
 
-/// `GET /v1/agent-team/approvals`: spawns waiting for a decision.
-async fn approvals(State(state): State<Arc<AppState>>, caller: Caller) -> Response {
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spawn {
+    session_id: String,
+    role: String,
+    task: String,
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    justification: Option<String>,
+}
+
+/// `POST /v1/agent-team/spawn`: an operator's spawn on a team session. It runs as a new
+/// turn of that session (its mission), under the team's spawn policy like any spawn, with
+/// `source: ui_action`; follow it on the feeds or by subscribing to the turn.
+async fn spawn(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody<Spawn>,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &body.session_id).await?;
+    if session.record().session_type != agentry_types::SessionType::Team {
+        return Err(ApiError::bad_param("session_id", "spawns run on a team's session; this is an agent's"));
+    }
+    if body.role.trim().is_empty() || body.task.trim().is_empty() {
+        return Err(ApiError::bad_request("role and task must not be empty"));
+    }
+    let request = agentry_team::SpawnRequest {
+        role: body.role,
+        task: body.task,
+        template: body.template,
+        justification: body.justification,
+    };
+    let text = state.control.request_spawn(&request);
+    let turn = session
+        .create_turn(agentry_runner::TurnRequest {
+            input: vec![agentry_types::TurnInputItem::message(text)],
+            created_by: Some(caller.0.clone()),
+            ..agentry_runner::TurnRequest::default()
+        })
+        .await?;
+    state.track(&turn);
+    Ok((
+        axum::http::StatusCode::ACCEPTED,
+        Json(json!({
+            "sessionID": session.id().to_string(),
+            "turnID": turn.id().to_string(),
+            "missionID": format!("mis_{}", turn.id()),
+        })),
+    )
+        .into_response())
+}
+
+/// `GET /v1/agent-team/approvals[?wait_secs=N]`: spawns waiting for a decision. With
+/// `wait_secs`, waits up to that long (at most 60 s) for one to be waiting.
+async fn approvals(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Params(params): Params,
+) -> ApiResult<Response> {
+    if let Some(text) = params.get("wait_secs") {
+        let secs: u64 =
+            text.parse().ok().filter(|secs| *secs <= 60).ok_or_else(|| {
+                ApiError::bad_param("wait_secs", "wait_secs must be an integer from 0 to 60")
+            })?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            let waiting = state.approvals.wait_for_pending();
+            let pending = tokio::time::timeout_at(deadline, waiting).await.unwrap_or_default();
+            let mut mine = false;
+            for spawn in &pending {
+                mine |= owns_mission(&state, &caller, &spawn.mission_id).await;
+            }
+            if mine || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            // Only other subjects' spawns wait (rare): look again shortly.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     let mut data = Vec::new();
     for pending in state.approvals.pending() {
         if owns_mission(&state, &caller, &pending.mission_id).await {
@@ -248,7 +327,7 @@ async fn approvals(State(state): State<Arc<AppState>>, caller: Caller) -> Respon
             }));
         }
     }
-    Json(json!({"data": data})).into_response()
+    Ok(Json(json!({"data": data})).into_response())
 }
 
 /// A pending approval the caller may decide.

@@ -21,6 +21,7 @@
 //! ```
 
 mod budget;
+mod directed;
 mod output;
 #[cfg(feature = "scenarios")]
 pub mod scenarios;
@@ -40,6 +41,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 pub use budget::Price;
+pub use directed::SpawnRequest;
 pub use output::team_run_output;
 pub use spawn::{
     PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog, SpawnPolicy, Template,
@@ -246,7 +248,10 @@ impl TeamBuilder {
             }
         };
         instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
-        let builder = Agent::builder(self.name, self.model.clone())
+        // The coordinator carries out operators' spawn requests (`TeamControl::request_spawn`).
+        let model: Arc<dyn Model> =
+            Arc::new(directed::Directed { inner: self.model.clone(), control: members.control.clone() });
+        let builder = Agent::builder(self.name, model)
             .instructions(instructions)
             .limits(self.limits)
             .session_type(SessionType::Team);
@@ -285,6 +290,8 @@ impl TeamBuilder {
 pub struct TeamControl {
     live: Arc<std::sync::Mutex<std::collections::BTreeMap<String, (InstanceInfo, CancelToken)>>>,
     changed: Arc<tokio::sync::Notify>,
+    /// Operators' spawn requests by directive id, until their turn has answered them.
+    directives: Arc<std::sync::Mutex<HashMap<String, SpawnRequest>>>,
 }
 
 /// A running instance.

@@ -465,7 +465,11 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         mission_id: Some(format!("mis_{mission}")),
         instance_id,
         parent_instance_id: spawner.parent_instance.clone(),
-        source: Some(EventSource::ToolCall),
+        source: Some(if crate::directed::is_operator_call(&context.tool_call_id) {
+            EventSource::UiAction
+        } else {
+            EventSource::ToolCall
+        }),
         message_id: context.message_id.map(|id| id.to_string()),
     };
     context

@@ -83,7 +83,46 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     Ok(())
 }
 
-/// Streams one turn, printing as it goes; returns what it waits for.
+/// Where the terminal is: mid-line in one thread's text, or at the start of a line.
+#[derive(Debug, Default)]
+struct Screen {
+    /// The thread whose text the current line holds.
+    printing: Option<String>,
+}
+
+impl Screen {
+    /// Ends a half-printed line.
+    fn end_line(&mut self, out: &mut impl Write) -> Result<()> {
+        if self.printing.take().is_some() {
+            writeln!(out)?;
+        }
+        Ok(())
+    }
+
+    /// Prints a whole line (after ending a half-printed one).
+    fn line(&mut self, out: &mut impl Write, text: &str) -> Result<()> {
+        self.end_line(out)?;
+        writeln!(out, "{text}")?;
+        Ok(())
+    }
+
+    /// Prints streamed text of `thread`, starting a labelled line when another thread
+    /// held the current one.
+    fn text(&mut self, out: &mut impl Write, thread: &str, label: &str, text: &str) -> Result<()> {
+        if self.printing.as_deref() != Some(thread) {
+            self.end_line(out)?;
+            write!(out, "{label} ")?;
+            self.printing = Some(thread.to_owned());
+        }
+        write!(out, "{text}")?;
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// Streams one turn, printing as it goes; returns what it waits for. A stream that ends
+/// before `turn.done` (the server restarted, the connection broke) is resumed from the
+/// last event received.
 async fn run_turn(
     api: &Api,
     session: &str,
@@ -95,57 +134,61 @@ async fn run_turn(
         Box::pin(api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?);
     let mut pending = Pending::default();
     let mut threads: HashMap<String, String> = HashMap::new();
-    let mut at_line_start = true;
+    let mut screen = Screen::default();
     let mut out = std::io::stdout();
-    // The thread whose text is being printed, so interleaved threads get their own lines.
-    let mut printing: Option<String> = None;
-    while let Some(event) = events.next().await {
-        let event = event?.data;
+    let mut turn_id: Option<String> = None;
+    let mut last_id: Option<String> = None;
+    let mut resumes = 0;
+    loop {
+        let Some(event) = events.next().await else {
+            // The stream ended without `turn.done`: resume it.
+            let Some(turn) = &turn_id else { bail!("the server closed the stream before the turn started") };
+            resumes += 1;
+            if resumes > 5 {
+                bail!("the turn's stream keeps breaking; see `agentry events {turn} --follow`");
+            }
+            let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
+            events = Box::pin(api.stream(&path, Some(&json!({})), last_id.as_deref()).await?);
+            continue;
+        };
+        let event = event?;
+        last_id = event.id.or(last_id);
+        let event = event.data;
         let thread = event["thread_id"].as_str().unwrap_or("main").to_owned();
+        let who = threads.get(&thread).map(|name| format!("[{name}] ")).unwrap_or_default();
         match event["type"].as_str().unwrap_or_default() {
+            "turn.created" => turn_id = event["turn_id"].as_str().map(str::to_owned),
             "model.message.delta" => {
                 let Some(text) = event["content"].as_str().filter(|text| !text.is_empty()) else { continue };
-                if printing.as_deref() != Some(thread.as_str()) {
-                    if !at_line_start {
-                        writeln!(out)?;
-                    }
-                    match threads.get(&thread) {
-                        Some(name) => write!(out, "[{name}] ")?,
-                        None => write!(out, "agent> ")?,
-                    }
-                    printing = Some(thread.clone());
-                }
-                write!(out, "{text}")?;
-                at_line_start = text.ends_with('\n');
-                out.flush()?;
+                let label =
+                    threads.get(&thread).map_or_else(|| "agent>".to_owned(), |name| format!("[{name}]"));
+                screen.text(&mut out, &thread, &label, text)?;
             }
             "model.message" => {
-                if !at_line_start {
-                    writeln!(out)?;
-                    at_line_start = true;
-                }
-                printing = None;
+                screen.end_line(&mut out)?;
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
                     let id = call["id"].as_str().unwrap_or_default().to_owned();
                     let name = call["function"]["name"].as_str().unwrap_or_default().to_owned();
                     let arguments = call["function"]["arguments"].as_str().unwrap_or_default().to_owned();
-                    let who = threads.get(&thread).map(|name| format!("[{name}] ")).unwrap_or_default();
-                    writeln!(out, "{who}→ {name}({arguments})")?;
+                    screen.line(&mut out, &format!("{who}→ {name}({arguments})"))?;
                     calls.insert(id, Call { name, arguments });
                 }
             }
             "tool.response" => {
-                let who = threads.get(&thread).map(|name| format!("[{name}] ")).unwrap_or_default();
-                writeln!(out, "{who}← {}", event["content"].as_str().unwrap_or_default())?;
+                screen
+                    .line(&mut out, &format!("{who}← {}", event["content"].as_str().unwrap_or_default()))?;
             }
             "thread.created" => {
                 let name = event["agent_info"]["name"].as_str().unwrap_or("sub-agent").to_owned();
-                writeln!(out, "[{name}] started on thread {thread}")?;
+                screen.line(&mut out, &format!("[{name}] started on thread {thread}"))?;
                 threads.insert(thread, name);
             }
             "thread.done" => {
-                let name = threads.get(&thread).cloned().unwrap_or_else(|| thread.clone());
-                writeln!(out, "[{name}] {}", event["status"].as_str().unwrap_or("done"))?;
+                let status = event["state"]["status"].as_str().unwrap_or("done");
+                screen.line(
+                    &mut out,
+                    &format!("{}{status}", if who.is_empty() { format!("[{thread}] ") } else { who }),
+                )?;
             }
             "tool.approval_required" => {
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
@@ -163,27 +206,31 @@ async fn run_turn(
             }
             "mcp.auth_required" => {
                 for server in event["mcp_servers"].as_array().into_iter().flatten() {
-                    writeln!(
-                        out,
-                        "MCP server {} needs authorization: {}",
-                        server["name"].as_str().unwrap_or_default(),
-                        server["auth_url"].as_str().unwrap_or_default()
+                    screen.line(
+                        &mut out,
+                        &format!(
+                            "MCP server {} needs authorization: {}",
+                            server["name"].as_str().unwrap_or_default(),
+                            server["auth_url"].as_str().unwrap_or_default()
+                        ),
                     )?;
                 }
             }
             "turn.done" => {
+                screen.end_line(&mut out)?;
                 let state = &event["state"];
                 match state["status"].as_str() {
-                    Some("cancelled") => writeln!(
-                        out,
-                        "(turn cancelled: {})",
-                        state["cancellation_reason"].as_str().unwrap_or("cancelled")
+                    Some("cancelled") => screen.line(
+                        &mut out,
+                        &format!("(turn cancelled: {})", state["reason"].as_str().unwrap_or("cancelled")),
                     )?,
-                    Some("error") => {
-                        writeln!(out, "(turn failed: {})", state["message"].as_str().unwrap_or("error"))?
-                    }
+                    Some("error") => screen.line(
+                        &mut out,
+                        &format!("(turn failed: {})", state["message"].as_str().unwrap_or("error")),
+                    )?,
                     _ => {}
                 }
+                break;
             }
             _ => {}
         }

@@ -623,6 +623,7 @@ impl TurnEngine {
     }
 
     /// Stores the terminal state, then stores `turn.done` (returned unpublished).
+    /// (See also [`fail_after_panic`] for a turn whose engine is gone.)
     async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
         self.run.set_state(state.clone());
         self.store.put_run(&self.run, Some(self.fence)).await?;
@@ -1647,4 +1648,23 @@ fn arguments_hash(arguments: &str) -> String {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{hash:016x}")
+}
+
+/// Ends a turn whose engine panicked: stores an error state and `turn.done` (returned
+/// unpublished, like [`TurnEngine::drive`]'s); `None` when the store refuses (the lease was
+/// lost, or the store failed), in which case recovery ends the turn later.
+pub(crate) async fn fail_after_panic(
+    store: &dyn Store,
+    mut run: RunRecord,
+    fence: Fence,
+    sink: &TurnSink,
+) -> Option<Arc<EventEnvelope>> {
+    let state = TurnState::Error {
+        message: "internal error: the turn stopped unexpectedly (see the server log)".to_owned(),
+        completed_at: Timestamp::now(),
+        metrics: None,
+    };
+    run.set_state(state.clone());
+    store.put_run(&run, Some(fence)).await.ok()?;
+    sink.store_unpublished(None, EventPayload::TurnDone { state }).await.ok()
 }

@@ -343,10 +343,23 @@ impl Runtime {
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(store.clone(), live.clone(), fence, emitter, high_water));
         let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
+        let (panic_sink, panic_run) = (sink.clone(), run.clone());
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
         let runtime = self.clone();
         tokio::spawn(async move {
-            let finished = engine.drive(start).await;
+            // A panic in the engine (a model, a tool, a bug) ends the turn with an error
+            // instead of leaving it running with its lease renewed for ever.
+            let finished = match futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+                engine.drive(start),
+            ))
+            .await
+            {
+                Ok(finished) => finished,
+                Err(_) => {
+                    tracing::error!(turn = %live.turn_id, "the turn's engine panicked; the turn ends with an error");
+                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink).await
+                }
+            };
             // The lease is released and the live log retired before `turn.done` is
             // published: whoever sees the end of the turn can start the next one at once, and
             // a subscriber arriving after it (with no retention) reads the stored log.

@@ -1090,6 +1090,27 @@ pub async fn a_turn_running_in_one_runtime_is_cancelled_from_another_on_the_same
     remote.cancel().await.unwrap(); // idempotent once finished
 }
 
+/// Scenario.
+pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        assert!(request.last_user_text().as_deref() != Some("explode"), "the model panics on purpose");
+        ScriptedResponse::text("Still here.")
+    }));
+    let runtime = runtime(&harness, Agent::builder("fragile", model).build());
+    let session = session_for(&runtime, "fragile").await;
+    let turn = session.create_turn(TurnRequest::message("explode")).await.unwrap();
+    let events = collect(turn.stream(None)).await;
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    let state = turn.wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. } if message.contains("stopped unexpectedly")),
+        "{state:?}"
+    );
+    assert!(matches!(turn.state().await.unwrap(), TurnState::Error { .. }), "the error state is stored");
+    let next = session.create_turn(TurnRequest::message("hello")).await.unwrap();
+    assert!(matches!(next.wait().await.unwrap(), TurnState::Done { .. }), "the session takes new turns");
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
@@ -1126,7 +1147,8 @@ macro_rules! runner_scenarios {
             a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_in_order,
             unknown_agents_sessions_and_turns_are_not_found,
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
-            answers_to_client_tools_must_match_the_pending_calls_exactly);
+            answers_to_client_tools_must_match_the_pending_calls_exactly,
+            a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

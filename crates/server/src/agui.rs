@@ -66,8 +66,9 @@ async fn thread_session(
     agent: &str,
     thread_id: &str,
 ) -> ApiResult<Session> {
+    let key = (caller.0.subject_id.clone(), thread_id.to_owned());
     let known =
-        state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(thread_id).copied();
+        state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).copied();
     let candidate = known.or_else(|| thread_id.parse::<SessionId>().ok());
     if let Some(id) = candidate
         && let Ok(session) = caller.session(state, &id.to_string()).await
@@ -81,11 +82,7 @@ async fn thread_session(
         return Ok(session);
     }
     let session = state.runtime.create_session_as(caller.0.clone(), agent, Some(thread_id)).await?;
-    state
-        .agui_threads
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(thread_id.to_owned(), session.id());
+    state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, session.id());
     Ok(session)
 }
 
@@ -219,5 +216,7 @@ fn frame(event: AguiEvent, thread: &str, run: &str) -> Frame {
     Frame { id: None, data: serde_json::to_string(&event).unwrap_or_default() }
 }
 
-/// The AG-UI thread ids this server has mapped to sessions.
-pub(crate) type Threads = std::sync::Mutex<HashMap<String, SessionId>>;
+/// The AG-UI thread ids this server has mapped to sessions, by subject and thread id (one
+/// small entry per thread, kept while the server runs; after a restart a `threadId` that is
+/// a session id still continues that session).
+pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String), SessionId>>;

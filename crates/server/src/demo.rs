@@ -34,8 +34,11 @@ const DENIED: &str = "The user denied this tool call";
 /// Errors: a message saying what is wrong (an unexpected character, a missing
 /// parenthesis, a division by zero).
 pub fn calculate(expression: &str) -> Result<f64, String> {
+    if expression.len() > MAX_EXPRESSION {
+        return Err(format!("the expression is longer than {MAX_EXPRESSION} characters"));
+    }
     let tokens: Vec<char> = expression.chars().filter(|c| !c.is_whitespace()).collect();
-    let mut parser = Arithmetic { tokens: &tokens, at: 0 };
+    let mut parser = Arithmetic { tokens: &tokens, at: 0, depth: 0 };
     let value = parser.sum()?;
     if parser.at != tokens.len() {
         return Err(format!("unexpected {:?} in {expression:?}", tokens[parser.at]));
@@ -43,9 +46,15 @@ pub fn calculate(expression: &str) -> Result<f64, String> {
     if value.is_finite() { Ok(value) } else { Err(format!("{expression:?} has no finite value")) }
 }
 
+/// The longest expression the calculator evaluates.
+const MAX_EXPRESSION: usize = 1000;
+/// The deepest nesting of parentheses and signs it follows.
+const MAX_DEPTH: usize = 64;
+
 struct Arithmetic<'a> {
     tokens: &'a [char],
     at: usize,
+    depth: usize,
 }
 
 impl Arithmetic<'_> {
@@ -81,6 +90,16 @@ impl Arithmetic<'_> {
     }
 
     fn factor(&mut self) -> Result<f64, String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(format!("the expression nests deeper than {MAX_DEPTH} levels"));
+        }
+        let value = self.unary();
+        self.depth -= 1;
+        value
+    }
+
+    fn unary(&mut self) -> Result<f64, String> {
         match self.peek() {
             Some('-') => {
                 self.at += 1;
@@ -173,7 +192,9 @@ fn demo_response(request: &ModelRequest) -> ScriptedResponse {
         return ScriptedResponse::text(answer).chunked(6);
     }
     let message = latest_user_text(request);
-    let lower = message.to_lowercase();
+    // ASCII lowercasing keeps every byte where it was, so positions found in `lower` are
+    // positions in `message`.
+    let lower = message.to_ascii_lowercase();
     if let Some(at) = lower.find("calculate ") {
         let expression = message[at + "calculate ".len()..].trim().trim_end_matches(['?', '.', '!']).trim();
         return ScriptedResponse::text("Let me calculate that.")
@@ -366,6 +387,15 @@ mod tests {
     }
 
     #[test]
+    fn rules_match_case_insensitively_without_misplacing_the_expression() {
+        let request = |text: &str| ModelRequest::new(vec![Message::user(text)]);
+        let response = demo_response(&request("ȺȺȺ CALCULATE 2 * 3"));
+        assert_eq!(response.tool_calls[0].arguments, r#"{"expression":"2 * 3"}"#);
+        let echoed = demo_response(&request("ȺȺȺ hello"));
+        assert_eq!(echoed.text.as_deref(), Some("Echo: ȺȺȺ hello"));
+    }
+
+    #[test]
     fn the_demo_spawn_policy_parses() {
         let policy = SpawnPolicy::parse(DEMO_SPAWN_POLICY).unwrap();
         assert_eq!(policy.roles["coordinator"].can_spawn, ["analyst", "auditor"]);
@@ -378,5 +408,8 @@ mod tests {
         assert!(calculate("(1 + 2").unwrap_err().contains("missing `)`"));
         assert!(calculate("two + 2").unwrap_err().contains("unexpected"));
         assert!(calculate("").unwrap_err().contains("ended early"));
+        assert!(calculate(&"(".repeat(500)).unwrap_err().contains("nests deeper"));
+        assert!(calculate(&"-".repeat(900)).unwrap_err().contains("nests deeper"));
+        assert!(calculate(&"1+".repeat(600)).unwrap_err().contains("longer than"));
     }
 }

@@ -35,6 +35,8 @@ use crate::sse::{self, Frame};
 const POLL: Duration = Duration::from_millis(100);
 /// Events read from the store at once.
 const BATCH: usize = 256;
+/// Sessions whose owner a connection remembers (then it starts over).
+const OWNERS_CACHED: usize = 10_000;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new().route("/event", get(session_feed)).route("/global/event", get(global_feed))
@@ -49,16 +51,21 @@ pub(crate) struct FeedHub {
 impl FeedHub {
     /// Starts the poller over `store`, beginning at its current end; it ends when
     /// `stopping` turns true.
-    pub(crate) fn start(store: Arc<dyn Store>, mut stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+    ///
+    /// Errors: the store's, when it cannot say where its feed ends.
+    pub(crate) async fn start(
+        store: Arc<dyn Store>,
+        mut stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Self, agentry_memory::StoreError> {
         let (sender, _) = broadcast::channel(4096);
         let hub_sender = sender.clone();
+        // The start is fixed before any connection can replay, so nothing falls between.
+        let newest = FeedQuery { order: Order::Desc, ..FeedQuery::default() };
+        let mut last = store.feed(&newest, 1).await?.first().map(|event| event.position);
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = stopping.wait_for(|stopping| *stopping).await;
             };
-            let newest = FeedQuery { order: Order::Desc, ..FeedQuery::default() };
-            let mut last =
-                store.feed(&newest, 1).await.ok().and_then(|events| events.first().map(|e| e.position));
             let poll = async {
                 loop {
                     let query = FeedQuery { after: last, ..FeedQuery::default() };
@@ -82,7 +89,7 @@ impl FeedHub {
                 () = stopped => {},
             }
         });
-        Self { sender }
+        Ok(Self { sender })
     }
 }
 
@@ -187,6 +194,9 @@ fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<I
                 let query = FeedQuery { session_id: session, order: Order::Asc, after: last };
                 let events = store.feed(&query, BATCH).await.map_err(|_| ())?;
                 let done = events.len() < BATCH;
+                if yield_frame.is_closed() {
+                    return Err(()); // The client left.
+                }
                 for event in events {
                     last = Some(event.position);
                     if visible(&state, &scope, &mut owners, &event).await
@@ -245,6 +255,9 @@ async fn visible(
                 .get_session(session)
                 .await
                 .is_ok_and(|record| &record.owner.subject_id == owner);
+            if owners.len() >= OWNERS_CACHED {
+                owners.clear();
+            }
             owners.insert(session, mine);
             mine
         }

@@ -23,7 +23,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::harness::JsonBody;
 use crate::harness::Params;
 
-/// The most stored events a listing reads.
+/// The most stored events a listing reads, newest first: instances and missions older than
+/// that window are not listed.
 const SCAN: usize = 20_000;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
@@ -85,7 +86,8 @@ async fn owns_mission(state: &AppState, caller: &Caller, mission_id: &str) -> bo
     caller.session(state, &run.session_id.to_string()).await.is_ok()
 }
 
-/// The rendered agent-team events of the caller's sessions, oldest first.
+/// The rendered agent-team events of the caller's sessions among the newest [`SCAN`]
+/// stored events, oldest first.
 async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTeamEvent>> {
     let store = state.runtime.store();
     let mut owners: HashMap<SessionId, bool> = HashMap::new();
@@ -93,7 +95,7 @@ async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTe
     let mut after = None;
     let mut read = 0;
     while read < SCAN {
-        let batch = store.feed(&FeedQuery { session_id: None, order: Order::Asc, after }, 1000).await?;
+        let batch = store.feed(&FeedQuery { session_id: None, order: Order::Desc, after }, 1000).await?;
         if batch.is_empty() {
             break;
         }
@@ -117,6 +119,7 @@ async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTe
             }
         }
     }
+    out.reverse(); // oldest first: later events update what earlier ones said
     Ok(out)
 }
 
@@ -268,15 +271,29 @@ async fn spawn(
         template: body.template,
         justification: body.justification,
     };
-    let text = state.control.request_spawn(&request);
-    let turn = session
+    let (directive, text) = state.control.request_spawn(&request);
+    let created = session
         .create_turn(agentry_runner::TurnRequest {
             input: vec![agentry_types::TurnInputItem::message(text)],
             created_by: Some(caller.0.clone()),
             ..agentry_runner::TurnRequest::default()
         })
-        .await?;
+        .await;
+    let turn = match created {
+        Ok(turn) => turn,
+        Err(error) => {
+            state.control.forget_spawn(&directive);
+            return Err(error.into());
+        }
+    };
     state.track(&turn);
+    // The request is only good for this turn.
+    let control = state.control.clone();
+    let finished = turn.clone();
+    tokio::spawn(async move {
+        let _ = finished.wait().await;
+        control.forget_spawn(&directive);
+    });
     Ok((
         axum::http::StatusCode::ACCEPTED,
         Json(json!({
@@ -303,7 +320,10 @@ async fn approvals(
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
         loop {
             let waiting = state.approvals.wait_for_pending();
-            let pending = tokio::time::timeout_at(deadline, waiting).await.unwrap_or_default();
+            let pending = tokio::select! {
+                pending = tokio::time::timeout_at(deadline, waiting) => pending.unwrap_or_default(),
+                () = state.stopped() => break,
+            };
             let mut mine = false;
             for spawn in &pending {
                 mine |= owns_mission(&state, &caller, &spawn.mission_id).await;

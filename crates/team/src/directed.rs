@@ -39,15 +39,21 @@ pub struct SpawnRequest {
 }
 
 impl TeamControl {
-    /// Registers an operator's spawn and returns the text of the user message whose turn
-    /// (on the team's session) runs it.
+    /// Registers an operator's spawn; returns its directive id and the text of the user
+    /// message whose turn (on the team's session) runs it. Forget it with
+    /// [`TeamControl::forget_spawn`] when that turn cannot be created or has ended.
     #[must_use]
-    pub fn request_spawn(&self, request: &SpawnRequest) -> String {
+    pub fn request_spawn(&self, request: &SpawnRequest) -> (String, String) {
         let directive = format!("{MARK}{}", EventId::new());
         let text =
             format!("[{directive}] An operator asks to spawn a {} for: {}", request.role, request.task);
-        self.directives().insert(directive, request.clone());
-        text
+        self.directives().insert(directive.clone(), request.clone());
+        (directive, text)
+    }
+
+    /// Forgets an operator's spawn request (its turn was refused, or has ended).
+    pub fn forget_spawn(&self, directive: &str) {
+        self.directives().remove(directive);
     }
 
     fn directives(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SpawnRequest>> {
@@ -85,6 +91,10 @@ impl Model for Directed {
         let Some(at) = request.messages.iter().rposition(|message| message.role == Role::User) else {
             return self.inner.stream(request).await;
         };
+        if request.messages[at].from_history {
+            // A directive counts only in the input of the turn it was made for.
+            return self.inner.stream(request).await;
+        }
         let text = request.messages[at].text();
         let Some(directive) = directive_in(&text).map(str::to_owned) else {
             return self.inner.stream(request).await;

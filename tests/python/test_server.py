@@ -230,6 +230,10 @@ class Lifecycle(unittest.TestCase):
         run(session, message("calculate 6 * 7"))
         listed = [s.id for s in alice.list_sessions(agent_name="demo", limit=100)]
         self.assertIn(session.id, listed)
+        newest_first = [s.id for s in alice.list_sessions(agent_name="demo", limit=3)]
+        oldest_first = [s.id for s in alice.list_sessions(agent_name="demo", limit=3, order="asc")]
+        self.assertEqual(newest_first, list(reversed(oldest_first)), "the pager walks every page either way")
+        self.assertEqual(newest_first[0], session.id)
         turns = list(session.list_turns(limit=1))
         self.assertEqual(len(turns), 2, "the pager walks every page")
         self.assertEqual(turns[0].previous_turn_id, turns[1].id, "newest first, chained")

@@ -146,9 +146,13 @@ impl SessionStore for InMemoryStore {
             None => None,
         };
         let state = self.state();
-        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match after {
-            Some(after) => Box::new(state.session_index.range(..after).rev()),
-            None => Box::new(state.session_index.iter().rev()),
+        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match (after, query.oldest_first) {
+            (Some(after), false) => Box::new(state.session_index.range(..after).rev()),
+            (None, false) => Box::new(state.session_index.iter().rev()),
+            (Some(after), true) => Box::new(
+                state.session_index.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            ),
+            (None, true) => Box::new(state.session_index.iter()),
         };
         let items: Vec<SessionRecord> = keys
             .filter_map(|(_, id)| state.sessions.get(id))

@@ -45,6 +45,8 @@ pub struct SessionQuery {
     pub created_from: Option<Timestamp>,
     /// Sessions created at or before this time.
     pub created_until: Option<Timestamp>,
+    /// List oldest first instead of newest first.
+    pub oldest_first: bool,
 }
 
 impl SessionQuery {

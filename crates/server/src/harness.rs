@@ -175,14 +175,9 @@ async fn list_sessions(State(state): AppStateRef, caller: Caller, params: Params
         return Err(ApiError::not_found("agent", &agent_name));
     }
     let limit = params.limit(10, 100)?;
-    if params.order(Order::Desc)? == Order::Asc {
-        return Err(ApiError::bad_param(
-            "order",
-            "sessions are listed newest first: only order=desc is supported",
-        ));
-    }
     let mut filter = caller.sessions();
     filter.name = Some(agent_name);
+    filter.oldest_first = params.order(Order::Desc)? == Order::Asc;
     filter.created_from = params.timestamp("start_timestamp")?;
     filter.created_until = params.timestamp("end_timestamp")?;
     let page = PageRequest { token: params.text("page_token").map(str::to_owned), limit };

@@ -289,12 +289,17 @@ impl SessionStore for RedbStore {
         self.read(move |transaction| {
             let index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
-            let range = match after {
-                Some(after) => index.range(..after).map_err(redb_error)?,
-                None => index.range::<(i64, u128)>(..).map_err(redb_error)?,
+            let range = match (after, query.oldest_first) {
+                (Some(after), false) => index.range(..after).map_err(redb_error)?,
+                (Some(after), true) => index
+                    .range::<(i64, u128)>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                    .map_err(redb_error)?,
+                (None, _) => index.range::<(i64, u128)>(..).map_err(redb_error)?,
             };
+            let entries: Box<dyn Iterator<Item = _>> =
+                if query.oldest_first { Box::new(range) } else { Box::new(range.rev()) };
             let mut items = Vec::new();
-            for entry in range.rev() {
+            for entry in entries {
                 let (key, _) = entry.map_err(redb_error)?;
                 let (_, id) = key.value();
                 let Some(session) = get_json::<SessionRecord, u128>(&sessions, id, "session")? else {

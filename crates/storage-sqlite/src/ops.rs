@@ -164,10 +164,13 @@ impl SessionStore for SqliteStore {
             let (micros, id) = after.unwrap_or((i64::MAX, String::new()));
             let unbounded = id.is_empty();
             let mut statement = connection
-                .prepare_cached(
+                .prepare_cached(if query.oldest_first {
+                    "SELECT body FROM sessions WHERE ?3 OR (created_us, id) > (?1, ?2)
+                     ORDER BY created_us ASC, id ASC"
+                } else {
                     "SELECT body FROM sessions WHERE ?3 OR (created_us, id) < (?1, ?2)
-                     ORDER BY created_us DESC, id DESC",
-                )
+                     ORDER BY created_us DESC, id DESC"
+                })
                 .map_err(sqlite)?;
             let mut rows = statement.query(params![micros, id, unbounded]).map_err(sqlite)?;
             let mut items = Vec::new();

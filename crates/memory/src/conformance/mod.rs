@@ -72,6 +72,7 @@ macro_rules! conformance_tests {
             session_update_merges_metadata_and_state_and_null_removes_keys,
             session_delete_removes_its_runs_events_messages_journal_and_lease,
             sessions_list_newest_first_across_pages,
+            sessions_list_oldest_first_across_pages,
             sessions_list_filters_by_type_name_owner_user_and_creation_time,
             sessions_list_refuses_a_garbage_or_foreign_page_token,
             run_put_and_get_round_trips,
@@ -316,6 +317,35 @@ pub async fn sessions_list_newest_first_across_pages(store: Arc<dyn Store>) {
         }
     }
     created.reverse();
+    assert_eq!(listed, created);
+}
+
+/// Sessions list oldest first when asked; pages chain through tokens without gaps or
+/// repeats, and filters still apply.
+pub async fn sessions_list_oldest_first_across_pages(store: Arc<dyn Store>) {
+    let mut created = Vec::new();
+    for index in 0..7 {
+        let mut session = session_named(if index == 3 { "other" } else { "agent" });
+        session.created_at = at(index);
+        session.updated_at = at(index);
+        store.create_session(&session).await.unwrap();
+        if index != 3 {
+            created.push(session.id);
+        }
+    }
+    let query =
+        SessionQuery { name: Some("agent".to_owned()), oldest_first: true, ..SessionQuery::default() };
+    let mut listed = Vec::new();
+    let mut page = PageRequest::first(2);
+    loop {
+        let result = store.list_sessions(&query, &page).await.unwrap();
+        assert!(result.items.len() <= 2);
+        listed.extend(result.items.iter().map(|session| session.id));
+        match result.next_token {
+            Some(token) => page = PageRequest::after(token, 2),
+            None => break,
+        }
+    }
     assert_eq!(listed, created);
 }
 

@@ -1,0 +1,178 @@
+//! The server in process: configuration errors, the redb backend over real HTTP, and the
+//! loopback rule without API keys. (The HTTP API itself is driven with the SDK client in
+//! `tests/python/test_server.py`.)
+
+// Test helpers stop the test loudly on any failure.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentry_server::{Backend, Config, ConfigError, Server};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// One HTTP/1.1 request on its own connection; returns the status and the body (for SSE,
+/// the `data:` payloads up to `turn.done`).
+async fn request(address: SocketAddr, method: &str, path: &str, body: &Value) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.unwrap();
+    let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut event_stream = false;
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        if line.to_ascii_lowercase().starts_with("content-type: text/event-stream") {
+            event_stream = true;
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut text = String::new();
+    if event_stream {
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).await.unwrap() == 0 {
+                break;
+            }
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                text.push_str(data);
+                text.push('\n');
+                if data.contains(r#""type":"turn.done""#) {
+                    break;
+                }
+            }
+        }
+    } else {
+        reader.read_to_string(&mut text).await.unwrap();
+    }
+    (status, text)
+}
+
+async fn serve(
+    config: Config,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let server = Server::start(config).await.unwrap();
+    let address = server.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    (address, stop, serving)
+}
+
+#[test]
+fn configuration_errors_name_the_problem() {
+    let unknown = Config::parse("listen = \"127.0.0.1:1\"\nlisten_port = 3\n", None).unwrap_err();
+    assert!(matches!(&unknown, ConfigError::Parse { .. }), "{unknown}");
+    assert!(unknown.to_string().contains("listen_port"), "{unknown}");
+    let durability = Config::parse("[storage]\ndurability = \"sometimes\"\n", None).unwrap_err();
+    assert!(durability.to_string().contains("sometimes"), "{durability}");
+    let key = Config::parse("[[keys]]\nsubject = \"alice\"\n", None).unwrap();
+    let error = key.api_keys().unwrap_err();
+    assert!(error.to_string().contains("exactly one of `key` and `key_env`"), "{error}");
+    let unset =
+        Config::parse("[[keys]]\nkey_env = \"AGENTRY_TEST_SURELY_UNSET\"\nsubject = \"a\"\n", None).unwrap();
+    assert!(unset.api_keys().unwrap_err().to_string().contains("AGENTRY_TEST_SURELY_UNSET"));
+    let parsed = Config::parse("[storage]\nbackend = \"redb\"\npath = \"x.redb\"\n", None).unwrap();
+    assert_eq!(parsed.storage.backend, Backend::Redb);
+    assert!(parsed.demo_agents, "the demo agents are on unless switched off");
+}
+
+#[tokio::test]
+async fn an_unknown_member_or_provider_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::parse(
+        "listen = \"127.0.0.1:0\"\n[[teams]]\nname = \"crew\"\nmodel = \"demo\"\nmembers = [\"ghost\"]\n",
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config).await.unwrap_err();
+    assert!(error.to_string().contains("member \"ghost\" is not a configured agent"), "{error}");
+    let mut config =
+        Config::parse("listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"a\"\nmodel = \"nowhere\"\n", None)
+            .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config).await.unwrap_err();
+    assert!(error.to_string().contains("neither `demo` nor a configured provider"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redb_backend_serves_turns_and_keeps_them_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.redb");
+    let config = || {
+        let mut config =
+            Config::parse("listen = \"127.0.0.1:0\"\n[storage]\nbackend = \"redb\"\n", None).unwrap();
+        config.storage.path = path.clone();
+        config
+    };
+    let (address, stop, serving) = serve(config()).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session: Value = serde_json::from_str(&body).unwrap();
+    let id = session["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": "calculate 6 * 7"}], "stream": true});
+    let (status, events) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
+    assert_eq!(status, 200);
+    assert!(events.contains(r#""content":"The result is 42.""#), "{events}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+
+    // A second server on the same file sees the session and its turn.
+    let (address, stop, serving) = serve(config()).await;
+    let (status, body) =
+        request(address, "GET", &format!("/v1/agents/sessions/{id}/turns"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let turns: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(turns["data"][0]["state"]["status"], "done");
+    assert_eq!(turns["data"][0]["state"]["output"]["content"], "The result is 42.");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn without_keys_only_loopback_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::parse("listen = \"0.0.0.0:0\"\n", None).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let server = Server::start(config).await.unwrap();
+    assert!(server.local_addr().ip().is_loopback(), "{}", server.local_addr());
+}
+
+#[tokio::test]
+async fn a_key_is_required_when_keys_are_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        Config::parse("listen = \"127.0.0.1:0\"\n[[keys]]\nkey = \"k-123\"\nsubject = \"alice\"\n", None)
+            .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 401);
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(error["error"]["message"].as_str().unwrap().contains("missing API key"));
+    let (status, _) = request(address, "GET", "/healthz", &json!({})).await;
+    assert_eq!(status, 200, "health needs no key");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}

@@ -57,6 +57,34 @@ async fn client(address: std::net::SocketAddr, turns: usize) -> Result<Vec<Durat
     Ok(firsts)
 }
 
+/// Resident memory added by `count` idle connections to a listener that accepts and holds
+/// them, each client reading its first line like a feed subscriber.
+async fn idle_connections(count: usize) -> Result<u64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while held.len() < count {
+            let Ok((mut socket, _)) = listener.accept().await else { break };
+            let _ =
+                tokio::io::AsyncWriteExt::write_all(&mut socket, b"HTTP/1.1 200 OK\r\n\r\ndata: x\n\n").await;
+            held.push(socket);
+        }
+        held
+    });
+    let before = rss()?;
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut response = http::send(address, "GET", "/", None).await?;
+        response.next_data().await?.context("no first line")?;
+        clients.push(response);
+    }
+    let held = holding.await?;
+    let after = rss()?;
+    drop((clients, held));
+    Ok(after.saturating_sub(before))
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -107,11 +135,19 @@ async fn main() -> Result<()> {
         subscribers.push(response);
     }
     let after = rss()?;
+    // The same number of idle connections, read the same way, to a listener that only
+    // holds them: what the client side and the sockets cost, to subtract.
+    let baseline = idle_connections(idle).await?;
     #[allow(clippy::cast_precision_loss)]
     let per_subscriber = after.saturating_sub(before) as f64 / idle as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let per_connection = baseline as f64 / idle as f64;
     println!(
-        "{idle} idle /global/event subscribers: {:.1} KiB resident per subscriber (server and client sides of the connection in one process)",
-        per_subscriber / 1024.0
+        "{idle} idle /global/event subscribers: {:.1} KiB resident each with the client side, \
+         {:.1} KiB for a bare held connection with the same client: {:.1} KiB for the server's subscriber",
+        per_subscriber / 1024.0,
+        per_connection / 1024.0,
+        (per_subscriber - per_connection) / 1024.0
     );
     drop(subscribers);
     let _ = stop.send(());

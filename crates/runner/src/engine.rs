@@ -125,6 +125,8 @@ pub(crate) struct TurnSink {
     pub(crate) turn_id: TurnId,
     fence: Fence,
     state: Mutex<SinkState>,
+    /// Told after every durable event stored (for store-wide feeds).
+    appended: Arc<tokio::sync::Notify>,
 }
 
 struct SinkState {
@@ -139,9 +141,10 @@ impl TurnSink {
         fence: Fence,
         emitter: TurnEmitter,
         high_water: u64,
+        appended: Arc<tokio::sync::Notify>,
     ) -> Self {
         let turn_id = live.turn_id;
-        Self { store, live, turn_id, fence, state: Mutex::new(SinkState { emitter, high_water }) }
+        Self { store, live, turn_id, fence, state: Mutex::new(SinkState { emitter, high_water }), appended }
     }
 
     /// Raises the durable high-water mark before numbers above it are handed out.
@@ -156,6 +159,7 @@ impl TurnSink {
 
     async fn publish_durable(&self, event: EventEnvelope) -> Result<Arc<EventEnvelope>, Stop> {
         self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
+        self.appended.notify_waiters();
         let event = Arc::new(event);
         self.live.push(event.clone());
         Ok(event)
@@ -196,6 +200,7 @@ impl TurnSink {
         let mut state = self.state.lock().await;
         let event = state.emitter.emit(thread_id, payload);
         self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
+        self.appended.notify_waiters();
         Ok(Arc::new(event))
     }
 

@@ -90,6 +90,8 @@ struct RuntimeInner {
     owner: String,
     /// Whether the task renewing the leases of this runtime's running turns was started.
     keeper_started: AtomicBool,
+    /// Told after every durable event this runtime's turns store.
+    appended: Arc<tokio::sync::Notify>,
 }
 
 /// Which turn a new turn chains on.
@@ -145,6 +147,7 @@ impl Runtime {
                 options,
                 owner: format!("runtime-{}", EventId::new()),
                 keeper_started: AtomicBool::new(false),
+                appended: Arc::new(tokio::sync::Notify::new()),
             }),
         }
     }
@@ -153,6 +156,14 @@ impl Runtime {
     #[must_use]
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// Told (`notify_waiters`) after every durable event this runtime's turns store, so a
+    /// store-wide feed can read the new events at once instead of polling. Events stored by
+    /// other processes sharing the store are not signalled: poll for those as well.
+    #[must_use]
+    pub fn events_appended(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.appended.clone()
     }
 
     /// Registers an agent under its name, replacing one of the same name. Turns already
@@ -341,7 +352,14 @@ impl Runtime {
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
         let store = self.inner.store.clone();
         let fence = lease.fence();
-        let sink = Arc::new(TurnSink::new(store.clone(), live.clone(), fence, emitter, high_water));
+        let sink = Arc::new(TurnSink::new(
+            store.clone(),
+            live.clone(),
+            fence,
+            emitter,
+            high_water,
+            self.inner.appended.clone(),
+        ));
         let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
         let (panic_sink, panic_run) = (sink.clone(), run.clone());
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);

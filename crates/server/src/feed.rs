@@ -5,7 +5,8 @@
 //! `id` is the event's store-wide position: reconnecting with `Last-Event-ID` (or
 //! `?after=<position>`) resumes with the next event, without gaps or repeats.
 //!
-//! One poller per server reads the store's feed and broadcasts new events; each
+//! One poller per server reads the store's feed (woken by this server's appends, and
+//! every 500 ms for other processes sharing the store) and broadcasts new events; each
 //! connection replays from the store up to the live edge, then follows the broadcast (and
 //! replays again from the store if it falls behind).
 
@@ -31,8 +32,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::harness::Params;
 use crate::sse::{self, Frame};
 
-/// How often the poller looks for new events when it is caught up.
-const POLL: Duration = Duration::from_millis(100);
+/// How often the poller looks for events other processes stored, when it is caught up
+/// (this server's own appends wake it at once).
+const POLL: Duration = Duration::from_millis(500);
 /// Events read from the store at once.
 const BATCH: usize = 256;
 /// Sessions whose owner a connection remembers (then it starts over).
@@ -55,6 +57,7 @@ impl FeedHub {
     /// Errors: the store's, when it cannot say where its feed ends.
     pub(crate) async fn start(
         store: Arc<dyn Store>,
+        appended: Arc<tokio::sync::Notify>,
         mut stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Self, agentry_memory::StoreError> {
         let (sender, _) = broadcast::channel(4096);
@@ -68,6 +71,10 @@ impl FeedHub {
             };
             let poll = async {
                 loop {
+                    // Armed before reading, so an append during the read is not missed.
+                    let notified = appended.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
                     let query = FeedQuery { after: last, ..FeedQuery::default() };
                     match store.feed(&query, BATCH).await {
                         Ok(events) if !events.is_empty() => {
@@ -81,7 +88,12 @@ impl FeedHub {
                         Ok(_) => {}
                         Err(error) => tracing::warn!(%error, "reading the event feed failed"),
                     }
-                    tokio::time::sleep(POLL).await;
+                    // This server's turns signal their appends; other processes sharing
+                    // the store are polled for.
+                    tokio::select! {
+                        () = &mut notified => {},
+                        () = tokio::time::sleep(POLL) => {},
+                    }
                 }
             };
             tokio::select! {

@@ -190,12 +190,11 @@ impl Server {
             .await
             .map_err(|error| ServerError::Bind { address, message: error.to_string() })?;
         let (stop, stopping) = watch::channel(false);
-        let feed =
-            feed::FeedHub::start(runtime.store().clone(), stopping.clone()).await.map_err(|error| {
-                ServerError::Store {
-                    path: config.storage.path.display().to_string(),
-                    message: error.to_string(),
-                }
+        let feed = feed::FeedHub::start(runtime.store().clone(), runtime.events_appended(), stopping.clone())
+            .await
+            .map_err(|error| ServerError::Store {
+                path: config.storage.path.display().to_string(),
+                message: error.to_string(),
             })?;
         let state = Arc::new(AppState {
             feed,

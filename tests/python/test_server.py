@@ -373,6 +373,10 @@ lease_ttl_secs = 2
             )
         first, url, log = start_server(workdir, config)
         try:
+            with httpx.Client(base_url=url, timeout=60) as h:
+                asked = agui_run(h, {"threadId": "restart-thread", "runId": "r1", "messages": [
+                    {"id": "m1", "role": "user", "content": "ask me"}]})
+            interrupt = asked[-1].outcome.interrupts[0]
             alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
             session = alice.create_session(agent_name="demo")
             prepared = session.prepare_turn(input=message("slow, then crash"))
@@ -403,6 +407,12 @@ lease_ttl_secs = 2
             # The session takes new turns again.
             events, _ = run(session, message("back"))
             self.assertEqual(merged_text(events), "Echo: back")
+            # An AG-UI thread continues after the restart: its interrupt is answered.
+            with httpx.Client(base_url=url, timeout=60) as h:
+                resumed = agui_run(h, {"threadId": "restart-thread", "runId": "r2", "messages": [], "resume": [
+                    {"interruptId": interrupt.id, "status": "resolved", "payload": "blue"}]})
+            text = "".join(e.delta for e in resumed if kind(e) == "TEXT_MESSAGE_CONTENT")
+            self.assertEqual(text, "You chose blue.")
         finally:
             second.send_signal(signal.SIGTERM)
             self.assertEqual(second.wait(timeout=30), 0)
@@ -443,6 +453,9 @@ class Terminal:
     def type(self, line):
         os.write(self.fd, (line + "\n").encode())
 
+    def interrupt(self):
+        os.write(self.fd, b"\x03")  # Ctrl-C: the terminal sends SIGINT
+
     def close(self):
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
@@ -469,6 +482,8 @@ class Chat(unittest.TestCase):
         self.assertIn("Email sent.", shown)
         terminal.type("send another email")
         terminal.expect("[y/n] ")
+        terminal.type("maybe")
+        terminal.expect("[y/n] ")  # asked again
         terminal.type("n")
         terminal.expect("Reason (optional): ")
         terminal.type("too many emails")
@@ -479,6 +494,15 @@ class Chat(unittest.TestCase):
         self.assertIn("2. green", asked)
         terminal.type("2")
         self.assertIn("You chose green.", terminal.expect("you> "))
+        # Ctrl-C while the agent streams cancels the turn; the chat goes on.
+        terminal.type("slow please")
+        terminal.expect("agent> ")
+        terminal.interrupt()
+        shown = terminal.expect("you> ")
+        self.assertIn("(cancelling…)", shown)
+        self.assertIn("(turn cancelled: client-cancelled)", shown)
+        terminal.type("still there?")
+        self.assertIn("Echo: still there?", terminal.expect("you> "))
         terminal.type("/quit")
         self.assertEqual(terminal.close(), 0)
 
@@ -655,7 +679,11 @@ class Feeds(unittest.TestCase):
             instances = h.get("/v1/agent-team/instances", params={"status": "completed"}).json()["data"]
             self.assertIn(started["instanceID"], [i["instanceID"] for i in instances])
             missions = h.get("/v1/agent-team/missions").json()["data"]
-            self.assertIn(started["missionID"], [m["missionID"] for m in missions])
+            mission = next(m for m in missions if m["missionID"] == started["missionID"])
+            self.assertEqual(mission["status"], "completed", "the mission ended with its turn")
+            self.assertEqual(mission["instances"], 1)
+            self.assertIsInstance(mission["tokensUsed"], int)
+            self.assertGreater(mission["tokensUsed"], 0)
             templates = h.get("/v1/agent-team/templates").json()["data"]
             self.assertIn(("demo-team", "analyst"), [(t["team"], t["role"]) for t in templates])
 
@@ -713,6 +741,18 @@ class Feeds(unittest.TestCase):
             agent_session = alice.create_session(agent_name="demo")
             wrong = h.post("/v1/agent-team/spawn", json={"session_id": agent_session.id, "role": "analyst", "task": "x"})
             self.assertEqual(wrong.status_code, 400)
+
+
+def kind(event):
+    return event.type.value if hasattr(event.type, "value") else event.type
+
+
+def agui_run(h, body):
+    """Runs an AG-UI request; returns the parsed events."""
+    adapter = pydantic.TypeAdapter(AgUiEvent)
+    with h.stream("POST", "/agui/demo", json=body) as response:
+        assert response.status_code == 200, response.read()
+        return [adapter.validate_json(line[5:].strip()) for line in response.iter_lines() if line.startswith("data:")]
 
 
 class AgUi(unittest.TestCase):

@@ -23,11 +23,27 @@ impl Terminal {
         Self { lines: BufReader::new(tokio::io::stdin()).lines() }
     }
 
-    /// Prints `prompt` and reads one line; `None` at end of input.
+    /// Prints `prompt` and reads one line; `None` at end of input or on Ctrl-C.
     async fn ask(&mut self, prompt: &str) -> Result<Option<String>> {
         print!("{prompt}");
         std::io::stdout().flush()?;
-        Ok(self.lines.next_line().await?.map(|line| line.trim().to_owned()))
+        tokio::select! {
+            line = self.lines.next_line() => Ok(line?.map(|line| line.trim().to_owned())),
+            _ = tokio::signal::ctrl_c() => {
+                println!();
+                Ok(None)
+            }
+        }
+    }
+
+    /// Asks until the answer is one `accept` takes; `None` at end of input.
+    async fn ask_until<T>(&mut self, prompt: &str, accept: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
+        loop {
+            let Some(line) = self.ask(prompt).await? else { return Ok(None) };
+            if let Some(answer) = accept(&line) {
+                return Ok(Some(answer));
+            }
+        }
     }
 }
 
@@ -139,8 +155,19 @@ async fn run_turn(
     let mut turn_id: Option<String> = None;
     let mut last_id: Option<String> = None;
     let mut resumes = 0;
+    let mut cancelled = false;
     loop {
-        let Some(event) = events.next().await else {
+        let next = tokio::select! {
+            next = events.next() => next,
+            _ = tokio::signal::ctrl_c(), if !cancelled => {
+                // Ctrl-C while the agent works cancels the turn; its stream ends with turn.done.
+                cancelled = true;
+                screen.line(&mut out, "(cancelling…)")?;
+                api.post(&format!("/v1/agents/sessions/{session}/cancel"), &json!({})).await?;
+                continue;
+            }
+        };
+        let Some(event) = next else {
             // The stream ended without `turn.done`: resume it.
             let Some(turn) = &turn_id else { bail!("the server closed the stream before the turn started") };
             resumes += 1;
@@ -250,11 +277,16 @@ async fn answer(
     for (thread, id) in &pending.approvals {
         let call =
             calls.get(id).cloned().unwrap_or(Call { name: "a tool".to_owned(), arguments: String::new() });
-        let Some(reply) = terminal.ask(&format!("Allow {}({})? [y/n] ", call.name, call.arguments)).await?
-        else {
+        let yes_or_no = |reply: &str| match reply.to_ascii_lowercase().as_str() {
+            "y" | "yes" => Some(true),
+            "n" | "no" => Some(false),
+            _ => None,
+        };
+        let prompt = format!("Allow {}({})? [y/n] ", call.name, call.arguments);
+        let Some(allowed) = terminal.ask_until(&prompt, yes_or_no).await? else {
             return Ok(Vec::new());
         };
-        if reply.eq_ignore_ascii_case("y") || reply.eq_ignore_ascii_case("yes") {
+        if allowed {
             input.push(json!({"type": "user.tool_approval", "thread_id": thread, "tool_call_id": id,
                 "approval": {"status": "allow"}}));
         } else {
@@ -277,12 +309,15 @@ async fn answer(
         for (number, option) in options.iter().enumerate() {
             println!("  {}. {option}", number + 1);
         }
-        let Some(reply) = terminal.ask("answer> ").await? else { return Ok(Vec::new()) };
-        let answer = reply
-            .parse::<usize>()
-            .ok()
-            .and_then(|number| options.get(number.wrapping_sub(1)))
-            .map_or(reply.clone(), |option| (*option).to_owned());
+        // A number picks an option; any other text is the answer itself.
+        let pick = |reply: &str| match reply.parse::<usize>() {
+            Ok(number) if !options.is_empty() => {
+                options.get(number.wrapping_sub(1)).map(|option| (*option).to_owned())
+            }
+            _ if reply.is_empty() => None,
+            _ => Some(reply.to_owned()),
+        };
+        let Some(answer) = terminal.ask_until("answer> ", pick).await? else { return Ok(Vec::new()) };
         input.push(
             json!({"type": "user.tool_response", "thread_id": thread, "tool_call_id": id, "content": answer}),
         );

@@ -44,6 +44,11 @@ impl Api {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or_default();
         let message = body["error"]["message"].as_str().unwrap_or("no error message").to_owned();
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            return anyhow!(
+                "the server answered {status}: {message} (pass --api-key or set AGENTRY_API_KEY)"
+            );
+        }
         anyhow!("the server answered {status}: {message}")
     }
 

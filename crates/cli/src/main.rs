@@ -214,11 +214,12 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
                 }
             }
             attempts += 1;
-            match broke {
-                Some(error) if attempts < 5 => eprintln!("reconnecting after: {error}"),
-                Some(error) => return Err(error),
-                None => return Ok(()),
+            // A stream that ends before `turn.done` (the server stopped) is resumed too.
+            let error = broke.unwrap_or_else(|| anyhow::anyhow!("the stream ended before turn.done"));
+            if attempts >= 5 {
+                return Err(error.context("the turn's stream kept breaking"));
             }
+            eprintln!("reconnecting after: {error}");
         }
     }
     let mut token: Option<String> = None;
@@ -228,7 +229,15 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
         if let Some(token) = &token {
             path.push_str(&format!("&page_token={}", encode(token)));
         }
-        let page = api.get(&path).await?;
+        let page = api.get(&path).await.map_err(|error| {
+            if error.to_string().contains("412") {
+                error.context(format!(
+                    "turn {turn} is still running: follow it with `agentry events {turn} --follow`"
+                ))
+            } else {
+                error
+            }
+        })?;
         for event in page["data"].as_array().into_iter().flatten() {
             writeln!(out, "{event}")?;
         }
@@ -245,6 +254,7 @@ async fn serve(
     store: Option<PathBuf>,
 ) -> Result<()> {
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

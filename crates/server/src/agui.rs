@@ -4,7 +4,8 @@
 //! for approvals or answers). A `resume` list answers those interrupts on the next run.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
-//! the agent (a `threadId` that is the id of one of the caller's sessions continues it).
+//! the agent titled with the thread id; later runs (also after a restart) continue the
+//! caller's session of that agent with that title, or the session whose id the `threadId` is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -81,9 +82,48 @@ async fn thread_session(
         }
         return Ok(session);
     }
+    // Not seen since this server started: a session of this agent titled with the thread id
+    // (how the first run of a thread names it) continues the thread.
+    if let Some(session) = titled_session(state, caller, agent, thread_id).await? {
+        state
+            .agui_threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, session.id());
+        return Ok(session);
+    }
     let session = state.runtime.create_session_as(caller.0.clone(), agent, Some(thread_id)).await?;
     state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, session.id());
     Ok(session)
+}
+
+/// How many of the caller's newest sessions of an agent are searched for a thread's title.
+const THREAD_SEARCH: usize = 1000;
+
+/// The caller's newest session of `agent` titled `thread_id`, among the newest
+/// [`THREAD_SEARCH`].
+async fn titled_session(
+    state: &AppState,
+    caller: &Caller,
+    agent: &str,
+    thread_id: &str,
+) -> ApiResult<Option<Session>> {
+    let mut query = caller.sessions();
+    query.name = Some(agent.to_owned());
+    let mut page = PageRequest::first(100);
+    let mut searched = 0;
+    while searched < THREAD_SEARCH {
+        let sessions = state.runtime.list_sessions(&query, &page).await?;
+        searched += sessions.items.len();
+        if let Some(found) = sessions.items.iter().find(|record| record.title.as_deref() == Some(thread_id)) {
+            return Ok(Some(state.runtime.get_session(found.id).await?));
+        }
+        match sessions.next_token {
+            Some(token) => page = PageRequest::after(token, 100),
+            None => break,
+        }
+    }
+    Ok(None)
 }
 
 /// The text of a message's `content` (a string, or text parts).

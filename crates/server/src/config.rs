@@ -37,7 +37,18 @@
 //! model = "openai"
 //! members = ["helper"]
 //! spawn_policy = "spawn-policy.toml"
+//!
+//! [limits]
+//! body_bytes = 8388608             # the largest request body (413 above it)
+//! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
+//! shutdown_grace_secs = 10         # how long SIGTERM waits for running turns
+//!
+//! [runtime]
+//! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
+//! live_retention_secs = 60         # finished turns' live logs (with deltas) kept this long
 //! ```
+//!
+//! Every section and key is optional; unknown keys are errors.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -103,7 +103,10 @@ impl IntoResponse for ApiError {
 impl From<RunnerError> for ApiError {
     fn from(error: RunnerError) -> Self {
         match error {
-            RunnerError::NotFound { kind, id } => Self::not_found(kind, &id),
+            // The store calls turns runs; the API calls them turns.
+            RunnerError::NotFound { kind, id } => {
+                Self::not_found(if kind == "run" { "turn" } else { kind }, &id)
+            }
             RunnerError::TurnRunning { .. } => Self::precondition("turn_running", error.to_string()),
             RunnerError::SessionCancelled { .. } => {
                 Self::precondition("session_cancelled", error.to_string())

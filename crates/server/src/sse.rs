@@ -1,5 +1,6 @@
 //! Server-Sent Events responses: `id:` on every numbered frame, keep-alive comments,
-//! `Cache-Control: no-cache`, `X-Accel-Buffering: no`, never compressed, and ended when
+//! `Cache-Control: no-cache`, `X-Accel-Buffering: no`, never compressed (no compression
+//! layer exists; `X-Accel-Buffering` also keeps proxies from buffering), and ended when
 //! the server stops (clients reconnect with their cursor).
 
 use std::convert::Infallible;
@@ -40,6 +41,5 @@ pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> +
     let headers = response.headers_mut();
     headers.insert(axum::http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    headers.insert(axum::http::header::CONTENT_ENCODING, HeaderValue::from_static("identity"));
     response
 }

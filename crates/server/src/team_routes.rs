@@ -228,10 +228,29 @@ async fn missions(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResu
     }
     for ((mission, _), latest) in usage {
         let Some(entry) = missions.get_mut(&mission) else { continue };
-        for field in ["tokensUsed", "stepsUsed", "toolCallsUsed", "costUsedUsd"] {
-            let add = latest.get(field).and_then(Value::as_f64).unwrap_or(0.0);
-            let total = entry.get(field).and_then(Value::as_f64).unwrap_or(0.0) + add;
+        for field in ["tokensUsed", "stepsUsed", "toolCallsUsed"] {
+            let add = latest.get(field).and_then(Value::as_u64).unwrap_or(0);
+            let total = entry.get(field).and_then(Value::as_u64).unwrap_or(0) + add;
             entry.insert(field.to_owned(), json!(total));
+        }
+        let add = latest.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0);
+        let total = entry.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0) + add;
+        entry.insert("costUsedUsd".to_owned(), json!(total));
+    }
+    // A mission is its turn: it runs while the turn runs, then ends as the turn did.
+    for (mission, entry) in &mut missions {
+        if entry.get("status").and_then(Value::as_str) != Some("active") {
+            continue;
+        }
+        let Some(turn) = mission_turn(mission) else { continue };
+        if let Ok(run) = state.runtime.store().get_run(turn).await {
+            let status = match run.state {
+                agentry_types::TurnState::Running => "active",
+                agentry_types::TurnState::Done { .. } => "completed",
+                agentry_types::TurnState::Cancelled { .. } => "cancelled",
+                agentry_types::TurnState::Error { .. } => "failed",
+            };
+            entry.insert("status".to_owned(), json!(status));
         }
     }
     let data: Vec<Value> = missions.into_values().map(Value::Object).collect();

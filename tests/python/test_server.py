@@ -755,6 +755,45 @@ def agui_run(h, body):
         return [adapter.validate_json(line[5:].strip()) for line in response.iter_lines() if line.startswith("data:")]
 
 
+class Cancel(unittest.TestCase):
+    def test_an_instance_and_a_mission_are_cancelled_through_the_api(self):
+        session = client().create_session(agent_name="demo-team")
+        with http() as h:
+            for scope in ("instance", "mission"):
+                body = {"session_id": session.id, "role": "analyst", "task": f"slow {scope} work", "justification": "ops"}
+                spawned = h.post("/v1/agent-team/spawn", json=body).json()
+                turn, mission = spawned["turnID"], spawned["missionID"]
+                # Wait on the session feed for the instance to start.
+                frames = feed_frames(
+                    h,
+                    f"/event?session_id={session.id}&after=0",
+                    until=lambda f: f["type"] == "agent_team.instance.started" and f["properties"]["missionID"] == mission,
+                )
+                instance = frames[-1][1]["properties"]["instanceID"]
+                running = h.get("/v1/agent-team/instances", params={"status": "running", "mission_id": mission}).json()
+                self.assertEqual([i["instanceID"] for i in running["data"]], [instance])
+                with http(BOB) as other:
+                    self.assertEqual(other.post(f"/v1/agent-team/instances/{instance}/cancel").status_code, 404)
+                    self.assertEqual(other.post(f"/v1/agent-team/missions/{mission}/cancel").status_code, 404)
+                if scope == "instance":
+                    cancelled = h.post(f"/v1/agent-team/instances/{instance}/cancel")
+                    self.assertEqual(cancelled.status_code, 200, cancelled.text)
+                else:
+                    cancelled = h.post(f"/v1/agent-team/missions/{mission}/cancel")
+                    self.assertEqual(cancelled.json()["cancelledInstances"], 1)
+                events = [item.event for item in session.get_turn(turn).stream(after_sequence_number=0)]
+                self.assertIsInstance(events[-1], TurnDoneEvent)
+                done = [e for e in events if isinstance(e, ThreadDoneEvent)]
+                self.assertEqual(len(done), 1)
+                frames = feed_frames(
+                    h,
+                    f"/event?session_id={session.id}&after=0",
+                    until=lambda f: f["type"] == "agent_team.instance.cancelled" and f["properties"]["instanceID"] == instance,
+                )
+                self.assertEqual(frames[-1][1]["properties"]["instanceID"], instance)
+                self.assertEqual(h.post(f"/v1/agent-team/instances/{instance}/cancel").status_code, 404, "it has ended")
+
+
 class AgUi(unittest.TestCase):
     def test_agui_run_streams_protocol_events(self):
         adapter = pydantic.TypeAdapter(AgUiEvent)

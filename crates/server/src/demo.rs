@@ -11,6 +11,10 @@
 //!   `You chose <answer>.`;
 //! - contains `slow`: streams 200 deltas over about 10 seconds;
 //! - anything else: `Echo: <message>`, streamed as several deltas.
+//!
+//! `demo-team`: the coordinator delegates the message to `researcher` and `writer` at once
+//! and answers with both results; a message containing `spawn` spawns an `analyst` instead
+//! (an analyst given a task containing `slow` works for about 10 seconds).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -351,7 +355,14 @@ pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, S
     let model = ScriptedModel::responder(coordinator_response).named("demo-coordinator");
     let analyst: Arc<dyn agentry_model::Model> = Arc::new(
         ScriptedModel::responder(|request: &ModelRequest| {
-            ScriptedResponse::text(format!("Analysis of: {}", latest_user_text(request))).chunked(6)
+            let task = latest_user_text(request);
+            let answer = ScriptedResponse::text(format!("Analysis of: {task}")).chunked(6);
+            // A task asking for slow work streams for about 10 seconds (to cancel it).
+            if task.to_ascii_lowercase().contains("slow") {
+                answer.chunked(1).delayed(Duration::from_millis(200))
+            } else {
+                answer
+            }
         })
         .named("demo-analyst"),
     );

@@ -146,8 +146,7 @@ async fn run_turn(
     calls: &mut HashMap<String, Call>,
 ) -> Result<Pending> {
     let body = json!({"input": input, "previous_turn_id": "auto", "stream": true});
-    let mut events =
-        Box::pin(api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?);
+    let mut events = api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?;
     let mut pending = Pending::default();
     let mut threads: HashMap<String, String> = HashMap::new();
     let mut screen = Screen::default();
@@ -159,26 +158,38 @@ async fn run_turn(
     loop {
         let next = tokio::select! {
             next = events.next() => next,
-            _ = tokio::signal::ctrl_c(), if !cancelled => {
-                // Ctrl-C while the agent works cancels the turn; its stream ends with turn.done.
+            _ = tokio::signal::ctrl_c() => {
+                // Ctrl-C while the agent works cancels the turn (its stream ends with
+                // turn.done); a second one leaves at once.
+                if cancelled {
+                    screen.end_line(&mut out)?;
+                    std::process::exit(130);
+                }
                 cancelled = true;
                 screen.line(&mut out, "(cancelling…)")?;
                 api.post(&format!("/v1/agents/sessions/{session}/cancel"), &json!({})).await?;
                 continue;
             }
         };
-        let Some(event) = next else {
-            // The stream ended without `turn.done`: resume it.
-            let Some(turn) = &turn_id else { bail!("the server closed the stream before the turn started") };
-            resumes += 1;
-            if resumes > 5 {
-                bail!("the turn's stream keeps breaking; see `agentry events {turn} --follow`");
+        let event = match next {
+            Some(Ok(event)) => event,
+            broken => {
+                // The stream broke or ended without `turn.done` (the server restarted, the
+                // connection dropped): resume it after the last event received.
+                let Some(turn) = &turn_id else {
+                    return Err(broken.and_then(Result::err).unwrap_or_else(|| {
+                        anyhow::anyhow!("the server closed the stream before the turn started")
+                    }));
+                };
+                resumes += 1;
+                if resumes > 5 {
+                    bail!("the turn's stream keeps breaking; see `agentry events {turn} --follow`");
+                }
+                let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
+                events = api.resume(&path, last_id.as_deref()).await?;
+                continue;
             }
-            let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
-            events = Box::pin(api.stream(&path, Some(&json!({})), last_id.as_deref()).await?);
-            continue;
         };
-        let event = event?;
         last_id = event.id.or(last_id);
         let event = event.data;
         let thread = event["thread_id"].as_str().unwrap_or("main").to_owned();

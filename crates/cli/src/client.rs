@@ -13,6 +13,9 @@ pub struct Api {
     key: Option<String>,
 }
 
+/// An open event stream.
+pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<SseEvent>> + Send>>;
+
 /// One SSE event: its `id` and its `data` parsed as JSON.
 #[derive(Debug, Clone)]
 pub struct SseEvent {
@@ -69,6 +72,25 @@ impl Api {
         self.send(self.request(reqwest::Method::POST, path).json(body)).await
     }
 
+    /// Reopens a stream after `last_event_id` (`POST path {}`), retrying a connection the
+    /// server refuses (it may be restarting) with backoff: 0.5 s doubling up to 4 s, six
+    /// tries in all.
+    pub async fn resume(&self, path: &str, last_event_id: Option<&str>) -> Result<Events> {
+        let mut delay = std::time::Duration::from_millis(500);
+        let mut tries = 1;
+        loop {
+            match self.stream(path, Some(&serde_json::json!({})), last_event_id).await {
+                Ok(events) => return Ok(events),
+                Err(error) if tries < 6 && error.to_string().contains("cannot reach the server") => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(4));
+                    tries += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     /// Opens an SSE stream with a POST (`body`) or a GET (`None`), resuming after
     /// `last_event_id` when given.
     pub async fn stream(
@@ -76,7 +98,7 @@ impl Api {
         path: &str,
         body: Option<&Value>,
         last_event_id: Option<&str>,
-    ) -> Result<impl futures_util::Stream<Item = Result<SseEvent>> + use<>> {
+    ) -> Result<Events> {
         let mut request = match body {
             Some(body) => self.request(reqwest::Method::POST, path).json(body),
             None => self.request(reqwest::Method::GET, path),
@@ -90,7 +112,7 @@ impl Api {
             return Err(Self::failure(response).await);
         }
         let bytes = response.bytes_stream();
-        Ok(futures_util::stream::unfold(
+        Ok(Box::pin(futures_util::stream::unfold(
             (bytes, SseParser::default(), std::collections::VecDeque::new()),
             |(mut bytes, mut parser, mut ready)| async move {
                 loop {
@@ -112,7 +134,7 @@ impl Api {
                     }
                 }
             },
-        ))
+        )))
     }
 }
 

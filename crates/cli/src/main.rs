@@ -112,7 +112,11 @@ enum TurnsCommand {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(run(cli))
+    let result = runtime.block_on(run(cli));
+    // A read of the terminal may still be blocked (the user left with Ctrl-C at a prompt):
+    // do not wait for it.
+    runtime.shutdown_background();
+    result
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -194,8 +198,7 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
         let mut last: Option<String> = None;
         let mut attempts = 0;
         loop {
-            let mut stream =
-                Box::pin(api.stream(&path, Some(&serde_json::json!({})), last.as_deref()).await?);
+            let mut stream = api.resume(&path, last.as_deref()).await?;
             let mut broke = None;
             while let Some(event) = stream.next().await {
                 match event {

@@ -1669,6 +1669,18 @@ pub(crate) async fn fail_after_panic(
         completed_at: Timestamp::now(),
         metrics: None,
     };
+    // Member runs on the turn's threads unwound with it: they end with the same error.
+    let members = RunQuery {
+        parent: ParentFilter::Of(run.id),
+        statuses: vec![agentry_types::RunStatus::Running],
+        ..RunQuery::default()
+    };
+    if let Ok(page) = store.list_runs(run.session_id, &members, &PageRequest::first(MAX_PAGE)).await {
+        for mut member in page.items {
+            member.set_state(state.clone());
+            let _stored = store.put_run(&member, Some(fence)).await;
+        }
+    }
     run.set_state(state.clone());
     store.put_run(&run, Some(fence)).await.ok()?;
     sink.store_unpublished(None, EventPayload::TurnDone { state }).await.ok()

@@ -3,13 +3,13 @@
 //! whole mission. Instances and missions are read from the stored agent-team events of the
 //! caller's sessions, so they survive restarts and show finished work too.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agentry_events::EventPayload;
 use agentry_events::render::agent_team::{self, AgentTeamEvent};
-use agentry_memory::{FeedQuery, Order};
-use agentry_types::{SessionId, TurnId};
+use agentry_memory::{FeedQuery, Order, PageRequest, SessionQuery};
+use agentry_types::{SessionType, TurnId};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -86,41 +86,34 @@ async fn owns_mission(state: &AppState, caller: &Caller, mission_id: &str) -> bo
     caller.session(state, &run.session_id.to_string()).await.is_ok()
 }
 
-/// The rendered agent-team events of the caller's sessions among the newest [`SCAN`]
-/// stored events, oldest first.
+/// The team sessions whose events a listing reads: the caller's newest.
+const SESSIONS: usize = 200;
+
+/// The rendered agent-team events of the caller's newest [`SESSIONS`] team sessions, at
+/// most [`SCAN`] stored events read (newest first), returned oldest first. Only the caller's
+/// sessions are read, so other subjects' traffic never pushes the caller's work out.
 async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTeamEvent>> {
     let store = state.runtime.store();
-    let mut owners: HashMap<SessionId, bool> = HashMap::new();
-    let mut out = Vec::new();
-    let mut after = None;
+    let query = SessionQuery { session_type: Some(SessionType::Team), ..caller.sessions() };
+    let sessions = state.runtime.list_sessions(&query, &PageRequest::first(SESSIONS)).await?;
+    let mut stored_events = Vec::new();
     let mut read = 0;
-    while read < SCAN {
-        let batch = store.feed(&FeedQuery { session_id: None, order: Order::Desc, after }, 1000).await?;
-        if batch.is_empty() {
-            break;
-        }
-        read += batch.len();
-        for stored in batch {
-            after = Some(stored.position);
-            if !is_team_payload(&stored.event.payload) {
-                continue;
+    for session in sessions.items {
+        let mut after = None;
+        while read < SCAN {
+            let feed = FeedQuery { session_id: Some(session.id), order: Order::Desc, after };
+            let batch = store.feed(&feed, 1000).await?;
+            if batch.is_empty() {
+                break;
             }
-            let session = stored.event.session_id;
-            let mine = match owners.get(&session) {
-                Some(mine) => *mine,
-                None => {
-                    let mine = caller.session(state, &session.to_string()).await.is_ok();
-                    owners.insert(session, mine);
-                    mine
-                }
-            };
-            if mine {
-                out.extend(agent_team::render(&stored.event));
-            }
+            read += batch.len();
+            after = batch.last().map(|stored| stored.position);
+            stored_events.extend(batch.into_iter().filter(|stored| is_team_payload(&stored.event.payload)));
         }
     }
-    out.reverse(); // oldest first: later events update what earlier ones said
-    Ok(out)
+    // Oldest first: later events update what earlier ones said.
+    stored_events.sort_by_key(|stored| stored.position);
+    Ok(stored_events.iter().filter_map(|stored| agent_team::render(&stored.event)).collect())
 }
 
 fn is_team_payload(payload: &EventPayload) -> bool {

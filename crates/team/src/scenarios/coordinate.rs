@@ -347,3 +347,40 @@ pub async fn a_team_session_is_read_through_the_team_session_view(harness: Harne
     let member_texts: Vec<String> = members_only.iter().map(agentry_types::Message::text).collect();
     assert_eq!(member_texts, ["Report.", "x ok"]);
 }
+
+/// Scenario.
+pub async fn a_member_whose_model_panics_leaves_no_run_running(harness: Harness) {
+    let fragile = Agent::builder(
+        "fragile",
+        Arc::new(ScriptedModel::responder(|_| -> ScriptedResponse {
+            panic!("the member's model panics on purpose")
+        })),
+    )
+    .build();
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        if request.messages.iter().any(|message| message.role == Role::Tool) {
+            ScriptedResponse::text("Done.")
+        } else {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "fragile", "task": "x"}),
+            )
+        }
+    }));
+    let (runtime, session, turn) =
+        super::start(&harness, Team::builder("brittle", model).member(fragile).build(), "go").await;
+    let state = tokio::time::timeout(std::time::Duration::from_secs(20), turn.wait())
+        .await
+        .expect("it ends")
+        .unwrap();
+    assert!(state.is_terminal(), "{state:?}");
+    let all = RunQuery { parent: ParentFilter::Any, ..RunQuery::default() };
+    let runs = harness.store.list_runs(session.id(), &all, &PageRequest::first(100)).await.unwrap();
+    assert!(runs.items.len() >= 2, "the member's run was stored");
+    for run in &runs.items {
+        assert!(run.state.is_terminal(), "run {} ({:?}) is left {:?}", run.id, run.agent_id, run.state);
+    }
+    let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
+    assert!(tokio::time::timeout(std::time::Duration::from_secs(20), next.wait()).await.is_ok());
+    drop(runtime);
+}

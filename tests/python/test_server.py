@@ -57,16 +57,9 @@ def setUpModule():
     binary = os.environ.get("AGENTRY_BIN")
     if not binary:
         raise RuntimeError("AGENTRY_BIN is not set: run the tests through `cargo xtask test`")
-    workdir = tempfile.mkdtemp(prefix="agentry-server-test-")
-    config = os.path.join(workdir, "agentry.toml")
-    with open(config, "w") as f:
-        f.write(
-            f"""
-listen = "127.0.0.1:0"
-
-[storage]
-path = "{workdir}/agentry.db"
-
+    workdir, config = write_config(
+        "server",
+        f"""
 [limits]
 body_bytes = {BODY_LIMIT}
 heartbeat_secs = 1
@@ -78,10 +71,21 @@ subject = "alice"
 [[keys]]
 key_env = "AGENTRY_TEST_KEY_BOB"
 subject = "bob"
-"""
-        )
+""",
+    )
     SERVER["process"], SERVER["url"], SERVER["log"] = start_server(workdir, config)
     SERVER["workdir"] = workdir
+
+
+def write_config(name, sections, durability="batched"):
+    """A fresh directory with an ``agentry.toml``: a free loopback port, a SQLite file in
+    the directory, then ``sections``. Returns (directory, config path)."""
+    workdir = tempfile.mkdtemp(prefix=f"agentry-{name}-test-")
+    config = os.path.join(workdir, "agentry.toml")
+    with open(config, "w") as f:
+        f.write(f'listen = "127.0.0.1:0"\n[storage]\npath = "{workdir}/agentry.db"\ndurability = "{durability}"\n')
+        f.write(sections)
+    return workdir, config
 
 
 def start_server(workdir, config):
@@ -358,19 +362,7 @@ class Lifecycle(unittest.TestCase):
 
 class Durable(unittest.TestCase):
     def test_a_killed_server_finishes_the_turn_after_restart(self):
-        workdir = tempfile.mkdtemp(prefix="agentry-durable-test-")
-        config = os.path.join(workdir, "agentry.toml")
-        with open(config, "w") as f:
-            f.write(
-                f"""
-listen = "127.0.0.1:0"
-[storage]
-path = "{workdir}/agentry.db"
-durability = "strict"
-[runtime]
-lease_ttl_secs = 2
-"""
-            )
+        workdir, config = write_config("durable", "[runtime]\nlease_ttl_secs = 2\n", durability="strict")
         first, url, log = start_server(workdir, config)
         try:
             with httpx.Client(base_url=url, timeout=60) as h:

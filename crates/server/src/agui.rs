@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
-use agentry_memory::{Order, PageRequest};
+use agentry_memory::PageRequest;
 use agentry_runner::{Session, TurnRequest};
 use agentry_types::{RequiredAction, SessionId, TurnInputItem};
 use axum::Router;
@@ -141,9 +141,8 @@ fn text_of(content: Option<&Value>) -> String {
 
 /// The turn input that answers the latest turn's interrupts with `resume`.
 async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
-    let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
-    let actions =
-        latest.items.first().map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
+    let latest = crate::harness::latest_turn(session).await?;
+    let actions = latest.map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
     let mut input = Vec::new();
     for entry in resume {
         let found = actions.iter().find_map(|record| match &record.action {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, FunctionTool, Tool, ToolError};
 use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team, TeamControl};
-use agentry_types::{Message, Role};
+use agentry_types::{Message, Role, ToolCall};
 use serde_json::json;
 
 /// The demo agent's name.
@@ -164,22 +164,17 @@ fn latest_user_text(request: &ModelRequest) -> String {
         .unwrap_or_default()
 }
 
-/// The name of the tool whose result `result` is, from the assistant message that called it.
-fn called_tool<'a>(request: &'a ModelRequest, result: &Message) -> Option<&'a str> {
+/// The tool call whose result `result` is, from the assistant message that made it.
+fn call_of<'a>(request: &'a ModelRequest, result: &Message) -> Option<&'a ToolCall> {
     let id = result.tool_call_id.as_deref()?;
-    request
-        .messages
-        .iter()
-        .flat_map(|message| &message.tool_calls)
-        .find(|call| call.id == id)
-        .map(|call| call.function.name.as_str())
+    request.messages.iter().flat_map(|message| &message.tool_calls).find(|call| call.id == id)
 }
 
 /// What `demo` answers to a request.
 fn demo_response(request: &ModelRequest) -> ScriptedResponse {
     if let Some(result) = request.messages.last().filter(|message| message.role == Role::Tool) {
         let text = result.text();
-        let answer = match called_tool(request, result) {
+        let answer = match call_of(request, result).map(|call| call.function.name.as_str()) {
             Some("calculator") if result_failed(&text) => format!("I could not calculate that: {text}."),
             Some("calculator") => format!("The result is {text}."),
             Some("send_email") => match text.strip_prefix(DENIED) {
@@ -339,8 +334,7 @@ fn coordinator_response(request: &ModelRequest) -> ScriptedResponse {
 
 /// The member a delegation result came from.
 fn called_member(request: &ModelRequest, result: &Message) -> Option<String> {
-    let id = result.tool_call_id.as_deref()?;
-    let call = request.messages.iter().flat_map(|message| &message.tool_calls).find(|call| call.id == id)?;
+    let call = call_of(request, result)?;
     let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments).ok()?;
     arguments.get("member_id").and_then(|member| member.as_str()).map(str::to_owned)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use agentry_events::EventEnvelope;
 use agentry_events::render::harness::{self, HarnessEvent};
 use agentry_memory::{Order, PageRequest};
-use agentry_runner::{PreviousTurn, TurnHandle, TurnRequest};
+use agentry_runner::{PreviousTurn, Session, TurnHandle, TurnRequest};
 use agentry_types::{RunRecord, SessionRecord, Timestamp, TurnId, TurnInputItem};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -128,6 +128,11 @@ impl Params {
     }
 }
 
+/// A session's latest turn, if it has one.
+pub(crate) async fn latest_turn(session: &Session) -> ApiResult<Option<TurnHandle>> {
+    Ok(session.list_turns(Order::Desc, &PageRequest::first(1)).await?.items.into_iter().next())
+}
+
 /// `Session`.
 fn session_json(record: &SessionRecord) -> Value {
     json!({
@@ -216,8 +221,7 @@ async fn cancel_session(
     Path(session_id): Path<String>,
 ) -> ApiResult<Response> {
     let session = caller.session(&state, &session_id).await?;
-    let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
-    if let Some(turn) = latest.items.into_iter().next()
+    if let Some(turn) = latest_turn(&session).await?
         && !turn.record().state.is_terminal()
     {
         turn.cancel().await?;
@@ -246,8 +250,7 @@ async fn create_turn(
     let previous_turn_id = match body.previous_turn_id.as_deref() {
         None | Some("auto") => PreviousTurn::Auto,
         Some("none") => {
-            let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await?;
-            if !latest.items.is_empty() {
+            if latest_turn(&session).await?.is_some() {
                 return Err(ApiError::bad_param(
                     "previous_turn_id",
                     "previous_turn_id `none` starts a conversation, but this session already has turns: \
@@ -493,12 +496,7 @@ async fn list_session_events(
                 let id: TurnId = id.parse().map_err(|_| ApiError::not_found("turn", id))?;
                 Some(session.get_turn(id).await?.record().clone())
             }
-            None => session
-                .list_turns(Order::Desc, &PageRequest::first(1))
-                .await?
-                .items
-                .first()
-                .map(|turn| turn.record().clone()),
+            None => latest_turn(&session).await?.map(|turn| turn.record().clone()),
         };
         let anchor = match anchor {
             Some(run) if !run.state.is_terminal() => match run.previous_turn_id {

@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_memory::{PageRequest, SessionQuery, Store};
+use agentry_memory::Store;
 use agentry_runner::{Runtime, RuntimeOptions, TurnHandle};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
@@ -366,10 +366,7 @@ async fn health() -> impl IntoResponse {
 
 /// Ready when the store answers a read.
 async fn ready(State(state): State<Arc<AppState>>) -> axum::response::Response {
-    let started = std::time::Instant::now();
-    let probe = state.runtime.store().list_sessions(&SessionQuery::default(), &PageRequest::first(1)).await;
-    state.metrics.store_latency(started.elapsed());
-    match probe {
+    match metrics::probe_store(&state).await {
         Ok(_) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
         Err(error) => {
             tracing::error!(%error, "readiness probe failed");

@@ -97,12 +97,18 @@ impl Metrics {
     }
 }
 
+/// Reads one session from the store, recording how long it took when it answers.
+pub(crate) async fn probe_store(state: &AppState) -> Result<(), agentry_memory::StoreError> {
+    let started = Instant::now();
+    state.runtime.store().list_sessions(&SessionQuery::default(), &PageRequest::first(1)).await?;
+    state.metrics.store_latency(started.elapsed());
+    Ok(())
+}
+
 /// `GET /metrics`: probes the store, then renders every metric.
 pub(crate) async fn render(State(state): State<Arc<AppState>>) -> Response {
-    let started = Instant::now();
-    if state.runtime.store().list_sessions(&SessionQuery::default(), &PageRequest::first(1)).await.is_ok() {
-        state.metrics.store_latency(started.elapsed());
-    }
+    // A failed probe leaves the last latency; `/readyz` reports the failure.
+    let _ = probe_store(&state).await;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
         .into_response()
 }

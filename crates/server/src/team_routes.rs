@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agentry_events::EventPayload;
 use agentry_events::render::agent_team::{self, AgentTeamEvent};
 use agentry_memory::{FeedQuery, Order, PageRequest, SessionQuery};
 use agentry_types::{SessionType, TurnId};
@@ -96,7 +95,7 @@ async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTe
     let store = state.runtime.store();
     let query = SessionQuery { session_type: Some(SessionType::Team), ..caller.sessions() };
     let sessions = state.runtime.list_sessions(&query, &PageRequest::first(SESSIONS)).await?;
-    let mut stored_events = Vec::new();
+    let mut rendered = Vec::new();
     let mut read = 0;
     for session in sessions.items {
         let mut after = None;
@@ -108,21 +107,14 @@ async fn team_events(state: &AppState, caller: &Caller) -> ApiResult<Vec<AgentTe
             }
             read += batch.len();
             after = batch.last().map(|stored| stored.position);
-            stored_events.extend(batch.into_iter().filter(|stored| is_team_payload(&stored.event.payload)));
+            rendered.extend(batch.iter().filter_map(|stored| {
+                agent_team::render(&stored.event).map(|event| (stored.position, event))
+            }));
         }
     }
     // Oldest first: later events update what earlier ones said.
-    stored_events.sort_by_key(|stored| stored.position);
-    Ok(stored_events.iter().filter_map(|stored| agent_team::render(&stored.event)).collect())
-}
-
-fn is_team_payload(payload: &EventPayload) -> bool {
-    agent_team::render_payload(
-        &agent_team::AgentTeamContext::default(),
-        payload,
-        agentry_types::Timestamp::now(),
-    )
-    .is_some()
+    rendered.sort_by_key(|(position, _)| *position);
+    Ok(rendered.into_iter().map(|(_, event)| event).collect())
 }
 
 /// One instance as the listing shows it.

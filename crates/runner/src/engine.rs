@@ -119,6 +119,12 @@ enum Outcome {
 }
 
 /// The sequencer owner: numbers, stores, logs and publishes, in that order, under one lock.
+///
+/// Events emitted back to back between two waits on the outside world (a model call, tool
+/// calls, a person) can be *staged*: numbered at once, then stored together in one append
+/// and published at the next [`TurnSink::flush`] (or with anything emitted at once after
+/// them). The engine flushes before every such wait, so a staged event is never held back
+/// while the turn waits, and publication stays after storage and in `seq` order.
 pub(crate) struct TurnSink {
     store: Arc<dyn Store>,
     pub(crate) live: Arc<LiveTurn>,
@@ -132,6 +138,8 @@ pub(crate) struct TurnSink {
 struct SinkState {
     emitter: TurnEmitter,
     high_water: u64,
+    /// Staged events: numbered, not yet stored nor published.
+    staged: Vec<EventEnvelope>,
 }
 
 impl TurnSink {
@@ -144,7 +152,8 @@ impl TurnSink {
         appended: Arc<tokio::sync::Notify>,
     ) -> Self {
         let turn_id = live.turn_id;
-        Self { store, live, turn_id, fence, state: Mutex::new(SinkState { emitter, high_water }), appended }
+        let state = SinkState { emitter, high_water, staged: Vec::new() };
+        Self { store, live, turn_id, fence, state: Mutex::new(state), appended }
     }
 
     /// Raises the durable high-water mark before numbers above it are handed out.
@@ -157,12 +166,72 @@ impl TurnSink {
         Ok(())
     }
 
-    async fn publish_durable(&self, event: EventEnvelope) -> Result<Arc<EventEnvelope>, Stop> {
-        self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
+    /// Stores the staged events and `last` (if any) in one append, then publishes the
+    /// staged ones; returns `last` stored but unpublished.
+    async fn store_staged(
+        &self,
+        state: &mut SinkState,
+        last: Option<EventEnvelope>,
+    ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
+        let mut events = std::mem::take(&mut state.staged);
+        let has_last = last.is_some();
+        events.extend(last);
+        if events.is_empty() {
+            return Ok(None);
+        }
+        self.store.append_events(self.turn_id, &events, Some(self.fence)).await?;
         self.appended.notify_waiters();
-        let event = Arc::new(event);
+        let last = if has_last { events.pop().map(Arc::new) } else { None };
+        for event in events {
+            self.live.push(Arc::new(event));
+        }
+        Ok(last)
+    }
+
+    /// Stores the staged events with `event`, then publishes them all in `seq` order.
+    async fn publish_durable(
+        &self,
+        state: &mut SinkState,
+        event: EventEnvelope,
+    ) -> Result<Arc<EventEnvelope>, Stop> {
+        let event = self
+            .store_staged(state, Some(event))
+            .await?
+            .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))?;
         self.live.push(event.clone());
         Ok(event)
+    }
+
+    /// Stores and publishes the staged events.
+    pub(crate) async fn flush(&self) -> Result<(), Stop> {
+        let mut state = self.state.lock().await;
+        self.store_staged(&mut state, None).await?;
+        Ok(())
+    }
+
+    /// Numbers a durable event with an agent-team context and stages it (see the type's
+    /// documentation); it is stored and published at the next flush.
+    pub(crate) async fn stage_team(
+        &self,
+        thread_id: Option<ThreadId>,
+        team: Option<TeamContext>,
+        payload: EventPayload,
+    ) -> Result<(), Stop> {
+        let mut state = self.state.lock().await;
+        self.reserve(&mut state, 1).await?;
+        let event = match team {
+            Some(team) => state.emitter.emit_team(thread_id, team, payload),
+            None => state.emitter.emit(thread_id, payload),
+        };
+        state.staged.push(event);
+        Ok(())
+    }
+
+    /// Stages a complete message and returns a copy for the caller.
+    fn stage_message(state: &mut SinkState, message: EventEnvelope) -> Arc<EventEnvelope> {
+        let copy = Arc::new(message.clone());
+        state.staged.push(message);
+        copy
     }
 
     /// Emits a durable event.
@@ -187,7 +256,7 @@ impl TurnSink {
             Some(team) => state.emitter.emit_team(thread_id, team, payload),
             None => state.emitter.emit(thread_id, payload),
         };
-        self.publish_durable(event).await
+        self.publish_durable(&mut state, event).await
     }
 
     /// Numbers and stores a durable event without publishing it; the caller publishes it
@@ -199,12 +268,13 @@ impl TurnSink {
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
         let event = state.emitter.emit(thread_id, payload);
-        self.store.append_events(self.turn_id, std::slice::from_ref(&event), Some(self.fence)).await?;
-        self.appended.notify_waiters();
-        Ok(Arc::new(event))
+        self.store_staged(&mut state, Some(event))
+            .await?
+            .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))
     }
 
-    /// Emits a delta, and the complete message when the delta finished it.
+    /// Emits a delta (after storing and publishing what is staged), and stages the complete
+    /// message when the delta finished it.
     async fn delta(
         &self,
         thread_id: ThreadId,
@@ -213,25 +283,20 @@ impl TurnSink {
     ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let mut state = self.state.lock().await;
         self.reserve(&mut state, 2).await?;
+        self.store_staged(&mut state, None).await?;
         let emission = state
             .emitter
             .delta(thread_id, message_id, delta)
             .map_err(|error| Stop::Failed(format!("the model sent a delta that does not merge: {error}")))?;
         self.live.push(Arc::new(emission.delta));
-        match emission.message {
-            Some(message) => Ok(Some(self.publish_durable(message).await?)),
-            None => Ok(None),
-        }
+        Ok(emission.message.map(|message| Self::stage_message(&mut state, message)))
     }
 
-    /// Emits what was built of an unfinished message (on cancellation or a broken stream).
+    /// Stages what was built of an unfinished message (on cancellation or a broken stream).
     async fn finish_partial(&self, thread_id: &ThreadId) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let mut state = self.state.lock().await;
         self.reserve(&mut state, 1).await?;
-        match state.emitter.finish_partial(thread_id) {
-            Some(message) => Ok(Some(self.publish_durable(message).await?)),
-            None => Ok(None),
-        }
+        Ok(state.emitter.finish_partial(thread_id).map(|message| Self::stage_message(&mut state, message)))
     }
 }
 
@@ -578,7 +643,7 @@ impl TurnEngine {
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         if let Some(settled) = ledger.settle(reservation, spent).await {
-            self.emit(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
+            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
         }
         Ok(())
     }
@@ -595,6 +660,12 @@ impl TurnEngine {
     /// Emits a durable event on this engine's thread, with its team context.
     async fn emit(&self, payload: EventPayload) -> Result<Arc<EventEnvelope>, Stop> {
         self.sink.emit_team(Some(self.thread.clone()), self.team.clone(), payload).await
+    }
+
+    /// Stages a durable event on this engine's thread (see [`TurnSink`]): it is stored and
+    /// published with the next flush, before the turn next waits on the outside world.
+    async fn stage(&self, payload: EventPayload) -> Result<(), Stop> {
+        self.sink.stage_team(Some(self.thread.clone()), self.team.clone(), payload).await
     }
 
     fn turn_id(&self) -> TurnId {
@@ -630,6 +701,9 @@ impl TurnEngine {
     /// Stores the terminal state, then stores `turn.done` (returned unpublished).
     /// (See also [`fail_after_panic`] for a turn whose engine is gone.)
     async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
+        // What the turn staged is stored before its end state: a terminal turn is never
+        // recovered, so nothing stored after the state could be completed later.
+        self.sink.flush().await?;
         self.run.set_state(state.clone());
         self.store.put_run(&self.run, Some(self.fence)).await?;
         self.sink.store_unpublished(None, EventPayload::TurnDone { state }).await
@@ -1159,6 +1233,8 @@ impl TurnEngine {
 
     /// Streams one model message into deltas and a stored `model.message`.
     async fn call_model(&mut self) -> Result<(ModelMessage, ThreadMessage), Stop> {
+        // Everything before the call is stored and published before the wait on the model.
+        self.sink.flush().await?;
         let mut request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
         if self.model_calls == 0 {
             request.tool_choice = self.agent.first_tool_choice().cloned();
@@ -1227,8 +1303,8 @@ impl TurnEngine {
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
-            self.emit(EventPayload::ReasoningStep { step }).await?;
-            self.emit(EventPayload::ReasoningCompleted {}).await?;
+            self.stage(EventPayload::ReasoningStep { step }).await?;
+            self.stage(EventPayload::ReasoningCompleted {}).await?;
         }
         let output = ThreadMessage {
             id: completed.event_id,
@@ -1413,8 +1489,7 @@ impl TurnEngine {
     ) -> Result<(), Stop> {
         self.steps += 1;
         let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
-        self.emit(payload).await?;
-        Ok(())
+        self.stage(payload).await
     }
 
     fn in_doubt(&self, call: &ToolCall) -> bool {
@@ -1435,7 +1510,7 @@ impl TurnEngine {
             content: result.content.clone(),
             is_error: result.is_error,
         };
-        self.emit(payload).await?;
+        self.stage(payload).await?;
         self.complete_step(Some(call.clone()), Some(result.content.clone())).await
     }
 
@@ -1454,8 +1529,10 @@ impl TurnEngine {
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
             };
-            self.emit(payload).await?;
+            self.stage(payload).await?;
         }
+        // The calls and what led to them are stored and published before any call runs.
+        self.sink.flush().await?;
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;
         let (results, stopped) = {

@@ -17,7 +17,7 @@ use crate::page::{Order, Page, PageRequest, decode_token};
 use crate::rules;
 use crate::store::{
     BudgetStore, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore, RunQuery,
-    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, UserStore,
+    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, TurnStep, UserStore,
 };
 
 #[derive(Debug)]
@@ -53,6 +53,24 @@ struct State {
 impl State {
     fn run(&self, id: TurnId) -> StoreResult<&RunRow> {
         self.runs.get(&id).ok_or_else(|| StoreError::not_found("run", id))
+    }
+
+    /// Stores checked events of a turn under new positions and raises its last `seq`.
+    fn insert_events(&mut self, turn: TurnId, session: SessionId, events: &[EventEnvelope]) -> Vec<u64> {
+        let mut positions = Vec::with_capacity(events.len());
+        for event in events {
+            self.next_position += 1;
+            let position = self.next_position;
+            self.events.insert(position, event.clone());
+            self.turn_events.entry(turn).or_default().insert(event.seq, position);
+            self.session_events.entry(session).or_default().insert(position);
+            positions.push(position);
+        }
+        if let (Some(last), Some(row)) = (events.last(), self.runs.get_mut(&turn)) {
+            row.last_seq = last.seq;
+            row.high_water = row.high_water.max(last.seq);
+        }
+        positions
     }
 
     fn fence(&self, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
@@ -254,20 +272,7 @@ impl EventStore for InMemoryStore {
         let session = row.record.session_id;
         rules::check_event_batch(turn, session, row.last_seq, events.iter().map(rules::EventKey::of))?;
         state.fence(session, fence)?;
-        let mut positions = Vec::with_capacity(events.len());
-        for event in events {
-            state.next_position += 1;
-            let position = state.next_position;
-            state.events.insert(position, event.clone());
-            state.turn_events.entry(turn).or_default().insert(event.seq, position);
-            state.session_events.entry(session).or_default().insert(position);
-            positions.push(position);
-        }
-        if let (Some(last), Some(row)) = (events.last(), state.runs.get_mut(&turn)) {
-            row.last_seq = last.seq;
-            row.high_water = row.high_water.max(last.seq);
-        }
-        Ok(positions)
+        Ok(state.insert_events(turn, session, events))
     }
 
     async fn turn_events(
@@ -341,6 +346,41 @@ impl EventStore for InMemoryStore {
         let state = self.state();
         let row = state.run(turn)?;
         Ok(row.high_water.max(row.last_seq))
+    }
+
+    async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
+        if let Some(seq) = step.high_water {
+            rules::check_seq(seq)?;
+        }
+        for message in &step.messages {
+            rules::check_size("message", message)?;
+        }
+        for event in &step.events {
+            rules::check_event_size(event)?;
+        }
+        rules::check_step_run(turn, step.run.as_ref())?;
+        if let Some(run) = &step.run {
+            rules::check_size("run", run)?;
+        }
+        // Everything is checked before anything changes: the step is stored whole or not.
+        let mut state = self.state();
+        let row = state.run(turn)?;
+        let session = row.record.session_id;
+        if let Some(run) = &step.run {
+            rules::check_run_session_id(turn, run.session_id, session)?;
+        }
+        rules::check_event_batch(turn, session, row.last_seq, step.events.iter().map(rules::EventKey::of))?;
+        state.fence(session, fence)?;
+        if !step.messages.is_empty() {
+            state.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
+        }
+        let positions = state.insert_events(turn, session, &step.events);
+        let row = state.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
+        row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
+        if let Some(run) = &step.run {
+            row.record = run.clone();
+        }
+        Ok(positions)
     }
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Conflict, StoreError, StoreResult};
-use crate::store::{HistoryQuery, MAX_RECORD_BYTES};
+use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStep};
 
 /// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`].
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8>> {
@@ -194,6 +194,69 @@ pub fn check_seq(seq: u64) -> StoreResult<()> {
         )));
     }
     Ok(())
+}
+
+/// A [`TurnStep`] checked and encoded before it reaches a writer thread.
+#[derive(Debug)]
+pub struct EncodedStep {
+    /// The high-water mark to raise to.
+    pub high_water: Option<u64>,
+    /// The encoded history messages.
+    pub messages: Vec<Vec<u8>>,
+    /// The encoded events.
+    pub events: Vec<Vec<u8>>,
+    /// What [`check_event_batch`] needs of each event.
+    pub keys: Vec<EventKey>,
+    /// The run record's session and encoding.
+    pub run: Option<(SessionId, Vec<u8>)>,
+}
+
+/// Checks what of a step can be checked without the store (seq range, record sizes, the
+/// run record being the turn's own) and encodes it.
+///
+/// # Errors
+/// `InvalidInput` or `TooLarge`, as the methods the step stands for.
+pub fn encode_step(turn: TurnId, step: &TurnStep) -> StoreResult<EncodedStep> {
+    if let Some(seq) = step.high_water {
+        check_seq(seq)?;
+    }
+    let messages =
+        step.messages.iter().map(|message| encode("message", message)).collect::<StoreResult<_>>()?;
+    let events = step.events.iter().map(encode_event).collect::<StoreResult<_>>()?;
+    check_step_run(turn, step.run.as_ref())?;
+    let run = match &step.run {
+        Some(run) => Some((run.session_id, encode("run", run)?)),
+        None => None,
+    };
+    Ok(EncodedStep {
+        high_water: step.high_water,
+        messages,
+        events,
+        keys: step.events.iter().map(EventKey::of).collect(),
+        run,
+    })
+}
+
+/// Refuses a [`TurnStep`] run record that is not the turn's own (before
+/// the store is touched; the run's session is checked against the stored run's).
+pub fn check_step_run(turn: TurnId, run: Option<&RunRecord>) -> StoreResult<()> {
+    match run {
+        Some(run) if run.id != turn => Err(StoreError::InvalidInput(format!(
+            "a step of turn {turn} cannot replace the record of run {}",
+            run.id
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a step's run record (of `run`, in `claimed`) whose session is not the stored
+/// run's (`stored`).
+pub fn check_run_session_id(run: TurnId, claimed: SessionId, stored: SessionId) -> StoreResult<()> {
+    if claimed == stored {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!("run {run} belongs to session {stored}, not {claimed}")))
+    }
 }
 
 /// What [`check_event_batch`] needs of an event: small and `Copy`, so a backend can hand

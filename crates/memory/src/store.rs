@@ -306,6 +306,39 @@ pub trait EventStore: Send + Sync {
 
     /// The turn's high-water mark: no `seq` at or below it may be issued again.
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64>;
+
+    /// Writes one step of a turn in one atomic write: raises the high-water mark (as
+    /// [`raise_high_water`](Self::raise_high_water)), appends the history messages (as
+    /// [`MessageStore::append_messages`]), appends the events (as
+    /// [`append_events`](Self::append_events)) and replaces the run's record (as
+    /// [`RunStore::put_run`]), each only when the step has it. Either every part is stored
+    /// or none is, with the error of the first part refused. Returns the events' positions.
+    ///
+    /// Errors: `NotFound` when the run does not exist; `InvalidInput` when `step.run` is
+    /// another run's record; otherwise as the four methods it stands for.
+    async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>>;
+}
+
+/// One step of a running turn, written together by [`EventStore::write_step`]: what the
+/// turn produced between two waits on the outside world (a model call, tool calls).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnStep {
+    /// Raise the turn's high-water mark of issued `seq` values to at least this.
+    pub high_water: Option<u64>,
+    /// History messages appended to the run, after the ones it has.
+    pub messages: Vec<Message>,
+    /// Durable events, under the same rules as [`EventStore::append_events`].
+    pub events: Vec<EventEnvelope>,
+    /// The run's record replaced, typically with its end state; it must be the turn's own.
+    pub run: Option<RunRecord>,
+}
+
+impl TurnStep {
+    /// Whether the step writes nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.high_water.is_none() && self.messages.is_empty() && self.events.is_empty() && self.run.is_none()
+    }
 }
 
 /// Messages kept for history.

@@ -16,7 +16,7 @@ use agentry_events::{
 };
 use agentry_memory::{
     Conflict, HistoryQuery, MAX_PAGE, Memory, MemoryConfig, Order, PageRequest, ParentFilter, RunQuery,
-    Store, StoreError,
+    Store, StoreError, TurnStep,
 };
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
@@ -120,11 +120,12 @@ enum Outcome {
 
 /// The sequencer owner: numbers, stores, logs and publishes, in that order, under one lock.
 ///
-/// Events emitted back to back between two waits on the outside world (a model call, tool
-/// calls, a person) can be *staged*: numbered at once, then stored together in one append
-/// and published at the next [`TurnSink::flush`] (or with anything emitted at once after
-/// them). The engine flushes before every such wait, so a staged event is never held back
-/// while the turn waits, and publication stays after storage and in `seq` order.
+/// What a turn produces between two waits on the outside world (a model call, tool calls,
+/// a person) is *staged* and written as one step ([`Store::write_step`]): events numbered
+/// at once, the turn's history messages, and raises of its high-water mark. The engine
+/// flushes before every such wait, so nothing staged is held back while the turn waits;
+/// events emitted at once take what is staged with them; events are published only once
+/// stored, in `seq` order, and deltas only after everything numbered before them.
 pub(crate) struct TurnSink {
     store: Arc<dyn Store>,
     pub(crate) live: Arc<LiveTurn>,
@@ -137,9 +138,15 @@ pub(crate) struct TurnSink {
 
 struct SinkState {
     emitter: TurnEmitter,
+    /// The high-water mark as the next step leaves it.
     high_water: u64,
+    /// A raise of the mark not yet written: numbers up to it may be handed out, and are
+    /// published only once the step carrying the raise is stored.
+    raise: Option<u64>,
     /// Staged events: numbered, not yet stored nor published.
     staged: Vec<EventEnvelope>,
+    /// Staged history messages of the turn's own run.
+    messages: Vec<Message>,
 }
 
 impl TurnSink {
@@ -152,60 +159,72 @@ impl TurnSink {
         appended: Arc<tokio::sync::Notify>,
     ) -> Self {
         let turn_id = live.turn_id;
-        let state = SinkState { emitter, high_water, staged: Vec::new() };
+        let state = SinkState { emitter, high_water, raise: None, staged: Vec::new(), messages: Vec::new() };
         Self { store, live, turn_id, fence, state: Mutex::new(state), appended }
     }
 
-    /// Raises the durable high-water mark before numbers above it are handed out.
-    async fn reserve(&self, state: &mut SinkState, count: u64) -> Result<(), Stop> {
+    /// Raises the high-water mark, in blocks, before numbers above it are handed out; the
+    /// raise is written with the next step, before any of those numbers is published.
+    fn reserve(state: &mut SinkState, count: u64) {
         let needed = state.emitter.sequencer().last_seq() + count;
         if needed > state.high_water {
-            let target = needed + HIGH_WATER_BLOCK;
-            state.high_water = self.store.raise_high_water(self.turn_id, target, Some(self.fence)).await?;
+            state.high_water = needed + HIGH_WATER_BLOCK;
+            state.raise = Some(state.high_water);
         }
-        Ok(())
     }
 
-    /// Stores the staged events and `last` (if any) in one append, then publishes the
-    /// staged ones; returns `last` stored but unpublished.
+    /// Writes what is staged with `last` (if any) and `run` as one step, then publishes the
+    /// staged events; returns `last` stored but unpublished.
     async fn store_staged(
         &self,
         state: &mut SinkState,
         last: Option<EventEnvelope>,
+        run: Option<RunRecord>,
     ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
-        let mut events = std::mem::take(&mut state.staged);
         let has_last = last.is_some();
-        events.extend(last);
-        if events.is_empty() {
+        let mut step = TurnStep {
+            high_water: state.raise.take(),
+            messages: std::mem::take(&mut state.messages),
+            events: std::mem::take(&mut state.staged),
+            run,
+        };
+        step.events.extend(last);
+        if step.is_empty() {
             return Ok(None);
         }
-        self.store.append_events(self.turn_id, &events, Some(self.fence)).await?;
-        self.appended.notify_waiters();
-        let last = if has_last { events.pop().map(Arc::new) } else { None };
-        for event in events {
+        if let Err(error) = self.store.write_step(self.turn_id, &step, Some(self.fence)).await {
+            // Nothing of the step is stored: numbers above the stored mark stay unpublished.
+            state.raise = step.high_water;
+            return Err(error.into());
+        }
+        if !step.events.is_empty() {
+            self.appended.notify_waiters();
+        }
+        let last = if has_last { step.events.pop().map(Arc::new) } else { None };
+        for event in step.events {
             self.live.push(Arc::new(event));
         }
         Ok(last)
     }
 
-    /// Stores the staged events with `event`, then publishes them all in `seq` order.
+    /// Stores what is staged with `event`, then publishes them all in `seq` order.
     async fn publish_durable(
         &self,
         state: &mut SinkState,
         event: EventEnvelope,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let event = self
-            .store_staged(state, Some(event))
+            .store_staged(state, Some(event), None)
             .await?
             .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))?;
         self.live.push(event.clone());
         Ok(event)
     }
 
-    /// Stores and publishes the staged events.
+    /// Stores what is staged and publishes the staged events.
     pub(crate) async fn flush(&self) -> Result<(), Stop> {
         let mut state = self.state.lock().await;
-        self.store_staged(&mut state, None).await?;
+        self.store_staged(&mut state, None, None).await?;
         Ok(())
     }
 
@@ -216,15 +235,19 @@ impl TurnSink {
         thread_id: Option<ThreadId>,
         team: Option<TeamContext>,
         payload: EventPayload,
-    ) -> Result<(), Stop> {
+    ) {
         let mut state = self.state.lock().await;
-        self.reserve(&mut state, 1).await?;
+        Self::reserve(&mut state, 1);
         let event = match team {
             Some(team) => state.emitter.emit_team(thread_id, team, payload),
             None => state.emitter.emit(thread_id, payload),
         };
         state.staged.push(event);
-        Ok(())
+    }
+
+    /// Stages history messages of the turn's own run.
+    pub(crate) async fn stage_messages(&self, messages: &[Message]) {
+        self.state.lock().await.messages.extend_from_slice(messages);
     }
 
     /// Stages a complete message and returns a copy for the caller.
@@ -251,7 +274,7 @@ impl TurnSink {
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
-        self.reserve(&mut state, 1).await?;
+        Self::reserve(&mut state, 1);
         let event = match team {
             Some(team) => state.emitter.emit_team(thread_id, team, payload),
             None => state.emitter.emit(thread_id, payload),
@@ -259,16 +282,18 @@ impl TurnSink {
         self.publish_durable(&mut state, event).await
     }
 
-    /// Numbers and stores a durable event without publishing it; the caller publishes it
-    /// with [`LiveTurn::push`] and nothing may be emitted after it.
-    pub(crate) async fn store_unpublished(
+    /// Ends the turn: stores what is staged, the run's end `record` and `turn.done` (with
+    /// `payload`) as one step, publishes the staged events and returns `turn.done`
+    /// unpublished (the caller publishes it with [`LiveTurn::push`]; nothing may be emitted
+    /// after it).
+    pub(crate) async fn finish(
         &self,
-        thread_id: Option<ThreadId>,
+        record: RunRecord,
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
-        let event = state.emitter.emit(thread_id, payload);
-        self.store_staged(&mut state, Some(event))
+        let event = state.emitter.emit(None, payload);
+        self.store_staged(&mut state, Some(event), Some(record))
             .await?
             .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))
     }
@@ -282,8 +307,8 @@ impl TurnSink {
         delta: agentry_types::ModelMessageDelta,
     ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let mut state = self.state.lock().await;
-        self.reserve(&mut state, 2).await?;
-        self.store_staged(&mut state, None).await?;
+        Self::reserve(&mut state, 2);
+        self.store_staged(&mut state, None, None).await?;
         let emission = state
             .emitter
             .delta(thread_id, message_id, delta)
@@ -295,7 +320,7 @@ impl TurnSink {
     /// Stages what was built of an unfinished message (on cancellation or a broken stream).
     async fn finish_partial(&self, thread_id: &ThreadId) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let mut state = self.state.lock().await;
-        self.reserve(&mut state, 1).await?;
+        Self::reserve(&mut state, 1);
         Ok(state.emitter.finish_partial(thread_id).map(|message| Self::stage_message(&mut state, message)))
     }
 }
@@ -643,7 +668,7 @@ impl TurnEngine {
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         if let Some(settled) = ledger.settle(reservation, spent).await {
-            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
+            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await;
         }
         Ok(())
     }
@@ -664,8 +689,8 @@ impl TurnEngine {
 
     /// Stages a durable event on this engine's thread (see [`TurnSink`]): it is stored and
     /// published with the next flush, before the turn next waits on the outside world.
-    async fn stage(&self, payload: EventPayload) -> Result<(), Stop> {
-        self.sink.stage_team(Some(self.thread.clone()), self.team.clone(), payload).await
+    async fn stage(&self, payload: EventPayload) {
+        self.sink.stage_team(Some(self.thread.clone()), self.team.clone(), payload).await;
     }
 
     fn turn_id(&self) -> TurnId {
@@ -701,19 +726,19 @@ impl TurnEngine {
     /// Stores the terminal state, then stores `turn.done` (returned unpublished).
     /// (See also [`fail_after_panic`] for a turn whose engine is gone.)
     async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
-        // What the turn staged is stored before its end state: a terminal turn is never
-        // recovered, so nothing stored after the state could be completed later.
-        self.sink.flush().await?;
+        // The end state, `turn.done` and everything staged are one write: a terminal turn is
+        // never recovered, so nothing may be left to store after its state.
         self.run.set_state(state.clone());
-        self.store.put_run(&self.run, Some(self.fence)).await?;
-        self.sink.store_unpublished(None, EventPayload::TurnDone { state }).await
+        self.sink.finish(self.run.clone(), EventPayload::TurnDone { state }).await
     }
 
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
         self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
             Start::New { previous } => {
-                self.sink.emit(None, self.turn_created()).await?;
+                // Stored and published with the turn's first step (its input), before the
+                // first wait on the model.
+                self.sink.stage_team(None, None, self.turn_created()).await;
                 if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.
@@ -1157,11 +1182,17 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// Adds messages to the run's history: staged with the turn's next step on the turn's
+    /// own run, written at once on a member run.
     async fn persist(&mut self, messages: Vec<Message>) -> Result<(), Stop> {
         if messages.is_empty() {
             return Ok(());
         }
-        self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
+        if self.turn_id() == self.sink.turn_id {
+            self.sink.stage_messages(&messages).await;
+        } else {
+            self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
+        }
         self.context.extend(messages);
         Ok(())
     }
@@ -1303,8 +1334,8 @@ impl TurnEngine {
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
-            self.stage(EventPayload::ReasoningStep { step }).await?;
-            self.stage(EventPayload::ReasoningCompleted {}).await?;
+            self.stage(EventPayload::ReasoningStep { step }).await;
+            self.stage(EventPayload::ReasoningCompleted {}).await;
         }
         let output = ThreadMessage {
             id: completed.event_id,
@@ -1489,7 +1520,8 @@ impl TurnEngine {
     ) -> Result<(), Stop> {
         self.steps += 1;
         let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
-        self.stage(payload).await
+        self.stage(payload).await;
+        Ok(())
     }
 
     fn in_doubt(&self, call: &ToolCall) -> bool {
@@ -1510,7 +1542,7 @@ impl TurnEngine {
             content: result.content.clone(),
             is_error: result.is_error,
         };
-        self.stage(payload).await?;
+        self.stage(payload).await;
         self.complete_step(Some(call.clone()), Some(result.content.clone())).await
     }
 
@@ -1529,7 +1561,7 @@ impl TurnEngine {
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
             };
-            self.stage(payload).await?;
+            self.stage(payload).await;
         }
         // The calls and what led to them are stored and published before any call runs.
         self.sink.flush().await?;
@@ -1759,6 +1791,5 @@ pub(crate) async fn fail_after_panic(
         }
     }
     run.set_state(state.clone());
-    store.put_run(&run, Some(fence)).await.ok()?;
-    sink.store_unpublished(None, EventPayload::TurnDone { state }).await.ok()
+    sink.finish(run, EventPayload::TurnDone { state }).await.ok()
 }

@@ -7,7 +7,7 @@ use agentry_events::EventEnvelope;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -23,7 +23,7 @@ use crate::tables::{
     RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_EVENTS, SESSION_INDEX, SESSION_RUNS, SESSIONS,
     TURN_EVENTS,
 };
-use crate::{RedbStore, counter, redb_error, set_counter};
+use crate::{RedbStore, Tx, counter, redb_error, set_counter};
 
 mod uuid_bits {
     use agentry_types::{SessionId, TurnId};
@@ -439,23 +439,7 @@ impl EventStore for RedbStore {
             let session = facts.session;
             rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
             check_fence(transaction, session, fence)?;
-            let Some(last) = keys.last().map(|key| key.seq) else { return Ok(Vec::new()) };
-            let first_position = transaction.allocate_positions(keys.len() as u64)?;
-            let mut positions = Vec::with_capacity(bodies.len());
-            {
-                let mut table = transaction.open_table(EVENTS).map_err(redb_error)?;
-                let mut by_turn = transaction.open_table(TURN_EVENTS).map_err(redb_error)?;
-                let mut by_session = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
-                for (offset, (key, body)) in keys.iter().zip(&bodies).enumerate() {
-                    let position = first_position + offset as u64;
-                    table.insert(position, body.as_slice()).map_err(redb_error)?;
-                    by_turn.insert((turn_key(turn), key.seq), position).map_err(redb_error)?;
-                    by_session.insert((session_key(session), position), ()).map_err(redb_error)?;
-                    positions.push(position);
-                }
-            }
-            transaction.turns.remember(turn, TurnFacts { session, last_seq: last });
-            Ok(positions)
+            insert_events(transaction, turn, session, &keys, &bodies)
         })
         .await
     }
@@ -563,6 +547,85 @@ impl EventStore for RedbStore {
         })
         .await
     }
+
+    async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
+        let rules::EncodedStep { high_water, messages, events, keys, run } = rules::encode_step(turn, step)?;
+        self.write(move |transaction| {
+            // Every part is checked before any table changes (see the module's note).
+            let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
+            let session = session_of(meta);
+            if let Some((run_session, _)) = &run {
+                rules::check_run_session_id(turn, *run_session, session)?;
+            }
+            let last_seq = match transaction.turns.get(turn) {
+                Some(facts) => facts.last_seq,
+                None => last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?,
+            };
+            rules::check_event_batch(turn, session, last_seq, keys.iter().copied())?;
+            check_fence(transaction, session, fence)?;
+            if let Some(seq) = high_water {
+                let mark = meta.2.max(last_seq).max(seq);
+                if mark != meta.2 {
+                    let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+                    metas.insert(turn_key(turn), (meta.0, meta.1, mark)).map_err(redb_error)?;
+                }
+            }
+            if !messages.is_empty() {
+                insert_messages(transaction, turn, &messages)?;
+            }
+            let positions = insert_events(transaction, turn, session, &keys, &events)?;
+            if let Some((_, body)) = &run {
+                let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
+                runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
+            }
+            Ok(positions)
+        })
+        .await
+    }
+}
+
+/// Stores checked, encoded events of a turn under new positions (the changing half of
+/// [`EventStore::append_events`]).
+fn insert_events(
+    transaction: &mut Tx<'_>,
+    turn: TurnId,
+    session: SessionId,
+    keys: &[rules::EventKey],
+    bodies: &[Vec<u8>],
+) -> StoreResult<Vec<u64>> {
+    let Some(last) = keys.last().map(|key| key.seq) else { return Ok(Vec::new()) };
+    let first_position = transaction.allocate_positions(keys.len() as u64)?;
+    let mut positions = Vec::with_capacity(bodies.len());
+    {
+        let mut table = transaction.open_table(EVENTS).map_err(redb_error)?;
+        let mut by_turn = transaction.open_table(TURN_EVENTS).map_err(redb_error)?;
+        let mut by_session = transaction.open_table(SESSION_EVENTS).map_err(redb_error)?;
+        for (offset, (key, body)) in keys.iter().zip(bodies).enumerate() {
+            let position = first_position + offset as u64;
+            table.insert(position, body.as_slice()).map_err(redb_error)?;
+            by_turn.insert((turn_key(turn), key.seq), position).map_err(redb_error)?;
+            by_session.insert((session_key(session), position), ()).map_err(redb_error)?;
+            positions.push(position);
+        }
+    }
+    transaction.turns.remember(turn, TurnFacts { session, last_seq: last });
+    Ok(positions)
+}
+
+/// Appends encoded messages after a run's last (the changing half of
+/// [`MessageStore::append_messages`]).
+fn insert_messages(transaction: &WriteTransaction, run: TurnId, bodies: &[Vec<u8>]) -> StoreResult<()> {
+    let key = turn_key(run);
+    let mut table = transaction.open_table(MESSAGES).map_err(redb_error)?;
+    let next = match table.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)?.next_back() {
+        Some(entry) => entry.map_err(redb_error)?.0.value().1 + 1,
+        None => 0,
+    };
+    for (offset, body) in bodies.iter().enumerate() {
+        let index = next + u32::try_from(offset).unwrap_or(u32::MAX);
+        table.insert((key, index), body.as_slice()).map_err(redb_error)?;
+    }
+    Ok(())
 }
 
 fn load_event(table: &impl ReadableTable<u64, &'static [u8]>, position: u64) -> StoreResult<StoredEvent> {
@@ -588,17 +651,7 @@ impl MessageStore for RedbStore {
         self.write(move |transaction| {
             let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, run)?;
             check_fence(transaction, session_of(meta), fence)?;
-            let key = turn_key(run);
-            let mut table = transaction.open_table(MESSAGES).map_err(redb_error)?;
-            let next = match table.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)?.next_back() {
-                Some(entry) => entry.map_err(redb_error)?.0.value().1 + 1,
-                None => 0,
-            };
-            for (offset, body) in bodies.iter().enumerate() {
-                let index = next + u32::try_from(offset).unwrap_or(u32::MAX);
-                table.insert((key, index), body.as_slice()).map_err(redb_error)?;
-            }
-            Ok(())
+            insert_messages(transaction, run, &bodies)
         })
         .await
     }

@@ -8,7 +8,7 @@ use agentry_events::EventEnvelope;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -197,42 +197,7 @@ impl RunStore for SqliteStore {
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
         let body = rules::encode("run", run)?;
         let (id, session) = (run.id, run.session_id);
-        self.write(move |connection| {
-            let session_key = session.to_string();
-            if !session_exists(connection, &session_key)? {
-                return Err(StoreError::not_found("session", session));
-            }
-            check_fence(connection, session, fence)?;
-            let key = id.to_string();
-            let existing: Option<String> = connection
-                .prepare_cached("SELECT session_id FROM runs WHERE id = ?1")
-                .map_err(sqlite)?
-                .query_row([&key], |row| row.get(0))
-                .optional()
-                .map_err(sqlite)?;
-            match existing {
-                Some(stored) if stored != session_key => Err(StoreError::InvalidInput(format!(
-                    "run {id} belongs to session {stored}, not {session_key}"
-                ))),
-                Some(_) => {
-                    connection
-                        .prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")
-                        .map_err(sqlite)?
-                        .execute(params![key, body])
-                        .map_err(sqlite)?;
-                    Ok(())
-                }
-                None => {
-                    connection
-                        .prepare_cached("INSERT INTO runs (id, session_id, body) VALUES (?1, ?2, ?3)")
-                        .map_err(sqlite)?
-                        .execute(params![key, session_key, body])
-                        .map_err(sqlite)?;
-                    Ok(())
-                }
-            }
-        })
-        .await
+        self.write(move |connection| put_run_in(connection, id, session, &body, fence)).await
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
@@ -297,33 +262,7 @@ impl EventStore for SqliteStore {
         }
         let single = events.len() == 1;
         let keys: Vec<rules::EventKey> = events.iter().map(rules::EventKey::of).collect();
-        let work = move |tx: &mut Tx<'_>| {
-            let turn_key = turn.to_string();
-            let facts = match tx.turns.get(turn) {
-                Some(facts) => facts,
-                None => {
-                    let (session, _) = run_seq_row(tx, turn, &turn_key)?;
-                    TurnFacts { session, last_seq: last_stored_seq(tx, &turn_key)? }
-                }
-            };
-            let session = facts.session;
-            rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
-            check_fence(tx, session, fence)?;
-            let session_key = session.to_string();
-            let connection: &Connection = tx;
-            let mut insert = connection
-                .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
-                .map_err(sqlite)?;
-            let mut positions = Vec::with_capacity(keys.len());
-            for (event, body) in keys.iter().zip(&bodies) {
-                insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
-                positions.push(as_u64(connection.last_insert_rowid()));
-            }
-            drop(insert);
-            let last_seq = keys.last().map_or(facts.last_seq, |event| event.seq);
-            tx.turns.remember(turn, TurnFacts { session, last_seq });
-            Ok(positions)
-        };
+        let work = move |tx: &mut Tx<'_>| append_events_in(tx, turn, &keys, &bodies, fence);
         // One event is one insert after every check: no savepoint needed.
         if single { self.write_one_statement(work).await } else { self.write(work).await }
     }
@@ -393,19 +332,7 @@ impl EventStore for SqliteStore {
 
     async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
         rules::check_seq(seq)?;
-        self.write(move |connection| {
-            let key = turn.to_string();
-            let (session, high_water) = run_seq_row(connection, turn, &key)?;
-            check_fence(connection, session, fence)?;
-            let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
-            connection
-                .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
-                .map_err(sqlite)?
-                .execute(params![key, as_i64(mark)])
-                .map_err(sqlite)?;
-            Ok(mark)
-        })
-        .await
+        self.write(move |connection| raise_high_water_in(connection, turn, seq, fence)).await
     }
 
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
@@ -415,6 +342,153 @@ impl EventStore for SqliteStore {
             Ok(high_water.max(last_stored_seq(connection, &key)?))
         })
         .await
+    }
+
+    async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
+        let rules::EncodedStep { high_water, messages, events, keys, run } = rules::encode_step(turn, step)?;
+        self.write(move |tx| {
+            let (session, _) = run_seq_row(tx, turn, &turn.to_string())?;
+            if let Some((run_session, _)) = &run {
+                rules::check_run_session_id(turn, *run_session, session)?;
+            }
+            // One fence check stands for the whole step: the lease cannot change inside it.
+            check_fence(tx, session, fence)?;
+            if let Some(seq) = high_water {
+                raise_high_water_in(tx, turn, seq, None)?;
+            }
+            if !messages.is_empty() {
+                append_messages_in(tx, turn, &messages, None)?;
+            }
+            let positions =
+                if keys.is_empty() { Vec::new() } else { append_events_in(tx, turn, &keys, &events, None)? };
+            if let Some((session, body)) = &run {
+                put_run_in(tx, turn, *session, body, None)?;
+            }
+            Ok(positions)
+        })
+        .await
+    }
+}
+
+/// Raises a turn's high-water mark (see [`EventStore::raise_high_water`]), inside a write.
+fn raise_high_water_in(
+    connection: &Connection,
+    turn: TurnId,
+    seq: u64,
+    fence: Option<Fence>,
+) -> StoreResult<u64> {
+    let key = turn.to_string();
+    let (session, high_water) = run_seq_row(connection, turn, &key)?;
+    check_fence(connection, session, fence)?;
+    let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
+    connection
+        .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
+        .map_err(sqlite)?
+        .execute(params![key, as_i64(mark)])
+        .map_err(sqlite)?;
+    Ok(mark)
+}
+
+/// Appends encoded events of one turn (see [`EventStore::append_events`]), inside a write.
+fn append_events_in(
+    tx: &mut Tx<'_>,
+    turn: TurnId,
+    keys: &[rules::EventKey],
+    bodies: &[Vec<u8>],
+    fence: Option<Fence>,
+) -> StoreResult<Vec<u64>> {
+    let turn_key = turn.to_string();
+    let facts = match tx.turns.get(turn) {
+        Some(facts) => facts,
+        None => {
+            let (session, _) = run_seq_row(tx, turn, &turn_key)?;
+            TurnFacts { session, last_seq: last_stored_seq(tx, &turn_key)? }
+        }
+    };
+    let session = facts.session;
+    rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
+    check_fence(tx, session, fence)?;
+    let session_key = session.to_string();
+    let connection: &Connection = tx;
+    let mut insert = connection
+        .prepare_cached("INSERT INTO events (turn_id, session_id, seq, body) VALUES (?1, ?2, ?3, ?4)")
+        .map_err(sqlite)?;
+    let mut positions = Vec::with_capacity(keys.len());
+    for (event, body) in keys.iter().zip(bodies) {
+        insert.execute(params![turn_key, session_key, as_i64(event.seq), body]).map_err(sqlite)?;
+        positions.push(as_u64(connection.last_insert_rowid()));
+    }
+    drop(insert);
+    let last_seq = keys.last().map_or(facts.last_seq, |event| event.seq);
+    tx.turns.remember(turn, TurnFacts { session, last_seq });
+    Ok(positions)
+}
+
+/// Appends encoded messages to a run's history (see [`MessageStore::append_messages`]),
+/// inside a write.
+fn append_messages_in(
+    connection: &Connection,
+    run: TurnId,
+    bodies: &[Vec<u8>],
+    fence: Option<Fence>,
+) -> StoreResult<()> {
+    let key = run.to_string();
+    let (session, _) = run_seq_row(connection, run, &key)?;
+    check_fence(connection, session, fence)?;
+    let next: i64 = connection
+        .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
+        .map_err(sqlite)?
+        .query_row([&key], |row| row.get(0))
+        .map_err(sqlite)?;
+    let mut insert = connection
+        .prepare_cached("INSERT INTO messages (run_id, idx, body) VALUES (?1, ?2, ?3)")
+        .map_err(sqlite)?;
+    for (offset, body) in bodies.iter().enumerate() {
+        insert.execute(params![key, next + as_i64(offset as u64), body]).map_err(sqlite)?;
+    }
+    Ok(())
+}
+
+/// Stores a run's record (see [`RunStore::put_run`]), inside a write.
+fn put_run_in(
+    connection: &Connection,
+    id: TurnId,
+    session: SessionId,
+    body: &[u8],
+    fence: Option<Fence>,
+) -> StoreResult<()> {
+    let session_key = session.to_string();
+    if !session_exists(connection, &session_key)? {
+        return Err(StoreError::not_found("session", session));
+    }
+    check_fence(connection, session, fence)?;
+    let key = id.to_string();
+    let existing: Option<String> = connection
+        .prepare_cached("SELECT session_id FROM runs WHERE id = ?1")
+        .map_err(sqlite)?
+        .query_row([&key], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?;
+    match existing {
+        Some(stored) if stored != session_key => {
+            Err(StoreError::InvalidInput(format!("run {id} belongs to session {stored}, not {session_key}")))
+        }
+        Some(_) => {
+            connection
+                .prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")
+                .map_err(sqlite)?
+                .execute(params![key, body])
+                .map_err(sqlite)?;
+            Ok(())
+        }
+        None => {
+            connection
+                .prepare_cached("INSERT INTO runs (id, session_id, body) VALUES (?1, ?2, ?3)")
+                .map_err(sqlite)?
+                .execute(params![key, session_key, body])
+                .map_err(sqlite)?;
+            Ok(())
+        }
     }
 }
 
@@ -471,24 +545,7 @@ impl MessageStore for SqliteStore {
         for message in messages {
             bodies.push(rules::encode("message", message)?);
         }
-        self.write(move |connection| {
-            let key = run.to_string();
-            let (session, _) = run_seq_row(connection, run, &key)?;
-            check_fence(connection, session, fence)?;
-            let next: i64 = connection
-                .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
-                .map_err(sqlite)?
-                .query_row([&key], |row| row.get(0))
-                .map_err(sqlite)?;
-            let mut insert = connection
-                .prepare_cached("INSERT INTO messages (run_id, idx, body) VALUES (?1, ?2, ?3)")
-                .map_err(sqlite)?;
-            for (offset, body) in bodies.iter().enumerate() {
-                insert.execute(params![key, next + as_i64(offset as u64), body]).map_err(sqlite)?;
-            }
-            Ok(())
-        })
-        .await
+        self.write(move |connection| append_messages_in(connection, run, &bodies, fence)).await
     }
 
     async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {

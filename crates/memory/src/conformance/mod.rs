@@ -30,6 +30,7 @@ use crate::error::{Conflict, StoreError};
 use crate::page::{Order, PageRequest};
 use crate::store::{
     FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
+    TurnStep,
 };
 
 /// A fresh store for one case, with whatever must live as long as it (a temporary
@@ -91,6 +92,8 @@ macro_rules! conformance_tests {
             turn_events_read_after_a_cursor_in_both_orders,
             feed_reads_store_wide_and_per_session_after_a_position,
             high_water_mark_rises_never_falls_and_covers_stored_events,
+            turn_step_stores_every_part_in_one_write,
+            turn_step_refused_in_any_part_stores_none_of_it,
             concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
             history_returns_the_last_runs_messages_oldest_first,
             history_filters_roles_statuses_agents_teams_and_replayed_messages,
@@ -646,6 +649,94 @@ pub async fn feed_reads_store_wide_and_per_session_after_a_position(store: Arc<d
     assert_eq!(desc, vec![all[3].clone(), all[2].clone()]);
     let before = FeedQuery { order: Order::Desc, after: Some(all[2].position), session_id: Some(second.id) };
     assert_eq!(store.feed(&before, 10).await.unwrap(), vec![all[1].clone()]);
+}
+
+/// The messages of a run's history, in order.
+async fn run_messages(store: &dyn Store, session: SessionId, run: TurnId) -> Vec<String> {
+    let history = store.history(session, &HistoryQuery::default()).await.unwrap();
+    history
+        .into_iter()
+        .filter(|stored| stored.run_id == run)
+        .map(|stored| stored.message.content.map(|content| content.text()).unwrap_or_default())
+        .collect()
+}
+
+/// A turn step stores its high-water mark, messages, events and run record together, and
+/// returns the events' positions.
+pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    store.append_messages(run.id, &[Message::user("first")], None).await.unwrap();
+    let mut done = run.clone();
+    done.set_state(TurnState::Cancelled {
+        reason: CancellationReason::ClientCancelled,
+        completed_at: Timestamp::now(),
+        metrics: None,
+    });
+    let step = TurnStep {
+        high_water: Some(300),
+        messages: vec![Message::user("second"), Message::user("third")],
+        events: vec![event(&run, 4), event(&run, 7)],
+        run: Some(done.clone()),
+    };
+    let positions = store.write_step(run.id, &step, None).await.unwrap();
+    assert_eq!(positions.len(), 2);
+    assert!(positions[0] < positions[1]);
+    let stored = store.turn_events(run.id, Order::Asc, None, 10).await.unwrap();
+    assert_eq!(seqs(&stored), [4, 7]);
+    assert_eq!(stored.iter().map(|stored| stored.position).collect::<Vec<_>>(), positions);
+    assert_eq!(run_messages(&*store, session.id, run.id).await, ["first", "second", "third"]);
+    assert_eq!(store.get_run(run.id).await.unwrap(), done);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 300);
+    // Parts are optional; an empty step writes nothing and a later one continues the turn.
+    assert!(store.write_step(run.id, &TurnStep::default(), None).await.unwrap().is_empty());
+    let more = TurnStep { events: vec![event(&run, 8)], ..TurnStep::default() };
+    store.write_step(run.id, &more, None).await.unwrap();
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [4, 7, 8]);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 300);
+}
+
+/// A step refused for any of its parts (a stale seq, another run's record, a stale fence,
+/// an unknown run) stores none of its parts.
+pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let other = new_run(&*store, session.id).await;
+    let lease = store.acquire_lease(session.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
+    store.append_events(run.id, &[event(&run, 5)], Some(lease.fence())).await.unwrap();
+    let mut changed = run.clone();
+    changed.agent_id = Some("changed".into());
+    let step = |events: Vec<EventEnvelope>, record: RunRecord| TurnStep {
+        high_water: Some(900),
+        messages: vec![Message::user("must not be stored")],
+        events,
+        run: Some(record),
+    };
+    let stale_seq = step(vec![event(&run, 6), event(&run, 3)], changed.clone());
+    let error = store.write_step(run.id, &stale_seq, None).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleSeq { .. })), "{error:?}");
+    assert_invalid(store.write_step(run.id, &step(vec![event(&run, 6)], other.clone()), None).await);
+    let mut moved = changed.clone();
+    moved.session_id = SessionId::new();
+    assert_invalid(store.write_step(run.id, &step(vec![event(&run, 6)], moved), None).await);
+    let taken = store.acquire_lease(session.id, "q", Duration::from_secs(5), at(6)).await.unwrap();
+    let stale_fence = step(vec![event(&run, 6)], changed.clone());
+    let error = store.write_step(run.id, &stale_fence, Some(lease.fence())).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
+    let ghost = run_in(session.id);
+    assert_not_found(store.write_step(ghost.id, &step(vec![event(&ghost, 1)], ghost.clone()), None).await);
+    // Nothing of any refused step is stored.
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [5]);
+    assert!(run_messages(&*store, session.id, run.id).await.is_empty());
+    assert_eq!(store.get_run(run.id).await.unwrap(), run);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 5);
+    assert_not_found(store.get_run(ghost.id).await);
+    // The current holder's step goes through.
+    store
+        .write_step(run.id, &step(vec![event(&run, 6)], changed.clone()), Some(taken.fence()))
+        .await
+        .unwrap();
+    assert_eq!(store.get_run(run.id).await.unwrap(), changed);
 }
 
 /// The high-water mark only rises and is never below a stored seq.

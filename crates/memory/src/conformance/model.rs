@@ -18,7 +18,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use super::{Harness, event};
 use crate::error::StoreError;
 use crate::page::{Order, PageRequest};
-use crate::store::{FeedQuery, RunQuery, SessionQuery, Store};
+use crate::store::{FeedQuery, RunQuery, SessionQuery, Store, TurnStep};
 
 const SESSIONS: u8 = 3;
 const RUNS: u8 = 6;
@@ -40,11 +40,15 @@ pub enum Op {
         done: bool,
     },
     /// Append events: each step adds to the model's last seq (0 makes a stale seq).
+    /// With `as_step`, through `write_step`, raising the high-water mark to that value with
+    /// the same write (a refused step must not raise it).
     Append {
         /// The run slot.
         run: u8,
         /// Seq steps.
         steps: Vec<u8>,
+        /// Write as a turn step raising the mark to this.
+        as_step: Option<u8>,
     },
     /// Read a run's events.
     ReadTurn {
@@ -98,7 +102,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..SESSIONS).prop_map(Op::CreateSession),
         1 => (0..SESSIONS).prop_map(Op::DeleteSession),
         4 => (0..SESSIONS, 0..RUNS, any::<bool>()).prop_map(|(session, run, done)| Op::PutRun { session, run, done }),
-        6 => (0..RUNS, proptest::collection::vec(0u8..3, 1..4)).prop_map(|(run, steps)| Op::Append { run, steps }),
+        6 => (0..RUNS, proptest::collection::vec(0u8..3, 1..4), proptest::option::of(0u8..30))
+            .prop_map(|(run, steps, as_step)| Op::Append { run, steps, as_step }),
         3 => (0..RUNS, any::<bool>(), proptest::option::of(0u8..12), 1u8..6)
             .prop_map(|(run, desc, after, limit)| Op::ReadTurn { run, desc, after, limit }),
         2 => (0..SESSIONS, any::<bool>(), 1u8..4).prop_map(|(session, desc, page)| Op::ListRuns { session, desc, page }),
@@ -225,7 +230,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 model.run_order.entry(session).or_default().push(run);
             }
         }
-        Op::Append { run, ref steps } => {
+        Op::Append { run, ref steps, as_step } => {
             let last = model.runs.get(&run).and_then(|r| r.seqs.last().copied()).unwrap_or(0);
             let mut seq = last;
             let mut seqs = Vec::new();
@@ -238,7 +243,13 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 None => model.run_record(run, 0, false),
             };
             let events: Vec<_> = seqs.iter().map(|seq| event(&record, *seq)).collect();
-            let result = store.append_events(record.id, &events, None).await;
+            let result = match as_step {
+                None => store.append_events(record.id, &events, None).await,
+                Some(raise) => {
+                    let step = TurnStep { high_water: Some(u64::from(raise)), events, ..TurnStep::default() };
+                    store.write_step(record.id, &step, None).await
+                }
+            };
             let increasing =
                 seqs.first().is_some_and(|first| *first > last) && seqs.windows(2).all(|p| p[0] < p[1]);
             let expected = match model.runs.get(&run) {
@@ -250,7 +261,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             if let (Ok(positions), Some(model_run)) = (&result, model.runs.get_mut(&run)) {
                 prop_assert!(positions.windows(2).all(|p| p[0] < p[1]));
                 model_run.seqs.extend(&seqs);
-                model_run.high_water = model_run.high_water.max(seq);
+                model_run.high_water = model_run.high_water.max(seq).max(as_step.map_or(0, u64::from));
                 model.feed.extend(seqs.iter().map(|seq| (run, *seq)));
             }
         }

@@ -349,16 +349,13 @@ impl EventStore for InMemoryStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        if let Some(seq) = step.high_water {
-            rules::check_seq(seq)?;
-        }
+        rules::check_step_shape(turn, step, fence)?;
         for message in &step.messages {
             rules::check_size("message", message)?;
         }
         for event in &step.events {
             rules::check_event_size(event)?;
         }
-        rules::check_step_run(turn, step.run.as_ref())?;
         if let Some(run) = &step.run {
             rules::check_size("run", run)?;
         }
@@ -379,6 +376,9 @@ impl EventStore for InMemoryStore {
         row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
         if let Some(run) = &step.run {
             row.record = run.clone();
+        }
+        if step.release_lease {
+            state.leases.remove(&session);
         }
         Ok(positions)
     }

@@ -209,21 +209,20 @@ pub struct EncodedStep {
     pub keys: Vec<EventKey>,
     /// The run record's session and encoding.
     pub run: Option<(SessionId, Vec<u8>)>,
+    /// Whether the lease is released after the step.
+    pub release_lease: bool,
 }
 
 /// Checks what of a step can be checked without the store (seq range, record sizes, the
-/// run record being the turn's own) and encodes it.
+/// run record being the turn's own, a fence for a release) and encodes it.
 ///
 /// # Errors
 /// `InvalidInput` or `TooLarge`, as the methods the step stands for.
-pub fn encode_step(turn: TurnId, step: &TurnStep) -> StoreResult<EncodedStep> {
-    if let Some(seq) = step.high_water {
-        check_seq(seq)?;
-    }
+pub fn encode_step(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<EncodedStep> {
+    check_step_shape(turn, step, fence)?;
     let messages =
         step.messages.iter().map(|message| encode("message", message)).collect::<StoreResult<_>>()?;
     let events = step.events.iter().map(encode_event).collect::<StoreResult<_>>()?;
-    check_step_run(turn, step.run.as_ref())?;
     let run = match &step.run {
         Some(run) => Some((run.session_id, encode("run", run)?)),
         None => None,
@@ -234,7 +233,25 @@ pub fn encode_step(turn: TurnId, step: &TurnStep) -> StoreResult<EncodedStep> {
         events,
         keys: step.events.iter().map(EventKey::of).collect(),
         run,
+        release_lease: step.release_lease,
     })
+}
+
+/// The checks of a step that need no store: its mark is storable, its run record is the
+/// turn's own, and a release of the lease comes with a fence.
+///
+/// # Errors
+/// `InvalidInput`.
+pub fn check_step_shape(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<()> {
+    if let Some(seq) = step.high_water {
+        check_seq(seq)?;
+    }
+    if step.release_lease && fence.is_none() {
+        return Err(StoreError::InvalidInput(format!(
+            "a step of turn {turn} can release the lease only with the fence that holds it"
+        )));
+    }
+    check_step_run(turn, step.run.as_ref())
 }
 
 /// Refuses a [`TurnStep`] run record that is not the turn's own (before

@@ -311,11 +311,14 @@ pub trait EventStore: Send + Sync {
     /// [`raise_high_water`](Self::raise_high_water)), appends the history messages (as
     /// [`MessageStore::append_messages`]), appends the events (as
     /// [`append_events`](Self::append_events)) and replaces the run's record (as
-    /// [`RunStore::put_run`]), each only when the step has it. Either every part is stored
-    /// or none is, with the error of the first part refused. Returns the events' positions.
+    /// [`RunStore::put_run`]), each only when the step has it, then releases the lease when
+    /// asked (as [`LeaseStore::release_lease`] with the fence's token). Either every part is
+    /// stored or none is, with the error of the first part refused. Returns the events'
+    /// positions.
     ///
     /// Errors: `NotFound` when the run does not exist; `InvalidInput` when `step.run` is
-    /// another run's record; otherwise as the four methods it stands for.
+    /// another run's record, or a release is asked without a fence; otherwise as the methods
+    /// it stands for.
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>>;
 }
 
@@ -331,13 +334,20 @@ pub struct TurnStep {
     pub events: Vec<EventEnvelope>,
     /// The run's record replaced, typically with its end state; it must be the turn's own.
     pub run: Option<RunRecord>,
+    /// Release the session's lease, held by the step's fence, once the step is written
+    /// (the turn is over). Needs a fence.
+    pub release_lease: bool,
 }
 
 impl TurnStep {
     /// Whether the step writes nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.high_water.is_none() && self.messages.is_empty() && self.events.is_empty() && self.run.is_none()
+        self.high_water.is_none()
+            && self.messages.is_empty()
+            && self.events.is_empty()
+            && self.run.is_none()
+            && !self.release_lease
     }
 }
 

@@ -182,11 +182,14 @@ impl TurnSink {
         run: Option<RunRecord>,
     ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let has_last = last.is_some();
+        // The turn's end (its record with `turn.done`) also gives its lease back.
+        let release_lease = run.is_some() && has_last;
         let mut step = TurnStep {
             high_water: state.raise.take(),
             messages: std::mem::take(&mut state.messages),
             events: std::mem::take(&mut state.staged),
             run,
+            release_lease,
         };
         step.events.extend(last);
         if step.is_empty() {
@@ -283,8 +286,8 @@ impl TurnSink {
     }
 
     /// Ends the turn: stores what is staged, the run's end `record` and `turn.done` (with
-    /// `payload`) as one step, publishes the staged events and returns `turn.done`
-    /// unpublished (the caller publishes it with [`LiveTurn::push`]; nothing may be emitted
+    /// `payload`) as one step that also releases the session's lease, publishes the staged
+    /// events and returns `turn.done` unpublished (the caller publishes it with [`LiveTurn::push`]; nothing may be emitted
     /// after it).
     pub(crate) async fn finish(
         &self,

@@ -378,11 +378,11 @@ impl Runtime {
                     crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink).await
                 }
             };
-            // The lease is released and the live log retired before `turn.done` is
-            // published: whoever sees the end of the turn can start the next one at once, and
-            // a subscriber arriving after it (with no retention) reads the stored log.
+            // The lease was released with the turn's end (one write with `turn.done`), and the
+            // live log is retired before `turn.done` is published: whoever sees the end of the
+            // turn can start the next one at once, and a subscriber arriving after it (with
+            // no retention) reads the stored log.
             if let Some(done) = finished {
-                let _released = store.release_lease(lease.session_id, lease.token).await;
                 runtime.retire(live.turn_id);
                 live.push(done);
             } else {

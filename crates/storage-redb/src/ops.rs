@@ -549,7 +549,8 @@ impl EventStore for RedbStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, run } = rules::encode_step(turn, step)?;
+        let rules::EncodedStep { high_water, messages, events, keys, run, release_lease } =
+            rules::encode_step(turn, step, fence)?;
         self.write(move |transaction| {
             // Every part is checked before any table changes (see the module's note).
             let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
@@ -577,6 +578,10 @@ impl EventStore for RedbStore {
             if let Some((_, body)) = &run {
                 let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
                 runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
+            }
+            if release_lease {
+                let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
+                leases.remove(session_key(session)).map_err(redb_error)?;
             }
             Ok(positions)
         })

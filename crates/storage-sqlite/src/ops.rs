@@ -345,7 +345,8 @@ impl EventStore for SqliteStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, run } = rules::encode_step(turn, step)?;
+        let rules::EncodedStep { high_water, messages, events, keys, run, release_lease } =
+            rules::encode_step(turn, step, fence)?;
         self.write(move |tx| {
             let (session, _) = run_seq_row(tx, turn, &turn.to_string())?;
             if let Some((run_session, _)) = &run {
@@ -364,10 +365,23 @@ impl EventStore for SqliteStore {
             if let Some((session, body)) = &run {
                 put_run_in(tx, turn, *session, body, None)?;
             }
+            if release_lease {
+                delete_lease(tx, session)?;
+            }
             Ok(positions)
         })
         .await
     }
+}
+
+/// Removes a session's lease, inside a write.
+fn delete_lease(connection: &Connection, session: SessionId) -> StoreResult<()> {
+    connection
+        .prepare_cached("DELETE FROM leases WHERE session_id = ?1")
+        .map_err(sqlite)?
+        .execute([session.to_string()])
+        .map_err(sqlite)?;
+    Ok(())
 }
 
 /// Raises a turn's high-water mark (see [`EventStore::raise_high_water`]), inside a write.
@@ -969,12 +983,7 @@ impl LeaseStore for SqliteStore {
         self.write(move |connection| {
             let key = session.to_string();
             rules::check_release(session, lease_row(connection, &key)?.as_ref(), token)?;
-            connection
-                .prepare_cached("DELETE FROM leases WHERE session_id = ?1")
-                .map_err(sqlite)?
-                .execute([key])
-                .map_err(sqlite)?;
-            Ok(())
+            delete_lease(connection, session)
         })
         .await
     }

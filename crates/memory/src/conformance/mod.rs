@@ -678,8 +678,11 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
         messages: vec![Message::user("second"), Message::user("third")],
         events: vec![event(&run, 4), event(&run, 7)],
         run: Some(done.clone()),
+        release_lease: true,
     };
-    let positions = store.write_step(run.id, &step, None).await.unwrap();
+    let lease = store.acquire_lease(session.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
+    let positions = store.write_step(run.id, &step, Some(lease.fence())).await.unwrap();
+    assert_eq!(store.lease(session.id).await.unwrap(), None, "the step released the lease");
     assert_eq!(positions.len(), 2);
     assert!(positions[0] < positions[1]);
     let stored = store.turn_events(run.id, Order::Asc, None, 10).await.unwrap();
@@ -711,6 +714,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
         messages: vec![Message::user("must not be stored")],
         events,
         run: Some(record),
+        release_lease: false,
     };
     let stale_seq = step(vec![event(&run, 6), event(&run, 3)], changed.clone());
     let error = store.write_step(run.id, &stale_seq, None).await.unwrap_err();
@@ -720,9 +724,13 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     moved.session_id = SessionId::new();
     assert_invalid(store.write_step(run.id, &step(vec![event(&run, 6)], moved), None).await);
     let taken = store.acquire_lease(session.id, "q", Duration::from_secs(5), at(6)).await.unwrap();
-    let stale_fence = step(vec![event(&run, 6)], changed.clone());
+    let stale_fence = TurnStep { release_lease: true, ..step(vec![event(&run, 6)], changed.clone()) };
     let error = store.write_step(run.id, &stale_fence, Some(lease.fence())).await.unwrap_err();
     assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
+    assert_eq!(store.lease(session.id).await.unwrap().map(|lease| lease.token), Some(taken.token));
+    // A release needs the fence that holds the lease.
+    let unfenced = TurnStep { release_lease: true, ..step(vec![event(&run, 6)], changed.clone()) };
+    assert_invalid(store.write_step(run.id, &unfenced, None).await);
     let ghost = run_in(session.id);
     assert_not_found(store.write_step(ghost.id, &step(vec![event(&ghost, 1)], ghost.clone()), None).await);
     // Nothing of any refused step is stored.
@@ -731,6 +739,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     assert_eq!(store.get_run(run.id).await.unwrap(), run);
     assert_eq!(store.high_water(run.id).await.unwrap(), 5);
     assert_not_found(store.get_run(ghost.id).await);
+    assert_eq!(store.lease(session.id).await.unwrap().map(|lease| lease.token), Some(taken.token));
     // The current holder's step goes through.
     store
         .write_step(run.id, &step(vec![event(&run, 6)], changed.clone()), Some(taken.fence()))

@@ -42,4 +42,40 @@ fn main() {
     );
     drop(agents);
     assert!(per_agent <= 1024, "an agent with one tool takes {per_agent} bytes of heap, more than 1 KiB");
+    turn_allocations(tool);
+}
+
+/// Reports the allocations of one turn (the scripted model calls `multiply`, then answers)
+/// on the in-memory store: what the runtime's per-turn work costs the allocator.
+fn turn_allocations(tool: Arc<dyn agentry_runner::Tool>) {
+    use agentry_memory::InMemoryStore;
+    use agentry_runner::{Runtime, RuntimeOptions, TurnRequest};
+    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
+    let answer = ScriptedResponse::text("The answer is 42.");
+    let model = Arc::new(ScriptedModel::responder(move |request| {
+        match request.messages.last().map(|message| message.role) {
+            Some(agentry_types::Role::Tool) => answer.clone(),
+            _ => call.clone(),
+        }
+    }));
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let options = RuntimeOptions { live_retention: std::time::Duration::ZERO, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);
+    runtime.register(Agent::builder("bench", model).tool(tool).build());
+    const TURNS: usize = 200;
+    let (allocations, bytes) = tokio.block_on(async {
+        let mut sessions = Vec::new();
+        for _ in 0..TURNS {
+            sessions.push(runtime.create_session("bench", None).await.unwrap());
+        }
+        // One warm-up turn: lazily built state (the lease keeper) is not a turn's cost.
+        sessions[0].create_turn(TurnRequest::message("warm up")).await.unwrap().wait().await.unwrap();
+        let region = Region::new(GLOBAL);
+        for session in &sessions[1..] {
+            session.create_turn(TurnRequest::message("What is 6 * 7?")).await.unwrap().wait().await.unwrap();
+        }
+        let change = region.change();
+        (change.allocations / (TURNS - 1), change.bytes_allocated / (TURNS - 1))
+    });
+    println!("one_turn_heap: {allocations} allocations, {bytes} bytes allocated per turn (in-memory store)");
 }

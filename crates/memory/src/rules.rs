@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use agentry_events::EventEnvelope;
+use agentry_events::{EventEnvelope, EventPayload, TeamContext};
 use agentry_types::{
-    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, SessionId, Timestamp,
-    ToolResult, TurnId,
+    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, SessionId, ThreadId,
+    Timestamp, ToolResult, TurnId,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -54,14 +54,24 @@ impl std::io::Write for ByteCounter {
 /// Checks that an event encodes within [`MAX_RECORD_BYTES`] (for stores that keep events
 /// as values): its payload and team context are what can grow.
 pub fn check_event_size(event: &EventEnvelope) -> StoreResult<()> {
+    check_payload_size(&event.payload, event.team.as_ref(), event.thread_id.as_ref())
+}
+
+/// [`check_event_size`] before the event exists: a sequencer checks what it is about to
+/// number, so a refused event leaves no gap in the numbers.
+pub fn check_payload_size(
+    payload: &EventPayload,
+    team: Option<&TeamContext>,
+    thread: Option<&ThreadId>,
+) -> StoreResult<()> {
     let mut counter = ByteCounter(80);
-    serde_json::to_writer(&mut counter, &event.payload)
+    serde_json::to_writer(&mut counter, payload)
         .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
-    if let Some(team) = &event.team {
+    if let Some(team) = team {
         serde_json::to_writer(&mut counter, team)
             .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
     }
-    if let Some(thread) = &event.thread_id {
+    if let Some(thread) = thread {
         counter.0 += thread.as_str().len();
     }
     if counter.0 > MAX_RECORD_BYTES {

@@ -16,7 +16,7 @@ use agentry_events::{
 };
 use agentry_memory::{
     Conflict, HistoryQuery, MAX_PAGE, Memory, MemoryConfig, Order, PageRequest, ParentFilter, RunQuery,
-    Store, StoreError, TurnStep,
+    Store, StoreError, TurnStep, rules,
 };
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
@@ -196,8 +196,24 @@ impl TurnSink {
             return Ok(None);
         }
         if let Err(error) = self.store.write_step(self.turn_id, &step, Some(self.fence)).await {
-            // Nothing of the step is stored: numbers above the stored mark stay unpublished.
-            state.raise = step.high_water;
+            // Nothing of the step is stored. Its raise, messages and events go back in front
+            // of what is staged, so a later step (at the latest the turn's end) stores them:
+            // the history the turn already uses stays whole, and no number is skipped in
+            // the live log. The end's own `turn.done` is not kept (nothing follows it); an
+            // event too large to store is dropped (it fails the turn, and would fail every
+            // later step); sizes are checked when staging, so that is a model message only.
+            state.raise = step.high_water.max(state.raise);
+            let mut events = step.events;
+            if step.run.is_some() && has_last {
+                events.pop();
+            }
+            if !matches!(error, StoreError::TooLarge { .. }) {
+                events.append(&mut state.staged);
+                state.staged = events;
+            }
+            let mut messages = step.messages;
+            messages.append(&mut state.messages);
+            state.messages = messages;
             return Err(error.into());
         }
         if !step.events.is_empty() {
@@ -238,7 +254,8 @@ impl TurnSink {
         thread_id: Option<ThreadId>,
         team: Option<TeamContext>,
         payload: EventPayload,
-    ) {
+    ) -> Result<(), Stop> {
+        rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
         let mut state = self.state.lock().await;
         Self::reserve(&mut state, 1);
         let event = match team {
@@ -246,6 +263,7 @@ impl TurnSink {
             None => state.emitter.emit(thread_id, payload),
         };
         state.staged.push(event);
+        Ok(())
     }
 
     /// Stages history messages of the turn's own run.
@@ -276,6 +294,7 @@ impl TurnSink {
         team: Option<TeamContext>,
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
+        rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
         let mut state = self.state.lock().await;
         Self::reserve(&mut state, 1);
         let event = match team {
@@ -671,7 +690,7 @@ impl TurnEngine {
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         if let Some(settled) = ledger.settle(reservation, spent).await {
-            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await;
+            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
         }
         Ok(())
     }
@@ -692,8 +711,8 @@ impl TurnEngine {
 
     /// Stages a durable event on this engine's thread (see [`TurnSink`]): it is stored and
     /// published with the next flush, before the turn next waits on the outside world.
-    async fn stage(&self, payload: EventPayload) {
-        self.sink.stage_team(Some(self.thread.clone()), self.team.clone(), payload).await;
+    async fn stage(&self, payload: EventPayload) -> Result<(), Stop> {
+        self.sink.stage_team(Some(self.thread.clone()), self.team.clone(), payload).await
     }
 
     fn turn_id(&self) -> TurnId {
@@ -741,7 +760,7 @@ impl TurnEngine {
             Start::New { previous } => {
                 // Stored and published with the turn's first step (its input), before the
                 // first wait on the model.
-                self.sink.stage_team(None, None, self.turn_created()).await;
+                self.sink.stage_team(None, None, self.turn_created()).await?;
                 if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.
@@ -919,6 +938,9 @@ impl TurnEngine {
         instance: Option<ThreadInstance>,
     ) -> ThreadRun {
         self.close_unanswered(&outcome).await;
+        // What the thread staged is stored before its run's end state (best effort: a
+        // failed write keeps it staged for the turn's next step).
+        let _flushed = self.sink.flush().await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let (state, result) = match outcome {
@@ -1192,6 +1214,11 @@ impl TurnEngine {
             return Ok(());
         }
         if self.turn_id() == self.sink.turn_id {
+            // Checked here, not when the step is written: a message the store would refuse
+            // must not enter the context the turn goes on with.
+            for message in &messages {
+                rules::check_size("message", message)?;
+            }
             self.sink.stage_messages(&messages).await;
         } else {
             self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
@@ -1337,8 +1364,8 @@ impl TurnEngine {
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
-            self.stage(EventPayload::ReasoningStep { step }).await;
-            self.stage(EventPayload::ReasoningCompleted {}).await;
+            self.stage(EventPayload::ReasoningStep { step }).await?;
+            self.stage(EventPayload::ReasoningCompleted {}).await?;
         }
         let output = ThreadMessage {
             id: completed.event_id,
@@ -1523,8 +1550,7 @@ impl TurnEngine {
     ) -> Result<(), Stop> {
         self.steps += 1;
         let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
-        self.stage(payload).await;
-        Ok(())
+        self.stage(payload).await
     }
 
     fn in_doubt(&self, call: &ToolCall) -> bool {
@@ -1545,7 +1571,7 @@ impl TurnEngine {
             content: result.content.clone(),
             is_error: result.is_error,
         };
-        self.stage(payload).await;
+        self.stage(payload).await?;
         self.complete_step(Some(call.clone()), Some(result.content.clone())).await
     }
 
@@ -1564,7 +1590,7 @@ impl TurnEngine {
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
             };
-            self.stage(payload).await;
+            self.stage(payload).await?;
         }
         // The calls and what led to them are stored and published before any call runs.
         self.sink.flush().await?;

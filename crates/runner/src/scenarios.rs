@@ -1111,6 +1111,40 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
     assert!(matches!(next.wait().await.unwrap(), TurnState::Done { .. }), "the session takes new turns");
 }
 
+/// Scenario: a tool result too large for the store fails the turn at once, with every
+/// event it streamed numbered without a gap and stored, and a history the next turn can use
+/// (the call gets an error result instead of the result that could not be kept).
+pub async fn a_tool_result_too_large_to_store_fails_the_turn_and_leaves_a_usable_history(harness: Harness) {
+    let huge = FunctionTool::new("huge", "Returns too much.", |_: NoArguments, _| async {
+        Ok::<_, ToolError>("x".repeat(agentry_memory::MAX_RECORD_BYTES + 1))
+    });
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("huge", &json!({})),
+        ScriptedResponse::text("Recovered."),
+    ]));
+    let runtime = runtime(&harness, Agent::builder("huge", model.clone()).tool(huge.shared()).build());
+    let session = session_for(&runtime, "huge").await;
+    let failed = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let events = collect(failed.stream(None)).await;
+    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no number is skipped");
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    match failed.wait().await.unwrap() {
+        TurnState::Error { message, .. } => assert!(message.contains("more than the limit"), "{message}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let stored = failed.events(Order::Asc).await.unwrap();
+    let stored_kinds: Vec<&str> = stored.iter().map(|event| event.payload.kind()).collect();
+    assert_eq!(stored_kinds.first(), Some(&"turn.created"));
+    assert_eq!(stored_kinds.last(), Some(&"turn.done"));
+    assert!(!stored_kinds.contains(&"tool.response"), "{stored_kinds:?}");
+    let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
+    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("Recovered."));
+    let seen = &model.requests()[1].messages;
+    let closed = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
+    assert!(closed.is_some_and(|text| text.contains("did not complete")), "{seen:?}");
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
@@ -1148,7 +1182,8 @@ macro_rules! runner_scenarios {
             unknown_agents_sessions_and_turns_are_not_found,
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,
-            a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session);
+            a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
+            a_tool_result_too_large_to_store_fails_the_turn_and_leaves_a_usable_history);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

@@ -758,9 +758,9 @@ impl TurnEngine {
         self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
             Start::New { previous } => {
-                // Stored and published with the turn's first step (its input), before the
-                // first wait on the model.
-                self.sink.stage_team(None, None, self.turn_created()).await?;
+                // Published at once, before the history is read: clients see the turn start
+                // without waiting for its first step.
+                self.sink.emit(None, self.turn_created()).await?;
                 if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.

@@ -758,6 +758,20 @@ impl TurnEngine {
         self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
             Start::New { previous } => {
+                // Input of user messages only is stored with `turn.created`, in one write;
+                // the history read below then finds it as the turn's own messages.
+                let user_messages: Vec<Message> = self
+                    .run
+                    .input
+                    .iter()
+                    .map_while(|item| match item {
+                        TurnInputItem::Message(user) => Some(Message::user(user.content.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                if !user_messages.is_empty() && user_messages.len() == self.run.input.len() {
+                    self.persist(user_messages).await?;
+                }
                 // Published at once, before the history is read: clients see the turn start
                 // without waiting for its first step.
                 self.sink.emit(None, self.turn_created()).await?;

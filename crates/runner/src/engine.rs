@@ -199,18 +199,20 @@ impl TurnSink {
             // Nothing of the step is stored. Its raise, messages and events go back in front
             // of what is staged, so a later step (at the latest the turn's end) stores them:
             // the history the turn already uses stays whole, and no number is skipped in
-            // the live log. The end's own `turn.done` is not kept (nothing follows it); an
-            // event too large to store is dropped (it fails the turn, and would fail every
-            // later step); sizes are checked when staging, so that is a model message only.
+            // the live log. An event whose immediate emit failed is thus stored later. The
+            // end's own `turn.done` is not kept (nothing follows it). Sizes are checked
+            // before anything is staged; an event too large to store would still be dropped
+            // (it would fail every later step).
             state.raise = step.high_water.max(state.raise);
             let mut events = step.events;
             if step.run.is_some() && has_last {
                 events.pop();
             }
-            if !matches!(error, StoreError::TooLarge { .. }) {
-                events.append(&mut state.staged);
-                state.staged = events;
+            if matches!(error, StoreError::TooLarge { .. }) {
+                events.retain(|event| rules::check_event_size(event).is_ok());
             }
+            events.append(&mut state.staged);
+            state.staged = events;
             let mut messages = step.messages;
             messages.append(&mut state.messages);
             state.messages = messages;
@@ -271,11 +273,25 @@ impl TurnSink {
         self.state.lock().await.messages.extend_from_slice(messages);
     }
 
-    /// Stages a complete message and returns a copy for the caller.
-    fn stage_message(state: &mut SinkState, message: EventEnvelope) -> Arc<EventEnvelope> {
+    /// Stages a complete message and returns a copy for the caller. A message too large to
+    /// store already has its number (its deltas are out): a small stand-in takes the number,
+    /// so the numbers stay whole, and the turn fails.
+    fn stage_message(state: &mut SinkState, mut message: EventEnvelope) -> Result<Arc<EventEnvelope>, Stop> {
+        if let Err(error) = rules::check_event_size(&message) {
+            if let EventPayload::ModelMessage(model) = &mut message.payload {
+                *model = ModelMessage {
+                    content: Some(format!("[the message was not kept: {error}]")),
+                    finish_reason: model.finish_reason.take(),
+                    usage: model.usage,
+                    ..ModelMessage::default()
+                };
+            }
+            state.staged.push(message);
+            return Err(Stop::Failed(format!("the model's message cannot be kept: {error}")));
+        }
         let copy = Arc::new(message.clone());
         state.staged.push(message);
-        copy
+        Ok(copy)
     }
 
     /// Emits a durable event.
@@ -336,14 +352,18 @@ impl TurnSink {
             .delta(thread_id, message_id, delta)
             .map_err(|error| Stop::Failed(format!("the model sent a delta that does not merge: {error}")))?;
         self.live.push(Arc::new(emission.delta));
-        Ok(emission.message.map(|message| Self::stage_message(&mut state, message)))
+        emission.message.map(|message| Self::stage_message(&mut state, message)).transpose()
     }
 
     /// Stages what was built of an unfinished message (on cancellation or a broken stream).
     async fn finish_partial(&self, thread_id: &ThreadId) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let mut state = self.state.lock().await;
         Self::reserve(&mut state, 1);
-        Ok(state.emitter.finish_partial(thread_id).map(|message| Self::stage_message(&mut state, message)))
+        state
+            .emitter
+            .finish_partial(thread_id)
+            .map(|message| Self::stage_message(&mut state, message))
+            .transpose()
     }
 }
 
@@ -1045,7 +1065,9 @@ impl TurnEngine {
     /// The system prompt and the history window, this turn's own messages last.
     async fn load_context(&mut self) -> Result<(), Stop> {
         let query =
-            HistoryQuery { last_runs: Some(self.agent.limits().history_runs), ..HistoryQuery::default() };
+            // The turn's own run is the newest and always in the window: with a window of no
+            // runs, its input (or a recovered turn's progress) would be applied twice.
+            HistoryQuery { last_runs: Some(self.agent.limits().history_runs.max(1)), ..HistoryQuery::default() };
         let history = self.store.history(self.session_id(), &query).await?;
         self.context.clear();
         if let Some(instructions) = self.agent.instructions() {
@@ -1752,6 +1774,12 @@ impl TurnEngine {
             }
             Ok(Err(error)) => error_result(error.to_string()),
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
+        };
+        // A result the store cannot keep would fail the journal after the call ran: the
+        // model gets an error result instead, journaled, so the call is not run again.
+        let result = match rules::check_size("tool result", &result) {
+            Ok(()) => result,
+            Err(error) => error_result(format!("the tool's result cannot be kept: {error}")),
         };
         self.store
             .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))

@@ -1111,38 +1111,92 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
     assert!(matches!(next.wait().await.unwrap(), TurnState::Done { .. }), "the session takes new turns");
 }
 
-/// Scenario: a tool result too large for the store fails the turn at once, with every
-/// event it streamed numbered without a gap and stored, and a history the next turn can use
-/// (the call gets an error result instead of the result that could not be kept).
-pub async fn a_tool_result_too_large_to_store_fails_the_turn_and_leaves_a_usable_history(harness: Harness) {
-    let huge = FunctionTool::new("huge", "Returns too much.", |_: NoArguments, _| async {
-        Ok::<_, ToolError>("x".repeat(agentry_memory::MAX_RECORD_BYTES + 1))
-    });
+/// The seqs of a turn's live stream, and that they run from 1 without a gap.
+async fn dense_stream(turn: &TurnHandle) -> Vec<Arc<EventEnvelope>> {
+    let events = collect(turn.stream(None)).await;
+    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no number is skipped");
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    events
+}
+
+/// Scenario: a tool result too large for the store reaches the model as an error result,
+/// journaled, and the call is not run again.
+pub async fn a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let huge = {
+        let calls = calls.clone();
+        FunctionTool::new("huge", "Returns too much.", move |_: NoArguments, _| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, ToolError>("x".repeat(agentry_memory::MAX_RECORD_BYTES + 1)) }
+        })
+    };
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptedResponse::tool_call("huge", &json!({})),
         ScriptedResponse::text("Recovered."),
     ]));
     let runtime = runtime(&harness, Agent::builder("huge", model.clone()).tool(huge.shared()).build());
     let session = session_for(&runtime, "huge").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    dense_stream(&turn).await;
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("Recovered."));
+    let seen = &model.requests()[1].messages;
+    let result = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
+    assert!(result.is_some_and(|text| text.contains("cannot be kept")), "{seen:?}");
+    let journal = harness.store.journal(turn.id()).await.unwrap();
+    assert!(journal[0].result.as_ref().is_some_and(|result| result.is_error), "{journal:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Scenario: a model message too large for the store fails the turn; a small stand-in keeps
+/// its number, so the streamed and stored numbers stay whole, and the session goes on.
+pub async fn a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number(harness: Harness) {
+    // In two deltas: each fits in memory comfortably, their message does not fit the store.
+    let big = ScriptedResponse {
+        chunk_chars: Some(agentry_memory::MAX_RECORD_BYTES / 2 + 1),
+        ..ScriptedResponse::text("x".repeat(agentry_memory::MAX_RECORD_BYTES + 1))
+    };
+    let model = Arc::new(ScriptedModel::new(vec![big, ScriptedResponse::text("Fine.")]));
+    let runtime = runtime(&harness, Agent::builder("big", model.clone()).build());
+    let session = session_for(&runtime, "big").await;
     let failed = session.create_turn(TurnRequest::message("go")).await.unwrap();
-    let events = collect(failed.stream(None)).await;
-    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no number is skipped");
-    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    let streamed = dense_stream(&failed).await;
     match failed.wait().await.unwrap() {
-        TurnState::Error { message, .. } => assert!(message.contains("more than the limit"), "{message}"),
+        TurnState::Error { message, .. } => assert!(message.contains("cannot be kept"), "{message}"),
         other => panic!("expected an error, got {other:?}"),
     }
     let stored = failed.events(Order::Asc).await.unwrap();
-    let stored_kinds: Vec<&str> = stored.iter().map(|event| event.payload.kind()).collect();
-    assert_eq!(stored_kinds.first(), Some(&"turn.created"));
-    assert_eq!(stored_kinds.last(), Some(&"turn.done"));
-    assert!(!stored_kinds.contains(&"tool.response"), "{stored_kinds:?}");
+    let durable: Vec<u64> = streamed
+        .iter()
+        .filter(|event| event.payload.kind() != "model.message.delta")
+        .map(|event| event.seq)
+        .collect();
+    assert_eq!(stored.iter().map(|event| event.seq).collect::<Vec<_>>(), durable);
+    let stand_in = stored.iter().find_map(|event| match &event.payload {
+        EventPayload::ModelMessage(message) => message.content.clone(),
+        _ => None,
+    });
+    assert!(stand_in.is_some_and(|text| text.starts_with("[the message was not kept")));
     let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
-    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("Recovered."));
-    let seen = &model.requests()[1].messages;
-    let closed = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
-    assert!(closed.is_some_and(|text| text.contains("did not complete")), "{seen:?}");
+    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("Fine."));
+}
+
+/// Scenario: an agent whose history window holds no earlier turns still sees its own input,
+/// once.
+pub async fn a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once(harness: Harness) {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("one"), ScriptedResponse::text("two")]));
+    let limits = AgentLimits { history_runs: 0, ..AgentLimits::default() };
+    let runtime = runtime(&harness, Agent::builder("forgetful", model.clone()).limits(limits).build());
+    let session = session_for(&runtime, "forgetful").await;
+    for text in ["first", "second"] {
+        session.create_turn(TurnRequest::message(text)).await.unwrap().wait().await.unwrap();
+    }
+    let seen: Vec<String> = model.requests()[1].messages.iter().map(agentry_types::Message::text).collect();
+    assert_eq!(seen, ["second"]);
+    let history =
+        harness.store.history(session.id(), &agentry_memory::HistoryQuery::default()).await.unwrap();
+    assert_eq!(history.iter().filter(|stored| stored.message.text() == "second").count(), 1);
 }
 
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
@@ -1183,7 +1237,9 @@ macro_rules! runner_scenarios {
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,
             a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
-            a_tool_result_too_large_to_store_fails_the_turn_and_leaves_a_usable_history);
+            a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
+            a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
+            a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

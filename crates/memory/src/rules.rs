@@ -264,9 +264,9 @@ pub fn check_step_shape(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> 
     check_step_run(turn, step.run.as_ref())
 }
 
-/// Refuses a [`TurnStep`] run record that is not the turn's own (before
-/// the store is touched; the run's session is checked against the stored run's).
-pub fn check_step_run(turn: TurnId, run: Option<&RunRecord>) -> StoreResult<()> {
+/// Refuses a [`TurnStep`] run record that is not the turn's own, before the store is
+/// touched (its session is checked against the stored run's by [`check_run_session_id`]).
+fn check_step_run(turn: TurnId, run: Option<&RunRecord>) -> StoreResult<()> {
     match run {
         Some(run) if run.id != turn => Err(StoreError::InvalidInput(format!(
             "a step of turn {turn} cannot replace the record of run {}",

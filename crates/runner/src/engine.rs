@@ -322,8 +322,8 @@ impl TurnSink {
 
     /// Ends the turn: stores what is staged, the run's end `record` and `turn.done` (with
     /// `payload`) as one step that also releases the session's lease, publishes the staged
-    /// events and returns `turn.done` unpublished (the caller publishes it with [`LiveTurn::push`]; nothing may be emitted
-    /// after it).
+    /// events and returns `turn.done` unpublished (the caller publishes it with
+    /// [`LiveTurn::push`]; nothing may be emitted after it).
     pub(crate) async fn finish(
         &self,
         record: RunRecord,
@@ -765,8 +765,8 @@ impl TurnEngine {
         self.finish(state).await.ok()
     }
 
-    /// Stores the terminal state, then stores `turn.done` (returned unpublished).
-    /// (See also [`fail_after_panic`] for a turn whose engine is gone.)
+    /// Stores the terminal state with `turn.done` (returned unpublished) and the lease's
+    /// release. (See also [`fail_after_panic`] for a turn whose engine is gone.)
     async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
         // The end state, `turn.done` and everything staged are one write: a terminal turn is
         // never recovered, so nothing may be left to store after its state.
@@ -1064,10 +1064,10 @@ impl TurnEngine {
 
     /// The system prompt and the history window, this turn's own messages last.
     async fn load_context(&mut self) -> Result<(), Stop> {
-        let query =
-            // The turn's own run is the newest and always in the window: with a window of no
-            // runs, its input (or a recovered turn's progress) would be applied twice.
-            HistoryQuery { last_runs: Some(self.agent.limits().history_runs.max(1)), ..HistoryQuery::default() };
+        // The turn's own run is the newest and always in the window: with a window of no
+        // runs, its input (or a recovered turn's progress) would be applied twice.
+        let last_runs = self.agent.limits().history_runs.max(1);
+        let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
         let history = self.store.history(self.session_id(), &query).await?;
         self.context.clear();
         if let Some(instructions) = self.agent.instructions() {

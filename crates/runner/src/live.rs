@@ -66,6 +66,7 @@ impl LiveTurn {
         let done = event.payload.is_terminal();
         {
             let mut log = self.log();
+            debug_assert!(log.events.last().is_none_or(|last| last.seq < event.seq), "pushed out of order");
             log.events.push(event);
             log.done |= done;
         }
@@ -124,8 +125,9 @@ impl LiveTurn {
     /// whether the log is complete.
     fn read_after(&self, after: u64, max: usize, into: &mut VecDeque<Arc<EventEnvelope>>) -> (u64, bool) {
         let log = self.log();
-        let start =
-            usize::try_from(after.saturating_add(1).saturating_sub(log.first_seq)).unwrap_or(usize::MAX);
+        // By `seq`, not by offset: a number missing from the log (a step that could not be
+        // kept) must not shift what every later reader gets.
+        let start = log.events.partition_point(|event| event.seq <= after);
         if let Some(slice) = log.events.get(start..) {
             into.extend(slice.iter().take(max).cloned());
         }

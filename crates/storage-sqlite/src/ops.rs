@@ -348,22 +348,28 @@ impl EventStore for SqliteStore {
         let rules::EncodedStep { high_water, messages, events, keys, run, release_lease } =
             rules::encode_step(turn, step, fence)?;
         self.write(move |tx| {
-            let (session, _) = run_seq_row(tx, turn, &turn.to_string())?;
+            // The run's existence, session and fence are checked once for the whole step:
+            // nothing inside it can change them.
+            let key = turn.to_string();
+            let (session, _) = run_seq_row(tx, turn, &key)?;
             if let Some((run_session, _)) = &run {
                 rules::check_run_session_id(turn, *run_session, session)?;
             }
-            // One fence check stands for the whole step: the lease cannot change inside it.
             check_fence(tx, session, fence)?;
             if let Some(seq) = high_water {
-                raise_high_water_in(tx, turn, seq, None)?;
+                // Reads take the larger of the mark and the last stored seq.
+                tx.prepare_cached("UPDATE runs SET high_water = max(high_water, ?2) WHERE id = ?1")
+                    .map_err(sqlite)?
+                    .execute(params![key, as_i64(seq)])
+                    .map_err(sqlite)?;
             }
             if !messages.is_empty() {
-                append_messages_in(tx, turn, &messages, None)?;
+                insert_messages(tx, &key, &messages)?;
             }
             let positions =
                 if keys.is_empty() { Vec::new() } else { append_events_in(tx, turn, &keys, &events, None)? };
-            if let Some((session, body)) = &run {
-                put_run_in(tx, turn, *session, body, None)?;
+            if let Some((_, body)) = &run {
+                update_run_body(tx, &key, body)?;
             }
             if release_lease {
                 delete_lease(tx, session)?;
@@ -449,10 +455,16 @@ fn append_messages_in(
     let key = run.to_string();
     let (session, _) = run_seq_row(connection, run, &key)?;
     check_fence(connection, session, fence)?;
+    insert_messages(connection, &key, bodies)
+}
+
+/// Appends encoded messages after a checked run's last (the changing half of
+/// [`append_messages_in`]).
+fn insert_messages(connection: &Connection, key: &str, bodies: &[Vec<u8>]) -> StoreResult<()> {
     let next: i64 = connection
         .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
         .map_err(sqlite)?
-        .query_row([&key], |row| row.get(0))
+        .query_row([key], |row| row.get(0))
         .map_err(sqlite)?;
     let mut insert = connection
         .prepare_cached("INSERT INTO messages (run_id, idx, body) VALUES (?1, ?2, ?3)")
@@ -460,6 +472,16 @@ fn append_messages_in(
     for (offset, body) in bodies.iter().enumerate() {
         insert.execute(params![key, next + as_i64(offset as u64), body]).map_err(sqlite)?;
     }
+    Ok(())
+}
+
+/// Replaces a stored run's record.
+fn update_run_body(connection: &Connection, key: &str, body: &[u8]) -> StoreResult<()> {
+    connection
+        .prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")
+        .map_err(sqlite)?
+        .execute(params![key, body])
+        .map_err(sqlite)?;
     Ok(())
 }
 
@@ -487,14 +509,7 @@ fn put_run_in(
         Some(stored) if stored != session_key => {
             Err(StoreError::InvalidInput(format!("run {id} belongs to session {stored}, not {session_key}")))
         }
-        Some(_) => {
-            connection
-                .prepare_cached("UPDATE runs SET body = ?2 WHERE id = ?1")
-                .map_err(sqlite)?
-                .execute(params![key, body])
-                .map_err(sqlite)?;
-            Ok(())
-        }
+        Some(_) => update_run_body(connection, &key, body),
         None => {
             connection
                 .prepare_cached("INSERT INTO runs (id, session_id, body) VALUES (?1, ?2, ?3)")

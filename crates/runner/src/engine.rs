@@ -228,18 +228,34 @@ impl TurnSink {
         Ok(last)
     }
 
-    /// Stores what is staged with `event`, then publishes them all in `seq` order.
-    async fn publish_durable(
+    /// [`Self::store_staged`] with a last event, which it returns stored but unpublished.
+    async fn store_with(
         &self,
         state: &mut SinkState,
         event: EventEnvelope,
+        run: Option<RunRecord>,
     ) -> Result<Arc<EventEnvelope>, Stop> {
-        let event = self
-            .store_staged(state, Some(event), None)
+        self.store_staged(state, Some(event), run)
             .await?
-            .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))?;
-        self.live.push(event.clone());
-        Ok(event)
+            .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))
+    }
+
+    /// Checks an event's size, then numbers it under the sequencer's lock (raising the
+    /// mark when needed); returns the lock with the event.
+    async fn number(
+        &self,
+        thread_id: Option<ThreadId>,
+        team: Option<TeamContext>,
+        payload: EventPayload,
+    ) -> Result<(tokio::sync::MutexGuard<'_, SinkState>, EventEnvelope), Stop> {
+        rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
+        let mut state = self.state.lock().await;
+        Self::reserve(&mut state, 1);
+        let event = match team {
+            Some(team) => state.emitter.emit_team(thread_id, team, payload),
+            None => state.emitter.emit(thread_id, payload),
+        };
+        Ok((state, event))
     }
 
     /// Stores what is staged and publishes the staged events.
@@ -257,13 +273,7 @@ impl TurnSink {
         team: Option<TeamContext>,
         payload: EventPayload,
     ) -> Result<(), Stop> {
-        rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
-        let mut state = self.state.lock().await;
-        Self::reserve(&mut state, 1);
-        let event = match team {
-            Some(team) => state.emitter.emit_team(thread_id, team, payload),
-            None => state.emitter.emit(thread_id, payload),
-        };
+        let (mut state, event) = self.number(thread_id, team, payload).await?;
         state.staged.push(event);
         Ok(())
     }
@@ -310,14 +320,11 @@ impl TurnSink {
         team: Option<TeamContext>,
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
-        rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
-        let mut state = self.state.lock().await;
-        Self::reserve(&mut state, 1);
-        let event = match team {
-            Some(team) => state.emitter.emit_team(thread_id, team, payload),
-            None => state.emitter.emit(thread_id, payload),
-        };
-        self.publish_durable(&mut state, event).await
+        let (mut state, event) = self.number(thread_id, team, payload).await?;
+        // Stored with what is staged, then all published in `seq` order.
+        let event = self.store_with(&mut state, event, None).await?;
+        self.live.push(event.clone());
+        Ok(event)
     }
 
     /// Ends the turn: stores what is staged, the run's end `record` and `turn.done` (with
@@ -331,9 +338,7 @@ impl TurnSink {
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
         let event = state.emitter.emit(None, payload);
-        self.store_staged(&mut state, Some(event), Some(record))
-            .await?
-            .ok_or_else(|| Stop::Failed("the sequencer lost an event it stored".to_owned()))
+        self.store_with(&mut state, event, Some(record)).await
     }
 
     /// Emits a delta (after storing and publishing what is staged), and stages the complete

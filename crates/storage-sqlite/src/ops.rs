@@ -332,7 +332,19 @@ impl EventStore for SqliteStore {
 
     async fn raise_high_water(&self, turn: TurnId, seq: u64, fence: Option<Fence>) -> StoreResult<u64> {
         rules::check_seq(seq)?;
-        self.write(move |connection| raise_high_water_in(connection, turn, seq, fence)).await
+        self.write(move |connection| {
+            let key = turn.to_string();
+            let (session, high_water) = run_seq_row(connection, turn, &key)?;
+            check_fence(connection, session, fence)?;
+            let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
+            connection
+                .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
+                .map_err(sqlite)?
+                .execute(params![key, as_i64(mark)])
+                .map_err(sqlite)?;
+            Ok(mark)
+        })
+        .await
     }
 
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
@@ -390,25 +402,6 @@ fn delete_lease(connection: &Connection, session: SessionId) -> StoreResult<()> 
     Ok(())
 }
 
-/// Raises a turn's high-water mark (see [`EventStore::raise_high_water`]), inside a write.
-fn raise_high_water_in(
-    connection: &Connection,
-    turn: TurnId,
-    seq: u64,
-    fence: Option<Fence>,
-) -> StoreResult<u64> {
-    let key = turn.to_string();
-    let (session, high_water) = run_seq_row(connection, turn, &key)?;
-    check_fence(connection, session, fence)?;
-    let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
-    connection
-        .prepare_cached("UPDATE runs SET high_water = ?2 WHERE id = ?1")
-        .map_err(sqlite)?
-        .execute(params![key, as_i64(mark)])
-        .map_err(sqlite)?;
-    Ok(mark)
-}
-
 /// Appends encoded events of one turn (see [`EventStore::append_events`]), inside a write.
 fn append_events_in(
     tx: &mut Tx<'_>,
@@ -444,22 +437,8 @@ fn append_events_in(
     Ok(positions)
 }
 
-/// Appends encoded messages to a run's history (see [`MessageStore::append_messages`]),
-/// inside a write.
-fn append_messages_in(
-    connection: &Connection,
-    run: TurnId,
-    bodies: &[Vec<u8>],
-    fence: Option<Fence>,
-) -> StoreResult<()> {
-    let key = run.to_string();
-    let (session, _) = run_seq_row(connection, run, &key)?;
-    check_fence(connection, session, fence)?;
-    insert_messages(connection, &key, bodies)
-}
-
 /// Appends encoded messages after a checked run's last (the changing half of
-/// [`append_messages_in`]).
+/// [`MessageStore::append_messages`]).
 fn insert_messages(connection: &Connection, key: &str, bodies: &[Vec<u8>]) -> StoreResult<()> {
     let next: i64 = connection
         .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE run_id = ?1")
@@ -574,7 +553,13 @@ impl MessageStore for SqliteStore {
         for message in messages {
             bodies.push(rules::encode("message", message)?);
         }
-        self.write(move |connection| append_messages_in(connection, run, &bodies, fence)).await
+        self.write(move |connection| {
+            let key = run.to_string();
+            let (session, _) = run_seq_row(connection, run, &key)?;
+            check_fence(connection, session, fence)?;
+            insert_messages(connection, &key, &bodies)
+        })
+        .await
     }
 
     async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {

@@ -2,7 +2,7 @@
 //! memory. Nothing survives the process; everything else behaves as the durable backends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
@@ -36,7 +36,7 @@ struct State {
     /// Each session's runs by creation order.
     session_runs: HashMap<SessionId, BTreeMap<u64, TurnId>>,
     next_run_order: u64,
-    events: BTreeMap<u64, EventEnvelope>,
+    events: BTreeMap<u64, Arc<EventEnvelope>>,
     turn_events: HashMap<TurnId, BTreeMap<u64, u64>>,
     session_events: HashMap<SessionId, BTreeSet<u64>>,
     next_position: u64,
@@ -56,19 +56,29 @@ impl State {
     }
 
     /// Stores checked events of a turn under new positions and raises its last `seq`.
-    fn insert_events(&mut self, turn: TurnId, session: SessionId, events: &[EventEnvelope]) -> Vec<u64> {
+    /// Stores checked events (shared with the caller when it gave them shared).
+    fn insert_events(
+        &mut self,
+        turn: TurnId,
+        session: SessionId,
+        events: impl ExactSizeIterator<Item = Arc<EventEnvelope>>,
+    ) -> Vec<u64> {
         let mut positions = Vec::with_capacity(events.len());
+        let mut last_seq = None;
+        let by_turn = self.turn_events.entry(turn).or_default();
+        let by_session = self.session_events.entry(session).or_default();
         for event in events {
             self.next_position += 1;
             let position = self.next_position;
-            self.events.insert(position, event.clone());
-            self.turn_events.entry(turn).or_default().insert(event.seq, position);
-            self.session_events.entry(session).or_default().insert(position);
+            by_turn.insert(event.seq, position);
+            by_session.insert(position);
+            last_seq = Some(event.seq);
+            self.events.insert(position, event);
             positions.push(position);
         }
-        if let (Some(last), Some(row)) = (events.last(), self.runs.get_mut(&turn)) {
-            row.last_seq = last.seq;
-            row.high_water = row.high_water.max(last.seq);
+        if let (Some(last), Some(row)) = (last_seq, self.runs.get_mut(&turn)) {
+            row.last_seq = last;
+            row.high_water = row.high_water.max(last);
         }
         positions
     }
@@ -272,7 +282,7 @@ impl EventStore for InMemoryStore {
         let session = row.record.session_id;
         rules::check_event_batch(turn, session, row.last_seq, events.iter().map(rules::EventKey::of))?;
         state.fence(session, fence)?;
-        Ok(state.insert_events(turn, session, events))
+        Ok(state.insert_events(turn, session, events.iter().map(|event| Arc::new(event.clone()))))
     }
 
     async fn turn_events(
@@ -298,7 +308,7 @@ impl EventStore for InMemoryStore {
                 state
                     .events
                     .get(position)
-                    .map(|event| StoredEvent { position: *position, event: event.clone() })
+                    .map(|event| StoredEvent { position: *position, event: EventEnvelope::clone(event) })
             })
             .collect())
     }
@@ -327,7 +337,10 @@ impl EventStore for InMemoryStore {
         Ok(positions
             .take(limit)
             .filter_map(|position| {
-                state.events.get(&position).map(|event| StoredEvent { position, event: event.clone() })
+                state
+                    .events
+                    .get(&position)
+                    .map(|event| StoredEvent { position, event: EventEnvelope::clone(event) })
             })
             .collect())
     }
@@ -366,12 +379,17 @@ impl EventStore for InMemoryStore {
         if let Some(run) = &step.run {
             rules::check_run_session_id(turn, run.session_id, session)?;
         }
-        rules::check_event_batch(turn, session, row.last_seq, step.events.iter().map(rules::EventKey::of))?;
+        rules::check_event_batch(
+            turn,
+            session,
+            row.last_seq,
+            step.events.iter().map(|event| rules::EventKey::of(event)),
+        )?;
         state.fence(session, fence)?;
         if !step.messages.is_empty() {
             state.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
         }
-        let positions = state.insert_events(turn, session, &step.events);
+        let positions = state.insert_events(turn, session, step.events.iter().cloned());
         let row = state.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
         row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
         if let Some(run) = &step.run {

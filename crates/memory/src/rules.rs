@@ -232,7 +232,7 @@ pub fn encode_step(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> Store
     check_step_shape(turn, step, fence)?;
     let messages =
         step.messages.iter().map(|message| encode("message", message)).collect::<StoreResult<_>>()?;
-    let events = step.events.iter().map(encode_event).collect::<StoreResult<_>>()?;
+    let events = step.events.iter().map(|event| encode_event(event)).collect::<StoreResult<_>>()?;
     let run = match &step.run {
         Some(run) => Some((run.session_id, encode("run", run)?)),
         None => None,
@@ -241,7 +241,7 @@ pub fn encode_step(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> Store
         high_water: step.high_water,
         messages,
         events,
-        keys: step.events.iter().map(EventKey::of).collect(),
+        keys: step.events.iter().map(|event| EventKey::of(event)).collect(),
         run,
         release_lease: step.release_lease,
     })

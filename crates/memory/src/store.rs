@@ -12,6 +12,7 @@
 //!   with [`Conflict::StaleFence`](crate::Conflict::StaleFence) unless the fence's token is
 //!   the session's current lease token.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
@@ -330,8 +331,9 @@ pub struct TurnStep {
     pub high_water: Option<u64>,
     /// History messages appended to the run, after the ones it has.
     pub messages: Vec<Message>,
-    /// Durable events, under the same rules as [`EventStore::append_events`].
-    pub events: Vec<EventEnvelope>,
+    /// Durable events, under the same rules as [`EventStore::append_events`]. Shared, so
+    /// the caller can publish the very envelopes it stored without copying them.
+    pub events: Vec<Arc<EventEnvelope>>,
     /// The run's record replaced, typically with its end state; it must be the turn's own.
     pub run: Option<RunRecord>,
     /// Release the session's lease, held by the step's fence, once the step is written

@@ -143,8 +143,9 @@ struct SinkState {
     /// A raise of the mark not yet written: numbers up to it may be handed out, and are
     /// published only once the step carrying the raise is stored.
     raise: Option<u64>,
-    /// Staged events: numbered, not yet stored nor published.
-    staged: Vec<EventEnvelope>,
+    /// Staged events: numbered, not yet stored nor published (the very envelopes the
+    /// store keeps and the live log publishes).
+    staged: Vec<Arc<EventEnvelope>>,
     /// Staged history messages of the turn's own run.
     messages: Vec<Message>,
 }
@@ -175,10 +176,22 @@ impl TurnSink {
 
     /// Writes what is staged with `last` (if any) and `run` as one step, then publishes the
     /// staged events; returns `last` stored but unpublished.
-    async fn store_staged(
+    ///
+    /// Boxed: every emit awaits it, and inlined its state (a step, an envelope, a record)
+    /// would be copied into each caller's future.
+    fn store_staged<'a>(
+        &'a self,
+        state: &'a mut SinkState,
+        last: Option<Arc<EventEnvelope>>,
+        run: Option<RunRecord>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<Arc<EventEnvelope>>, Stop>> {
+        Box::pin(self.store_step(state, last, run))
+    }
+
+    async fn store_step(
         &self,
         state: &mut SinkState,
-        last: Option<EventEnvelope>,
+        last: Option<Arc<EventEnvelope>>,
         run: Option<RunRecord>,
     ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let has_last = last.is_some();
@@ -221,9 +234,9 @@ impl TurnSink {
         if !step.events.is_empty() {
             self.appended.notify_waiters();
         }
-        let last = if has_last { step.events.pop().map(Arc::new) } else { None };
+        let last = if has_last { step.events.pop() } else { None };
         for event in step.events {
-            self.live.push(Arc::new(event));
+            self.live.push(event);
         }
         Ok(last)
     }
@@ -232,7 +245,7 @@ impl TurnSink {
     async fn store_with(
         &self,
         state: &mut SinkState,
-        event: EventEnvelope,
+        event: Arc<EventEnvelope>,
         run: Option<RunRecord>,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         self.store_staged(state, Some(event), run)
@@ -247,7 +260,7 @@ impl TurnSink {
         thread_id: Option<ThreadId>,
         team: Option<TeamContext>,
         payload: EventPayload,
-    ) -> Result<(tokio::sync::MutexGuard<'_, SinkState>, EventEnvelope), Stop> {
+    ) -> Result<(tokio::sync::MutexGuard<'_, SinkState>, Arc<EventEnvelope>), Stop> {
         rules::check_payload_size(&payload, team.as_ref(), thread_id.as_ref())?;
         let mut state = self.state.lock().await;
         Self::reserve(&mut state, 1);
@@ -255,7 +268,7 @@ impl TurnSink {
             Some(team) => state.emitter.emit_team(thread_id, team, payload),
             None => state.emitter.emit(thread_id, payload),
         };
-        Ok((state, event))
+        Ok((state, Arc::new(event)))
     }
 
     /// Stores what is staged and publishes the staged events.
@@ -296,12 +309,12 @@ impl TurnSink {
                     ..ModelMessage::default()
                 };
             }
-            state.staged.push(message);
+            state.staged.push(Arc::new(message));
             return Err(Stop::Failed(format!("the model's message cannot be kept: {error}")));
         }
-        let copy = Arc::new(message.clone());
-        state.staged.push(message);
-        Ok(copy)
+        let message = Arc::new(message);
+        state.staged.push(message.clone());
+        Ok(message)
     }
 
     /// Emits a durable event.
@@ -337,7 +350,7 @@ impl TurnSink {
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
-        let event = state.emitter.emit(None, payload);
+        let event = Arc::new(state.emitter.emit(None, payload));
         self.store_with(&mut state, event, Some(record)).await
     }
 
@@ -1344,16 +1357,19 @@ impl TurnEngine {
         self.model_calls += 1;
         let model = self.agent.model().clone();
         let mut cancel = self.cancel.clone();
+        // One watch for the whole call, not a new one per delta.
+        let cancelled = cancel.cancelled();
+        tokio::pin!(cancelled);
         let mut stream = tokio::select! {
             stream = model.stream(request) => stream.map_err(|error| Stop::Failed(format!("model: {error}")))?,
-            reason = cancel.cancelled() => return Err(Stop::Cancelled(reason)),
+            reason = &mut cancelled => return Err(Stop::Cancelled(reason)),
         };
         let message_id = EventId::new();
         let mut reasoning_started = false;
         let completed = loop {
             let next = tokio::select! {
                 next = stream.next() => next,
-                reason = cancel.cancelled() => {
+                reason = &mut cancelled => {
                     // Dropping the stream closes the provider's request at once.
                     drop(stream);
                     self.adopt_partial().await?;

@@ -11,7 +11,7 @@ use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::{Order, Store};
 use agentry_types::{CancellationReason, SessionId, TurnId, TurnState};
 use futures_core::Stream;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::error::RuntimeResult;
 
@@ -30,6 +30,9 @@ pub(crate) struct LiveTurn {
     log: Mutex<LiveLog>,
     /// Bumped after every change of the log; subscribers wait on it.
     changed: watch::Sender<u64>,
+    /// Told once the log is complete; [`LiveTurn::wait_done`] waits on it, so waiting for
+    /// the end costs nothing per event.
+    ended: Notify,
     /// The cancellation request, once made.
     cancel: watch::Sender<Option<CancellationReason>>,
 }
@@ -50,6 +53,7 @@ impl LiveTurn {
             lease_token,
             log: Mutex::new(LiveLog { first_seq, events: Vec::new(), done: false }),
             changed: watch::channel(0).0,
+            ended: Notify::new(),
             cancel: watch::channel(None).0,
         }
     }
@@ -70,13 +74,25 @@ impl LiveTurn {
             log.events.push(event);
             log.done |= done;
         }
-        self.changed.send_modify(|version| *version += 1);
+        self.announce();
+        if done {
+            self.ended.notify_waiters();
+        }
+    }
+
+    /// Wakes the subscribers after a change of the log. With none there is nobody to wake:
+    /// one subscribing later reads the log after subscribing, so it sees the change.
+    fn announce(&self) {
+        if self.changed.receiver_count() > 0 {
+            self.changed.send_modify(|version| *version += 1);
+        }
     }
 
     /// Marks the log complete without a terminal event (the turn lost its lease).
     pub(crate) fn close(&self) {
         self.log().done = true;
-        self.changed.send_modify(|version| *version += 1);
+        self.announce();
+        self.ended.notify_waiters();
     }
 
     /// The state the terminal event carries, once it was pushed.
@@ -110,15 +126,14 @@ impl LiveTurn {
 
     /// Waits until the turn's terminal event was pushed.
     pub(crate) async fn wait_done(&self) {
-        let mut changed = self.changed.subscribe();
-        loop {
-            if self.is_done() {
-                return;
-            }
-            if changed.changed().await.is_err() {
-                return;
-            }
+        let ended = self.ended.notified();
+        tokio::pin!(ended);
+        // Registered before the check: an end marked after it wakes this waiter.
+        ended.as_mut().enable();
+        if self.is_done() {
+            return;
         }
+        ended.await;
     }
 
     /// Copies the events after `after` (up to `max`), the `seq` the log starts at, and

@@ -80,15 +80,78 @@ impl Timestamp {
     }
 
     fn write_rfc3339(self, out: &mut String) {
+        let fields = self.fields();
+        match fields.text() {
+            Some(text) => out.push_str(Rfc3339::as_str(&text)),
+            None => {
+                let Rfc3339 { year, month, day, hour, minute, second, micros } = fields;
+                use std::fmt::Write as _;
+                // Writing to a String cannot fail.
+                let _ = write!(
+                    out,
+                    "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{micros:06}Z"
+                );
+            }
+        }
+    }
+
+    fn fields(self) -> Rfc3339 {
         let secs = self.0.div_euclid(1_000_000);
-        let micros = self.0.rem_euclid(1_000_000);
         let days = secs.div_euclid(86_400);
         let secs_of_day = secs.rem_euclid(86_400);
         let (year, month, day) = civil_from_days(days);
-        let (hour, minute, second) = (secs_of_day / 3600, (secs_of_day / 60) % 60, secs_of_day % 60);
-        use std::fmt::Write as _;
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{micros:06}Z");
+        Rfc3339 {
+            year,
+            month,
+            day,
+            hour: secs_of_day / 3600,
+            minute: (secs_of_day / 60) % 60,
+            second: secs_of_day % 60,
+            micros: self.0.rem_euclid(1_000_000),
+        }
+    }
+}
+
+/// The parts of a timestamp's RFC 3339 form.
+struct Rfc3339 {
+    year: i64,
+    month: u32,
+    day: u32,
+    hour: i64,
+    minute: i64,
+    second: i64,
+    micros: i64,
+}
+
+impl Rfc3339 {
+    /// The form written digit by digit, for years 0 to 9999 (timestamps are written on
+    /// every event; the formatting machinery costs several times more).
+    fn text(&self) -> Option<[u8; 27]> {
+        fn put(out: &mut [u8; 27], end: usize, width: usize, value: i64) {
+            let mut value = value.unsigned_abs();
+            for slot in out[end - width..end].iter_mut().rev() {
+                // A digit: `value % 10` is below 10.
+                *slot = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        }
+        if !(0..=9999).contains(&self.year) {
+            return None;
+        }
+        let mut out = *b"0000-00-00T00:00:00.000000Z";
+        put(&mut out, 4, 4, self.year);
+        put(&mut out, 7, 2, i64::from(self.month));
+        put(&mut out, 10, 2, i64::from(self.day));
+        put(&mut out, 13, 2, self.hour);
+        put(&mut out, 16, 2, self.minute);
+        put(&mut out, 19, 2, self.second);
+        put(&mut out, 26, 6, self.micros);
+        Some(out)
+    }
+
+    /// The text of [`Rfc3339::text`] (ASCII digits and separators).
+    fn as_str(text: &[u8; 27]) -> &str {
+        std::str::from_utf8(text).unwrap_or("")
     }
 }
 
@@ -132,9 +195,10 @@ impl fmt::Debug for Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut buf = String::with_capacity(27);
-        self.write_rfc3339(&mut buf);
-        serializer.serialize_str(&buf)
+        match self.fields().text() {
+            Some(text) => serializer.serialize_str(Rfc3339::as_str(&text)),
+            None => serializer.serialize_str(&self.to_rfc3339()),
+        }
     }
 }
 

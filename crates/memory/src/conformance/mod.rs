@@ -676,7 +676,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     let step = TurnStep {
         high_water: Some(300),
         messages: vec![Message::user("second"), Message::user("third")],
-        events: vec![event(&run, 4), event(&run, 7)],
+        events: vec![Arc::new(event(&run, 4)), Arc::new(event(&run, 7))],
         run: Some(done.clone()),
         release_lease: true,
     };
@@ -693,7 +693,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     assert_eq!(store.high_water(run.id).await.unwrap(), 300);
     // Parts are optional; an empty step writes nothing and a later one continues the turn.
     assert!(store.write_step(run.id, &TurnStep::default(), None).await.unwrap().is_empty());
-    let more = TurnStep { events: vec![event(&run, 8)], ..TurnStep::default() };
+    let more = TurnStep { events: vec![Arc::new(event(&run, 8))], ..TurnStep::default() };
     store.write_step(run.id, &more, None).await.unwrap();
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [4, 7, 8]);
     assert_eq!(store.high_water(run.id).await.unwrap(), 300);
@@ -712,7 +712,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     let step = |events: Vec<EventEnvelope>, record: RunRecord| TurnStep {
         high_water: Some(900),
         messages: vec![Message::user("must not be stored")],
-        events,
+        events: events.into_iter().map(Arc::new).collect(),
         run: Some(record),
         release_lease: false,
     };

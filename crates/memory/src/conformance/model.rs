@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_types::{
@@ -246,6 +247,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             let result = match as_step {
                 None => store.append_events(record.id, &events, None).await,
                 Some(raise) => {
+                    let events = events.iter().cloned().map(Arc::new).collect();
                     let step = TurnStep { high_water: Some(u64::from(raise)), events, ..TurnStep::default() };
                     store.write_step(record.id, &step, None).await
                 }

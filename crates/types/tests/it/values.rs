@@ -41,6 +41,10 @@ fn timestamps_render_in_each_vocabulary_unit() {
     assert_eq!("2025-02-18T04:40:00.123456+01:00".parse::<Timestamp>().unwrap(), at);
     assert_eq!(Timestamp::from_unix_micros(-1).to_rfc3339(), "1969-12-31T23:59:59.999999Z");
     assert!("yesterday".parse::<Timestamp>().is_err());
+    // Past year 9999 the form has more year digits (written the general way).
+    let far = Timestamp::from_unix_micros(253_402_300_800_000_001);
+    assert_eq!(far.to_rfc3339(), "10000-01-01T00:00:00.000001Z");
+    assert_eq!(serde_json::to_string(&far).unwrap(), "\"10000-01-01T00:00:00.000001Z\"");
 }
 
 proptest! {
@@ -48,6 +52,22 @@ proptest! {
     fn timestamps_round_trip_through_their_rfc3339_form(micros in -62_000_000_000_000_000i64..253_000_000_000_000_000) {
         let at = Timestamp::from_unix_micros(micros);
         prop_assert_eq!(at.to_rfc3339().parse::<Timestamp>().unwrap(), at);
+    }
+
+    #[test]
+    fn timestamps_are_written_as_a_calendar_library_writes_them(micros in -62_000_000_000_000_000i64..253_402_300_800_000_000) {
+        let at = Timestamp::from_unix_micros(micros);
+        let format = time::format_description::parse_borrowed::<2>(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z",
+        )
+        .unwrap();
+        let expected = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+            .unwrap()
+            .format(&format)
+            .unwrap();
+        prop_assert_eq!(at.to_rfc3339(), expected.clone());
+        prop_assert_eq!(at.to_string(), expected.clone());
+        prop_assert_eq!(serde_json::to_string(&at).unwrap(), format!("\"{expected}\""));
     }
 
     #[test]

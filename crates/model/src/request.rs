@@ -20,8 +20,10 @@ pub enum ToolChoice {
 /// A completion request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
-    /// The conversation so far, instructions first.
-    pub messages: Vec<Message>,
+    /// The conversation so far, instructions first. Shared: a caller that keeps the
+    /// conversation going hands it over without copying it, and copies it only if it
+    /// changes it while the model (or a recording of the request) still holds it.
+    pub messages: Arc<Vec<Message>>,
     /// The tools the model may call.
     pub tools: Arc<[ToolSpec]>,
     /// Which tool to call.
@@ -39,9 +41,9 @@ pub struct ModelRequest {
 impl ModelRequest {
     /// A request with these messages and defaults for everything else.
     #[must_use]
-    pub fn new(messages: Vec<Message>) -> Self {
+    pub fn new(messages: impl Into<Arc<Vec<Message>>>) -> Self {
         Self {
-            messages,
+            messages: messages.into(),
             tools: Arc::from(Vec::new()),
             tool_choice: None,
             parallel_tool_calls: None,

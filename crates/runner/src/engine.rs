@@ -633,7 +633,7 @@ pub(crate) struct TurnEngine {
     pub(crate) fence: Fence,
     pub(crate) cancel: CancelWatch,
     pub(crate) thread: ThreadId,
-    context: Vec<Message>,
+    context: Arc<Vec<Message>>,
     /// How many messages of `context` belong to this turn's run.
     own_start: usize,
     metrics: TurnMetrics,
@@ -677,7 +677,7 @@ impl TurnEngine {
             fence,
             cancel,
             thread: ThreadId::main(),
-            context: Vec::new(),
+            context: Arc::default(),
             own_start: 0,
             metrics: TurnMetrics::default(),
             journal: HashMap::new(),
@@ -700,8 +700,15 @@ impl TurnEngine {
 
     /// Reserves a step from the instance's budget (nothing without one). When the budget is
     /// out, emits the exhaustion (once per budget) and stops the thread.
+    ///
+    /// Without a budget it returns at once; the work with one is boxed, so the agent loop's
+    /// future does not carry it on every step.
     async fn reserve(&self, step: Step) -> Result<Option<String>, Stop> {
         let Some(ledger) = &self.ledger else { return Ok(None) };
+        Box::pin(self.reserve_from(ledger, step)).await
+    }
+
+    async fn reserve_from(&self, ledger: &Arc<dyn StepBudget>, step: Step) -> Result<Option<String>, Stop> {
         match ledger.reserve(step).await {
             Ok(reservation) => Ok(Some(reservation)),
             Err(exhausted) => {
@@ -727,10 +734,13 @@ impl TurnEngine {
     /// Settles a reservation and reports the instance's usage.
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
-        if let Some(settled) = ledger.settle(reservation, spent).await {
-            self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
-        }
-        Ok(())
+        Box::pin(async move {
+            if let Some(settled) = ledger.settle(reservation, spent).await {
+                self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// The turn's first event.
@@ -958,12 +968,12 @@ impl TurnEngine {
     async fn resumed_loop(&mut self, answers: Vec<TurnInputItem>) -> Result<Outcome, Stop> {
         let paused = self.run.clone();
         if let Some(instructions) = self.agent.instructions() {
-            self.context.push(Message::system(instructions));
+            Arc::make_mut(&mut self.context).push(Message::system(instructions));
         }
         self.own_start = self.context.len();
         let query = HistoryQuery { include_member_runs: true, ..HistoryQuery::default() };
         let history = self.store.history(self.session_id(), &query).await?;
-        self.context.extend(
+        Arc::make_mut(&mut self.context).extend(
             history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),
         );
         self.approved = approved_calls(&answers);
@@ -1073,7 +1083,7 @@ impl TurnEngine {
 
     async fn thread_loop(&mut self, task: String) -> Result<Outcome, Stop> {
         if let Some(instructions) = self.agent.instructions() {
-            self.context.push(Message::system(instructions));
+            Arc::make_mut(&mut self.context).push(Message::system(instructions));
         }
         self.own_start = self.context.len();
         self.persist(vec![Message::user(task)]).await?;
@@ -1087,17 +1097,18 @@ impl TurnEngine {
         let last_runs = self.agent.limits().history_runs.max(1);
         let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
         let history = self.store.history(self.session_id(), &query).await?;
-        self.context.clear();
+        // A fresh context (clearing a shared one would copy it first).
+        self.context = Arc::default();
         if let Some(instructions) = self.agent.instructions() {
-            self.context.push(Message::system(instructions));
+            Arc::make_mut(&mut self.context).push(Message::system(instructions));
         }
         let turn_id = self.turn_id();
         let (own, earlier): (Vec<_>, Vec<_>) =
             history.into_iter().partition(|message| message.run_id == turn_id);
-        self.context
+        Arc::make_mut(&mut self.context)
             .extend(earlier.into_iter().map(|stored| Message { from_history: true, ..stored.message }));
         self.own_start = self.context.len();
-        self.context.extend(own.into_iter().map(|stored| stored.message));
+        Arc::make_mut(&mut self.context).extend(own.into_iter().map(|stored| stored.message));
         Ok(())
     }
 
@@ -1195,9 +1206,9 @@ impl TurnEngine {
             system.extend(injections);
             let message = Message::system(system.join("\n\n"));
             if self.context.first().is_some_and(|first| first.role == Role::System) {
-                self.context[0] = message;
+                Arc::make_mut(&mut self.context)[0] = message;
             } else {
-                self.context.insert(0, message);
+                Arc::make_mut(&mut self.context).insert(0, message);
                 self.own_start += 1;
             }
         }
@@ -1277,7 +1288,7 @@ impl TurnEngine {
         } else {
             self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
         }
-        self.context.extend(messages);
+        Arc::make_mut(&mut self.context).extend(messages);
         Ok(())
     }
 

@@ -364,7 +364,9 @@ impl Runtime {
         let (panic_sink, panic_run) = (sink.clone(), run.clone());
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
         let runtime = self.clone();
-        tokio::spawn(async move {
+        // Boxed: the turn's future is large, and tokio would otherwise copy it several times
+        // on the way into its task and again when the task completes.
+        tokio::spawn(Box::pin(async move {
             // A panic in the engine (a model, a tool, a bug) ends the turn with an error
             // instead of leaving it running with its lease renewed for ever.
             let finished = match futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
@@ -389,7 +391,7 @@ impl Runtime {
                 runtime.retire(live.turn_id);
                 live.close();
             }
-        });
+        }));
     }
 
     /// Starts, once, the task that renews the leases of this runtime's running turns at a

@@ -452,7 +452,8 @@ async fn the_request_carries_stream_options_tools_tool_choice_and_the_whole_conv
             assistant,
             Message::tool("call_1", "18°C and sunny"),
             Message::assistant("It is sunny."),
-        ],
+        ]
+        .into(),
         tools: vec![ToolSpec {
             name: "get_weather".into(),
             description: Some("Current weather".into()),

@@ -63,7 +63,7 @@ fn turn_allocations(tool: Arc<dyn agentry_runner::Tool>) {
     let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);
     runtime.register(Agent::builder("bench", model).tool(tool).build());
     const TURNS: usize = 200;
-    let (allocations, bytes) = tokio.block_on(async {
+    let (allocations, bytes, retained) = tokio.block_on(async {
         let mut sessions = Vec::new();
         for _ in 0..TURNS {
             sessions.push(runtime.create_session("bench", None).await.unwrap());
@@ -75,7 +75,11 @@ fn turn_allocations(tool: Arc<dyn agentry_runner::Tool>) {
             session.create_turn(TurnRequest::message("What is 6 * 7?")).await.unwrap().wait().await.unwrap();
         }
         let change = region.change();
-        (change.allocations / (TURNS - 1), change.bytes_allocated / (TURNS - 1))
+        let retained = (change.bytes_allocated + change.bytes_reallocated.max(0) as usize)
+            .saturating_sub(change.bytes_deallocated);
+        (change.allocations / (TURNS - 1), change.bytes_allocated / (TURNS - 1), retained / (TURNS - 1))
     });
-    println!("one_turn_heap: {allocations} allocations, {bytes} bytes allocated per turn (in-memory store)");
+    println!(
+        "one_turn_heap: {allocations} allocations, {bytes} bytes allocated, {retained} bytes kept per turn (in-memory store)"
+    );
 }

@@ -28,6 +28,7 @@ mod error;
 mod facade;
 mod group_commit;
 mod in_memory;
+mod json_bound;
 mod page;
 mod remembered;
 pub mod rules;

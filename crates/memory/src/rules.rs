@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Conflict, StoreError, StoreResult};
+use crate::json_bound::json_len_bound;
 use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStep};
 
 /// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`].
@@ -28,6 +29,9 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
 /// Checks that a record serializes within [`MAX_RECORD_BYTES`], without keeping the bytes
 /// (for stores that keep records as values).
 pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()> {
+    if json_len_bound(value).is_some_and(|bound| bound <= MAX_RECORD_BYTES) {
+        return Ok(());
+    }
     let mut counter = ByteCounter(0);
     serde_json::to_writer(&mut counter, value)
         .map_err(|error| StoreError::InvalidInput(format!("{what} cannot be serialized: {error}")))?;
@@ -64,6 +68,12 @@ pub fn check_payload_size(
     team: Option<&TeamContext>,
     thread: Option<&ThreadId>,
 ) -> StoreResult<()> {
+    let bound = json_len_bound(payload).zip(team.map_or(Some(0), json_len_bound));
+    if bound.is_some_and(|(payload, team)| {
+        80 + payload + team + thread.map_or(0, |thread| thread.as_str().len()) <= MAX_RECORD_BYTES
+    }) {
+        return Ok(());
+    }
     let mut counter = ByteCounter(80);
     serde_json::to_writer(&mut counter, payload)
         .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;

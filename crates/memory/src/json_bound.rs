@@ -1,0 +1,352 @@
+//! A cheap upper bound of a value's JSON length, for size checks: most records are far
+//! below the limit, and bounding them walks the value without formatting numbers or
+//! escaping strings. Only a value whose bound exceeds the limit is measured exactly.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::ser;
+
+/// The bound of `value`'s JSON length, or `None` when the bound cannot be given (a map key
+/// JSON may refuse): the caller then measures exactly, which also reports such errors.
+pub(crate) fn json_len_bound<T: Serialize + ?Sized>(value: &T) -> Option<usize> {
+    let mut bound = Bound { len: 0, in_key: false };
+    value.serialize(&mut bound).ok()?;
+    Some(bound.len)
+}
+
+/// Quotes, and every byte escaped at its longest (`\u00XX`).
+const fn string(len: usize) -> usize {
+    2 + 6 * len
+}
+
+/// The longest integer, float and 128-bit integer forms (with quotes, as map keys).
+const INTEGER: usize = 22;
+const FLOAT: usize = 27;
+const WIDE: usize = 42;
+
+struct Bound {
+    len: usize,
+    /// Serializing a map key: only what JSON accepts as a key is bounded.
+    in_key: bool,
+}
+
+#[derive(Debug)]
+struct Unbounded;
+
+impl fmt::Display for Unbounded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not a JSON map key")
+    }
+}
+
+impl std::error::Error for Unbounded {}
+
+impl ser::Error for Unbounded {
+    fn custom<T: fmt::Display>(_: T) -> Self {
+        Self
+    }
+}
+
+impl Bound {
+    fn add(&mut self, len: usize) -> Result<(), Unbounded> {
+        self.len = self.len.saturating_add(len);
+        Ok(())
+    }
+
+    /// Adds a compound value's opening and closing, refused as a map key.
+    fn open(&mut self, len: usize) -> Result<&mut Self, Unbounded> {
+        if self.in_key {
+            return Err(Unbounded);
+        }
+        self.add(len)?;
+        Ok(self)
+    }
+}
+
+impl<'a> ser::Serializer for &'a mut Bound {
+    type Ok = ();
+    type Error = Unbounded;
+    type SerializeSeq = &'a mut Bound;
+    type SerializeTuple = &'a mut Bound;
+    type SerializeTupleStruct = &'a mut Bound;
+    type SerializeTupleVariant = &'a mut Bound;
+    type SerializeMap = &'a mut Bound;
+    type SerializeStruct = &'a mut Bound;
+    type SerializeStructVariant = &'a mut Bound;
+
+    fn serialize_bool(self, _: bool) -> Result<(), Unbounded> {
+        self.add(7)
+    }
+    fn serialize_i8(self, _: i8) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_i16(self, _: i16) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_i32(self, _: i32) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_i64(self, _: i64) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_i128(self, _: i128) -> Result<(), Unbounded> {
+        self.add(WIDE)
+    }
+    fn serialize_u8(self, _: u8) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_u16(self, _: u16) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_u32(self, _: u32) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_u64(self, _: u64) -> Result<(), Unbounded> {
+        self.add(INTEGER)
+    }
+    fn serialize_u128(self, _: u128) -> Result<(), Unbounded> {
+        self.add(WIDE)
+    }
+    fn serialize_f32(self, _: f32) -> Result<(), Unbounded> {
+        self.add(FLOAT)
+    }
+    fn serialize_f64(self, _: f64) -> Result<(), Unbounded> {
+        self.add(FLOAT)
+    }
+    fn serialize_char(self, value: char) -> Result<(), Unbounded> {
+        self.add(string(value.len_utf8()))
+    }
+    fn serialize_str(self, value: &str) -> Result<(), Unbounded> {
+        self.add(string(value.len()))
+    }
+    fn serialize_bytes(self, value: &[u8]) -> Result<(), Unbounded> {
+        // An array of numbers: at most `255,` a byte.
+        self.open(2)?.add(4 * value.len())
+    }
+    fn serialize_none(self) -> Result<(), Unbounded> {
+        self.open(4).map(drop)
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Unbounded> {
+        if self.in_key {
+            return Err(Unbounded);
+        }
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), Unbounded> {
+        self.open(4).map(drop)
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Unbounded> {
+        self.open(4).map(drop)
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), Unbounded> {
+        self.add(string(variant.len()))
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), Unbounded> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), Unbounded> {
+        value.serialize(self.open(3 + string(variant.len()))?)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Unbounded> {
+        self.open(2)
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self, Unbounded> {
+        self.open(2)
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Unbounded> {
+        self.open(2)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Self, Unbounded> {
+        self.open(5 + string(variant.len()))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, Unbounded> {
+        self.open(2)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Unbounded> {
+        self.open(2)
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Self, Unbounded> {
+        self.open(5 + string(variant.len()))
+    }
+}
+
+/// Elements: a comma each, then the element.
+macro_rules! elements {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for &mut Bound {
+            type Ok = ();
+            type Error = Unbounded;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Unbounded> {
+                self.add(1)?;
+                value.serialize(&mut **self)
+            }
+            fn end(self) -> Result<(), Unbounded> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+elements!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
+
+impl ser::SerializeMap for &mut Bound {
+    type Ok = ();
+    type Error = Unbounded;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Unbounded> {
+        // A comma; a key JSON writes unquoted (a number) gets quotes, counted in its bound.
+        self.add(1)?;
+        self.in_key = true;
+        let bounded = key.serialize(&mut **self);
+        self.in_key = false;
+        bounded
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Unbounded> {
+        self.add(1)?;
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Unbounded> {
+        Ok(())
+    }
+}
+
+/// Struct fields: a comma, the quoted name and a colon, then the value.
+macro_rules! fields {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for &mut Bound {
+            type Ok = ();
+            type Error = Unbounded;
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Unbounded> {
+                self.add(2 + string(key.len()))?;
+                value.serialize(&mut **self)
+            }
+            fn end(self) -> Result<(), Unbounded> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+fields!(SerializeStruct, SerializeStructVariant);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::json_len_bound;
+
+    fn exact<T: serde::Serialize>(value: &T) -> usize {
+        serde_json::to_vec(value).unwrap().len()
+    }
+
+    #[test]
+    fn bounds_are_never_below_the_json_length() {
+        #[derive(serde::Serialize)]
+        enum Shape {
+            Unit,
+            New(u8),
+            Tuple(i64, f64),
+            Named { text: String, bytes: Vec<u8> },
+        }
+        #[derive(serde::Serialize)]
+        struct All {
+            flag: bool,
+            wide: u128,
+            none: Option<u8>,
+            some: Option<&'static str>,
+            shapes: Vec<Shape>,
+            keys: BTreeMap<u32, char>,
+            quotes: &'static str,
+            control: &'static str,
+        }
+        let all = All {
+            flag: false,
+            wide: u128::MAX,
+            none: None,
+            some: Some("é\u{1F600}"),
+            shapes: vec![
+                Shape::Unit,
+                Shape::New(255),
+                Shape::Tuple(i64::MIN, -1.234_567_890_123_456_7e-300),
+                Shape::Named { text: "\"\\\n".into(), bytes: vec![255, 0, 17] },
+            ],
+            keys: [(u32::MAX, '"'), (0, '\u{0}')].into_iter().collect(),
+            quotes: "\"\"\"",
+            control: "\u{1}\u{1f}",
+        };
+        assert!(json_len_bound(&all).unwrap() >= exact(&all));
+    }
+
+    #[test]
+    fn a_key_json_refuses_gives_no_bound() {
+        let map: BTreeMap<Vec<u8>, u8> = [(vec![1], 1)].into_iter().collect();
+        assert!(serde_json::to_vec(&map).is_err());
+        assert_eq!(json_len_bound(&map), None);
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+            "[\\x00-\\x1f\"\\\\]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_bound_of_any_json_value_covers_its_length(value in json()) {
+            let bound = json_len_bound(&value).unwrap();
+            prop_assert!(bound >= exact(&value), "bound {} below {} for {}", bound, exact(&value), value);
+        }
+    }
+
+    #[test]
+    fn small_records_are_bounded_well_below_the_limit() {
+        let value = json!({"role": "assistant", "content": "The answer is 42.", "tool_calls": []});
+        let bound = json_len_bound(&value).unwrap();
+        assert!(bound < 40 * exact(&value));
+    }
+}

@@ -83,6 +83,14 @@ impl State {
         positions
     }
 
+    /// Stores a new run (checked) after the session's others.
+    fn insert_run(&mut self, run: &RunRecord) {
+        self.next_run_order += 1;
+        let order = self.next_run_order;
+        self.session_runs.entry(run.session_id).or_default().insert(order, run.id);
+        self.runs.insert(run.id, RunRow { record: run.clone(), last_seq: 0, high_water: 0 });
+    }
+
     fn fence(&self, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
         rules::check_fence(session, self.leases.get(&session), fence)
     }
@@ -223,10 +231,7 @@ impl RunStore for InMemoryStore {
             row.record = run.clone();
             return Ok(());
         }
-        state.next_run_order += 1;
-        let order = state.next_run_order;
-        state.session_runs.entry(run.session_id).or_default().insert(order, run.id);
-        state.runs.insert(run.id, RunRow { record: run.clone(), last_seq: 0, high_water: 0 });
+        state.insert_run(run);
         Ok(())
     }
 
@@ -374,18 +379,33 @@ impl EventStore for InMemoryStore {
         }
         // Everything is checked before anything changes: the step is stored whole or not.
         let mut state = self.state();
-        let row = state.run(turn)?;
-        let session = row.record.session_id;
-        if let Some(run) = &step.run {
-            rules::check_run_session_id(turn, run.session_id, session)?;
-        }
+        let (session, last_seq, new_run) = match (state.runs.get(&turn), &step.run) {
+            (Some(row), run) => {
+                let session = row.record.session_id;
+                if let Some(run) = run {
+                    rules::check_run_session_id(turn, run.session_id, session)?;
+                }
+                (session, row.last_seq, None)
+            }
+            // The turn's first step creates its run.
+            (None, Some(run)) => {
+                if !state.sessions.contains_key(&run.session_id) {
+                    return Err(StoreError::not_found("session", run.session_id));
+                }
+                (run.session_id, 0, Some(run))
+            }
+            (None, None) => return Err(StoreError::not_found("run", turn)),
+        };
         rules::check_event_batch(
             turn,
             session,
-            row.last_seq,
+            last_seq,
             step.events.iter().map(|event| rules::EventKey::of(event)),
         )?;
         state.fence(session, fence)?;
+        if let Some(run) = new_run {
+            state.insert_run(run);
+        }
         if !step.messages.is_empty() {
             state.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
         }

@@ -317,9 +317,15 @@ pub trait EventStore: Send + Sync {
     /// stored or none is, with the error of the first part refused. Returns the events'
     /// positions.
     ///
-    /// Errors: `NotFound` when the run does not exist; `InvalidInput` when `step.run` is
-    /// another run's record, or a release is asked without a fence; otherwise as the methods
-    /// it stands for.
+    /// A turn's first step may create its run: when the run does not exist and the step
+    /// carries its record, the record is stored first as [`RunStore::put_run`] stores a new
+    /// run (its session must exist and the fence hold), so a new turn and its first events
+    /// are one write.
+    ///
+    /// Errors: `NotFound` when the run does not exist and the step has no record for it (or
+    /// the record's session does not exist); `InvalidInput` when `step.run` is another run's
+    /// record, or a release is asked without a fence; otherwise as the methods it stands
+    /// for.
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>>;
 }
 
@@ -334,7 +340,8 @@ pub struct TurnStep {
     /// Durable events, under the same rules as [`EventStore::append_events`]. Shared, so
     /// the caller can publish the very envelopes it stored without copying them.
     pub events: Vec<Arc<EventEnvelope>>,
-    /// The run's record replaced, typically with its end state; it must be the turn's own.
+    /// The run's record replaced, typically with its end state, or stored as a new run by
+    /// the turn's first step; it must be the turn's own.
     pub run: Option<RunRecord>,
     /// Release the session's lease, held by the step's fence, once the step is written
     /// (the turn is over). Needs a fence.

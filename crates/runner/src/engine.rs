@@ -616,10 +616,45 @@ impl CancelToken {
     }
 }
 
+/// A turn's first event.
+fn turn_created(run: &RunRecord) -> EventPayload {
+    EventPayload::TurnCreated {
+        previous_turn_id: run.previous_turn_id,
+        input: run.input.clone(),
+        created_by: run.created_by.clone(),
+    }
+}
+
+/// A new turn's first step, written before its engine starts: the run itself, `turn.created`
+/// (numbered by `emitter`) and, when the input is only user messages, those messages as the
+/// run's history, with the high-water mark raised for the numbers the engine will hand out.
+/// Returns the step and `turn.created`.
+pub(crate) fn first_step(run: &RunRecord, emitter: &mut TurnEmitter) -> (TurnStep, Arc<EventEnvelope>) {
+    let created = Arc::new(emitter.emit(None, turn_created(run)));
+    let messages: Vec<Message> = run
+        .input
+        .iter()
+        .map_while(|item| match item {
+            TurnInputItem::Message(user) => Some(Message::user(user.content.clone())),
+            _ => None,
+        })
+        .collect();
+    let messages = if messages.len() == run.input.len() { messages } else { Vec::new() };
+    let step = TurnStep {
+        high_water: Some(created.seq + HIGH_WATER_BLOCK),
+        messages,
+        events: vec![created.clone()],
+        run: Some(run.clone()),
+        release_lease: false,
+    };
+    (step, created)
+}
+
 /// How a turn starts.
 pub(crate) enum Start {
-    /// A new turn: emit `turn.created`, then apply the input.
-    New { previous: Option<RunRecord> },
+    /// A new turn, whose first step ([`first_step`]: the run, `turn.created`) is stored:
+    /// apply the input.
+    New { previous: Option<RunRecord>, created: Arc<EventEnvelope> },
     /// A turn taken over after its process died.
     Recovered { previous: Option<RunRecord>, journal: Vec<JournalEntry>, stored: Vec<EventEnvelope> },
 }
@@ -745,11 +780,7 @@ impl TurnEngine {
 
     /// The turn's first event.
     fn turn_created(&self) -> EventPayload {
-        EventPayload::TurnCreated {
-            previous_turn_id: self.run.previous_turn_id,
-            input: self.run.input.clone(),
-            created_by: self.run.created_by.clone(),
-        }
+        turn_created(&self.run)
     }
 
     /// Emits a durable event on this engine's thread, with its team context.
@@ -805,24 +836,10 @@ impl TurnEngine {
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
         self.approved = approved_calls(&self.run.input);
         let (previous, recovered) = match start {
-            Start::New { previous } => {
-                // Input of user messages only is stored with `turn.created`, in one write;
-                // the history read below then finds it as the turn's own messages.
-                let user_messages: Vec<Message> = self
-                    .run
-                    .input
-                    .iter()
-                    .map_while(|item| match item {
-                        TurnInputItem::Message(user) => Some(Message::user(user.content.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                if !user_messages.is_empty() && user_messages.len() == self.run.input.len() {
-                    self.persist(user_messages).await?;
-                }
-                // Published at once, before the history is read: clients see the turn start
-                // without waiting for its first step.
-                self.sink.emit(None, self.turn_created()).await?;
+            Start::New { previous, created: _ } => {
+                // The run, `turn.created` and an input of user messages only were stored in
+                // one write before the engine started; the history read below finds those
+                // messages as the turn's own.
                 if previous.is_none() && !self.agent.mcp_sessions().is_empty() {
                     // The main thread starts with the session's first turn, and with it the
                     // agent's MCP sessions.

@@ -16,7 +16,7 @@ use agentry_types::{
 use serde_json::Value;
 
 use crate::agent::Agent;
-use crate::engine::{CancelWatch, Start, TurnEngine, TurnSink};
+use crate::engine::{CancelWatch, Start, TurnEngine, TurnSink, first_step};
 use crate::error::{RunnerError, RuntimeResult};
 use crate::input::{check_against_previous, check_shape};
 use crate::live::{EventStream, LiveTurn, stored_events, subscribe};
@@ -347,8 +347,15 @@ impl Runtime {
         start: Start,
     ) {
         self.ensure_lease_keeper();
-        let live =
-            Arc::new(LiveTurn::new(run.session_id, run.id, lease.token, emitter.sequencer().last_seq() + 1));
+        let first_seq = match &start {
+            Start::New { created, .. } => created.seq,
+            Start::Recovered { .. } => emitter.sequencer().last_seq() + 1,
+        };
+        let live = Arc::new(LiveTurn::new(run.session_id, run.id, lease.token, first_seq));
+        if let Start::New { created, .. } = &start {
+            // Stored with the run: published before anyone can subscribe.
+            live.push(created.clone());
+        }
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
         let store = self.inner.store.clone();
         let fence = lease.fence();
@@ -513,21 +520,30 @@ impl Session {
             }
             Err(error) => return Err(error.into()),
         };
-        match self.prepare_turn(&request, &lease).await {
-            Ok((run, previous)) => {
-                let emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
-                runtime.start(agent, run.clone(), lease, emitter, 0, Start::New { previous });
-                Ok(TurnHandle { runtime: runtime.clone(), record: run })
-            }
+        let prepared = match self.prepare_turn(&request, &lease).await {
+            Ok(prepared) => prepared,
             Err(error) => {
                 let _released = store.release_lease(session.id, lease.token).await;
-                Err(error)
+                return Err(error);
             }
+        };
+        let (run, previous) = prepared;
+        // The run and `turn.created` are one write: the turn exists exactly when its first
+        // event does.
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
+        let (step, created) = first_step(&run, &mut emitter);
+        if let Err(error) = store.write_step(run.id, &step, Some(lease.fence())).await {
+            let _released = store.release_lease(session.id, lease.token).await;
+            return Err(error.into());
         }
+        runtime.inner.appended.notify_waiters();
+        let high_water = step.high_water.unwrap_or_default();
+        runtime.start(agent, run.clone(), lease, emitter, high_water, Start::New { previous, created });
+        Ok(TurnHandle { runtime: runtime.clone(), record: run })
     }
 
-    /// Under the lease: resolves the previous turn, checks the input against it, stores the
-    /// new turn.
+    /// Under the lease: resolves the previous turn, checks the input against it, builds the
+    /// new turn (stored with its first event by the caller).
     async fn prepare_turn(
         &self,
         request: &TurnRequest,
@@ -577,7 +593,6 @@ impl Session {
         } else {
             run.agent_id = Some(self.record.name.clone());
         }
-        store.put_run(&run, Some(lease.fence())).await?;
         Ok((run, previous))
     }
 

@@ -116,6 +116,19 @@ fn run_meta(table: &impl ReadableTable<u128, RunMeta>, turn: TurnId) -> StoreRes
         .ok_or_else(|| StoreError::not_found("run", turn))
 }
 
+/// Gives a new run of `session` the next place among the runs (the record itself is
+/// stored by the caller); returns its metadata.
+fn insert_run_meta(transaction: &WriteTransaction, id: TurnId, session: SessionId) -> StoreResult<RunMeta> {
+    let order = counter(transaction, "last_run_order")? + 1;
+    set_counter(transaction, "last_run_order", order)?;
+    let meta = (session_key(session), order, 0);
+    let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+    metas.insert(turn_key(id), meta).map_err(redb_error)?;
+    let mut session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+    session_runs.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
+    Ok(meta)
+}
+
 /// The last stored seq of a turn (0 when none).
 fn last_stored_seq(by_turn: &impl ReadableTable<(u128, u64), u64>, turn: TurnId) -> StoreResult<u64> {
     let key = turn_key(turn);
@@ -330,7 +343,7 @@ impl RunStore for RedbStore {
                 return Err(StoreError::not_found("session", session));
             }
             check_fence(transaction, session, fence)?;
-            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
             let existing = metas.get(turn_key(id)).map_err(redb_error)?.map(|value| value.value());
             match existing {
                 Some(meta) if meta.0 != session_key(session) => {
@@ -339,13 +352,10 @@ impl RunStore for RedbStore {
                         session_of(meta)
                     )));
                 }
-                Some(_) => {}
+                Some(_) => drop(metas),
                 None => {
-                    let order = counter(transaction, "last_run_order")? + 1;
-                    set_counter(transaction, "last_run_order", order)?;
-                    metas.insert(turn_key(id), (session_key(session), order, 0)).map_err(redb_error)?;
-                    let mut session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
-                    session_runs.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
+                    drop(metas);
+                    insert_run_meta(transaction, id, session)?;
                 }
             }
             let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
@@ -553,7 +563,18 @@ impl EventStore for RedbStore {
             rules::encode_step(turn, step, fence)?;
         self.write(move |transaction| {
             // Every part is checked before any table changes (see the module's note).
-            let meta = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn)?;
+            let found = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn);
+            let (meta, new_run) = match (found, &run) {
+                (Ok(meta), _) => (meta, false),
+                // The turn's first step creates its run: checked here, stored below.
+                (Err(error), Some((run_session, _))) if error.is_not_found() => {
+                    if !session_exists(transaction, *run_session)? {
+                        return Err(StoreError::not_found("session", *run_session));
+                    }
+                    ((session_key(*run_session), 0, 0), true)
+                }
+                (Err(error), _) => return Err(error),
+            };
             let session = session_of(meta);
             if let Some((run_session, _)) = &run {
                 rules::check_run_session_id(turn, *run_session, session)?;
@@ -564,6 +585,7 @@ impl EventStore for RedbStore {
             };
             rules::check_event_batch(turn, session, last_seq, keys.iter().copied())?;
             check_fence(transaction, session, fence)?;
+            let meta = if new_run { insert_run_meta(transaction, turn, session)? } else { meta };
             if let Some(seq) = high_water {
                 let mark = meta.2.max(last_seq).max(seq);
                 if mark != meta.2 {

@@ -363,7 +363,15 @@ impl EventStore for SqliteStore {
             // The run's existence, session and fence are checked once for the whole step:
             // nothing inside it can change them.
             let key = turn.to_string();
-            let (session, _) = run_seq_row(tx, turn, &key)?;
+            let (session, created) = match (run_seq_row(tx, turn, &key), &run) {
+                (Ok((session, _)), _) => (session, false),
+                // The turn's first step creates its run (checking its session and the fence).
+                (Err(error), Some((run_session, body))) if error.is_not_found() => {
+                    put_run_in(tx, turn, *run_session, body, fence)?;
+                    (*run_session, true)
+                }
+                (Err(error), _) => return Err(error),
+            };
             if let Some((run_session, _)) = &run {
                 rules::check_run_session_id(turn, *run_session, session)?;
             }
@@ -380,7 +388,7 @@ impl EventStore for SqliteStore {
             }
             let positions =
                 if keys.is_empty() { Vec::new() } else { append_events_in(tx, turn, &keys, &events, None)? };
-            if let Some((_, body)) = &run {
+            if let Some((_, body)) = run.as_ref().filter(|_| !created) {
                 update_run_body(tx, &key, body)?;
             }
             if release_lease {

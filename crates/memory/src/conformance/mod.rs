@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             high_water_mark_rises_never_falls_and_covers_stored_events,
             turn_step_stores_every_part_in_one_write,
             turn_step_refused_in_any_part_stores_none_of_it,
+            turn_step_creates_its_run_with_its_first_events,
             concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
             history_returns_the_last_runs_messages_oldest_first,
             history_filters_roles_statuses_agents_teams_and_replayed_messages,
@@ -699,6 +700,34 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     assert_eq!(store.high_water(run.id).await.unwrap(), 300);
 }
 
+/// A turn's first step creates its run with its first events, after the session's other
+/// runs; later steps continue it.
+pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let earlier = new_run(&*store, session.id).await;
+    let lease = store.acquire_lease(session.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
+    let run = run_in(session.id);
+    let first = TurnStep {
+        high_water: Some(257),
+        messages: vec![Message::user("hello")],
+        events: vec![Arc::new(event(&run, 1))],
+        run: Some(run.clone()),
+        release_lease: false,
+    };
+    assert_eq!(store.write_step(run.id, &first, Some(lease.fence())).await.unwrap().len(), 1);
+    assert_eq!(store.get_run(run.id).await.unwrap(), run);
+    let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
+    let latest = store.list_runs(session.id, &query, &PageRequest::first(5)).await.unwrap().items;
+    assert_eq!(latest.iter().map(|run| run.id).collect::<Vec<_>>(), [run.id, earlier.id]);
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1]);
+    assert_eq!(run_messages(&*store, session.id, run.id).await, ["hello"]);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 257);
+    let next = TurnStep { events: vec![Arc::new(event(&run, 2))], ..TurnStep::default() };
+    store.write_step(run.id, &next, Some(lease.fence())).await.unwrap();
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1, 2]);
+    assert_eq!(store.get_run(run.id).await.unwrap(), run, "a step without a record keeps it");
+}
+
 /// A step refused for any of its parts (a stale seq, another run's record, a stale fence,
 /// an unknown run) stores none of its parts.
 pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Store>) {
@@ -731,14 +760,25 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     // A release needs the fence that holds the lease.
     let unfenced = TurnStep { release_lease: true, ..step(vec![event(&run, 6)], changed.clone()) };
     assert_invalid(store.write_step(run.id, &unfenced, None).await);
+    // An unknown run: without its record, or with one of an unknown session, or (creating
+    // it) under a stale fence.
     let ghost = run_in(session.id);
-    assert_not_found(store.write_step(ghost.id, &step(vec![event(&ghost, 1)], ghost.clone()), None).await);
+    let no_record = TurnStep { run: None, ..step(vec![event(&ghost, 1)], ghost.clone()) };
+    assert_not_found(store.write_step(ghost.id, &no_record, None).await);
+    let orphan = run_in(SessionId::new());
+    assert_not_found(store.write_step(orphan.id, &step(vec![event(&orphan, 1)], orphan.clone()), None).await);
+    let error = store
+        .write_step(ghost.id, &step(vec![event(&ghost, 1)], ghost.clone()), Some(lease.fence()))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
     // Nothing of any refused step is stored.
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [5]);
     assert!(run_messages(&*store, session.id, run.id).await.is_empty());
     assert_eq!(store.get_run(run.id).await.unwrap(), run);
     assert_eq!(store.high_water(run.id).await.unwrap(), 5);
     assert_not_found(store.get_run(ghost.id).await);
+    assert_not_found(store.get_run(orphan.id).await);
     assert_eq!(store.lease(session.id).await.unwrap().map(|lease| lease.token), Some(taken.token));
     // The current holder's step goes through.
     store

@@ -11,10 +11,6 @@ use agentry_events::{EventEnvelope, MessageBuilder, TurnEmitter, TurnSequencer};
 use agentry_types::{SessionId, ThreadId, TurnId};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-/// The allocator the `agentry` binary ships with, so the figures are the server's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn elements(events: &[EventEnvelope]) -> Throughput {
     Throughput::Elements(u64::try_from(events.len()).unwrap_or(u64::MAX))
 }

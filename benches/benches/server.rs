@@ -12,10 +12,6 @@ use agentry_benches::http;
 use agentry_server::{Config, Server};
 use criterion::{Criterion, criterion_group, criterion_main};
 
-/// The allocator the `agentry` binary ships with, so the figures are the server's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn cold_start(c: &mut Criterion) {
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut group = c.benchmark_group("server");

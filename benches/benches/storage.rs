@@ -21,10 +21,6 @@ use agentry_types::{Message, RunRecord, SessionId, SessionRecord, SessionType, S
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
 
-/// The allocator the `agentry` binary ships with, so the figures are the server's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const BACKENDS: [&str; 3] = ["memory", "sqlite", "redb"];
 
 fn runtime() -> Runtime {

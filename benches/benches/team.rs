@@ -16,10 +16,6 @@ use agentry_types::Role;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 
-/// The allocator the `agentry` binary ships with, so the figures are the server's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn member(name: &str) -> Agent {
     Agent::builder(name, Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("member answer"))))
         .build()

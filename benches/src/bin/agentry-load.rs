@@ -18,10 +18,6 @@ use agentry_benches::http;
 use agentry_server::{Config, Server};
 use anyhow::{Context, Result, bail};
 
-/// The allocator the `agentry` binary ships with, so the figures are the server's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn arg(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
 }

@@ -109,12 +109,6 @@ enum TurnsCommand {
     },
 }
 
-/// mimalloc rather than the system allocator: a turn allocates a few hundred small
-/// objects (events, messages, records), and the server spends about a tenth less time per
-/// turn with it (measured, docs/BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

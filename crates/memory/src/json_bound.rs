@@ -108,10 +108,14 @@ impl<'a> ser::Serializer for &'a mut Bound {
     fn serialize_u128(self, _: u128) -> Result<(), Unbounded> {
         self.add(WIDE)
     }
-    fn serialize_f32(self, _: f32) -> Result<(), Unbounded> {
-        self.add(FLOAT)
+    fn serialize_f32(self, value: f32) -> Result<(), Unbounded> {
+        self.serialize_f64(f64::from(value))
     }
-    fn serialize_f64(self, _: f64) -> Result<(), Unbounded> {
+    fn serialize_f64(self, value: f64) -> Result<(), Unbounded> {
+        // JSON refuses a key that is not a finite number (a value becomes `null`).
+        if self.in_key && !value.is_finite() {
+            return Err(Unbounded);
+        }
         self.add(FLOAT)
     }
     fn serialize_char(self, value: char) -> Result<(), Unbounded> {
@@ -314,6 +318,19 @@ mod tests {
         let map: BTreeMap<Vec<u8>, u8> = [(vec![1], 1)].into_iter().collect();
         assert!(serde_json::to_vec(&map).is_err());
         assert_eq!(json_len_bound(&map), None);
+        // A map keyed by a float: JSON takes finite ones only.
+        struct FloatKeyed(f64);
+        impl serde::Serialize for FloatKeyed {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap as _;
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry(&self.0, &1)?;
+                map.end()
+            }
+        }
+        assert!(json_len_bound(&FloatKeyed(-1.5e-300)).unwrap() >= exact(&FloatKeyed(-1.5e-300)));
+        assert!(serde_json::to_vec(&FloatKeyed(f64::INFINITY)).is_err());
+        assert_eq!(json_len_bound(&FloatKeyed(f64::INFINITY)), None);
     }
 
     fn json() -> impl Strategy<Value = Value> {

@@ -63,6 +63,9 @@ impl State {
         session: SessionId,
         events: impl ExactSizeIterator<Item = Arc<EventEnvelope>>,
     ) -> Vec<u64> {
+        if events.len() == 0 {
+            return Vec::new();
+        }
         let mut positions = Vec::with_capacity(events.len());
         let mut last_seq = None;
         let by_turn = self.turn_events.entry(turn).or_default();

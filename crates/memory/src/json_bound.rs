@@ -64,6 +64,15 @@ impl Bound {
     }
 }
 
+/// Scalars whose longest JSON form has a fixed width.
+macro_rules! fixed_width {
+    ($($method:ident: $type:ty => $width:expr),*) => {$(
+        fn $method(self, _: $type) -> Result<(), Unbounded> {
+            self.add($width)
+        }
+    )*};
+}
+
 impl<'a> ser::Serializer for &'a mut Bound {
     type Ok = ();
     type Error = Unbounded;
@@ -75,39 +84,19 @@ impl<'a> ser::Serializer for &'a mut Bound {
     type SerializeStruct = &'a mut Bound;
     type SerializeStructVariant = &'a mut Bound;
 
-    fn serialize_bool(self, _: bool) -> Result<(), Unbounded> {
-        self.add(7)
-    }
-    fn serialize_i8(self, _: i8) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_i16(self, _: i16) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_i32(self, _: i32) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_i64(self, _: i64) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_i128(self, _: i128) -> Result<(), Unbounded> {
-        self.add(WIDE)
-    }
-    fn serialize_u8(self, _: u8) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_u16(self, _: u16) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_u32(self, _: u32) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_u64(self, _: u64) -> Result<(), Unbounded> {
-        self.add(INTEGER)
-    }
-    fn serialize_u128(self, _: u128) -> Result<(), Unbounded> {
-        self.add(WIDE)
-    }
+    fixed_width!(
+        serialize_bool: bool => 7,
+        serialize_i8: i8 => INTEGER,
+        serialize_i16: i16 => INTEGER,
+        serialize_i32: i32 => INTEGER,
+        serialize_i64: i64 => INTEGER,
+        serialize_i128: i128 => WIDE,
+        serialize_u8: u8 => INTEGER,
+        serialize_u16: u16 => INTEGER,
+        serialize_u32: u32 => INTEGER,
+        serialize_u64: u64 => INTEGER,
+        serialize_u128: u128 => WIDE
+    );
     fn serialize_f32(self, value: f32) -> Result<(), Unbounded> {
         self.serialize_f64(f64::from(value))
     }

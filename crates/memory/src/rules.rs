@@ -68,21 +68,18 @@ pub fn check_payload_size(
     team: Option<&TeamContext>,
     thread: Option<&ThreadId>,
 ) -> StoreResult<()> {
+    // The envelope's fixed fields and the thread id; the payload and team context vary.
+    let fixed = 80 + thread.map_or(0, |thread| thread.as_str().len());
     let bound = json_len_bound(payload).zip(team.map_or(Some(0), json_len_bound));
-    if bound.is_some_and(|(payload, team)| {
-        80 + payload + team + thread.map_or(0, |thread| thread.as_str().len()) <= MAX_RECORD_BYTES
-    }) {
+    if bound.is_some_and(|(payload, team)| fixed + payload + team <= MAX_RECORD_BYTES) {
         return Ok(());
     }
-    let mut counter = ByteCounter(80);
+    let mut counter = ByteCounter(fixed);
     serde_json::to_writer(&mut counter, payload)
         .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
     if let Some(team) = team {
         serde_json::to_writer(&mut counter, team)
             .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
-    }
-    if let Some(thread) = thread {
-        counter.0 += thread.as_str().len();
     }
     if counter.0 > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what: "event", size: counter.0, limit: MAX_RECORD_BYTES });

@@ -778,11 +778,6 @@ impl TurnEngine {
         .await
     }
 
-    /// The turn's first event.
-    fn turn_created(&self) -> EventPayload {
-        turn_created(&self.run)
-    }
-
     /// Emits a durable event on this engine's thread, with its team context.
     async fn emit(&self, payload: EventPayload) -> Result<Arc<EventEnvelope>, Stop> {
         self.sink.emit_team(Some(self.thread.clone()), self.team.clone(), payload).await
@@ -852,7 +847,7 @@ impl TurnEngine {
                 self.journal = journal.into_iter().map(|entry| (entry.tool_call_id.clone(), entry)).collect();
                 if !stored.iter().any(|event| matches!(event.payload, EventPayload::TurnCreated { .. })) {
                     // The dead process stopped before storing the turn's first event.
-                    self.sink.emit(None, self.turn_created()).await?;
+                    self.sink.emit(None, turn_created(&self.run)).await?;
                 }
                 (previous, Some(stored))
             }

@@ -47,12 +47,14 @@ fn multiply() -> Arc<dyn Tool> {
 fn tool_then_answer() -> Arc<ScriptedModel> {
     let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
     let answer = ScriptedResponse::text("The answer is 42.");
-    Arc::new(ScriptedModel::responder(move |request| {
-        match request.messages.last().map(|message| message.role) {
+    let model =
+        ScriptedModel::responder(move |request| match request.messages.last().map(|message| message.role) {
             Some(Role::Tool) => answer.clone(),
             _ => call.clone(),
-        }
-    }))
+        });
+    // A real provider keeps no requests; a kept request would make the engine copy the
+    // conversation at its next change.
+    Arc::new(model.without_request_log())
 }
 
 fn runner(store: Arc<dyn Store>) -> Runtime {

@@ -17,20 +17,21 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 
 fn member(name: &str) -> Agent {
-    Agent::builder(name, Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("member answer"))))
-        .build()
+    let model = ScriptedModel::responder(|_| ScriptedResponse::text("member answer")).without_request_log();
+    Agent::builder(name, Arc::new(model)).build()
 }
 
 fn runtime() -> Runtime {
     let options = RuntimeOptions { live_retention: Duration::ZERO, ..RuntimeOptions::default() };
     let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);
-    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+    let coordinator = ScriptedModel::responder(|request| {
         if request.messages.iter().any(|message| message.role == Role::Tool) {
             ScriptedResponse::text("team answer")
         } else {
             ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Answer."}))
         }
-    }));
+    });
+    let coordinator = Arc::new(coordinator.without_request_log());
     let mut team = Team::builder("team", coordinator);
     for index in 0..4 {
         team = team.member(member(&format!("m{index}")));

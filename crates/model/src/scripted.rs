@@ -183,8 +183,8 @@ pub struct ScriptedModel {
     id: String,
     script: Script,
     calls: AtomicUsize,
-    /// The latest requests, at most [`RECORDED_REQUESTS`].
-    requests: Mutex<VecDeque<ModelRequest>>,
+    /// The latest requests, at most [`RECORDED_REQUESTS`]; `None` when not recorded.
+    requests: Option<Mutex<VecDeque<ModelRequest>>>,
 }
 
 impl fmt::Debug for ScriptedModel {
@@ -215,8 +215,18 @@ impl ScriptedModel {
             id: "scripted".to_owned(),
             script,
             calls: AtomicUsize::new(0),
-            requests: Mutex::new(VecDeque::new()),
+            requests: Some(Mutex::new(VecDeque::new())),
         }
+    }
+
+    /// The same model without its log of requests, as a real provider keeps none: a
+    /// recorded request shares the caller's conversation, so the caller must copy the
+    /// conversation the next time it adds to it. For demos and benchmarks; tests that
+    /// inspect [`requests`](Self::requests) keep the log.
+    #[must_use]
+    pub fn without_request_log(mut self) -> Self {
+        self.requests = None;
+        self
     }
 
     /// The same model under another id.
@@ -232,10 +242,13 @@ impl ScriptedModel {
         self.calls.load(Ordering::SeqCst)
     }
 
-    /// The requests received so far, in order (the latest [`RECORDED_REQUESTS`] of them).
+    /// The requests received so far, in order (the latest [`RECORDED_REQUESTS`] of them);
+    /// empty for a model built [`without_request_log`](Self::without_request_log).
     #[must_use]
     pub fn requests(&self) -> Vec<ModelRequest> {
-        self.requests.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+        self.requests.as_ref().map_or_else(Vec::new, |requests| {
+            requests.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+        })
     }
 
     /// The response to call number `call` (from 1).
@@ -262,8 +275,8 @@ impl Model for ScriptedModel {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
         }
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        {
-            let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(requests) = &self.requests {
+            let mut requests = requests.lock().unwrap_or_else(PoisonError::into_inner);
             if requests.len() == RECORDED_REQUESTS {
                 requests.pop_front();
             }

@@ -506,9 +506,8 @@ impl Config {
 
     fn model(&self, name: &str, agent: &str) -> Result<Arc<dyn Model>, ConfigError> {
         if name == "demo" {
-            return Ok(Arc::new(ScriptedModel::responder(|_| {
-                ScriptedResponse::text("Hello from the demo model.")
-            })));
+            let model = ScriptedModel::responder(|_| ScriptedResponse::text("Hello from the demo model."));
+            return Ok(Arc::new(model.without_request_log()));
         }
         let provider = self.providers.get(name).ok_or_else(|| {
             ConfigError::Invalid(format!(

@@ -257,7 +257,7 @@ pub fn demo_agent() -> Agent {
 /// The demo agent's rules under another name.
 #[must_use]
 pub fn demo_agent_named(name: &str) -> Agent {
-    let model = ScriptedModel::responder(demo_response).named("demo-rules");
+    let model = ScriptedModel::responder(demo_response).named("demo-rules").without_request_log();
     Agent::builder(name, Arc::new(model))
         .instructions("You are Agentry's demo agent.")
         .tool(calculator_tool())
@@ -272,7 +272,8 @@ fn member(name: &str, prefix: &'static str) -> Agent {
     let model = ScriptedModel::responder(move |request: &ModelRequest| {
         ScriptedResponse::text(format!("{prefix} {}", latest_user_text(request))).chunked(6)
     })
-    .named(format!("demo-{name}"));
+    .named(format!("demo-{name}"))
+    .without_request_log();
     Agent::builder(name, Arc::new(model)).instructions(format!("You are the team's {name}.")).build()
 }
 
@@ -346,7 +347,8 @@ fn called_member(request: &ModelRequest, result: &Message) -> Option<String> {
 /// Never: the embedded policy is valid (a unit test parses it).
 #[must_use]
 pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, SpawnPolicy) {
-    let model = ScriptedModel::responder(coordinator_response).named("demo-coordinator");
+    let model =
+        ScriptedModel::responder(coordinator_response).named("demo-coordinator").without_request_log();
     let analyst: Arc<dyn agentry_model::Model> = Arc::new(
         ScriptedModel::responder(|request: &ModelRequest| {
             let task = latest_user_text(request);
@@ -358,7 +360,8 @@ pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, S
                 answer
             }
         })
-        .named("demo-analyst"),
+        .named("demo-analyst")
+        .without_request_log(),
     );
     #[allow(clippy::expect_used)]
     let policy = SpawnPolicy::parse(DEMO_SPAWN_POLICY).expect("the embedded spawn policy is valid");

@@ -73,6 +73,19 @@ async fn the_script_is_used_in_order_and_then_runs_out() {
 }
 
 #[tokio::test]
+async fn a_model_without_its_request_log_answers_and_keeps_no_request() {
+    let model = ScriptedModel::new(vec![ScriptedResponse::text("one")]).without_request_log();
+    let conversation = std::sync::Arc::new(vec![Message::user("a")]);
+    let mut stream = model.stream(ModelRequest::new(conversation.clone())).await.unwrap();
+    assert_eq!(stream.next().await.unwrap().unwrap().content.as_deref(), Some("one"));
+    drop(stream);
+    assert_eq!(model.calls(), 1);
+    assert!(model.requests().is_empty());
+    // Nothing holds the conversation any more: the caller can add to it without a copy.
+    assert_eq!(std::sync::Arc::strong_count(&conversation), 1);
+}
+
+#[tokio::test]
 async fn a_responder_answers_from_the_request() {
     let model = ScriptedModel::responder(|request| {
         ScriptedResponse::text(format!("Echo: {}", request.last_user_text().unwrap_or_default()))

@@ -316,7 +316,9 @@ fn append(target: &mut Option<String>, piece: Option<&str>) {
 /// One [`MessageBuilder`] per thread: threads stream their messages concurrently.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadMessageBuilders {
-    builders: HashMap<ThreadId, MessageBuilder>,
+    /// Boxed: a builder is a few hundred bytes, and a table holding them inline is a
+    /// large allocation (with glibc, one that consolidates the allocator's free lists).
+    builders: HashMap<ThreadId, Box<MessageBuilder>>,
 }
 
 impl ThreadMessageBuilders {
@@ -359,7 +361,7 @@ impl ThreadMessageBuilders {
 
     /// Removes and returns the unfinished message of a thread, as built so far.
     pub fn take_partial(&mut self, thread: &ThreadId) -> Option<(EventId, Result<ModelMessage, MergeError>)> {
-        let builder = self.builders.remove(thread)?;
+        let builder = *self.builders.remove(thread)?;
         let id = builder.id()?;
         Some((id, builder.build_partial()))
     }

@@ -8,6 +8,7 @@
 //! the model context from those and continues from the last boundary.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Ready;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use agentry_types::{
     TurnMetrics, TurnState,
 };
 use futures_util::StreamExt;
+use futures_util::future::{BoxFuture, Either};
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
@@ -150,6 +152,11 @@ struct SinkState {
     messages: Vec<Message>,
 }
 
+/// What [`TurnSink::store_staged`] returns: the step's last event, stored but unpublished.
+type StoredStep<'a> = Either<
+    Ready<Result<Option<Arc<EventEnvelope>>, Stop>>,
+    BoxFuture<'a, Result<Option<Arc<EventEnvelope>>, Stop>>,
+>;
 impl TurnSink {
     pub(crate) fn new(
         store: Arc<dyn Store>,
@@ -177,15 +184,25 @@ impl TurnSink {
     /// Writes what is staged with `last` (if any) and `run` as one step, then publishes the
     /// staged events; returns `last` stored but unpublished.
     ///
-    /// Boxed: every emit awaits it, and inlined its state (a step, an envelope, a record)
-    /// would be copied into each caller's future.
+    /// Boxed when there is something to write: every emit awaits it, and inlined its state
+    /// (a step, an envelope, a record) would be copied into each caller's future. With
+    /// nothing to write (each delta asks) it allocates nothing: the boxed step is large
+    /// enough that glibc's malloc consolidates its free lists for every one.
     fn store_staged<'a>(
         &'a self,
         state: &'a mut SinkState,
         last: Option<Arc<EventEnvelope>>,
         run: Option<RunRecord>,
-    ) -> futures_util::future::BoxFuture<'a, Result<Option<Arc<EventEnvelope>>, Stop>> {
-        Box::pin(self.store_step(state, last, run))
+    ) -> StoredStep<'a> {
+        let nothing = last.is_none()
+            && run.is_none()
+            && state.raise.is_none()
+            && state.messages.is_empty()
+            && state.staged.is_empty();
+        if nothing {
+            return Either::Left(std::future::ready(Ok(None)));
+        }
+        Either::Right(Box::pin(self.store_step(state, last, run)))
     }
 
     async fn store_step(

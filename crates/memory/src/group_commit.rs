@@ -4,6 +4,9 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+/// How long a writer thread looks for the next write before it sleeps.
+const SPIN: Duration = Duration::from_micros(30);
+
 /// Collects the writes of each group commit from a writer thread's queue.
 ///
 /// A batch takes every write waiting, up to `max`. With a non-zero `linger` it also waits,
@@ -60,6 +63,19 @@ impl<T> GroupCommit<T> {
             match self.carried.pop_front() {
                 Some(job) => batch.push(job),
                 None => break,
+            }
+        }
+        if batch.is_empty() {
+            // A writer that was just acknowledged often sends its next write within
+            // microseconds: look for it briefly before sleeping, so neither side pays a
+            // futex wake-up for it.
+            let spin_until = Instant::now() + SPIN;
+            while Instant::now() < spin_until {
+                if let Ok(job) = queue.try_recv() {
+                    batch.push(job);
+                    break;
+                }
+                std::thread::yield_now();
             }
         }
         if batch.is_empty() {

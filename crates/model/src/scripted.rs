@@ -175,7 +175,8 @@ enum Script {
 }
 
 /// How many of the latest requests a [`ScriptedModel`] keeps for inspection: a long-running
-/// scripted model (a demo server, a benchmark) must not grow without bound.
+/// scripted model that keeps its log must not grow without bound (demos and benchmarks
+/// keep none: [`ScriptedModel::without_request_log`]).
 pub const RECORDED_REQUESTS: usize = 1024;
 
 /// A model that answers from a script.

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -138,9 +139,17 @@ uuid_id!(
 
 /// Identifies a thread inside a session: `"main"` for the root agent, a unique id for
 /// every sub-agent thread.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, JsonSchema)]
-#[serde(transparent)]
-pub struct ThreadId(String);
+// Shared (`Arc<str>`): every event of a thread carries its id, and a copy is a count, not
+// an allocation.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[schemars(transparent)]
+pub struct ThreadId(#[schemars(with = "String")] Arc<str>);
+
+impl Serialize for ThreadId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 impl<'de> Deserialize<'de> for ThreadId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -155,13 +164,14 @@ impl ThreadId {
     /// The root agent's thread.
     #[must_use]
     pub fn main() -> Self {
-        Self(Self::MAIN.to_owned())
+        static MAIN: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        Self(MAIN.get_or_init(|| Arc::from(Self::MAIN)).clone())
     }
 
     /// A new, unique sub-agent thread id (a UUIDv7 string).
     #[must_use]
     pub fn new_sub_thread() -> Self {
-        Self(Uuid::now_v7().hyphenated().to_string())
+        Self(Arc::from(Uuid::now_v7().hyphenated().to_string()))
     }
 
     /// A thread id from a string. An empty string is refused.
@@ -170,13 +180,13 @@ impl ThreadId {
         if value.is_empty() {
             return Err(InvalidId { kind: "thread id", value });
         }
-        Ok(Self(value))
+        Ok(Self(Arc::from(value)))
     }
 
     /// Whether this is the root agent's thread.
     #[must_use]
     pub fn is_main(&self) -> bool {
-        self.0 == Self::MAIN
+        &*self.0 == Self::MAIN
     }
 
     /// The id as a string slice.

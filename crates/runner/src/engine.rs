@@ -912,7 +912,7 @@ impl TurnEngine {
             let called = self.call_model().await;
             if let Some(reservation) = reservation {
                 let spent = match &called {
-                    Ok((message, _)) => Spent {
+                    Ok(ThreadMessage { message, .. }) => Spent {
                         usage: BudgetUsage {
                             tokens_used: message
                                 .usage
@@ -928,15 +928,16 @@ impl TurnEngine {
                 };
                 self.settle(&reservation, spent).await?;
             }
-            let (message, output) = called?;
-            if message.tool_calls.is_empty() {
-                self.complete_step(None, message.content.clone()).await?;
+            let output = called?;
+            if output.message.tool_calls.is_empty() {
+                self.complete_step(None, output.message.content.clone()).await?;
                 if let Some(memory) = memory {
                     self.update_memory(memory).await?;
                 }
                 return Ok(Outcome::Answered(Some(output)));
             }
-            if let Some(paused) = self.handle_tool_calls(&message.tool_calls, Some(output)).await? {
+            let calls = output.message.tool_calls.clone();
+            if let Some(paused) = self.handle_tool_calls(&calls, Some(output)).await? {
                 return Ok(paused);
             }
         }
@@ -1387,7 +1388,7 @@ impl TurnEngine {
     }
 
     /// Streams one model message into deltas and a stored `model.message`.
-    async fn call_model(&mut self) -> Result<(ModelMessage, ThreadMessage), Stop> {
+    async fn call_model(&mut self) -> Result<ThreadMessage, Stop> {
         // Everything before the call is stored and published before the wait on the model.
         self.sink.flush().await?;
         let mut request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
@@ -1471,7 +1472,7 @@ impl TurnEngine {
             message: message.clone(),
         };
         self.persist(vec![Message::from_model(message)]).await?;
-        Ok((message.clone(), output))
+        Ok(output)
     }
 
     /// Keeps what a stopped model stream produced: stored as an event and in the history.

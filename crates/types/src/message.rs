@@ -513,9 +513,17 @@ impl ModelMessage {
     #[must_use]
     pub fn to_deltas(&self, chunk: usize) -> Vec<ModelMessageDelta> {
         let chunk = chunk.max(1);
+        // Pieces of `chunk` characters each, cut at character boundaries.
         let pieces = |text: &str| -> Vec<String> {
-            let chars: Vec<char> = text.chars().collect();
-            chars.chunks(chunk).map(|piece| piece.iter().collect()).collect()
+            let mut pieces = Vec::with_capacity(text.len().div_ceil(chunk));
+            let mut rest = text;
+            while !rest.is_empty() {
+                let end = rest.char_indices().nth(chunk).map_or(rest.len(), |(at, _)| at);
+                let (piece, tail) = rest.split_at(end);
+                pieces.push(piece.to_owned());
+                rest = tail;
+            }
+            pieces
         };
         let mut deltas = Vec::new();
         for piece in pieces(self.reasoning_content.as_deref().unwrap_or_default()) {

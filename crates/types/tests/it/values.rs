@@ -2,8 +2,8 @@
 
 use agentry_types::agno::{MemberResponse, RunOutput, TeamRunOutput};
 use agentry_types::{
-    CancellationReason, DataUri, FinishReason, RunStatus, SessionId, ThreadId, Timestamp, TurnId,
-    TurnMetrics, TurnState, Usage,
+    CancellationReason, DataUri, FinishReason, ModelMessage, RunStatus, SessionId, ThreadId, Timestamp,
+    TurnId, TurnMetrics, TurnState, Usage,
 };
 use proptest::prelude::*;
 
@@ -30,6 +30,21 @@ fn the_main_thread_is_named_main_and_sub_threads_are_unique() {
     assert_ne!(a, b);
     assert!(!a.is_main());
     assert!(ThreadId::parse("").is_err());
+}
+
+#[test]
+fn a_message_splits_into_deltas_of_whole_characters() {
+    let message = ModelMessage {
+        content: Some("héllo wörld".into()),
+        finish_reason: Some(FinishReason::Stop),
+        ..ModelMessage::default()
+    };
+    let pieces: Vec<Option<String>> = message.to_deltas(2).into_iter().map(|delta| delta.content).collect();
+    let expected = ["hé", "ll", "o ", "wö", "rl", "d"].map(|piece| Some(piece.to_owned()));
+    assert_eq!(pieces[..6], expected);
+    assert_eq!(pieces.len(), 7, "the last delta carries the finish reason");
+    let whole: Vec<Option<String>> = message.to_deltas(100).into_iter().map(|delta| delta.content).collect();
+    assert_eq!(whole[0].as_deref(), Some("héllo wörld"));
 }
 
 #[test]

@@ -64,6 +64,38 @@ fn timestamps_render_in_each_vocabulary_unit() {
 
 proptest! {
     #[test]
+    fn deltas_carry_every_text_in_pieces_of_whole_characters(
+        content in ".{0,40}",
+        reasoning in ".{0,20}",
+        arguments in ".{0,20}",
+        chunk in 0usize..10,
+    ) {
+        let message = ModelMessage {
+            content: Some(content.clone()),
+            reasoning_content: Some(reasoning.clone()),
+            tool_calls: vec![agentry_types::ToolCall::function("c1", "f", arguments.clone())],
+            finish_reason: Some(FinishReason::ToolCalls),
+            ..ModelMessage::default()
+        };
+        let deltas = message.to_deltas(chunk);
+        // Pieces of `chunk` characters (at least one), the last one possibly shorter.
+        let expected = |text: &str| -> Vec<String> {
+            let chars: Vec<char> = text.chars().collect();
+            chars.chunks(chunk.max(1)).map(|piece| piece.iter().collect()).collect()
+        };
+        let texts: Vec<String> = deltas.iter().filter_map(|delta| delta.content.clone()).collect();
+        prop_assert_eq!(texts, expected(&content));
+        let thoughts: Vec<String> = deltas.iter().filter_map(|delta| delta.reasoning_content.clone()).collect();
+        prop_assert_eq!(thoughts, expected(&reasoning));
+        let pieces: Vec<String> = deltas
+            .iter()
+            .flat_map(|delta| &delta.tool_calls)
+            .filter_map(|call| call.function.as_ref().and_then(|function| function.arguments.clone()))
+            .collect();
+        prop_assert_eq!(pieces, expected(&arguments));
+    }
+
+    #[test]
     fn timestamps_round_trip_through_their_rfc3339_form(micros in -62_000_000_000_000_000i64..253_000_000_000_000_000) {
         let at = Timestamp::from_unix_micros(micros);
         prop_assert_eq!(at.to_rfc3339().parse::<Timestamp>().unwrap(), at);

@@ -157,6 +157,7 @@ type StoredStep<'a> = Either<
     Ready<Result<Option<Arc<EventEnvelope>>, Stop>>,
     BoxFuture<'a, Result<Option<Arc<EventEnvelope>>, Stop>>,
 >;
+
 impl TurnSink {
     pub(crate) fn new(
         store: Arc<dyn Store>,

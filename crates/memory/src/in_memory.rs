@@ -406,6 +406,7 @@ impl EventStore for InMemoryStore {
             step.events.iter().map(|event| rules::EventKey::of(event)),
         )?;
         state.fence(session, fence)?;
+        let created = new_run.is_some();
         if let Some(run) = new_run {
             state.insert_run(run);
         }
@@ -415,7 +416,8 @@ impl EventStore for InMemoryStore {
         let positions = state.insert_events(turn, session, step.events.iter().cloned());
         let row = state.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
         row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
-        if let Some(run) = &step.run {
+        // A run this step created already holds the record.
+        if let Some(run) = step.run.as_ref().filter(|_| !created) {
             row.record = run.clone();
         }
         if step.release_lease {

@@ -50,15 +50,7 @@ fn main() {
 fn turn_allocations(tool: Arc<dyn agentry_runner::Tool>) {
     use agentry_memory::InMemoryStore;
     use agentry_runner::{Runtime, RuntimeOptions, TurnRequest};
-    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
-    let answer = ScriptedResponse::text("The answer is 42.");
-    let model =
-        ScriptedModel::responder(move |request| match request.messages.last().map(|message| message.role) {
-            Some(agentry_types::Role::Tool) => answer.clone(),
-            _ => call.clone(),
-        });
-    // As in the runner benchmarks: a real provider keeps no requests.
-    let model = Arc::new(model.without_request_log());
+    let model = agentry_benches::tool_then_answer();
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let options = RuntimeOptions { live_retention: std::time::Duration::ZERO, ..RuntimeOptions::default() };
     let runtime = Runtime::with_options(Arc::new(InMemoryStore::new()), options);

@@ -18,11 +18,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentry_benches::open_store;
+use agentry_benches::{open_store, tool_then_answer};
 use agentry_memory::{Durability, InMemoryStore, Store};
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_runner::{Agent, FunctionTool, Runtime, RuntimeOptions, Tool, ToolError, TurnRequest};
-use agentry_types::Role;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
 
@@ -41,20 +40,6 @@ fn multiply() -> Arc<dyn Tool> {
         Ok::<_, ToolError>((args.a * args.b).to_string())
     })
     .shared()
-}
-
-/// Calls `multiply` when the last message is the user's, answers after the tool result.
-fn tool_then_answer() -> Arc<ScriptedModel> {
-    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
-    let answer = ScriptedResponse::text("The answer is 42.");
-    let model =
-        ScriptedModel::responder(move |request| match request.messages.last().map(|message| message.role) {
-            Some(Role::Tool) => answer.clone(),
-            _ => call.clone(),
-        });
-    // A real provider keeps no requests; a kept request would make the engine copy the
-    // conversation at its next change.
-    Arc::new(model.without_request_log())
 }
 
 fn runner(store: Arc<dyn Store>) -> Runtime {

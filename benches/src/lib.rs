@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use agentry_events::{EventEnvelope, EventPayload, SCHEMA_VERSION, sample};
 use agentry_memory::{Durability, Store, StoreError};
+use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
-use agentry_types::{EventId, ModelMessage, ModelMessageDelta, RunRecord, ThreadId, Timestamp};
+use agentry_types::{EventId, ModelMessage, ModelMessageDelta, Role, RunRecord, ThreadId, Timestamp};
 
 /// Every event of every sample turn, in stream order (deltas included).
 pub fn sample_events() -> Result<Vec<EventEnvelope>, agentry_events::MergeError> {
@@ -67,4 +68,20 @@ pub fn open_store(backend: &str, path: &Path, durability: Durability) -> Result<
         "redb" => Ok(Arc::new(RedbStore::open(path, RedbOptions { durability, ..RedbOptions::default() })?)),
         other => Err(StoreError::InvalidInput(format!("unknown backend {other:?}: expected sqlite or redb"))),
     }
+}
+
+/// The turn the runner benchmarks time: calls `multiply` (6 × 7) when the last message is
+/// the user's, answers after the tool result. It keeps no request log, as a real provider
+/// keeps none: a kept request would make the engine copy the conversation at its next
+/// change.
+#[must_use]
+pub fn tool_then_answer() -> Arc<ScriptedModel> {
+    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
+    let answer = ScriptedResponse::text("The answer is 42.");
+    let model =
+        ScriptedModel::responder(move |request| match request.messages.last().map(|message| message.role) {
+            Some(Role::Tool) => answer.clone(),
+            _ => call.clone(),
+        });
+    Arc::new(model.without_request_log())
 }

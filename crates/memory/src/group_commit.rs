@@ -1,11 +1,10 @@
 //! Gathering writes into group commits, for the writer threads of durable backends.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// How long a writer thread looks for the next write before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
+use crate::handoff::recv_hot;
 
 /// Collects the writes of each group commit from a writer thread's queue.
 ///
@@ -67,28 +66,9 @@ impl<T> GroupCommit<T> {
         }
         if batch.is_empty() {
             // A writer that was just acknowledged often sends its next write within
-            // microseconds: look for it briefly before sleeping, so neither side pays a
-            // futex wake-up for it.
-            let spin = wait.map_or(SPIN, |wait| wait.min(SPIN));
-            let spin_until = Instant::now() + spin;
-            while Instant::now() < spin_until {
-                match queue.try_recv() {
-                    Ok(job) => {
-                        batch.push(job);
-                        break;
-                    }
-                    Err(TryRecvError::Disconnected) => break,
-                    Err(TryRecvError::Empty) => std::thread::yield_now(),
-                }
-            }
-        }
-        if batch.is_empty() {
-            let first = match wait {
-                // The spin counts against the wait.
-                Some(wait) => queue.recv_timeout(wait.saturating_sub(SPIN))?,
-                None => queue.recv().map_err(|_| RecvTimeoutError::Disconnected)?,
-            };
-            batch.push(first);
+            // microseconds: `recv_hot` looks for it briefly before sleeping, so neither
+            // side pays a wake-up for it.
+            batch.push(recv_hot(queue, wait)?);
         }
         while batch.len() < self.max {
             match queue.try_recv() {
@@ -130,23 +110,6 @@ mod tests {
     use std::time::Duration;
 
     use super::GroupCommit;
-
-    #[test]
-    fn an_empty_queue_times_out_and_a_closed_one_says_so() {
-        let (send, queue) = mpsc::channel::<u32>();
-        let mut gather = GroupCommit::new(8, Duration::ZERO);
-        assert_eq!(gather.next_batch(&queue, Some(Duration::ZERO)), Err(mpsc::RecvTimeoutError::Timeout));
-        assert_eq!(
-            gather.next_batch(&queue, Some(Duration::from_millis(1))),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        drop(send);
-        assert_eq!(gather.next_batch(&queue, None), Err(mpsc::RecvTimeoutError::Disconnected));
-        assert_eq!(
-            gather.next_batch(&queue, Some(Duration::from_secs(60))),
-            Err(mpsc::RecvTimeoutError::Disconnected)
-        );
-    }
 
     #[test]
     fn writes_queued_during_a_commit_are_set_aside_and_come_first() {

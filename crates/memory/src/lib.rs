@@ -27,6 +27,7 @@ mod durability;
 mod error;
 mod facade;
 mod group_commit;
+pub mod handoff;
 mod in_memory;
 mod json_bound;
 mod page;

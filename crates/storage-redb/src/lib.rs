@@ -47,6 +47,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use agentry_memory::handoff::Replies;
 use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -188,6 +189,7 @@ struct Inner {
     database: Arc<Database>,
     writer: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    replies: Replies,
 }
 
 impl Drop for Inner {
@@ -330,7 +332,14 @@ impl RedbStore {
             .spawn(move || write_loop(&writer_database, &receiver, &writer_options, &switch))
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
-            inner: Arc::new(Inner { path, options, database, writer: Some(sender), thread: Some(thread) }),
+            inner: Arc::new(Inner {
+                path,
+                options,
+                database,
+                writer: Some(sender),
+                thread: Some(thread),
+                replies: Replies::default(),
+            }),
         })
     }
 
@@ -355,7 +364,7 @@ impl RedbStore {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
         self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
-        receive.await.map_err(|_| StoreError::Closed)?
+        self.inner.replies.wait(receive).await?
     }
 
     /// Runs a read on a snapshot, on a blocking thread.

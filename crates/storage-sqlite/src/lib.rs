@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use agentry_memory::handoff::Replies;
 use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
@@ -145,6 +146,7 @@ struct Inner {
     writer: Option<mpsc::Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
+    replies: Replies,
 }
 
 impl Drop for Inner {
@@ -263,6 +265,7 @@ impl SqliteStore {
                 writer: Some(sender),
                 threads: vec![thread, checkpointer],
                 readers: Mutex::new(Vec::new()),
+                replies: Replies::default(),
             }),
         })
     }
@@ -305,7 +308,7 @@ impl SqliteStore {
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply, savepoint });
         self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
-        receive.await.map_err(|_| StoreError::Closed)?
+        self.inner.replies.wait(receive).await?
     }
 
     /// Runs a read on a pooled read-only connection, on a blocking thread.

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
 use tokio::sync::oneshot;
 
 use crate::{StoreError, StoreResult};
@@ -56,6 +57,9 @@ pub fn recv_hot<T>(queue: &Receiver<T>, wait: Option<Duration>) -> Result<T, Rec
 /// enough for a write without a sync, and for most single-page syncs on the development VM.
 pub const REPLY_SPIN: Duration = Duration::from_micros(300);
 
+/// The longest page of records a backend counts as a small read (see [`Replies::read`]).
+pub const SMALL_PAGE: usize = 8;
+
 /// The writes of one backend waiting for their answers from its writer thread.
 ///
 /// A write that is alone in flight polls for its answer for at most [`REPLY_SPIN`],
@@ -74,23 +78,33 @@ impl Replies {
     /// # Errors
     /// `Closed` when the writer dropped the sender without answering (the store is
     /// closing).
-    pub async fn wait<T>(&self, mut answer: oneshot::Receiver<T>) -> StoreResult<T> {
+    pub async fn wait<T>(&self, answer: oneshot::Receiver<T>) -> StoreResult<T> {
+        self.poll_first(answer, REPLY_SPIN).await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Awaits a read running on a blocking thread. A `small` read (one record or a
+    /// handful) that is alone in flight is polled for at most [`REPLY_SPIN`] first; a larger
+    /// one is not, because the polling thread measurably slows a long read down.
+    pub async fn read<F: Future + Unpin>(&self, read: F, small: bool) -> F::Output {
+        if small { self.poll_first(read, REPLY_SPIN).await } else { read.await }
+    }
+
+    async fn poll_first<F: Future + Unpin>(&self, mut answer: F, spin: Duration) -> F::Output {
         let alone = self.waiting.fetch_add(1, Ordering::Relaxed) == 0;
         let _waiting = Waiting(&self.waiting);
         if alone {
-            let spin_until = Instant::now() + REPLY_SPIN;
+            let spin_until = Instant::now() + spin;
             loop {
-                match answer.try_recv() {
-                    Ok(value) => return Ok(value),
-                    Err(oneshot::error::TryRecvError::Closed) => return Err(StoreError::Closed),
-                    Err(oneshot::error::TryRecvError::Empty) if Instant::now() < spin_until => {
-                        tokio::task::yield_now().await;
-                    }
-                    Err(oneshot::error::TryRecvError::Empty) => break,
+                if let Some(output) = (&mut answer).now_or_never() {
+                    return output;
                 }
+                if Instant::now() >= spin_until {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
         }
-        answer.await.map_err(|_| StoreError::Closed)
+        answer.await
     }
 }
 

@@ -372,13 +372,26 @@ impl RedbStore {
         &self,
         work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        self.read_sized(false, work).await
+    }
+
+    /// [`RedbStore::read`]; a `small` read (one record or a handful) polls for its answer
+    /// before it sleeps when no other store call is in flight (see [`Replies::read`]).
+    pub(crate) async fn read_sized<R: Send + 'static>(
+        &self,
+        small: bool,
+        work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
         let database = self.inner.database.clone();
-        tokio::task::spawn_blocking(move || {
+        let read = tokio::task::spawn_blocking(move || {
             let transaction = database.begin_read().map_err(redb_error)?;
             work(&transaction)
-        })
-        .await
-        .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+        });
+        self.inner
+            .replies
+            .read(read, small)
+            .await
+            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
     }
 }
 

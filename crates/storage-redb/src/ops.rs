@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
+use agentry_memory::handoff;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
@@ -179,7 +180,7 @@ impl SessionStore for RedbStore {
     }
 
     async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             get_json(&sessions, session_key(id), "session")?
                 .ok_or_else(|| StoreError::not_found("session", id))
@@ -366,7 +367,7 @@ impl RunStore for RedbStore {
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let runs = transaction.open_table(RUNS).map_err(redb_error)?;
             get_json(&runs, turn_key(id), "run")?.ok_or_else(|| StoreError::not_found("run", id))
         })
@@ -383,7 +384,7 @@ impl RunStore for RedbStore {
         let kind = agentry_memory::runs_kind(session, query.order);
         let after: Option<u64> = decode_key(&kind, page)?;
         let query = query.clone();
-        self.read(move |transaction| {
+        self.read_sized(limit <= handoff::SMALL_PAGE, move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
                 return Err(StoreError::not_found("session", session));
@@ -550,7 +551,7 @@ impl EventStore for RedbStore {
     }
 
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let metas = transaction.open_table(RUN_META).map_err(redb_error)?;
             let meta = run_meta(&metas, turn)?;
             Ok(meta.2.max(last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?))
@@ -722,7 +723,7 @@ impl MessageStore for RedbStore {
 impl UserStore for RedbStore {
     async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>> {
         let user = user_id.to_owned();
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let profiles = transaction.open_table(PROFILES).map_err(redb_error)?;
             let value = profiles.get(user.as_str()).map_err(redb_error)?;
             value.map(|body| rules::decode("user profile", body.value())).transpose()
@@ -952,7 +953,7 @@ impl BudgetStore for RedbStore {
 
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
         let scope = scope.to_owned();
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
             let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
                 Some(body) => rules::decode("budget", body.value())?,
@@ -1119,7 +1120,7 @@ impl LeaseStore for RedbStore {
     }
 
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
-        self.read(move |transaction| {
+        self.read_sized(true, move |transaction| {
             let leases = transaction.open_table(LEASES).map_err(redb_error)?;
             get_json(&leases, session_key(session), "lease")
         })

@@ -316,8 +316,18 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        self.read_sized(false, work).await
+    }
+
+    /// [`SqliteStore::read`]; a `small` read (one record or a handful) polls for its answer
+    /// before it sleeps when no other store call is in flight (see [`Replies::read`]).
+    pub(crate) async fn read_sized<R: Send + 'static>(
+        &self,
+        small: bool,
+        work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
+        let read = tokio::task::spawn_blocking(move || {
             let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let connection = match pooled {
                 Some(connection) => connection,
@@ -334,9 +344,12 @@ impl SqliteStore {
                 pool.push(connection);
             }
             result
-        })
-        .await
-        .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+        });
+        self.inner
+            .replies
+            .read(read, small)
+            .await
+            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
     }
 }
 

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
+use agentry_memory::handoff;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
@@ -96,7 +97,7 @@ impl SessionStore for SqliteStore {
     }
 
     async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
-        self.read(move |connection| {
+        self.read_sized(true, move |connection| {
             session_row(connection, &id.to_string())?.ok_or_else(|| StoreError::not_found("session", id))
         })
         .await
@@ -201,7 +202,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
-        self.read(move |connection| require_run(connection, id)).await
+        self.read_sized(true, move |connection| require_run(connection, id)).await
     }
 
     async fn list_runs(
@@ -214,7 +215,7 @@ impl RunStore for SqliteStore {
         let kind = agentry_memory::runs_kind(session, query.order);
         let after: Option<i64> = decode_key(&kind, page)?;
         let query = query.clone();
-        self.read(move |connection| {
+        self.read_sized(limit <= handoff::SMALL_PAGE, move |connection| {
             let key = session.to_string();
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
@@ -348,7 +349,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
-        self.read(move |connection| {
+        self.read_sized(true, move |connection| {
             let key = turn.to_string();
             let (_, high_water) = run_seq_row(connection, turn, &key)?;
             Ok(high_water.max(last_stored_seq(connection, &key)?))
@@ -616,7 +617,7 @@ impl MessageStore for SqliteStore {
 impl UserStore for SqliteStore {
     async fn profile(&self, user_id: &str) -> StoreResult<Option<UserProfile>> {
         let user = user_id.to_owned();
-        self.read(move |connection| {
+        self.read_sized(true, move |connection| {
             let body: Option<Vec<u8>> = connection
                 .prepare_cached("SELECT body FROM profiles WHERE user_id = ?1")
                 .map_err(sqlite)?
@@ -850,7 +851,7 @@ impl BudgetStore for SqliteStore {
 
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
         let scope = scope.to_owned();
-        self.read(move |connection| {
+        self.read_sized(true, move |connection| {
             let row =
                 budget_row(connection, &scope)?.ok_or_else(|| StoreError::not_found("budget", &scope))?;
             let reserved = reserved(connection, &scope, now)?;
@@ -997,6 +998,6 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
-        self.read(move |connection| lease_row(connection, &session.to_string())).await
+        self.read_sized(true, move |connection| lease_row(connection, &session.to_string())).await
     }
 }

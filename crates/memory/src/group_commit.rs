@@ -112,6 +112,18 @@ mod tests {
     use super::GroupCommit;
 
     #[test]
+    fn an_empty_queue_times_out_and_a_closed_one_says_so() {
+        let (send, queue) = mpsc::channel::<u32>();
+        let mut gather = GroupCommit::new(8, Duration::ZERO);
+        assert_eq!(
+            gather.next_batch(&queue, Some(Duration::from_millis(1))),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        drop(send);
+        assert_eq!(gather.next_batch(&queue, None), Err(mpsc::RecvTimeoutError::Disconnected));
+    }
+
+    #[test]
     fn writes_queued_during_a_commit_are_set_aside_and_come_first() {
         let (send, queue) = mpsc::channel();
         let mut gather = GroupCommit::new(8, Duration::ZERO);

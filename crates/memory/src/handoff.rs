@@ -1,21 +1,21 @@
-//! Handing writes to a backend's writer thread and getting the answer back, for the SQLite
-//! and redb backends (their calls never run on the async executor).
+//! Handing store calls to a backend's own threads and getting the answer back, for the
+//! SQLite and redb backends (their calls never run on the async executor).
 //!
 //! Each hop between threads costs a wake-up when the receiving side sleeps: a futex call
 //! and, when the sleeper is on the other core, an inter-processor interrupt. On a virtual
 //! machine that is tens of microseconds a hop (a round trip between two sleeping threads
 //! took ~55 µs on the 2-core development VM, against ~1 µs when both sides look for the
-//! other's item before sleeping). A turn makes its writes one after the other, so both
-//! sides look for their next item briefly before they sleep:
+//! other's item before sleeping). A turn makes its store calls one after the other, so
+//! both sides look for their next item briefly before they sleep:
 //! - the writer thread looks for its next job for [`SPIN`], yielding its core between
 //!   looks ([`recv_hot`]);
-//! - a task waiting alone for the writer's answer polls for it for [`REPLY_SPIN`],
-//!   yielding to the executor's other tasks between polls, before it sleeps
-//!   ([`Replies::wait`]).
+//! - a task whose write, or small read, is the only store call in flight polls for the
+//!   answer for [`REPLY_SPIN`], yielding to the executor's other tasks between polls,
+//!   before it sleeps ([`Replies`]).
 //!
-//! Reads stay on tokio's blocking threads: reader threads that also looked for work before
-//! sleeping made a 25-turn SQLite conversation slower on the 2-core VM (each spinning
-//! thread took a core another thread needed), and so did callers polling for reads.
+//! Reads run on tokio's blocking threads. Polling for every read made the long ones
+//! slower (the polling thread slows the reading one down), and reader threads of our own
+//! that looked for work before sleeping were slower than tokio's pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt as _;
 use tokio::sync::oneshot;
 
-use crate::{StoreError, StoreResult};
+use crate::{ParentFilter, RunQuery, StoreError, StoreResult};
 
 /// How long a writer thread looks for its next job before it sleeps.
 pub const SPIN: Duration = Duration::from_micros(30);
@@ -53,20 +53,34 @@ pub fn recv_hot<T>(queue: &Receiver<T>, wait: Option<Duration>) -> Result<T, Rec
     }
 }
 
-/// How long a lone write's task looks for the writer's answer before it sleeps: long
-/// enough for a write without a sync, and for most single-page syncs on the development VM.
+/// How long a lone call's task looks for its answer before it sleeps: long enough for a
+/// write without a sync, for most single-page syncs on the development VM, and for a
+/// small read.
 pub const REPLY_SPIN: Duration = Duration::from_micros(300);
 
-/// The longest page of records a backend counts as a small read (see [`Replies::read`]).
+/// The longest page of runs a backend counts as a small read (see [`small_run_page`]).
 pub const SMALL_PAGE: usize = 8;
 
-/// The writes of one backend waiting for their answers from its writer thread.
+/// Whether listing a page of `limit` runs with `query` is a small read: a short page
+/// without filters that could skip over many runs to fill it.
+#[must_use]
+pub fn small_run_page(query: &RunQuery, limit: usize) -> bool {
+    limit <= SMALL_PAGE
+        && query.statuses.is_empty()
+        && query.agent_id.is_none()
+        && query.team_id.is_none()
+        && !matches!(query.parent, ParentFilter::Of(_))
+}
+
+/// The store calls of one backend (writes and reads, counted together) waiting for their
+/// answers from its threads.
 ///
-/// A write that is alone in flight polls for its answer for at most [`REPLY_SPIN`],
-/// letting the executor run its other tasks between polls, before it sleeps: a turn's
-/// writes come one after the other, and each answer to a sleeping task costs the writer
-/// thread a wake-up of the executor's thread. Writes that overlap do not poll: the writer
-/// is busy with them, the executor has other work, and polling would only take its time.
+/// A write or small read that starts while no other call is in flight polls for its
+/// answer for at most [`REPLY_SPIN`], letting the executor run its other tasks between
+/// polls, before it sleeps: a turn's store calls come one after the other, and each answer
+/// to a sleeping task costs the answering thread a wake-up of the executor's thread. A
+/// call that starts while another is in flight does not poll: the backend is busy, the
+/// executor has other work, and polling would only take its time.
 #[derive(Debug, Default)]
 pub struct Replies {
     waiting: AtomicUsize,
@@ -79,21 +93,21 @@ impl Replies {
     /// `Closed` when the writer dropped the sender without answering (the store is
     /// closing).
     pub async fn wait<T>(&self, answer: oneshot::Receiver<T>) -> StoreResult<T> {
-        self.poll_first(answer, REPLY_SPIN).await.map_err(|_| StoreError::Closed)
+        self.poll_first(answer).await.map_err(|_| StoreError::Closed)
     }
 
     /// Awaits a read running on a blocking thread. A `small` read (one record or a
     /// handful) that is alone in flight is polled for at most [`REPLY_SPIN`] first; a larger
     /// one is not, because the polling thread measurably slows a long read down.
     pub async fn read<F: Future + Unpin>(&self, read: F, small: bool) -> F::Output {
-        if small { self.poll_first(read, REPLY_SPIN).await } else { read.await }
+        if small { self.poll_first(read).await } else { read.await }
     }
 
-    async fn poll_first<F: Future + Unpin>(&self, mut answer: F, spin: Duration) -> F::Output {
+    async fn poll_first<F: Future + Unpin>(&self, mut answer: F) -> F::Output {
         let alone = self.waiting.fetch_add(1, Ordering::Relaxed) == 0;
         let _waiting = Waiting(&self.waiting);
         if alone {
-            let spin_until = Instant::now() + spin;
+            let spin_until = Instant::now() + REPLY_SPIN;
             loop {
                 if let Some(output) = (&mut answer).now_or_never() {
                     return output;
@@ -108,7 +122,7 @@ impl Replies {
     }
 }
 
-/// Counts a write out of [`Replies`] however its wait ends (a dropped future too).
+/// Counts a call out of [`Replies`] however its wait ends (a dropped future too).
 struct Waiting<'a>(&'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
@@ -152,11 +166,13 @@ mod tests {
         let (answer, answered) = oneshot::channel();
         answer.send(1).unwrap();
         assert_eq!(replies.wait(answered).await, Ok(1));
-        // Answered from another thread, after the spin or during it: either way it arrives.
+        // Answered from another thread once the task has stopped polling: it is woken.
         let (start, started) = std::sync::mpsc::channel::<()>();
         let (answer, answered) = oneshot::channel();
         let thread = std::thread::spawn(move || {
             started.recv().unwrap();
+            // Answer after the poll has given up, so the wait sleeps and is woken.
+            std::thread::sleep(super::REPLY_SPIN * 4);
             answer.send(2).unwrap();
         });
         let waiting = tokio::spawn({

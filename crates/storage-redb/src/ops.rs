@@ -384,7 +384,7 @@ impl RunStore for RedbStore {
         let kind = agentry_memory::runs_kind(session, query.order);
         let after: Option<u64> = decode_key(&kind, page)?;
         let query = query.clone();
-        self.read_sized(limit <= handoff::SMALL_PAGE, move |transaction| {
+        self.read_sized(handoff::small_run_page(&query, limit), move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
                 return Err(StoreError::not_found("session", session));
@@ -953,7 +953,7 @@ impl BudgetStore for RedbStore {
 
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
         let scope = scope.to_owned();
-        self.read_sized(true, move |transaction| {
+        self.read(move |transaction| {
             let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
             let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
                 Some(body) => rules::decode("budget", body.value())?,

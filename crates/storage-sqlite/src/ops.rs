@@ -215,7 +215,7 @@ impl RunStore for SqliteStore {
         let kind = agentry_memory::runs_kind(session, query.order);
         let after: Option<i64> = decode_key(&kind, page)?;
         let query = query.clone();
-        self.read_sized(limit <= handoff::SMALL_PAGE, move |connection| {
+        self.read_sized(handoff::small_run_page(&query, limit), move |connection| {
             let key = session.to_string();
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
@@ -851,7 +851,7 @@ impl BudgetStore for SqliteStore {
 
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
         let scope = scope.to_owned();
-        self.read_sized(true, move |connection| {
+        self.read(move |connection| {
             let row =
                 budget_row(connection, &scope)?.ok_or_else(|| StoreError::not_found("budget", &scope))?;
             let reserved = reserved(connection, &scope, now)?;

@@ -136,6 +136,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -166,8 +167,7 @@ mod tests {
         let (answer, answered) = oneshot::channel();
         answer.send(1).unwrap();
         assert_eq!(replies.wait(answered).await, Ok(1));
-        // Answered from another thread once the task has stopped polling: it is woken.
-        let (start, started) = std::sync::mpsc::channel::<()>();
+        let (start, started) = mpsc::channel::<()>();
         let (answer, answered) = oneshot::channel();
         let thread = std::thread::spawn(move || {
             started.recv().unwrap();
@@ -188,6 +188,6 @@ mod tests {
         // A wait that is dropped unanswered counts itself out.
         let (_answer, answered) = oneshot::channel::<u32>();
         assert!(replies.wait(answered).now_or_never().is_none());
-        assert_eq!(replies.waiting.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(replies.waiting.load(Ordering::Relaxed), 0);
     }
 }

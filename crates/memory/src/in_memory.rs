@@ -380,6 +380,9 @@ impl EventStore for InMemoryStore {
         if let Some(run) = &step.run {
             rules::check_size("run", run)?;
         }
+        for entry in &step.journal {
+            rules::check_size("journal entry", entry)?;
+        }
         // Everything is checked before anything changes: the step is stored whole or not.
         let mut state = self.state();
         let (session, last_seq, new_run) = match (state.runs.get(&turn), &step.run) {
@@ -406,6 +409,22 @@ impl EventStore for InMemoryStore {
             step.events.iter().map(|event| rules::EventKey::of(event)),
         )?;
         state.fence(session, fence)?;
+        let journal = state.journal.get(&turn);
+        let writes = rules::journal_writes(&step.journal, |call| {
+            let stored = journal.and_then(|journal| {
+                journal.iter().enumerate().find(|(_, stored)| stored.tool_call_id == call)
+            });
+            Ok(stored.map(|(index, stored)| (index, stored.clone())))
+        })?;
+        if !writes.is_empty() {
+            let journal = state.journal.entry(turn).or_default();
+            for (index, entry) in writes {
+                match index.and_then(|index| journal.get_mut(index)) {
+                    Some(stored) => *stored = entry,
+                    None => journal.push(entry),
+                }
+            }
+        }
         let created = new_run.is_some();
         if let Some(run) = new_run {
             state.insert_run(run);
@@ -457,7 +476,7 @@ impl MessageStore for InMemoryStore {
             .unwrap_or(&empty)
             .values()
             .rev()
-            .map(|id| state.run(*id).map(|row| row.record.clone()));
+            .map(|id| state.run(*id).map(|row| &row.record));
         rules::history_window(runs, query, |run| {
             Ok(state
                 .messages

@@ -224,6 +224,8 @@ pub struct EncodedStep {
     pub events: Vec<Vec<u8>>,
     /// What [`check_event_batch`] needs of each event.
     pub keys: Vec<EventKey>,
+    /// The step's journal writes (their sizes checked).
+    pub journal: Vec<JournalEntry>,
     /// The run record's session and encoding.
     pub run: Option<(SessionId, Vec<u8>)>,
     /// Whether the lease is released after the step.
@@ -244,11 +246,16 @@ pub fn encode_step(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> Store
         Some(run) => Some((run.session_id, encode("run", run)?)),
         None => None,
     };
+    for entry in &step.journal {
+        check_size("journal entry", entry)?;
+    }
+    let journal = step.journal.clone();
     Ok(EncodedStep {
         high_water: step.high_water,
         messages,
         events,
         keys: step.events.iter().map(|event| EventKey::of(event)).collect(),
+        journal,
         run,
         release_lease: step.release_lease,
     })
@@ -268,7 +275,77 @@ pub fn check_step_shape(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> 
             "a step of turn {turn} can release the lease only with the fence that holds it"
         )));
     }
+    if let Some(entry) = step.journal.iter().find(|entry| entry.turn_id != turn) {
+        return Err(StoreError::InvalidInput(format!(
+            "a step of turn {turn} cannot journal tool call {} of turn {}",
+            entry.tool_call_id, entry.turn_id
+        )));
+    }
     check_step_run(turn, step.run.as_ref())
+}
+
+/// What one journal write of a step stores given the call's stored entry (see
+/// [`TurnStep::journal`]): the entry to store, or `None` when the stored one stays.
+///
+/// # Errors
+/// `Conflict::JournalMismatch` for other arguments, `Conflict::AlreadyCompleted` for
+/// another result.
+pub fn journal_write(
+    existing: Option<&JournalEntry>,
+    entry: &JournalEntry,
+) -> StoreResult<Option<JournalEntry>> {
+    let Some(stored) = existing else {
+        return Ok(Some(entry.clone()));
+    };
+    let call = || (entry.turn_id, entry.tool_call_id.clone());
+    if stored.arguments_hash != entry.arguments_hash {
+        let (turn_id, tool_call_id) = call();
+        return Err(Conflict::JournalMismatch { turn_id, tool_call_id }.into());
+    }
+    match (&stored.result, &entry.result) {
+        (_, None) => Ok(None),
+        (None, Some(result)) => Ok(Some(JournalEntry {
+            result: Some(result.clone()),
+            completed_at: Some(entry.completed_at.unwrap_or(entry.started_at)),
+            ..stored.clone()
+        })),
+        (Some(stored), Some(result)) if stored == result => Ok(None),
+        (Some(_), Some(_)) => {
+            let (turn_id, tool_call_id) = call();
+            Err(Conflict::AlreadyCompleted { turn_id, tool_call_id }.into())
+        }
+    }
+}
+
+/// The journal writes of a step (see [`TurnStep::journal`]), given a lookup of the turn's
+/// stored entries (with what the backend keeps beside each, `S`): each entry to store,
+/// with `None` to insert it or the stored entry's `S` to replace it. Entries of the same
+/// call apply in order.
+///
+/// # Errors
+/// As [`journal_write`], or the lookup's error.
+pub fn journal_writes<S: Clone>(
+    entries: &[JournalEntry],
+    mut stored: impl FnMut(&str) -> StoreResult<Option<(S, JournalEntry)>>,
+) -> StoreResult<Vec<(Option<S>, JournalEntry)>> {
+    let mut writes: Vec<(Option<S>, JournalEntry)> = Vec::new();
+    for entry in entries {
+        let earlier = writes.iter().position(|(_, write)| write.tool_call_id == entry.tool_call_id);
+        let (place, existing) = match earlier {
+            Some(index) => (writes[index].0.clone(), Some(writes[index].1.clone())),
+            None => match stored(&entry.tool_call_id)? {
+                Some((place, existing)) => (Some(place), Some(existing)),
+                None => (None, None),
+            },
+        };
+        if let Some(write) = journal_write(existing.as_ref(), entry)? {
+            match earlier {
+                Some(index) => writes[index].1 = write,
+                None => writes.push((place, write)),
+            }
+        }
+    }
+    Ok(writes)
 }
 
 /// Refuses a [`TurnStep`] run record that is not the turn's own, before the store is
@@ -550,9 +627,10 @@ pub fn journal_complete(
 
 /// Collects a history window from a session's runs, given newest first, and a loader of
 /// each run's messages. Reads only as many runs as the window needs.
-pub fn history_window<R, L>(runs: R, query: &HistoryQuery, mut load: L) -> StoreResult<Vec<HistoryMessage>>
+pub fn history_window<R, B, L>(runs: R, query: &HistoryQuery, mut load: L) -> StoreResult<Vec<HistoryMessage>>
 where
-    R: IntoIterator<Item = StoreResult<RunRecord>>,
+    R: IntoIterator<Item = StoreResult<B>>,
+    B: std::borrow::Borrow<RunRecord>,
     L: FnMut(&RunRecord) -> StoreResult<Vec<HistoryMessage>>,
 {
     let run_bound = query.run_bound();
@@ -566,12 +644,13 @@ where
             break;
         }
         let run = run?;
-        if !query.run_matches(&run) {
+        let run = run.borrow();
+        if !query.run_matches(run) {
             continue;
         }
         taken_runs += 1;
         let messages: Vec<HistoryMessage> =
-            load(&run)?.into_iter().filter(|message| query.message_matches(&message.message)).collect();
+            load(run)?.into_iter().filter(|message| query.message_matches(&message.message)).collect();
         message_count += messages.len();
         collected.push(messages);
     }

@@ -311,7 +311,8 @@ pub trait EventStore: Send + Sync {
     /// Writes one step of a turn in one atomic write: raises the high-water mark (as
     /// [`raise_high_water`](Self::raise_high_water)), appends the history messages (as
     /// [`MessageStore::append_messages`]), appends the events (as
-    /// [`append_events`](Self::append_events)) and replaces the run's record (as
+    /// [`append_events`](Self::append_events)), writes the journal entries (see
+    /// [`TurnStep::journal`]) and replaces the run's record (as
     /// [`RunStore::put_run`]), each only when the step has it, then releases the lease when
     /// asked (as [`LeaseStore::release_lease`] with the fence's token). Either every part is
     /// stored or none is, with the error of the first part refused. Returns the events'
@@ -324,8 +325,10 @@ pub trait EventStore: Send + Sync {
     ///
     /// Errors: `NotFound` when the run does not exist and the step has no record for it (or
     /// the record's session does not exist); `InvalidInput` when `step.run` is another run's
-    /// record, or a release is asked without a fence; otherwise as the methods it stands
-    /// for.
+    /// record, a journal entry is another turn's, or a release is asked without a fence;
+    /// `Conflict::JournalMismatch` when a call is journaled already with other arguments, and
+    /// `Conflict::AlreadyCompleted` with another result (also by an earlier entry of the
+    /// same step); otherwise as the methods it stands for.
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>>;
 }
 
@@ -340,6 +343,13 @@ pub struct TurnStep {
     /// Durable events, under the same rules as [`EventStore::append_events`]. Shared, so
     /// the caller can publish the very envelopes it stored without copying them.
     pub events: Vec<Arc<EventEnvelope>>,
+    /// Journal entries of this turn's tool calls, applied in order: an entry of a call not
+    /// journaled yet is stored as given (started, as [`JournalStore::journal_start`]
+    /// stores it, or already completed); for a call journaled with the same arguments hash,
+    /// a result the stored entry lacks is added with its `completed_at` (as
+    /// [`JournalStore::journal_complete`] adds it), and the stored entry otherwise stays as
+    /// it is.
+    pub journal: Vec<JournalEntry>,
     /// The run's record replaced, typically with its end state, or stored as a new run by
     /// the turn's first step; it must be the turn's own.
     pub run: Option<RunRecord>,
@@ -355,6 +365,7 @@ impl TurnStep {
         self.high_water.is_none()
             && self.messages.is_empty()
             && self.events.is_empty()
+            && self.journal.is_empty()
             && self.run.is_none()
             && !self.release_lease
     }

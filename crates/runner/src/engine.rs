@@ -114,6 +114,14 @@ enum Ran {
     Paused(Vec<RequiredActionRecord>),
 }
 
+/// A call checked and journaled, before it runs.
+enum Prepared {
+    /// Not run: its result (an error, or the result journaled earlier).
+    Done(ToolResult),
+    /// To run with these checked arguments (journaled as started in the engine's journal).
+    Run { tool: Arc<dyn crate::Tool>, arguments: Value },
+}
+
 /// How a turn ended without stopping.
 enum Outcome {
     Answered(Option<ThreadMessage>),
@@ -150,6 +158,8 @@ struct SinkState {
     staged: Vec<Arc<EventEnvelope>>,
     /// Staged history messages of the turn's own run.
     messages: Vec<Message>,
+    /// Staged journal entries of the turn's own tool calls, started before they run.
+    journal: Vec<JournalEntry>,
 }
 
 /// What [`TurnSink::store_staged`] returns: the step's last event, stored but unpublished.
@@ -168,7 +178,14 @@ impl TurnSink {
         appended: Arc<tokio::sync::Notify>,
     ) -> Self {
         let turn_id = live.turn_id;
-        let state = SinkState { emitter, high_water, raise: None, staged: Vec::new(), messages: Vec::new() };
+        let state = SinkState {
+            emitter,
+            high_water,
+            raise: None,
+            staged: Vec::new(),
+            messages: Vec::new(),
+            journal: Vec::new(),
+        };
         Self { store, live, turn_id, fence, state: Mutex::new(state), appended }
     }
 
@@ -199,6 +216,7 @@ impl TurnSink {
             && run.is_none()
             && state.raise.is_none()
             && state.messages.is_empty()
+            && state.journal.is_empty()
             && state.staged.is_empty();
         if nothing {
             return Either::Left(std::future::ready(Ok(None)));
@@ -219,6 +237,7 @@ impl TurnSink {
             high_water: state.raise.take(),
             messages: std::mem::take(&mut state.messages),
             events: std::mem::take(&mut state.staged),
+            journal: std::mem::take(&mut state.journal),
             run,
             release_lease,
         };
@@ -247,6 +266,9 @@ impl TurnSink {
             let mut messages = step.messages;
             messages.append(&mut state.messages);
             state.messages = messages;
+            let mut journal = step.journal;
+            journal.append(&mut state.journal);
+            state.journal = journal;
             return Err(error.into());
         }
         if !step.events.is_empty() {
@@ -312,6 +334,12 @@ impl TurnSink {
     /// Stages history messages of the turn's own run.
     pub(crate) async fn stage_messages(&self, messages: &[Message]) {
         self.state.lock().await.messages.extend_from_slice(messages);
+    }
+
+    /// Stages a tool call of the turn's own run as started in the journal: the flush
+    /// before the call runs stores it with the call's `tool.call.started`.
+    async fn stage_journal(&self, entry: JournalEntry) {
+        self.state.lock().await.journal.push(entry);
     }
 
     /// Stages a complete message and returns a copy for the caller. A message too large to
@@ -662,6 +690,7 @@ pub(crate) fn first_step(run: &RunRecord, emitter: &mut TurnEmitter) -> (TurnSte
         high_water: Some(created.seq + HIGH_WATER_BLOCK),
         messages,
         events: vec![created.clone()],
+        journal: Vec::new(),
         run: Some(run.clone()),
         release_lease: false,
     };
@@ -1691,15 +1720,21 @@ impl TurnEngine {
             };
             self.stage(payload).await?;
         }
-        // The calls and what led to them are stored and published before any call runs.
+        let mut prepared = Vec::with_capacity(calls.len());
+        for call in calls {
+            prepared.push(self.prepare_call(call).await?);
+        }
+        let alone = prepared.iter().filter(|prepared| matches!(prepared, Prepared::Run { .. })).count() <= 1;
+        // The calls, their journal entries and what led to them are stored and published
+        // before any call runs.
         self.sink.flush().await?;
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;
         let (results, stopped) = {
             let this = &*self;
-            let mut running = std::pin::pin!(futures_util::future::join_all(
-                calls.iter().map(|call| async move { (call.clone(), this.run_tool(call).await) })
-            ));
+            let mut running = std::pin::pin!(futures_util::future::join_all(calls.iter().zip(prepared).map(
+                |(call, prepared)| async move { (call.clone(), this.run_tool(call, prepared, alone).await) }
+            )));
             // Threads stop by themselves on cancellation and record how they ended: wait for
             // them rather than drop them.
             let patient = calls
@@ -1724,7 +1759,15 @@ impl TurnEngine {
         let mut paused = Vec::new();
         for (call, ran) in results {
             match ran? {
-                Ran::Result(result) => done.push((call, result)),
+                Ran::Result(result) => {
+                    // A call id the model uses again in this turn gets this result.
+                    if let Some(entry) = self.journal.get_mut(&call.id)
+                        && entry.result.is_none()
+                    {
+                        entry.result = Some(result.clone());
+                    }
+                    done.push((call, result));
+                }
                 Ran::AuthRequired(server) => {
                     if !auth.iter().any(|known| known.id == server.id) {
                         auth.push(server);
@@ -1746,18 +1789,20 @@ impl TurnEngine {
         Ok(ToolRuns { results: done, auth, paused })
     }
 
-    /// Runs one call with the journal around it: a call journaled as completed is not run
-    /// again; its stored result is used.
-    async fn run_tool(&self, call: &ToolCall) -> Result<Ran, Stop> {
+    /// Checks a call before it runs and journals it as started: staged with the turn's
+    /// next step on the turn's own run (so the flush before the calls stores it with their
+    /// `tool.call.started`), written at once on a member run. A call journaled as completed
+    /// is not run again; its stored result is used.
+    async fn prepare_call(&mut self, call: &ToolCall) -> Result<Prepared, Stop> {
         let name = &call.function.name;
         if !self.agent.may_call(name) {
             let reason =
                 format!("{} may not call `{name}`: it is not among its capabilities", self.agent.name());
-            self.emit(EventPayload::CapabilityDenied { tool: name.clone(), reason: reason.clone() }).await?;
-            return Ok(Ran::Result(error_result(reason)));
+            self.stage(EventPayload::CapabilityDenied { tool: name.clone(), reason: reason.clone() }).await?;
+            return Ok(Prepared::Done(error_result(reason)));
         }
-        let Some(tool) = self.agent.tool(name) else {
-            return Ok(Ran::Result(error_result(format!("unknown tool `{name}`"))));
+        let Some(tool) = self.agent.tool(name).cloned() else {
+            return Ok(Prepared::Done(error_result(format!("unknown tool `{name}`"))));
         };
         let raw = call.function.arguments.trim();
         let arguments: Value = if raw.is_empty() {
@@ -1766,42 +1811,64 @@ impl TurnEngine {
             match serde_json::from_str(raw) {
                 Ok(arguments) => arguments,
                 Err(error) => {
-                    return Ok(Ran::Result(error_result(format!(
+                    return Ok(Prepared::Done(error_result(format!(
                         "the arguments are not valid JSON: {error}"
                     ))));
                 }
             }
         };
         if let Err(error) = tool.validate(&arguments) {
-            return Ok(Ran::Result(error_result(error.to_string())));
+            return Ok(Prepared::Done(error_result(error.to_string())));
         }
-        if let Some(result) = self.journal.get(&call.id).and_then(|entry| entry.result.clone()) {
-            return Ok(Ran::Result(result));
-        }
-        let idempotency_key = format!("{}:{}", self.turn_id(), call.id);
         let entry = JournalEntry {
             turn_id: self.turn_id(),
             tool_call_id: call.id.clone(),
             tool_name: name.clone(),
-            idempotency_key: idempotency_key.clone(),
+            idempotency_key: format!("{}:{}", self.turn_id(), call.id),
             arguments_hash: arguments_hash(raw),
             started_at: Timestamp::now(),
             result: None,
             completed_at: None,
         };
-        let journaled = match self.store.journal_start(&entry, Some(self.fence)).await {
-            Ok(journaled) => journaled,
+        let journaled = match self.journal.get(&call.id) {
+            // The engine holds the lease: what it journaled (or recovered) is the store's.
+            Some(stored) => rules::journal_start(Some(stored), &entry),
+            None if self.turn_id() == self.sink.turn_id => {
+                self.sink.stage_journal(entry.clone()).await;
+                Ok(None)
+            }
+            None => self.store.journal_start(&entry, Some(self.fence)).await.map(Some),
+        };
+        let stored = match journaled {
+            Ok(stored) => stored,
             Err(StoreError::Conflict(Conflict::JournalMismatch { .. })) => {
-                return Ok(Ran::Result(error_result(format!(
+                return Ok(Prepared::Done(error_result(format!(
                     "tool call {} was already made with other arguments; it was not run again",
                     call.id
                 ))));
             }
             Err(error) => return Err(error.into()),
         };
-        if let Some(result) = journaled.result {
-            return Ok(Ran::Result(result));
+        let stored = stored.unwrap_or(entry);
+        if let Some(result) = &stored.result {
+            return Ok(Prepared::Done(result.clone()));
         }
+        self.journal.insert(call.id.clone(), stored);
+        Ok(Prepared::Run { tool, arguments })
+    }
+
+    /// Runs one prepared call and journals its result. On the turn's own run the result is
+    /// staged with the turn's next step, which stores it with its `tool.response`; stored
+    /// at once when other calls still run (`alone` is false), so it does not wait for them.
+    async fn run_tool(&self, call: &ToolCall, prepared: Prepared, alone: bool) -> Result<Ran, Stop> {
+        let (tool, arguments) = match prepared {
+            Prepared::Done(result) => return Ok(Ran::Result(result)),
+            Prepared::Run { tool, arguments } => (tool, arguments),
+        };
+        let Some(entry) = self.journal.get(&call.id) else {
+            return Err(Stop::Failed(format!("tool call {} ran without its journal entry", call.id)));
+        };
+        let idempotency_key = entry.idempotency_key.clone();
         let mut context = ToolContext::new(
             self.session_id(),
             self.sink.turn_id,
@@ -1840,13 +1907,28 @@ impl TurnEngine {
         };
         // A result the store cannot keep would fail the journal after the call ran: the
         // model gets an error result instead, journaled, so the call is not run again.
-        let result = match rules::check_size("tool result", &result) {
-            Ok(()) => result,
-            Err(error) => error_result(format!("the tool's result cannot be kept: {error}")),
+        let completed = |result: ToolResult| JournalEntry {
+            result: Some(result),
+            completed_at: Some(Timestamp::now()),
+            ..entry.clone()
         };
-        self.store
-            .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))
-            .await?;
+        let mut journaled = completed(result);
+        if let Err(error) = rules::check_size("journal entry", &journaled) {
+            journaled = completed(error_result(format!("the tool's result cannot be kept: {error}")));
+        }
+        let Some(result) = journaled.result.clone() else {
+            return Err(Stop::Failed(format!("tool call {} lost its result", call.id)));
+        };
+        if self.turn_id() == self.sink.turn_id {
+            self.sink.stage_journal(journaled).await;
+            if !alone {
+                self.sink.flush().await?;
+            }
+        } else {
+            self.store
+                .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))
+                .await?;
+        }
         Ok(Ran::Result(result))
     }
 }

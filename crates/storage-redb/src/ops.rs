@@ -560,7 +560,7 @@ impl EventStore for RedbStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, run, release_lease } =
+        let rules::EncodedStep { high_water, messages, events, keys, journal, run, release_lease } =
             rules::encode_step(turn, step, fence)?;
         self.write(move |transaction| {
             // Every part is checked before any table changes (see the module's note).
@@ -586,6 +586,10 @@ impl EventStore for RedbStore {
             };
             rules::check_event_batch(turn, session, last_seq, keys.iter().copied())?;
             check_fence(transaction, session, fence)?;
+            let journal = rules::journal_writes(&journal, |call| journal_entry(transaction, turn, call))?
+                .into_iter()
+                .map(|(order, entry)| Ok((order, rules::encode("journal entry", &entry)?, entry)))
+                .collect::<StoreResult<Vec<_>>>()?;
             let meta = if new_run { insert_run_meta(transaction, turn, session)? } else { meta };
             if let Some(seq) = high_water {
                 let mark = meta.2.max(last_seq).max(seq);
@@ -598,6 +602,16 @@ impl EventStore for RedbStore {
                 insert_messages(transaction, turn, &messages)?;
             }
             let positions = insert_events(transaction, turn, session, &keys, &events)?;
+            for (order, body, entry) in journal {
+                match order {
+                    Some(order) => {
+                        let mut table = transaction.open_table(JOURNAL).map_err(redb_error)?;
+                        let key = (turn_key(turn), entry.tool_call_id.as_str());
+                        table.insert(key, (order, body.as_slice())).map_err(redb_error)?;
+                    }
+                    None => insert_journal_entry(transaction, &entry, &body)?,
+                }
+            }
             if let Some((_, body)) = &run {
                 let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
                 runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
@@ -814,6 +828,22 @@ fn journal_entry(
         .transpose()
 }
 
+/// Inserts a checked new journal entry after the turn's others, inside a write.
+fn insert_journal_entry(
+    transaction: &WriteTransaction,
+    entry: &JournalEntry,
+    body: &[u8],
+) -> StoreResult<()> {
+    let order = counter(transaction, "last_journal_order")? + 1;
+    set_counter(transaction, "last_journal_order", order)?;
+    let key = turn_key(entry.turn_id);
+    let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
+    journal.insert((key, entry.tool_call_id.as_str()), (order, body)).map_err(redb_error)?;
+    let mut orders = transaction.open_table(JOURNAL_ORDER).map_err(redb_error)?;
+    orders.insert((key, order), entry.tool_call_id.as_str()).map_err(redb_error)?;
+    Ok(())
+}
+
 #[async_trait]
 impl JournalStore for RedbStore {
     async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
@@ -826,15 +856,7 @@ impl JournalStore for RedbStore {
             if let Some(stored) = rules::journal_start(existing.as_ref().map(|(_, e)| e), &entry)? {
                 return Ok(stored);
             }
-            let order = counter(transaction, "last_journal_order")? + 1;
-            set_counter(transaction, "last_journal_order", order)?;
-            let key = turn_key(entry.turn_id);
-            let mut journal = transaction.open_table(JOURNAL).map_err(redb_error)?;
-            journal
-                .insert((key, entry.tool_call_id.as_str()), (order, body.as_slice()))
-                .map_err(redb_error)?;
-            let mut orders = transaction.open_table(JOURNAL_ORDER).map_err(redb_error)?;
-            orders.insert((key, order), entry.tool_call_id.as_str()).map_err(redb_error)?;
+            insert_journal_entry(transaction, &entry, &body)?;
             Ok(entry)
         })
         .await

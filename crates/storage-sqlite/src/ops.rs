@@ -358,7 +358,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, run, release_lease } =
+        let rules::EncodedStep { high_water, messages, events, keys, journal, run, release_lease } =
             rules::encode_step(turn, step, fence)?;
         self.write(move |tx| {
             // The run's existence, session and fence are checked once for the whole step:
@@ -389,6 +389,14 @@ impl EventStore for SqliteStore {
             }
             let positions =
                 if keys.is_empty() { Vec::new() } else { append_events_in(tx, turn, &keys, &events, None)? };
+            if !journal.is_empty() {
+                let writes = rules::journal_writes(&journal, |call| {
+                    Ok(journal_row(tx, &key, call)?.map(|stored| ((), stored)))
+                })?;
+                for (stored, entry) in writes {
+                    write_journal_row(tx, &key, &entry, stored.is_none())?;
+                }
+            }
             if let Some((_, body)) = run.as_ref().filter(|_| !created) {
                 update_run_body(tx, &key, body)?;
             }
@@ -709,6 +717,34 @@ fn journal_row(connection: &Connection, turn: &str, call: &str) -> StoreResult<O
     body.map(|body| rules::decode("journal entry", &body)).transpose()
 }
 
+fn insert_journal_row(connection: &Connection, turn: &str, call: &str, body: &[u8]) -> StoreResult<()> {
+    connection
+        .prepare_cached("INSERT INTO journal (turn_id, tool_call_id, body) VALUES (?1, ?2, ?3)")
+        .map_err(sqlite)?
+        .execute(params![turn, call, body])
+        .map_err(sqlite)?;
+    Ok(())
+}
+
+/// Stores a checked journal entry of the turn keyed `turn`, as a new row or over its row.
+fn write_journal_row(
+    connection: &Connection,
+    turn: &str,
+    entry: &JournalEntry,
+    new: bool,
+) -> StoreResult<()> {
+    let body = rules::encode("journal entry", entry)?;
+    if new {
+        return insert_journal_row(connection, turn, &entry.tool_call_id, &body);
+    }
+    connection
+        .prepare_cached("UPDATE journal SET body = ?3 WHERE turn_id = ?1 AND tool_call_id = ?2")
+        .map_err(sqlite)?
+        .execute(params![turn, entry.tool_call_id, body])
+        .map_err(sqlite)?;
+    Ok(())
+}
+
 #[async_trait]
 impl JournalStore for SqliteStore {
     async fn journal_start(&self, entry: &JournalEntry, fence: Option<Fence>) -> StoreResult<JournalEntry> {
@@ -722,11 +758,7 @@ impl JournalStore for SqliteStore {
             if let Some(stored) = rules::journal_start(existing.as_ref(), &entry)? {
                 return Ok(stored);
             }
-            connection
-                .prepare_cached("INSERT INTO journal (turn_id, tool_call_id, body) VALUES (?1, ?2, ?3)")
-                .map_err(sqlite)?
-                .execute(params![turn, entry.tool_call_id, body])
-                .map_err(sqlite)?;
+            insert_journal_row(connection, &turn, &entry.tool_call_id, &body)?;
             Ok(entry)
         })
         .await
@@ -750,12 +782,7 @@ impl JournalStore for SqliteStore {
             let (entry, changed) =
                 rules::journal_complete(existing.as_ref(), turn, &call, &result, completed_at)?;
             if changed {
-                let body = rules::encode("journal entry", &entry)?;
-                connection
-                    .prepare_cached("UPDATE journal SET body = ?3 WHERE turn_id = ?1 AND tool_call_id = ?2")
-                    .map_err(sqlite)?
-                    .execute(params![key, call, body])
-                    .map_err(sqlite)?;
+                write_journal_row(connection, &key, &entry, false)?;
             }
             Ok(entry)
         })

@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             high_water_mark_rises_never_falls_and_covers_stored_events,
             turn_step_stores_every_part_in_one_write,
             turn_step_refused_in_any_part_stores_none_of_it,
+            turn_step_journals_calls_as_the_journal_does,
             turn_step_creates_its_run_with_its_first_events,
             concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
             history_returns_the_last_runs_messages_oldest_first,
@@ -678,6 +679,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
         high_water: Some(300),
         messages: vec![Message::user("second"), Message::user("third")],
         events: vec![Arc::new(event(&run, 4)), Arc::new(event(&run, 7))],
+        journal: vec![journal_entry(run.id, "c1", "h")],
         run: Some(done.clone()),
         release_lease: true,
     };
@@ -692,6 +694,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     assert_eq!(run_messages(&*store, session.id, run.id).await, ["first", "second", "third"]);
     assert_eq!(store.get_run(run.id).await.unwrap(), done);
     assert_eq!(store.high_water(run.id).await.unwrap(), 300);
+    assert_eq!(store.journal(run.id).await.unwrap(), step.journal);
     // Parts are optional; an empty step writes nothing and a later one continues the turn.
     assert!(store.write_step(run.id, &TurnStep::default(), None).await.unwrap().is_empty());
     let more = TurnStep { events: vec![Arc::new(event(&run, 8))], ..TurnStep::default() };
@@ -711,6 +714,7 @@ pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Stor
         high_water: Some(257),
         messages: vec![Message::user("hello")],
         events: vec![Arc::new(event(&run, 1))],
+        journal: Vec::new(),
         run: Some(run.clone()),
         release_lease: false,
     };
@@ -742,6 +746,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
         high_water: Some(900),
         messages: vec![Message::user("must not be stored")],
         events: events.into_iter().map(Arc::new).collect(),
+        journal: vec![journal_entry(record.id, "must-not-be-stored", "h")],
         run: Some(record),
         release_lease: false,
     };
@@ -777,6 +782,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     assert!(run_messages(&*store, session.id, run.id).await.is_empty());
     assert_eq!(store.get_run(run.id).await.unwrap(), run);
     assert_eq!(store.high_water(run.id).await.unwrap(), 5);
+    assert!(store.journal(run.id).await.unwrap().is_empty());
     assert_not_found(store.get_run(ghost.id).await);
     assert_not_found(store.get_run(orphan.id).await);
     assert_eq!(store.lease(session.id).await.unwrap().map(|lease| lease.token), Some(taken.token));
@@ -1320,6 +1326,74 @@ pub async fn fence_of_another_session_is_invalid_input(store: Arc<dyn Store>) {
     let run = new_run(&*store, first.id).await;
     let lease = store.acquire_lease(second.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
     assert_invalid(store.append_events(run.id, &[event(&run, 1)], Some(lease.fence())).await);
+}
+
+/// A step's journal entries are written as `journal_start` and `journal_complete` write
+/// them: a new call is stored as given, a call journaled with the same arguments gains a
+/// result it lacks and otherwise keeps its entry, other arguments or another result refuse
+/// the whole step, and an entry of another turn is invalid.
+pub async fn turn_step_journals_calls_as_the_journal_does(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let other = new_run(&*store, session.id).await;
+    store.journal_start(&journal_entry(run.id, "done", "h"), None).await.unwrap();
+    let result = ToolResult { content: "42".into(), is_error: false };
+    let completed = store.journal_complete(run.id, "done", &result, at(3), None).await.unwrap();
+    let fresh = journal_entry(run.id, "fresh", "h");
+    let step = TurnStep {
+        events: vec![Arc::new(event(&run, 1))],
+        // The same call twice in one step is journaled once.
+        journal: vec![journal_entry(run.id, "done", "h"), fresh.clone(), fresh.clone()],
+        ..TurnStep::default()
+    };
+    store.write_step(run.id, &step, None).await.unwrap();
+    assert_eq!(store.journal(run.id).await.unwrap(), [completed.clone(), fresh.clone()]);
+    // A result completes a started call; a new call may come completed; an entry without
+    // a result, or with the same result, leaves a completed call as it is.
+    let answered = JournalEntry { result: Some(result.clone()), completed_at: Some(at(5)), ..fresh.clone() };
+    let at_once = JournalEntry {
+        result: Some(result.clone()),
+        completed_at: Some(at(6)),
+        ..journal_entry(run.id, "quick", "h")
+    };
+    let step = TurnStep {
+        journal: vec![answered.clone(), at_once.clone(), fresh.clone(), completed.clone()],
+        ..TurnStep::default()
+    };
+    store.write_step(run.id, &step, None).await.unwrap();
+    let journal = vec![completed, answered, at_once];
+    assert_eq!(store.journal(run.id).await.unwrap(), journal);
+    let other_result = ToolResult { content: "41".into(), is_error: false };
+    let refused = [
+        vec![journal_entry(run.id, "new", "h"), journal_entry(run.id, "fresh", "other")],
+        vec![journal_entry(run.id, "new", "h"), journal_entry(run.id, "new", "other")],
+        vec![
+            journal_entry(run.id, "new", "h"),
+            JournalEntry {
+                result: Some(other_result),
+                completed_at: Some(at(7)),
+                ..journal_entry(run.id, "done", "h")
+            },
+        ],
+    ];
+    for entries in refused {
+        let step =
+            TurnStep { events: vec![Arc::new(event(&run, 2))], journal: entries, ..TurnStep::default() };
+        let error = store.write_step(run.id, &step, None).await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                StoreError::Conflict(Conflict::JournalMismatch { .. } | Conflict::AlreadyCompleted { .. })
+            ),
+            "{error:?}"
+        );
+    }
+    let foreign = TurnStep { journal: vec![journal_entry(other.id, "new", "h")], ..TurnStep::default() };
+    assert_invalid(store.write_step(run.id, &foreign, None).await);
+    // Nothing of the refused steps is stored.
+    assert_eq!(store.journal(run.id).await.unwrap(), journal);
+    assert!(store.journal(other.id).await.unwrap().is_empty());
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1]);
 }
 
 /// Records larger than the limit are refused with a clear error, and nothing changes.

@@ -266,9 +266,15 @@ impl TurnSink {
             let mut messages = step.messages;
             messages.append(&mut state.messages);
             state.messages = messages;
-            let mut journal = step.journal;
-            journal.append(&mut state.journal);
-            state.journal = journal;
+            // Journal entries the store refused as conflicting would fail every later step.
+            if !matches!(
+                error,
+                StoreError::Conflict(Conflict::JournalMismatch { .. } | Conflict::AlreadyCompleted { .. })
+            ) {
+                let mut journal = step.journal;
+                journal.append(&mut state.journal);
+                state.journal = journal;
+            }
             return Err(error.into());
         }
         if !step.events.is_empty() {
@@ -1721,7 +1727,13 @@ impl TurnEngine {
             self.stage(payload).await?;
         }
         let mut prepared = Vec::with_capacity(calls.len());
-        for call in calls {
+        for (index, call) in calls.iter().enumerate() {
+            // One id twice in one message would run the call twice: the second gets an error.
+            if calls[..index].iter().any(|earlier| earlier.id == call.id) {
+                let message = format!("tool call id {} appears twice in one message; it ran once", call.id);
+                prepared.push(Prepared::Done(error_result(message)));
+                continue;
+            }
             prepared.push(self.prepare_call(call).await?);
         }
         let alone = prepared.iter().filter(|prepared| matches!(prepared, Prepared::Run { .. })).count() <= 1;
@@ -1857,9 +1869,10 @@ impl TurnEngine {
         Ok(Prepared::Run { tool, arguments })
     }
 
-    /// Runs one prepared call and journals its result. On the turn's own run the result is
-    /// staged with the turn's next step, which stores it with its `tool.response`; stored
-    /// at once when other calls still run (`alone` is false), so it does not wait for them.
+    /// Runs one prepared call and journals its result. On the turn's own run a lone call's
+    /// result is staged with the turn's next step, which stores it with its
+    /// `tool.response`; otherwise (`alone` is false: other calls run beside it, or on a
+    /// member run) it is written at once.
     async fn run_tool(&self, call: &ToolCall, prepared: Prepared, alone: bool) -> Result<Ran, Stop> {
         let (tool, arguments) = match prepared {
             Prepared::Done(result) => return Ok(Ran::Result(result)),
@@ -1919,12 +1932,12 @@ impl TurnEngine {
         let Some(result) = journaled.result.clone() else {
             return Err(Stop::Failed(format!("tool call {} lost its result", call.id)));
         };
-        if self.turn_id() == self.sink.turn_id {
+        if self.turn_id() == self.sink.turn_id && alone {
             self.sink.stage_journal(journaled).await;
-            if !alone {
-                self.sink.flush().await?;
-            }
         } else {
+            // Written at once, not staged: this result must not wait for the calls still
+            // running, and a write of the sink's step here could be dropped part way when
+            // the grace period ends.
             self.store
                 .journal_complete(self.turn_id(), &call.id, &result, Timestamp::now(), Some(self.fence))
                 .await?;

@@ -298,6 +298,18 @@ impl Runtime {
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
                 Err(error) => return Err(error.into()),
             };
+        self.resume_turn(session, run, lease).await
+    }
+
+    /// Resumes a running turn from its stored state under `lease`, held on its session
+    /// (see [`Runtime::recover`]).
+    async fn resume_turn(
+        &self,
+        session: &SessionRecord,
+        run: RunRecord,
+        lease: Lease,
+    ) -> RuntimeResult<Option<TurnHandle>> {
+        let store = &self.inner.store;
         let Some(agent) = self.agent(&session.name) else {
             let mut run = run;
             run.set_state(TurnState::Error {
@@ -334,6 +346,84 @@ impl Runtime {
         let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
         self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });
         Ok(Some(handle))
+    }
+
+    /// Finishes what a dropped [`Session::create_turn`] left after it took the session's
+    /// lease: gives the lease back and, when the turn's first step was stored, resumes the
+    /// turn as [`Runtime::recover`] would, so it runs to its end.
+    async fn finish_dropped_start(&self, session: SessionId, lease: Taken, run: Option<TurnId>) {
+        let store = &self.inner.store;
+        // A store applies its writes in order: a write here comes after any write the
+        // dropped call had queued.
+        let (owner, ttl) = (&self.inner.owner, self.inner.options.lease_ttl);
+        let token = match lease {
+            // Renewing is such a write: the lookup after it sees the turn's first step if
+            // it was stored, and the turn resumes under the lease, which nobody else could
+            // take in between.
+            Taken::Held(token) => match (store.renew_lease(session, token, ttl, Timestamp::now()).await, run)
+            {
+                (Ok(lease), Some(run)) => match self.resume_dropped(session, run, lease).await {
+                    Ok(true) => return,
+                    Ok(false) => Some(token),
+                    Err(error) => {
+                        tracing::warn!(turn = %run, %error, "resuming the turn of a dropped turn start failed");
+                        Some(token)
+                    }
+                },
+                (Ok(_), None) => Some(token),
+                // Lost or expired: nothing of ours to give back.
+                (Err(_), _) => None,
+            },
+            // Dropped while asking: asking again tells whether that acquisition went
+            // through, and the lease it took is the one with its owner and expiry.
+            Taken::Asked(expires_at) => {
+                match store.acquire_lease(session, owner, ttl, Timestamp::now()).await {
+                    Ok(lease) => Some(lease.token),
+                    Err(StoreError::Conflict(Conflict::LeaseHeld { holder, expires_at: held, .. }))
+                        if holder == *owner && held == expires_at =>
+                    {
+                        self.lease_token(session, expires_at).await
+                    }
+                    Err(_) => None,
+                }
+            }
+        };
+        if let Some(token) = token
+            && let Err(error) = store.release_lease(session, token).await
+        {
+            tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
+        }
+    }
+
+    /// Resumes the turn of a dropped start under its lease when its first step was stored;
+    /// `false` when it was not (the lease is still held).
+    async fn resume_dropped(&self, session: SessionId, run: TurnId, lease: Lease) -> RuntimeResult<bool> {
+        let store = &self.inner.store;
+        let record = match store.get_run(run).await {
+            Ok(record) if !record.state.is_terminal() => record,
+            Ok(_) => return Ok(false),
+            Err(StoreError::NotFound { .. }) => return Ok(false),
+            Err(error) => return Err(error.into()),
+        };
+        let session = store.get_session(session).await?;
+        self.resume_turn(&session, record, lease).await?;
+        Ok(true)
+    }
+
+    /// The token of this runtime's lease on `session` that expires at `expires_at`, once it
+    /// can be read: a store refuses a write before it commits the ones ahead of it in its
+    /// batch, so the lease that refused it may not be readable yet. `None` once it expired.
+    async fn lease_token(&self, session: SessionId, expires_at: Timestamp) -> Option<u64> {
+        while Timestamp::now() < expires_at {
+            match self.inner.store.lease(session).await {
+                Ok(Some(lease)) if lease.owner == self.inner.owner && lease.expires_at == expires_at => {
+                    return Some(lease.token);
+                }
+                Ok(Some(_)) | Err(_) => return None,
+                Ok(None) => tokio::task::yield_now().await,
+            }
+        }
+        None
     }
 
     /// Registers the turn's live log and spawns its engine and lease keeper.
@@ -505,37 +595,49 @@ impl Session {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
         }
         let agent = runtime.require_agent(&session.name)?;
-        let lease = match store
-            .acquire_lease(
-                session.id,
-                &runtime.inner.owner,
-                runtime.inner.options.lease_ttl,
-                Timestamp::now(),
-            )
-            .await
-        {
+        // From the lease's acquisition until the engine starts, a caller that drops this
+        // future (an HTTP client that disconnects) must neither leave the session's lease
+        // held nor a stored turn that never runs.
+        let now = Timestamp::now();
+        let ttl = runtime.inner.options.lease_ttl;
+        let mut guard = StartGuard {
+            runtime: Some(runtime.clone()),
+            session: session.id,
+            lease: Taken::Asked(now.saturating_add(ttl)),
+            run: None,
+        };
+        let lease = match store.acquire_lease(session.id, &runtime.inner.owner, ttl, now).await {
             Ok(lease) => lease,
             Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
+                guard.disarm();
                 return Err(RunnerError::TurnRunning { session_id: session.id });
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => {
+                guard.disarm();
+                return Err(error.into());
+            }
         };
+        guard.lease = Taken::Held(lease.token);
         let prepared = match self.prepare_turn(&request, &lease).await {
             Ok(prepared) => prepared,
             Err(error) => {
+                guard.disarm();
                 let _released = store.release_lease(session.id, lease.token).await;
                 return Err(error);
             }
         };
         let (run, previous) = prepared;
+        guard.run = Some(run.id);
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
         let mut emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
         let (step, created) = first_step(&run, &mut emitter);
         if let Err(error) = store.write_step(run.id, &step, Some(lease.fence())).await {
+            guard.disarm();
             let _released = store.release_lease(session.id, lease.token).await;
             return Err(error.into());
         }
+        guard.disarm();
         runtime.inner.appended.notify_waiters();
         let high_water = step.high_water.unwrap_or_default();
         runtime.start(agent, run.clone(), lease, emitter, high_water, Start::New { previous, created });
@@ -657,6 +759,45 @@ impl Session {
             turn.wait_done().await;
         }
         Ok(())
+    }
+}
+
+/// Armed while [`Session::create_turn`] holds the session's lease and its engine has not
+/// started: dropped armed (its caller went away), it hands the rest to
+/// [`Runtime::finish_dropped_start`] on a task of its own.
+struct StartGuard {
+    /// `None` once disarmed.
+    runtime: Option<Runtime>,
+    session: SessionId,
+    lease: Taken,
+    /// The new turn, once built: its first step may be stored.
+    run: Option<TurnId>,
+}
+
+/// How far a turn start got with the session's lease.
+#[derive(Debug, Clone, Copy)]
+enum Taken {
+    /// Asked for, to expire at this time.
+    Asked(Timestamp),
+    /// Held under this token.
+    Held(u64),
+}
+
+impl StartGuard {
+    fn disarm(&mut self) {
+        self.runtime = None;
+    }
+}
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else { return };
+        // Without a runtime to run on (it is shutting down) the lease expires by itself and
+        // recovery resumes the turn.
+        if let Ok(tokio) = tokio::runtime::Handle::try_current() {
+            let (session, lease, run) = (self.session, self.lease, self.run);
+            tokio.spawn(async move { runtime.finish_dropped_start(session, lease, run).await });
+        }
     }
 }
 

@@ -1112,6 +1112,74 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
 }
 
 /// The seqs of a turn's live stream, and that they run from 1 without a gap.
+/// Scenario: a caller that drops `create_turn` part way (an HTTP client that disconnects)
+/// leaves the session free for the next turn, and a turn whose first step was stored runs
+/// to its end. The future is dropped after 1, 2, … 256 polls, so the drop lands at each of
+/// its waits on the store (on the in-memory store it finishes on its first poll).
+pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new((0..80).map(|_| ScriptedResponse::text("done")).collect()));
+    let runtime = runtime(&harness, Agent::builder("quick", model).build());
+    let session = session_for(&runtime, "quick").await;
+    let drop_points = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256];
+    for polls in drop_points {
+        let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("dropped {polls}"))));
+        for _ in 0..polls {
+            if futures_util::poll!(creating.as_mut()).is_ready() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(creating);
+        // The next turn starts once whatever the dropped call left is given back or run.
+        let next = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match session.create_turn(TurnRequest::message(format!("after {polls}"))).await {
+                    Ok(turn) => return turn,
+                    Err(RunnerError::TurnRunning { .. }) => {
+                        let running = session.list_turns(Order::Desc, &PageRequest::first(1)).await.unwrap();
+                        for turn in running.items {
+                            turn.wait().await.unwrap();
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    Err(other) => panic!("unexpected error {other}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the session stayed blocked after a create_turn dropped after {polls} polls")
+        });
+        assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+    }
+    // Dropped the moment its first step is stored, before it hears so: the turn runs.
+    for round in 0..5 {
+        let stored = |page: agentry_memory::Page<TurnHandle>| page.items.len();
+        let before = stored(session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap());
+        let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("stored {round}"))));
+        while futures_util::poll!(creating.as_mut()).is_pending() {
+            let now = stored(session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap());
+            if now > before {
+                break;
+            }
+        }
+        drop(creating);
+        let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await.unwrap().items;
+        let state = tokio::time::timeout(Duration::from_secs(10), latest[0].wait()).await.unwrap().unwrap();
+        assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
+    }
+    // No turn is left running, and every stored turn's log ends with its `turn.done`.
+    let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items;
+    assert!(turns.len() >= drop_points.len(), "{} turns", turns.len());
+    for turn in &turns {
+        let state = turn.wait().await.unwrap();
+        assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
+        let events = turn.events(Order::Asc).await.unwrap();
+        assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    }
+    assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
+}
+
 async fn dense_stream(turn: &TurnHandle) -> Vec<Arc<EventEnvelope>> {
     let events = collect(turn.stream(None)).await;
     let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
@@ -1239,7 +1307,8 @@ macro_rules! runner_scenarios {
             a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
-            a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once);
+            a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
+            a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

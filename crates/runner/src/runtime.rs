@@ -348,9 +348,10 @@ impl Runtime {
         Ok(Some(handle))
     }
 
-    /// Finishes what a dropped [`Session::create_turn`] left after it took the session's
-    /// lease: gives the lease back and, when the turn's first step was stored, resumes the
-    /// turn as [`Runtime::recover`] would, so it runs to its end.
+    /// Finishes what a dropped [`Session::create_turn`] left once it asked for the
+    /// session's lease: gives the lease back or, when the turn's first step was stored,
+    /// resumes the turn under that lease (as [`Runtime::recover`] resumes one), so it runs
+    /// to its end.
     async fn finish_dropped_start(&self, session: SessionId, lease: Taken, run: Option<TurnId>) {
         let store = &self.inner.store;
         // A store applies its writes in order: a write here comes after any write the

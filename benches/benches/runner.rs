@@ -3,7 +3,8 @@
 //! - `one_turn`: one turn on the in-memory store (the scripted model calls one tool, then
 //!   answers), from `create_turn` to the end of `wait`;
 //! - `conversation_25`: a 25-turn conversation of such turns, per backend and durability
-//!   (the caller, like `one_turn`'s, a task of the multi-thread runtime);
+//!   (the caller, like `one_turn`'s, a task of the multi-thread runtime; in memory also on
+//!   a current-thread runtime);
 //! - `fan_out_100`: one turn of 1,000 deltas streamed to 100 live subscribers
 //!   (throughput in deliveries).
 //!
@@ -122,6 +123,16 @@ fn conversation_25(c: &mut Criterion) {
     ];
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
     std::fs::create_dir_all(&root).unwrap();
+    // The in-memory conversation also on a current-thread runtime, as `one_turn` is: the
+    // multi-thread runtime adds its cross-worker wake-ups to every turn.
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = runner(Arc::new(InMemoryStore::new()));
+    group.bench_function(BenchmarkId::from_parameter("memory/current_thread"), |b| {
+        b.to_async(&single).iter_custom(|iters| {
+            let runtime = runtime.clone();
+            async move { tokio::spawn(timed_conversations(runtime, iters)).await.unwrap() }
+        });
+    });
     for backend in backends {
         let dir = tempfile::tempdir_in(&root).unwrap();
         let store: Arc<dyn Store> = if backend.name == "memory" {

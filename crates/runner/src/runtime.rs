@@ -298,18 +298,6 @@ impl Runtime {
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
                 Err(error) => return Err(error.into()),
             };
-        self.resume_turn(session, run, lease).await
-    }
-
-    /// Resumes a running turn from its stored state under `lease`, held on its session
-    /// (see [`Runtime::recover`]).
-    async fn resume_turn(
-        &self,
-        session: &SessionRecord,
-        run: RunRecord,
-        lease: Lease,
-    ) -> RuntimeResult<Option<TurnHandle>> {
-        let store = &self.inner.store;
         let Some(agent) = self.agent(&session.name) else {
             let mut run = run;
             run.set_state(TurnState::Error {
@@ -348,83 +336,70 @@ impl Runtime {
         Ok(Some(handle))
     }
 
-    /// Finishes what a dropped [`Session::create_turn`] left once it asked for the
-    /// session's lease: gives the lease back or, when the turn's first step was stored,
-    /// resumes the turn under that lease (as [`Runtime::recover`] resumes one), so it runs
-    /// to its end.
-    async fn finish_dropped_start(&self, session: SessionId, lease: Taken, run: Option<TurnId>) {
-        let store = &self.inner.store;
-        // A store applies its writes in order: a write here comes after any write the
-        // dropped call had queued.
-        let (owner, ttl) = (&self.inner.owner, self.inner.options.lease_ttl);
-        let token = match lease {
-            // Renewing is such a write: the lookup after it sees the turn's first step if
-            // it was stored, and the turn resumes under the lease, which nobody else could
-            // take in between.
-            Taken::Held(token) => match (store.renew_lease(session, token, ttl, Timestamp::now()).await, run)
-            {
-                (Ok(lease), Some(run)) => match self.resume_dropped(session, run, lease).await {
-                    Ok(true) => return,
-                    Ok(false) => Some(token),
-                    Err(error) => {
-                        tracing::warn!(turn = %run, %error, "resuming the turn of a dropped turn start failed");
-                        Some(token)
-                    }
-                },
-                (Ok(_), None) => Some(token),
-                // Lost or expired: nothing of ours to give back.
-                (Err(_), _) => None,
-            },
-            // Dropped while asking: asking again tells whether that acquisition went
-            // through, and the lease it took is the one with its owner and expiry.
-            Taken::Asked(expires_at) => {
-                match store.acquire_lease(session, owner, ttl, Timestamp::now()).await {
-                    Ok(lease) => Some(lease.token),
-                    Err(StoreError::Conflict(Conflict::LeaseHeld { holder, expires_at: held, .. }))
-                        if holder == *owner && held == expires_at =>
-                    {
-                        self.lease_token(session, expires_at).await
-                    }
-                    Err(_) => None,
+    /// Takes the session's lease for a new turn (see [`LeaseStore::acquire_lease`]). A call
+    /// that does not finish at once finishes on a task of its own, which gives the lease
+    /// back if the caller went away meanwhile.
+    async fn take_lease(&self, session: SessionId) -> Result<Lease, StoreError> {
+        let store = self.inner.store.clone();
+        let owner = self.inner.owner.clone();
+        let ttl = self.inner.options.lease_ttl;
+        let mut taking =
+            Box::pin(async move { store.acquire_lease(session, &owner, ttl, Timestamp::now()).await });
+        if let std::task::Poll::Ready(taken) = futures_util::poll!(taking.as_mut()) {
+            return taken;
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let store = self.inner.store.clone();
+        tokio::spawn(async move {
+            if let Err(Ok(lease)) = reply.send(taking.await) {
+                // Nobody waits for it any more.
+                if let Err(error) = store.release_lease(session, lease.token).await {
+                    tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
                 }
             }
+        });
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Starts a new turn whose first step is stored (see [`Session::create_turn`]).
+    fn start_new(&self, lease: Lease, pending: PendingStart) {
+        let PendingStart { agent, run, emitter, high_water, previous, created } = pending;
+        self.inner.appended.notify_waiters();
+        self.start(agent, run, lease, emitter, high_water, Start::New { previous, created });
+    }
+
+    /// Finishes what a dropped [`Session::create_turn`] left while it held the session's
+    /// lease: starts the turn when its first step was stored, as the call would have, and
+    /// otherwise gives the lease back. When the store cannot tell, the lease is kept: it
+    /// expires, and recovery takes over a stored turn as after a crash.
+    async fn finish_dropped_start(&self, lease: Lease, pending: Option<PendingStart>) {
+        let store = &self.inner.store;
+        let session = lease.session_id;
+        // A store applies its writes in order, and answers a successful one once it is
+        // committed: after the renewal, a lookup sees the first step if the dropped call's
+        // write stored it. Under the lease, nobody else can start a turn in between.
+        let renewed = store.renew_lease(session, lease.token, self.inner.options.lease_ttl, Timestamp::now());
+        let lease = match renewed.await {
+            Ok(lease) => lease,
+            Err(error) => {
+                // Taken over after it expired, or the store failed: not ours to give back.
+                tracing::warn!(%session, %error, "renewing the lease of a dropped turn start failed");
+                return;
+            }
         };
-        if let Some(token) = token
-            && let Err(error) = store.release_lease(session, token).await
-        {
+        if let Some(pending) = pending {
+            match store.get_run(pending.run.id).await {
+                Ok(_) => return self.start_new(lease, pending),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(turn = %pending.run.id, %error, "looking up the turn of a dropped turn start failed");
+                    return;
+                }
+            }
+        }
+        if let Err(error) = store.release_lease(session, lease.token).await {
             tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
         }
-    }
-
-    /// Resumes the turn of a dropped start under its lease when its first step was stored;
-    /// `false` when it was not (the lease is still held).
-    async fn resume_dropped(&self, session: SessionId, run: TurnId, lease: Lease) -> RuntimeResult<bool> {
-        let store = &self.inner.store;
-        let record = match store.get_run(run).await {
-            Ok(record) if !record.state.is_terminal() => record,
-            Ok(_) => return Ok(false),
-            Err(StoreError::NotFound { .. }) => return Ok(false),
-            Err(error) => return Err(error.into()),
-        };
-        let session = store.get_session(session).await?;
-        self.resume_turn(&session, record, lease).await?;
-        Ok(true)
-    }
-
-    /// The token of this runtime's lease on `session` that expires at `expires_at`, once it
-    /// can be read: a store refuses a write before it commits the ones ahead of it in its
-    /// batch, so the lease that refused it may not be readable yet. `None` once it expired.
-    async fn lease_token(&self, session: SessionId, expires_at: Timestamp) -> Option<u64> {
-        while Timestamp::now() < expires_at {
-            match self.inner.store.lease(session).await {
-                Ok(Some(lease)) if lease.owner == self.inner.owner && lease.expires_at == expires_at => {
-                    return Some(lease.token);
-                }
-                Ok(Some(_)) | Err(_) => return None,
-                Ok(None) => tokio::task::yield_now().await,
-            }
-        }
-        None
     }
 
     /// Registers the turn's live log and spawns its engine and lease keeper.
@@ -596,29 +571,18 @@ impl Session {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
         }
         let agent = runtime.require_agent(&session.name)?;
-        // From the lease's acquisition until the engine starts, a caller that drops this
-        // future (an HTTP client that disconnects) must neither leave the session's lease
-        // held nor a stored turn that never runs.
-        let now = Timestamp::now();
-        let ttl = runtime.inner.options.lease_ttl;
-        let mut guard = StartGuard {
-            runtime: Some(runtime.clone()),
-            session: session.id,
-            lease: Taken::Asked(now.saturating_add(ttl)),
-            run: None,
-        };
-        let lease = match store.acquire_lease(session.id, &runtime.inner.owner, ttl, now).await {
+        // A caller that drops this future (an HTTP client that disconnects) must neither
+        // leave the session's lease held nor a stored turn that never runs: the lease is
+        // taken by a call that finishes even if this future does not, and a guard hands
+        // what follows to a task of its own.
+        let lease = match runtime.take_lease(session.id).await {
             Ok(lease) => lease,
             Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
-                guard.disarm();
                 return Err(RunnerError::TurnRunning { session_id: session.id });
             }
-            Err(error) => {
-                guard.disarm();
-                return Err(error.into());
-            }
+            Err(error) => return Err(error.into()),
         };
-        guard.lease = Taken::Held(lease.token);
+        let mut guard = StartGuard { runtime: Some(runtime.clone()), lease: lease.clone(), pending: None };
         let prepared = match self.prepare_turn(&request, &lease).await {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -628,21 +592,24 @@ impl Session {
             }
         };
         let (run, previous) = prepared;
-        guard.run = Some(run.id);
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
         let mut emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
         let (step, created) = first_step(&run, &mut emitter);
-        if let Err(error) = store.write_step(run.id, &step, Some(lease.fence())).await {
-            guard.disarm();
+        let high_water = step.high_water.unwrap_or_default();
+        let handle = TurnHandle { runtime: runtime.clone(), record: run.clone() };
+        guard.pending = Some(PendingStart { agent, run, emitter, high_water, previous, created });
+        let written = store.write_step(handle.id(), &step, Some(lease.fence())).await;
+        let pending = guard.pending.take();
+        guard.disarm();
+        if let Err(error) = written {
             let _released = store.release_lease(session.id, lease.token).await;
             return Err(error.into());
         }
-        guard.disarm();
-        runtime.inner.appended.notify_waiters();
-        let high_water = step.high_water.unwrap_or_default();
-        runtime.start(agent, run.clone(), lease, emitter, high_water, Start::New { previous, created });
-        Ok(TurnHandle { runtime: runtime.clone(), record: run })
+        if let Some(pending) = pending {
+            runtime.start_new(lease, pending);
+        }
+        Ok(handle)
     }
 
     /// Under the lease: resolves the previous turn, checks the input against it, builds the
@@ -769,19 +736,19 @@ impl Session {
 struct StartGuard {
     /// `None` once disarmed.
     runtime: Option<Runtime>,
-    session: SessionId,
-    lease: Taken,
-    /// The new turn, once built: its first step may be stored.
-    run: Option<TurnId>,
+    lease: Lease,
+    /// The turn being started, while its first step is being written.
+    pending: Option<PendingStart>,
 }
 
-/// How far a turn start got with the session's lease.
-#[derive(Debug, Clone, Copy)]
-enum Taken {
-    /// Asked for, to expire at this time.
-    Asked(Timestamp),
-    /// Held under this token.
-    Held(u64),
+/// What starting a turn whose first step was written needs (see [`Runtime::start`]).
+struct PendingStart {
+    agent: Agent,
+    run: RunRecord,
+    emitter: TurnEmitter,
+    high_water: u64,
+    previous: Option<RunRecord>,
+    created: Arc<EventEnvelope>,
 }
 
 impl StartGuard {
@@ -794,10 +761,10 @@ impl Drop for StartGuard {
     fn drop(&mut self) {
         let Some(runtime) = self.runtime.take() else { return };
         // Without a runtime to run on (it is shutting down) the lease expires by itself and
-        // recovery resumes the turn.
+        // recovery resumes a stored turn.
         if let Ok(tokio) = tokio::runtime::Handle::try_current() {
-            let (session, lease, run) = (self.session, self.lease, self.run);
-            tokio.spawn(async move { runtime.finish_dropped_start(session, lease, run).await });
+            let (lease, pending) = (self.lease.clone(), self.pending.take());
+            tokio.spawn(async move { runtime.finish_dropped_start(lease, pending).await });
         }
     }
 }

@@ -1111,17 +1111,26 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
     assert!(matches!(next.wait().await.unwrap(), TurnState::Done { .. }), "the session takes new turns");
 }
 
-/// The seqs of a turn's live stream, and that they run from 1 without a gap.
 /// Scenario: a caller that drops `create_turn` part way (an HTTP client that disconnects)
 /// leaves the session free for the next turn, and a turn whose first step was stored runs
 /// to its end. The future is dropped after 1, 2, … 256 polls, so the drop lands at each of
-/// its waits on the store (on the in-memory store it finishes on its first poll).
+/// its waits on the store (on the in-memory store it finishes on its first poll), each
+/// time over an expired lease a dead process left.
 pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end(harness: Harness) {
     let model = Arc::new(ScriptedModel::new((0..80).map(|_| ScriptedResponse::text("done")).collect()));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
     let session = session_for(&runtime, "quick").await;
     let drop_points = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256];
     for polls in drop_points {
+        // The lease a dead process left, expired: the start takes it over.
+        let past = agentry_types::Timestamp::from_unix_micros(
+            agentry_types::Timestamp::now().unix_micros() - 60_000_000,
+        );
+        harness
+            .store
+            .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
+            .await
+            .unwrap();
         let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("dropped {polls}"))));
         for _ in 0..polls {
             if futures_util::poll!(creating.as_mut()).is_ready() {
@@ -1180,6 +1189,7 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
+/// The seqs of a turn's live stream, and that they run from 1 without a gap.
 async fn dense_stream(turn: &TurnHandle) -> Vec<Arc<EventEnvelope>> {
     let events = collect(turn.stream(None)).await;
     let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();

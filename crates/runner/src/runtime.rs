@@ -87,7 +87,7 @@ struct RuntimeInner {
     live: Mutex<HashMap<TurnId, Arc<LiveTurn>>>,
     options: RuntimeOptions,
     /// This runtime's name in leases.
-    owner: String,
+    owner: Arc<str>,
     /// Whether the task renewing the leases of this runtime's running turns was started.
     keeper_started: AtomicBool,
     /// Told after every durable event this runtime's turns store.
@@ -145,7 +145,7 @@ impl Runtime {
                 agents: RwLock::new(HashMap::new()),
                 live: Mutex::new(HashMap::new()),
                 options,
-                owner: format!("runtime-{}", EventId::new()),
+                owner: Arc::from(format!("runtime-{}", EventId::new())),
                 keeper_started: AtomicBool::new(false),
                 appended: Arc::new(tokio::sync::Notify::new()),
             }),
@@ -372,13 +372,12 @@ impl Runtime {
     /// lease: starts the turn when its first step was stored, as the call would have, and
     /// otherwise gives the lease back. When the store cannot tell, the lease is kept: it
     /// expires, and recovery takes over a stored turn as after a crash.
-    async fn finish_dropped_start(&self, lease: Lease, pending: Option<PendingStart>) {
+    async fn finish_dropped_start(&self, session: SessionId, token: u64, pending: Option<PendingStart>) {
         let store = &self.inner.store;
-        let session = lease.session_id;
         // A store applies its writes in order, and answers a successful one once it is
         // committed: after the renewal, a lookup sees the first step if the dropped call's
         // write stored it. Under the lease, nobody else can start a turn in between.
-        let renewed = store.renew_lease(session, lease.token, self.inner.options.lease_ttl, Timestamp::now());
+        let renewed = store.renew_lease(session, token, self.inner.options.lease_ttl, Timestamp::now());
         let lease = match renewed.await {
             Ok(lease) => lease,
             Err(error) => {
@@ -582,7 +581,12 @@ impl Session {
             }
             Err(error) => return Err(error.into()),
         };
-        let mut guard = StartGuard { runtime: Some(runtime.clone()), lease: lease.clone(), pending: None };
+        let mut guard = StartGuard {
+            runtime: Some(runtime.clone()),
+            session: session.id,
+            token: lease.token,
+            pending: None,
+        };
         let prepared = match self.prepare_turn(&request, &lease).await {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -736,7 +740,9 @@ impl Session {
 struct StartGuard {
     /// `None` once disarmed.
     runtime: Option<Runtime>,
-    lease: Lease,
+    session: SessionId,
+    /// The lease's token.
+    token: u64,
     /// The turn being started, while its first step is being written.
     pending: Option<PendingStart>,
 }
@@ -763,8 +769,8 @@ impl Drop for StartGuard {
         // Without a runtime to run on (it is shutting down) the lease expires by itself and
         // recovery resumes a stored turn.
         if let Ok(tokio) = tokio::runtime::Handle::try_current() {
-            let (lease, pending) = (self.lease.clone(), self.pending.take());
-            tokio.spawn(async move { runtime.finish_dropped_start(lease, pending).await });
+            let (session, token, pending) = (self.session, self.token, self.pending.take());
+            tokio.spawn(async move { runtime.finish_dropped_start(session, token, pending).await });
         }
     }
 }

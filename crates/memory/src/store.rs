@@ -346,9 +346,9 @@ pub struct TurnStep {
     /// Journal entries of this turn's tool calls, applied in order: an entry of a call not
     /// journaled yet is stored as given (started, as [`JournalStore::journal_start`]
     /// stores it, or already completed); for a call journaled with the same arguments hash,
-    /// a result the stored entry lacks is added with its `completed_at` (as
-    /// [`JournalStore::journal_complete`] adds it), and the stored entry otherwise stays as
-    /// it is.
+    /// a result the stored entry lacks is added with its `completed_at` (its `started_at`
+    /// when it has none), as [`JournalStore::journal_complete`] adds one, and the stored
+    /// entry otherwise stays as it is.
     pub journal: Vec<JournalEntry>,
     /// The run's record replaced, typically with its end state, or stored as a new run by
     /// the turn's first step; it must be the turn's own.

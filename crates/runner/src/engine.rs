@@ -158,7 +158,7 @@ struct SinkState {
     staged: Vec<Arc<EventEnvelope>>,
     /// Staged history messages of the turn's own run.
     messages: Vec<Message>,
-    /// Staged journal entries of the turn's own tool calls, started before they run.
+    /// Staged journal entries of the turn's own tool calls (starts and lone results).
     journal: Vec<JournalEntry>,
 }
 
@@ -342,8 +342,9 @@ impl TurnSink {
         self.state.lock().await.messages.extend_from_slice(messages);
     }
 
-    /// Stages a tool call of the turn's own run as started in the journal: the flush
-    /// before the call runs stores it with the call's `tool.call.started`.
+    /// Stages a journal entry of a tool call of the turn's own run: a start, which the flush
+    /// before the call runs stores with its `tool.call.started`, or a lone call's result,
+    /// stored with its `tool.response`.
     async fn stage_journal(&self, entry: JournalEntry) {
         self.state.lock().await.journal.push(entry);
     }
@@ -1871,8 +1872,8 @@ impl TurnEngine {
 
     /// Runs one prepared call and journals its result. On the turn's own run a lone call's
     /// result is staged with the turn's next step, which stores it with its
-    /// `tool.response`; otherwise (`alone` is false: other calls run beside it, or on a
-    /// member run) it is written at once.
+    /// `tool.response`; otherwise (`alone` is false, as other calls run beside it, or the
+    /// call is a member run's) it is written at once.
     async fn run_tool(&self, call: &ToolCall, prepared: Prepared, alone: bool) -> Result<Ran, Stop> {
         let (tool, arguments) = match prepared {
             Prepared::Done(result) => return Ok(Ran::Result(result)),

@@ -717,6 +717,7 @@ fn journal_row(connection: &Connection, turn: &str, call: &str) -> StoreResult<O
     body.map(|body| rules::decode("journal entry", &body)).transpose()
 }
 
+/// Inserts an encoded new journal entry of the turn keyed `turn`, inside a write.
 fn insert_journal_row(connection: &Connection, turn: &str, call: &str, body: &[u8]) -> StoreResult<()> {
     connection
         .prepare_cached("INSERT INTO journal (turn_id, tool_call_id, body) VALUES (?1, ?2, ?3)")

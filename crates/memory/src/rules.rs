@@ -297,23 +297,10 @@ pub fn journal_write(
     let Some(stored) = existing else {
         return Ok(Some(entry.clone()));
     };
-    let call = || (entry.turn_id, entry.tool_call_id.clone());
-    if stored.arguments_hash != entry.arguments_hash {
-        let (turn_id, tool_call_id) = call();
-        return Err(Conflict::JournalMismatch { turn_id, tool_call_id }.into());
-    }
-    match (&stored.result, &entry.result) {
-        (_, None) => Ok(None),
-        (None, Some(result)) => Ok(Some(JournalEntry {
-            result: Some(result.clone()),
-            completed_at: Some(entry.completed_at.unwrap_or(entry.started_at)),
-            ..stored.clone()
-        })),
-        (Some(stored), Some(result)) if stored == result => Ok(None),
-        (Some(_), Some(_)) => {
-            let (turn_id, tool_call_id) = call();
-            Err(Conflict::AlreadyCompleted { turn_id, tool_call_id }.into())
-        }
+    check_same_arguments(stored, entry)?;
+    match &entry.result {
+        None => Ok(None),
+        Some(result) => completed(stored, result, entry.completed_at.unwrap_or(entry.started_at)),
     }
 }
 
@@ -590,15 +577,9 @@ pub fn journal_start(
     existing: Option<&JournalEntry>,
     entry: &JournalEntry,
 ) -> StoreResult<Option<JournalEntry>> {
-    match existing {
-        None => Ok(None),
-        Some(stored) if stored.arguments_hash == entry.arguments_hash => Ok(Some(stored.clone())),
-        Some(_) => Err(Conflict::JournalMismatch {
-            turn_id: entry.turn_id,
-            tool_call_id: entry.tool_call_id.clone(),
-        }
-        .into()),
-    }
+    let Some(stored) = existing else { return Ok(None) };
+    check_same_arguments(stored, entry)?;
+    Ok(Some(stored.clone()))
 }
 
 /// What `journal_complete` stores given the started entry: the completed entry, and
@@ -613,15 +594,38 @@ pub fn journal_complete(
     let Some(stored) = existing else {
         return Err(StoreError::not_found("journaled tool call", format!("{turn}/{tool_call_id}")));
     };
+    Ok(match completed(stored, result, completed_at)? {
+        Some(completed) => (completed, true),
+        None => (stored.clone(), false),
+    })
+}
+
+/// Refuses an entry for a call the journal holds with other arguments.
+fn check_same_arguments(stored: &JournalEntry, entry: &JournalEntry) -> StoreResult<()> {
+    if stored.arguments_hash == entry.arguments_hash {
+        return Ok(());
+    }
+    Err(Conflict::JournalMismatch { turn_id: entry.turn_id, tool_call_id: entry.tool_call_id.clone() }.into())
+}
+
+/// The stored entry completed with `result`, or `None` when it has that result already.
+fn completed(
+    stored: &JournalEntry,
+    result: &ToolResult,
+    completed_at: Timestamp,
+) -> StoreResult<Option<JournalEntry>> {
     match &stored.result {
-        Some(previous) if previous == result => Ok((stored.clone(), false)),
-        Some(_) => {
-            Err(Conflict::AlreadyCompleted { turn_id: turn, tool_call_id: tool_call_id.to_owned() }.into())
+        Some(previous) if previous == result => Ok(None),
+        Some(_) => Err(Conflict::AlreadyCompleted {
+            turn_id: stored.turn_id,
+            tool_call_id: stored.tool_call_id.clone(),
         }
-        None => Ok((
-            JournalEntry { result: Some(result.clone()), completed_at: Some(completed_at), ..stored.clone() },
-            true,
-        )),
+        .into()),
+        None => Ok(Some(JournalEntry {
+            result: Some(result.clone()),
+            completed_at: Some(completed_at),
+            ..stored.clone()
+        })),
     }
 }
 

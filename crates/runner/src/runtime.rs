@@ -375,18 +375,19 @@ impl Runtime {
     async fn finish_dropped_start(&self, session: SessionId, token: u64, pending: Option<PendingStart>) {
         let store = &self.inner.store;
         // A store applies its writes in order, and answers a successful one once it is
-        // committed: after the renewal, a lookup sees the first step if the dropped call's
+        // committed: after a renewal, a lookup sees the first step if the dropped call's
         // write stored it. Under the lease, nobody else can start a turn in between.
-        let renewed = store.renew_lease(session, token, self.inner.options.lease_ttl, Timestamp::now());
-        let lease = match renewed.await {
-            Ok(lease) => lease,
-            Err(error) => {
-                // Taken over after it expired, or the store failed: not ours to give back.
-                tracing::warn!(%session, %error, "renewing the lease of a dropped turn start failed");
-                return;
-            }
-        };
+        // Without a pending start, the release alone is such a write.
         if let Some(pending) = pending {
+            let renewed = store.renew_lease(session, token, self.inner.options.lease_ttl, Timestamp::now());
+            let lease = match renewed.await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    // Taken over after it expired, or the store failed: not ours to give back.
+                    tracing::warn!(%session, %error, "renewing the lease of a dropped turn start failed");
+                    return;
+                }
+            };
             match store.get_run(pending.run.id).await {
                 Ok(_) => return self.start_new(lease, pending),
                 Err(StoreError::NotFound { .. }) => {}
@@ -396,7 +397,7 @@ impl Runtime {
                 }
             }
         }
-        if let Err(error) = store.release_lease(session, lease.token).await {
+        if let Err(error) = store.release_lease(session, token).await {
             tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
         }
     }

@@ -46,6 +46,21 @@ pub enum Conflict {
         /// The current lease's token, if the session has a live one.
         current: Option<u64>,
     },
+    /// A turn was started on a session whose latest turn is not the one the start expected
+    /// (another turn was started meanwhile; see [`EventStore::start_turn`]).
+    ///
+    /// [`EventStore::start_turn`]: crate::EventStore::start_turn
+    #[error(
+        "the latest turn of session {session_id} changed since it was read: a turn was started meanwhile"
+    )]
+    LatestTurnChanged {
+        /// The session.
+        session_id: SessionId,
+        /// The latest turn the start expected (`None`: no turn).
+        expected: Option<TurnId>,
+        /// The session's latest turn (`None`: no turn).
+        latest: Option<TurnId>,
+    },
     /// A tool call was journaled again with different arguments.
     #[error("tool call {tool_call_id} of turn {turn_id} was journaled with different arguments")]
     JournalMismatch {

@@ -17,7 +17,7 @@ use crate::page::{Order, Page, PageRequest, decode_token};
 use crate::rules;
 use crate::store::{
     BudgetStore, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore, RunQuery,
-    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, TurnStep, UserStore,
+    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, TurnStart, TurnStep, UserStore,
 };
 
 #[derive(Debug)]
@@ -371,21 +371,58 @@ impl EventStore for InMemoryStore {
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
         rules::check_step_shape(turn, step, fence)?;
-        for message in &step.messages {
-            rules::check_size("message", message)?;
-        }
-        for event in &step.events {
-            rules::check_event_size(event)?;
-        }
-        if let Some(run) = &step.run {
-            rules::check_size("run", run)?;
-        }
-        for entry in &step.journal {
-            rules::check_size("journal entry", entry)?;
-        }
-        // Everything is checked before anything changes: the step is stored whole or not.
+        check_step_sizes(step)?;
+        self.state().write_step(turn, step, fence)
+    }
+
+    async fn start_turn(
+        &self,
+        turn: TurnId,
+        step: &TurnStep,
+        start: &TurnStart,
+    ) -> StoreResult<(Lease, Vec<u64>)> {
+        let session = rules::check_start_shape(turn, step)?.session_id;
+        check_step_sizes(step)?;
         let mut state = self.state();
-        let (session, last_seq, new_run) = match (state.runs.get(&turn), &step.run) {
+        let facts = rules::StartFacts {
+            session_exists: state.sessions.contains_key(&session),
+            lease: state.leases.get(&session),
+            last_token: state.last_token,
+            latest: state.latest_turn(session),
+            run_exists: state.runs.contains_key(&turn),
+        };
+        let lease = rules::check_turn_start(turn, session, start, &facts)?;
+        // The lease is new, so no fence is needed; the step checks everything before it
+        // changes anything, and nothing below can fail.
+        let positions = state.write_step(turn, step, None)?;
+        state.last_token = lease.token;
+        state.leases.insert(session, lease.clone());
+        Ok((lease, positions))
+    }
+}
+
+/// The size checks of a step's records.
+fn check_step_sizes(step: &TurnStep) -> StoreResult<()> {
+    for message in &step.messages {
+        rules::check_size("message", message)?;
+    }
+    for event in &step.events {
+        rules::check_event_size(event)?;
+    }
+    if let Some(run) = &step.run {
+        rules::check_size("run", run)?;
+    }
+    for entry in &step.journal {
+        rules::check_size("journal entry", entry)?;
+    }
+    Ok(())
+}
+
+impl State {
+    /// [`EventStore::write_step`] after the checks that need no state. Everything is
+    /// checked before anything changes: the step is stored whole or not.
+    fn write_step(&mut self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
+        let (session, last_seq, new_run) = match (self.runs.get(&turn), &step.run) {
             (Some(row), run) => {
                 let session = row.record.session_id;
                 if let Some(run) = run {
@@ -395,7 +432,7 @@ impl EventStore for InMemoryStore {
             }
             // The turn's first step creates its run.
             (None, Some(run)) => {
-                if !state.sessions.contains_key(&run.session_id) {
+                if !self.sessions.contains_key(&run.session_id) {
                     return Err(StoreError::not_found("session", run.session_id));
                 }
                 (run.session_id, 0, Some(run))
@@ -408,8 +445,8 @@ impl EventStore for InMemoryStore {
             last_seq,
             step.events.iter().map(|event| rules::EventKey::of(event)),
         )?;
-        state.fence(session, fence)?;
-        let journal = state.journal.get(&turn);
+        self.fence(session, fence)?;
+        let journal = self.journal.get(&turn);
         let writes = rules::journal_writes(&step.journal, |call| {
             let stored = journal.and_then(|journal| {
                 journal.iter().enumerate().find(|(_, stored)| stored.tool_call_id == call)
@@ -417,7 +454,7 @@ impl EventStore for InMemoryStore {
             Ok(stored.map(|(index, stored)| (index, stored.clone())))
         })?;
         if !writes.is_empty() {
-            let journal = state.journal.entry(turn).or_default();
+            let journal = self.journal.entry(turn).or_default();
             for (index, entry) in writes {
                 match index.and_then(|index| journal.get_mut(index)) {
                     Some(stored) => *stored = entry,
@@ -427,22 +464,31 @@ impl EventStore for InMemoryStore {
         }
         let created = new_run.is_some();
         if let Some(run) = new_run {
-            state.insert_run(run);
+            self.insert_run(run);
         }
         if !step.messages.is_empty() {
-            state.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
+            self.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
         }
-        let positions = state.insert_events(turn, session, step.events.iter().cloned());
-        let row = state.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
+        let positions = self.insert_events(turn, session, step.events.iter().cloned());
+        let row = self.runs.get_mut(&turn).ok_or_else(|| StoreError::not_found("run", turn))?;
         row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
         // A run this step created already holds the record.
         if let Some(run) = step.run.as_ref().filter(|_| !created) {
             row.record = run.clone();
         }
         if step.release_lease {
-            state.leases.remove(&session);
+            self.leases.remove(&session);
         }
         Ok(positions)
+    }
+
+    /// The session's newest top-level run.
+    fn latest_turn(&self, session: SessionId) -> Option<TurnId> {
+        let runs = self.session_runs.get(&session)?;
+        runs.values()
+            .rev()
+            .copied()
+            .find(|id| self.runs.get(id).is_some_and(|row| row.record.parent_run_id.is_none()))
     }
 }
 

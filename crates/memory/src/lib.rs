@@ -49,6 +49,6 @@ pub use remembered::{RememberedTurns, TurnFacts};
 pub use store::{
     BudgetStore, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore,
     MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,
-    SessionUpdate, Store, StoredEvent, TurnStep, UserStore,
+    SessionUpdate, Store, StoredEvent, TurnStart, TurnStep, UserStore,
 };
 pub use views::{LastRunsQuery, TeamSession, run_output};

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Conflict, StoreError, StoreResult};
 use crate::json_bound::json_len_bound;
-use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStep};
+use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStart, TurnStep};
 
 /// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`].
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8>> {
@@ -345,6 +345,86 @@ fn check_step_run(turn: TurnId, run: Option<&RunRecord>) -> StoreResult<()> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// The checks of [`EventStore::start_turn`](crate::EventStore::start_turn) that need no
+/// store (besides [`check_step_shape`]'s): the step carries the new turn's record, of a
+/// top-level run, and does not release the lease it takes. Returns the record.
+///
+/// # Errors
+/// `InvalidInput`.
+pub fn check_start_shape(turn: TurnId, step: &TurnStep) -> StoreResult<&RunRecord> {
+    check_step_shape(turn, step, None)?;
+    let Some(run) = &step.run else {
+        return Err(StoreError::InvalidInput(format!(
+            "the first step of turn {turn} must carry the turn's run record"
+        )));
+    };
+    if let Some(parent) = run.parent_run_id {
+        return Err(StoreError::InvalidInput(format!(
+            "run {turn} is a member run of {parent}: only a top-level turn is started with a lease"
+        )));
+    }
+    if step.release_lease {
+        return Err(StoreError::InvalidInput(format!(
+            "the first step of turn {turn} cannot release the lease it takes"
+        )));
+    }
+    Ok(run)
+}
+
+/// What the store holds that [`check_turn_start`] checks.
+#[derive(Debug, Clone, Copy)]
+pub struct StartFacts<'a> {
+    /// Whether the session exists.
+    pub session_exists: bool,
+    /// The session's lease, expired or not.
+    pub lease: Option<&'a Lease>,
+    /// The last fencing token granted.
+    pub last_token: u64,
+    /// The session's newest top-level run.
+    pub latest: Option<TurnId>,
+    /// Whether the run to start exists.
+    pub run_exists: bool,
+}
+
+/// The checks of [`EventStore::start_turn`](crate::EventStore::start_turn) against the
+/// stored state, in their order; returns the lease to grant.
+///
+/// # Errors
+/// `NotFound` for an unknown session, `InvalidInput` for an empty owner,
+/// `Conflict::LeaseHeld`, `Conflict::LatestTurnChanged`, `Conflict::AlreadyExists`.
+pub fn check_turn_start(
+    turn: TurnId,
+    session: SessionId,
+    start: &TurnStart,
+    facts: &StartFacts<'_>,
+) -> StoreResult<Lease> {
+    if !facts.session_exists {
+        return Err(StoreError::not_found("session", session));
+    }
+    let lease = grant_lease(session, facts.lease, &start.owner, start.ttl, start.now, facts.last_token + 1)?;
+    if start.previous != facts.latest {
+        let (expected, latest) = (start.previous, facts.latest);
+        return Err(Conflict::LatestTurnChanged { session_id: session, expected, latest }.into());
+    }
+    if facts.run_exists {
+        return Err(Conflict::AlreadyExists { kind: "run", id: turn.to_string() }.into());
+    }
+    Ok(lease)
+}
+
+/// Whether an encoded run record is a member run's (it has a parent), read without
+/// decoding the rest of the record.
+///
+/// # Errors
+/// `Corrupt` when the record does not parse.
+pub fn is_member_run(body: &[u8]) -> StoreResult<bool> {
+    #[derive(serde::Deserialize)]
+    struct Parent {
+        parent_run_id: Option<TurnId>,
+    }
+    Ok(decode::<Parent>("run", body)?.parent_run_id.is_some())
 }
 
 /// Refuses a step's run record (of `run`, in `claimed`) whose session is not the stored

@@ -330,6 +330,42 @@ pub trait EventStore: Send + Sync {
     /// `Conflict::AlreadyCompleted` with another result (also by an earlier entry of the
     /// same step); otherwise as the methods it stands for.
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>>;
+
+    /// Starts a turn in one atomic write: grants the session's lease to `start.owner` (as
+    /// [`LeaseStore::acquire_lease`]), checks that the session's latest turn (its newest
+    /// top-level run) is still `start.previous`, and writes the turn's first step, which
+    /// stores the new run (as [`write_step`](Self::write_step) under the new lease). So a
+    /// turn is started with one write instead of a lease write and a step write, and no
+    /// other turn can have been started in between. Returns the lease and the events'
+    /// positions.
+    ///
+    /// Errors, each leaving the store unchanged: `InvalidInput` when the step carries no
+    /// run record, a member run's (one with a parent), or a release of the lease (and as
+    /// `write_step` and `acquire_lease` for the rest of the step and an empty owner);
+    /// `NotFound` for an unknown session; `Conflict::LeaseHeld` when another lease is live;
+    /// `Conflict::LatestTurnChanged` when the session's latest turn is not
+    /// `start.previous`; `Conflict::AlreadyExists` when the run exists; otherwise as
+    /// `write_step`.
+    async fn start_turn(
+        &self,
+        turn: TurnId,
+        step: &TurnStep,
+        start: &TurnStart,
+    ) -> StoreResult<(Lease, Vec<u64>)>;
+}
+
+/// What [`EventStore::start_turn`] needs besides the turn's first step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnStart {
+    /// Who takes the session's lease (not empty).
+    pub owner: Arc<str>,
+    /// How long the lease lasts, from `now`.
+    pub ttl: Duration,
+    /// The time the lease is granted at; a lease expired by then is taken over.
+    pub now: Timestamp,
+    /// The session's latest turn as the caller read it, which the new turn follows
+    /// (`None`: the session has no turn yet).
+    pub previous: Option<TurnId>,
 }
 
 /// One step of a running turn, written together by [`EventStore::write_step`]: what the

@@ -8,7 +8,7 @@ use agentry_memory::handoff;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, TurnStep, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -560,70 +560,128 @@ impl EventStore for RedbStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, journal, run, release_lease } =
-            rules::encode_step(turn, step, fence)?;
+        let step = rules::encode_step(turn, step, fence)?;
+        self.write(move |transaction| write_step_in(transaction, turn, &step, fence)).await
+    }
+
+    async fn start_turn(
+        &self,
+        turn: TurnId,
+        step: &TurnStep,
+        start: &TurnStart,
+    ) -> StoreResult<(Lease, Vec<u64>)> {
+        let session = rules::check_start_shape(turn, step)?.session_id;
+        let step = rules::encode_step(turn, step, None)?;
+        let start = start.clone();
         self.write(move |transaction| {
             // Every part is checked before any table changes (see the module's note).
-            let found = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn);
-            let (meta, new_run) = match (found, &run) {
-                (Ok(meta), _) => (meta, false),
-                // The turn's first step creates its run: checked here, stored below.
-                (Err(error), Some((run_session, _))) if error.is_not_found() => {
-                    if !session_exists(transaction, *run_session)? {
-                        return Err(StoreError::not_found("session", *run_session));
-                    }
-                    ((session_key(*run_session), 0, 0), true)
-                }
-                (Err(error), _) => return Err(error),
+            let run_exists = match run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn) {
+                Ok(_) => true,
+                Err(error) if error.is_not_found() => false,
+                Err(error) => return Err(error),
             };
-            let session = session_of(meta);
-            if let Some((run_session, _)) = &run {
-                rules::check_run_session_id(turn, *run_session, session)?;
-            }
-            let last_seq = match transaction.turns.get(turn) {
-                Some(facts) => facts.last_seq,
-                None => last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?,
+            let current = lease_of(transaction, session)?;
+            let facts = rules::StartFacts {
+                session_exists: session_exists(transaction, session)?,
+                lease: current.as_ref(),
+                last_token: counter(transaction, "last_token")?,
+                latest: latest_turn(transaction, session)?,
+                run_exists,
             };
-            rules::check_event_batch(turn, session, last_seq, keys.iter().copied())?;
-            check_fence(transaction, session, fence)?;
-            let journal = rules::journal_writes(&journal, |call| journal_entry(transaction, turn, call))?
-                .into_iter()
-                .map(|(order, entry)| Ok((order, rules::encode("journal entry", &entry)?, entry)))
-                .collect::<StoreResult<Vec<_>>>()?;
-            let meta = if new_run { insert_run_meta(transaction, turn, session)? } else { meta };
-            if let Some(seq) = high_water {
-                let mark = meta.2.max(last_seq).max(seq);
-                if mark != meta.2 {
-                    let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
-                    metas.insert(turn_key(turn), (meta.0, meta.1, mark)).map_err(redb_error)?;
-                }
-            }
-            if !messages.is_empty() {
-                insert_messages(transaction, turn, &messages)?;
-            }
-            let positions = insert_events(transaction, turn, session, &keys, &events)?;
-            for (order, body, entry) in journal {
-                match order {
-                    Some(order) => {
-                        let mut table = transaction.open_table(JOURNAL).map_err(redb_error)?;
-                        let key = (turn_key(turn), entry.tool_call_id.as_str());
-                        table.insert(key, (order, body.as_slice())).map_err(redb_error)?;
-                    }
-                    None => insert_journal_entry(transaction, &entry, &body)?,
-                }
-            }
-            if let Some((_, body)) = &run {
-                let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
-                runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
-            }
-            if release_lease {
-                let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
-                leases.remove(session_key(session)).map_err(redb_error)?;
-            }
-            Ok(positions)
+            let lease = rules::check_turn_start(turn, session, &start, &facts)?;
+            let body = rules::encode("lease", &lease)?;
+            // The lease is new, so the step needs no fence; it checks before it changes.
+            let positions = write_step_in(transaction, turn, &step, None)?;
+            set_counter(transaction, "last_token", lease.token)?;
+            put_lease(transaction, &lease, &body)?;
+            Ok((lease, positions))
         })
         .await
     }
+}
+
+/// [`EventStore::write_step`] inside a write, its step encoded and checked. Every part is
+/// checked before any table changes.
+fn write_step_in(
+    transaction: &mut Tx<'_>,
+    turn: TurnId,
+    step: &rules::EncodedStep,
+    fence: Option<Fence>,
+) -> StoreResult<Vec<u64>> {
+    // Every part is checked before any table changes (see the module's note).
+    let found = run_meta(&transaction.open_table(RUN_META).map_err(redb_error)?, turn);
+    let (meta, new_run) = match (found, &step.run) {
+        (Ok(meta), _) => (meta, false),
+        // The turn's first step creates its run: checked here, stored below.
+        (Err(error), Some((run_session, _))) if error.is_not_found() => {
+            if !session_exists(transaction, *run_session)? {
+                return Err(StoreError::not_found("session", *run_session));
+            }
+            ((session_key(*run_session), 0, 0), true)
+        }
+        (Err(error), _) => return Err(error),
+    };
+    let session = session_of(meta);
+    if let Some((run_session, _)) = &step.run {
+        rules::check_run_session_id(turn, *run_session, session)?;
+    }
+    let last_seq = match transaction.turns.get(turn) {
+        Some(facts) => facts.last_seq,
+        None => last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?,
+    };
+    rules::check_event_batch(turn, session, last_seq, step.keys.iter().copied())?;
+    check_fence(transaction, session, fence)?;
+    let journal = rules::journal_writes(&step.journal, |call| journal_entry(transaction, turn, call))?
+        .into_iter()
+        .map(|(order, entry)| Ok((order, rules::encode("journal entry", &entry)?, entry)))
+        .collect::<StoreResult<Vec<_>>>()?;
+    let meta = if new_run { insert_run_meta(transaction, turn, session)? } else { meta };
+    if let Some(seq) = step.high_water {
+        let mark = meta.2.max(last_seq).max(seq);
+        if mark != meta.2 {
+            let mut metas = transaction.open_table(RUN_META).map_err(redb_error)?;
+            metas.insert(turn_key(turn), (meta.0, meta.1, mark)).map_err(redb_error)?;
+        }
+    }
+    if !step.messages.is_empty() {
+        insert_messages(transaction, turn, &step.messages)?;
+    }
+    let positions = insert_events(transaction, turn, session, &step.keys, &step.events)?;
+    for (order, body, entry) in journal {
+        match order {
+            Some(order) => {
+                let mut table = transaction.open_table(JOURNAL).map_err(redb_error)?;
+                let key = (turn_key(turn), entry.tool_call_id.as_str());
+                table.insert(key, (order, body.as_slice())).map_err(redb_error)?;
+            }
+            None => insert_journal_entry(transaction, &entry, &body)?,
+        }
+    }
+    if let Some((_, body)) = &step.run {
+        let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
+        runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
+    }
+    if step.release_lease {
+        let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
+        leases.remove(session_key(session)).map_err(redb_error)?;
+    }
+    Ok(positions)
+}
+
+/// The session's newest top-level run.
+fn latest_turn(transaction: &WriteTransaction, session: SessionId) -> StoreResult<Option<TurnId>> {
+    let key = session_key(session);
+    let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+    let runs = transaction.open_table(RUNS).map_err(redb_error)?;
+    for entry in session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?.rev() {
+        let (_, run) = entry.map_err(redb_error)?;
+        let run = run.value();
+        let Some(body) = runs.get(run).map_err(redb_error)? else { continue };
+        if !rules::is_member_run(body.value())? {
+            return Ok(Some(TurnId::from_uuid(uuid::Uuid::from_u128(run))));
+        }
+    }
+    Ok(None)
 }
 
 /// Stores checked, encoded events of a turn under new positions (the changing half of

@@ -9,7 +9,7 @@ use agentry_memory::handoff;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
     Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, TurnStep, UserStore, decode_key, decode_token, rules,
+    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -358,55 +358,121 @@ impl EventStore for SqliteStore {
     }
 
     async fn write_step(&self, turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> StoreResult<Vec<u64>> {
-        let rules::EncodedStep { high_water, messages, events, keys, journal, run, release_lease } =
-            rules::encode_step(turn, step, fence)?;
+        let step = rules::encode_step(turn, step, fence)?;
+        self.write(move |tx| write_step_in(tx, turn, &step, fence)).await
+    }
+
+    async fn start_turn(
+        &self,
+        turn: TurnId,
+        step: &TurnStep,
+        start: &TurnStart,
+    ) -> StoreResult<(Lease, Vec<u64>)> {
+        let session = rules::check_start_shape(turn, step)?.session_id;
+        let step = rules::encode_step(turn, step, None)?;
+        let start = start.clone();
         self.write(move |tx| {
-            // The run's existence, session and fence are checked once for the whole step:
-            // nothing inside it can change them.
-            let key = turn.to_string();
-            let (session, created) = match (run_seq_row(tx, turn, &key), &run) {
-                (Ok((session, _)), _) => (session, false),
-                // The turn's first step creates its run (checking its session and the fence).
-                (Err(error), Some((run_session, body))) if error.is_not_found() => {
-                    put_run_in(tx, turn, *run_session, body, fence)?;
-                    (*run_session, true)
-                }
-                (Err(error), _) => return Err(error),
+            let key = session.to_string();
+            let current = lease_row(tx, &key)?;
+            let facts = rules::StartFacts {
+                session_exists: session_exists(tx, &key)?,
+                lease: current.as_ref(),
+                last_token: as_u64(last_token(tx)?),
+                latest: latest_turn(tx, &key)?,
+                run_exists: run_exists(tx, turn)?,
             };
-            if let Some((run_session, _)) = &run {
-                rules::check_run_session_id(turn, *run_session, session)?;
-            }
-            check_fence(tx, session, fence)?;
-            if let Some(seq) = high_water {
-                // Reads take the larger of the mark and the last stored seq.
-                tx.prepare_cached("UPDATE runs SET high_water = max(high_water, ?2) WHERE id = ?1")
-                    .map_err(sqlite)?
-                    .execute(params![key, as_i64(seq)])
-                    .map_err(sqlite)?;
-            }
-            if !messages.is_empty() {
-                insert_messages(tx, &key, &messages)?;
-            }
-            let positions =
-                if keys.is_empty() { Vec::new() } else { append_events_in(tx, turn, &keys, &events, None)? };
-            if !journal.is_empty() {
-                let writes = rules::journal_writes(&journal, |call| {
-                    Ok(journal_row(tx, &key, call)?.map(|stored| ((), stored)))
-                })?;
-                for (stored, entry) in writes {
-                    write_journal_row(tx, &key, &entry, stored.is_none())?;
-                }
-            }
-            if let Some((_, body)) = run.as_ref().filter(|_| !created) {
-                update_run_body(tx, &key, body)?;
-            }
-            if release_lease {
-                delete_lease(tx, session)?;
-            }
-            Ok(positions)
+            let lease = rules::check_turn_start(turn, session, &start, &facts)?;
+            // The lease is new, so the step needs no fence.
+            let positions = write_step_in(tx, turn, &step, None)?;
+            set_last_token(tx, lease.token)?;
+            put_lease(tx, &lease)?;
+            Ok((lease, positions))
         })
         .await
     }
+}
+
+/// [`EventStore::write_step`] inside a write, its step encoded and checked.
+fn write_step_in(
+    tx: &mut Tx<'_>,
+    turn: TurnId,
+    step: &rules::EncodedStep,
+    fence: Option<Fence>,
+) -> StoreResult<Vec<u64>> {
+    // The run's existence, session and fence are checked once for the whole step:
+    // nothing inside it can change them.
+    let key = turn.to_string();
+    let (session, created) = match (run_seq_row(tx, turn, &key), &step.run) {
+        (Ok((session, _)), _) => (session, false),
+        // The turn's first step creates its run (checking its session and the fence).
+        (Err(error), Some((run_session, body))) if error.is_not_found() => {
+            put_run_in(tx, turn, *run_session, body, fence)?;
+            (*run_session, true)
+        }
+        (Err(error), _) => return Err(error),
+    };
+    if let Some((run_session, _)) = &step.run {
+        rules::check_run_session_id(turn, *run_session, session)?;
+    }
+    check_fence(tx, session, fence)?;
+    if let Some(seq) = step.high_water {
+        // Reads take the larger of the mark and the last stored seq.
+        tx.prepare_cached("UPDATE runs SET high_water = max(high_water, ?2) WHERE id = ?1")
+            .map_err(sqlite)?
+            .execute(params![key, as_i64(seq)])
+            .map_err(sqlite)?;
+    }
+    if !step.messages.is_empty() {
+        insert_messages(tx, &key, &step.messages)?;
+    }
+    let positions = if step.keys.is_empty() {
+        Vec::new()
+    } else {
+        append_events_in(tx, turn, &step.keys, &step.events, None)?
+    };
+    if !step.journal.is_empty() {
+        let writes = rules::journal_writes(&step.journal, |call| {
+            Ok(journal_row(tx, &key, call)?.map(|stored| ((), stored)))
+        })?;
+        for (stored, entry) in writes {
+            write_journal_row(tx, &key, &entry, stored.is_none())?;
+        }
+    }
+    if let Some((_, body)) = step.run.as_ref().filter(|_| !created) {
+        update_run_body(tx, &key, body)?;
+    }
+    if step.release_lease {
+        delete_lease(tx, session)?;
+    }
+    Ok(positions)
+}
+
+/// Whether a run exists.
+fn run_exists(connection: &Connection, turn: TurnId) -> StoreResult<bool> {
+    match run_seq_row(connection, turn, &turn.to_string()) {
+        Ok(_) => Ok(true),
+        Err(error) if error.is_not_found() => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// The session's newest top-level run.
+fn latest_turn(connection: &Connection, session: &str) -> StoreResult<Option<TurnId>> {
+    let mut statement = connection
+        .prepare_cached("SELECT id, body FROM runs WHERE session_id = ?1 ORDER BY run_order DESC")
+        .map_err(sqlite)?;
+    let mut rows = statement.query([session]).map_err(sqlite)?;
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let body: Vec<u8> = row.get(1).map_err(sqlite)?;
+        if !rules::is_member_run(&body)? {
+            let id: String = row.get(0).map_err(sqlite)?;
+            return id
+                .parse()
+                .map(Some)
+                .map_err(|_| StoreError::Corrupt(format!("a stored run id {id:?} does not parse")));
+        }
+    }
+    Ok(None)
 }
 
 /// Removes a session's lease, inside a write.
@@ -951,6 +1017,24 @@ impl BudgetStore for SqliteStore {
     }
 }
 
+/// The last fencing token granted.
+fn last_token(connection: &Connection) -> StoreResult<i64> {
+    connection
+        .prepare_cached("SELECT value FROM meta WHERE key = 'last_token'")
+        .map_err(sqlite)?
+        .query_row([], |row| row.get(0))
+        .map_err(sqlite)
+}
+
+fn set_last_token(connection: &Connection, token: u64) -> StoreResult<()> {
+    connection
+        .prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'last_token'")
+        .map_err(sqlite)?
+        .execute([as_i64(token)])
+        .map_err(sqlite)?;
+    Ok(())
+}
+
 fn put_lease(connection: &Connection, lease: &Lease) -> StoreResult<()> {
     let body = rules::encode("lease", lease)?;
     connection
@@ -976,24 +1060,15 @@ impl LeaseStore for SqliteStore {
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
-            let last: i64 = connection
-                .prepare_cached("SELECT value FROM meta WHERE key = 'last_token'")
-                .map_err(sqlite)?
-                .query_row([], |row| row.get(0))
-                .map_err(sqlite)?;
             let lease = rules::grant_lease(
                 session,
                 lease_row(connection, &key)?.as_ref(),
                 &owner,
                 ttl,
                 now,
-                as_u64(last) + 1,
+                as_u64(last_token(connection)?) + 1,
             )?;
-            connection
-                .prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'last_token'")
-                .map_err(sqlite)?
-                .execute([as_i64(lease.token)])
-                .map_err(sqlite)?;
+            set_last_token(connection, lease.token)?;
             put_lease(connection, &lease)?;
             Ok(lease)
         })

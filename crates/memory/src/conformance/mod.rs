@@ -30,7 +30,7 @@ use crate::error::{Conflict, StoreError};
 use crate::page::{Order, PageRequest};
 use crate::store::{
     FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
-    TurnStep,
+    TurnStart, TurnStep,
 };
 
 /// A fresh store for one case, with whatever must live as long as it (a temporary
@@ -96,6 +96,8 @@ macro_rules! conformance_tests {
             turn_step_refused_in_any_part_stores_none_of_it,
             turn_step_journals_calls_as_the_journal_does,
             turn_step_creates_its_run_with_its_first_events,
+            turn_start_takes_the_lease_and_stores_the_turn_in_one_write,
+            turn_start_refused_for_any_reason_changes_nothing,
             concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
             history_returns_the_last_runs_messages_oldest_first,
             history_filters_roles_statuses_agents_teams_and_replayed_messages,
@@ -730,6 +732,121 @@ pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Stor
     store.write_step(run.id, &next, Some(lease.fence())).await.unwrap();
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1, 2]);
     assert_eq!(store.get_run(run.id).await.unwrap(), run, "a step without a record keeps it");
+}
+
+/// A turn's first step with the turn's start (`start_turn`).
+fn first_step(run: &RunRecord) -> TurnStep {
+    TurnStep {
+        high_water: Some(64),
+        messages: vec![Message::user("hello")],
+        events: vec![Arc::new(event(run, 1))],
+        journal: Vec::new(),
+        run: Some(run.clone()),
+        release_lease: false,
+    }
+}
+
+/// What a turn's start asks for.
+fn turn_start(owner: &str, seconds: i64, previous: Option<TurnId>) -> TurnStart {
+    TurnStart { owner: owner.into(), ttl: Duration::from_secs(30), now: at(seconds), previous }
+}
+
+/// `start_turn` grants the session's lease and stores the new turn with its first step in
+/// one write; the lease fences the turn's later writes, a lease expired by then is taken
+/// over, and the next turn starts on the latest one (member runs are not turns).
+pub async fn turn_start_takes_the_lease_and_stores_the_turn_in_one_write(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let other = new_session(&*store).await;
+    let earlier = store.acquire_lease(other.id, "q", Duration::from_secs(5), at(0)).await.unwrap();
+    let run = run_in(session.id);
+    let (lease, positions) =
+        store.start_turn(run.id, &first_step(&run), &turn_start("p", 0, None)).await.unwrap();
+    assert_eq!((lease.session_id, lease.owner.as_str(), lease.expires_at), (session.id, "p", at(30)));
+    assert!(lease.token > earlier.token, "{} after {}", lease.token, earlier.token);
+    assert_eq!(store.lease(session.id).await.unwrap(), Some(lease.clone()));
+    assert_eq!(store.get_run(run.id).await.unwrap(), run);
+    let stored = store.turn_events(run.id, Order::Asc, None, 10).await.unwrap();
+    assert_eq!(seqs(&stored), [1]);
+    assert_eq!(stored.iter().map(|event| event.position).collect::<Vec<_>>(), positions);
+    assert_eq!(run_messages(&*store, session.id, run.id).await, ["hello"]);
+    assert_eq!(store.high_water(run.id).await.unwrap(), 64);
+    // The lease fences the turn's writes, and its last step gives it back.
+    let member = RunRecord { parent_run_id: Some(run.id), ..run_in(session.id) };
+    store.put_run(&member, Some(lease.fence())).await.unwrap();
+    let last =
+        TurnStep { events: vec![Arc::new(event(&run, 2))], release_lease: true, ..TurnStep::default() };
+    store.write_step(run.id, &last, Some(lease.fence())).await.unwrap();
+    assert_eq!(store.lease(session.id).await.unwrap(), None);
+    // The next turn follows the latest turn, not the newer member run; it takes over a
+    // lease expired by then.
+    let dead = store.acquire_lease(session.id, "dead", Duration::from_secs(5), at(40)).await.unwrap();
+    let next = run_in(session.id);
+    let (taken, _) =
+        store.start_turn(next.id, &first_step(&next), &turn_start("p", 46, Some(run.id))).await.unwrap();
+    assert!(taken.token > dead.token);
+    assert_eq!(taken.expires_at, at(76));
+    let stale = store.put_run(&next, Some(dead.fence())).await;
+    assert!(matches!(stale, Err(StoreError::Conflict(Conflict::StaleFence { .. }))), "{stale:?}");
+    let query = RunQuery { order: Order::Desc, parent: ParentFilter::Any, ..RunQuery::default() };
+    let runs = store.list_runs(session.id, &query, &PageRequest::first(5)).await.unwrap().items;
+    assert_eq!(runs.iter().map(|run| run.id).collect::<Vec<_>>(), [next.id, member.id, run.id]);
+}
+
+/// `start_turn` refused for any reason (a live lease, another latest turn, an existing run,
+/// an unknown session, a malformed step or owner, a refused part of the step) stores
+/// nothing and takes no lease.
+pub async fn turn_start_refused_for_any_reason_changes_nothing(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let older = run_in(session.id);
+    let (lease, _) =
+        store.start_turn(older.id, &first_step(&older), &turn_start("p", 0, None)).await.unwrap();
+    let release = TurnStep { release_lease: true, ..TurnStep::default() };
+    store.write_step(older.id, &release, Some(lease.fence())).await.unwrap();
+    let latest = run_in(session.id);
+    let (lease, _) =
+        store.start_turn(latest.id, &first_step(&latest), &turn_start("p", 1, Some(older.id))).await.unwrap();
+    let run = run_in(session.id);
+    let step = first_step(&run);
+    // Leased while the latest turn runs.
+    let error = store.start_turn(run.id, &step, &turn_start("q", 2, Some(latest.id))).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::LeaseHeld { .. })), "{error:?}");
+    store.write_step(latest.id, &release, Some(lease.fence())).await.unwrap();
+    // Not the latest turn.
+    for previous in [None, Some(older.id), Some(run.id)] {
+        let error = store.start_turn(run.id, &step, &turn_start("q", 3, previous)).await.unwrap_err();
+        let StoreError::Conflict(Conflict::LatestTurnChanged { session_id, expected, latest: found }) = error
+        else {
+            panic!("expected LatestTurnChanged, got {error:?}");
+        };
+        assert_eq!((session_id, expected, found), (session.id, previous, Some(latest.id)));
+    }
+    // The run exists.
+    let again = first_step(&latest);
+    let error = store.start_turn(latest.id, &again, &turn_start("q", 3, Some(latest.id))).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
+    // An unknown session.
+    let stranger = run_in(SessionId::new());
+    assert_not_found(store.start_turn(stranger.id, &first_step(&stranger), &turn_start("q", 3, None)).await);
+    // Malformed: no record, a member run's record, a release, an empty owner.
+    let start = turn_start("q", 3, Some(latest.id));
+    assert_invalid(store.start_turn(run.id, &TurnStep { run: None, ..step.clone() }, &start).await);
+    let member = RunRecord { parent_run_id: Some(latest.id), ..run.clone() };
+    assert_invalid(store.start_turn(run.id, &first_step(&member), &start).await);
+    assert_invalid(store.start_turn(run.id, &TurnStep { release_lease: true, ..step.clone() }, &start).await);
+    assert_invalid(store.start_turn(run.id, &step, &turn_start("", 3, Some(latest.id))).await);
+    // A part of the step refused: events out of order.
+    let disordered =
+        TurnStep { events: vec![Arc::new(event(&run, 2)), Arc::new(event(&run, 1))], ..step.clone() };
+    let error = store.start_turn(run.id, &disordered, &start).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleSeq { .. })), "{error:?}");
+    // Nothing of it is stored, and the session is free.
+    assert_not_found(store.get_run(run.id).await);
+    assert_eq!(store.lease(session.id).await.unwrap(), None);
+    let query = RunQuery { order: Order::Desc, parent: ParentFilter::Any, ..RunQuery::default() };
+    let runs = store.list_runs(session.id, &query, &PageRequest::first(5)).await.unwrap().items;
+    assert_eq!(runs.iter().map(|run| run.id).collect::<Vec<_>>(), [latest.id, older.id]);
+    assert_eq!(store.turn_events(latest.id, Order::Asc, None, 10).await.unwrap().len(), 1);
+    store.start_turn(run.id, &step, &start).await.unwrap();
 }
 
 /// A step refused for any of its parts (a stale seq, another run's record, a stale fence,

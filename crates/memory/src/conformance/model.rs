@@ -19,7 +19,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use super::{Harness, event};
 use crate::error::StoreError;
 use crate::page::{Order, PageRequest};
-use crate::store::{FeedQuery, RunQuery, SessionQuery, Store, TurnStep};
+use crate::store::{FeedQuery, RunQuery, SessionQuery, Store, TurnStart, TurnStep};
 
 const SESSIONS: u8 = 3;
 const RUNS: u8 = 6;
@@ -96,6 +96,20 @@ pub enum Op {
     },
     /// Release a session's lease with the model's current token.
     Release(u8),
+    /// Start the run of a slot as a new turn of a session (`start_turn`), with its first
+    /// event, taking the session's lease at a time (in seconds).
+    StartTurn {
+        /// The session slot.
+        session: u8,
+        /// The run slot.
+        run: u8,
+        /// The owner number.
+        owner: u8,
+        /// The time.
+        now: u8,
+        /// The run slot of the latest turn the start expects.
+        previous: Option<u8>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -113,6 +127,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..RUNS, 0u8..20).prop_map(|(run, raise)| Op::HighWater { run, raise }),
         2 => (0..SESSIONS, 0u8..3, 0u8..40).prop_map(|(session, owner, now)| Op::Acquire { session, owner, now }),
         1 => (0..SESSIONS).prop_map(Op::Release),
+        3 => (0..SESSIONS, 0..RUNS, 0u8..3, 0u8..40, proptest::option::of(0..RUNS))
+            .prop_map(|(session, run, owner, now, previous)| Op::StartTurn { session, run, owner, now, previous }),
     ]
 }
 
@@ -404,6 +420,43 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(lease, None);
+        }
+        Op::StartTurn { session, run, owner, now, previous } => {
+            let now_s = i64::from(now);
+            let record = model.run_record(run, session, false);
+            let step = TurnStep {
+                events: vec![Arc::new(event(&record, 1))],
+                run: Some(record.clone()),
+                ..TurnStep::default()
+            };
+            let start = TurnStart {
+                owner: format!("owner{owner}").into(),
+                ttl: Duration::from_secs(10),
+                now: at(now_s),
+                previous: previous.map(|slot| model.run_ids[slot as usize]),
+            };
+            let result = store.start_turn(record.id, &step, &start).await;
+            let latest = model.run_order.get(&session).and_then(|runs| runs.last().copied());
+            let expected = if !model.sessions.contains_key(&session) {
+                Outcome::NotFound
+            } else if model.leases.get(&session).is_some_and(|(_, _, expires)| *expires > now_s)
+                || latest != previous
+                || model.runs.contains_key(&run)
+            {
+                Outcome::Conflict
+            } else {
+                Outcome::Ok
+            };
+            prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if let Ok((lease, positions)) = result {
+                prop_assert!(lease.token > model.last_token, "tokens increase");
+                prop_assert_eq!(positions.len(), 1);
+                model.last_token = lease.token;
+                model.leases.insert(session, (owner, lease.token, now_s + 10));
+                model.runs.insert(run, ModelRun { session, seqs: vec![1], high_water: 1 });
+                model.run_order.entry(session).or_default().push(run);
+                model.feed.push((run, 1));
+            }
         }
     }
     Ok(())

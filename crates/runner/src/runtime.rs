@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, TurnEmitter, TurnSequencer};
 use agentry_memory::{
-    Conflict, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store, StoreError,
+    Conflict, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store, StoreError, TurnStart,
 };
 use agentry_types::{
     CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
@@ -348,17 +348,61 @@ impl Runtime {
         if let std::task::Poll::Ready(taken) = futures_util::poll!(taking.as_mut()) {
             return taken;
         }
-        let (reply, answer) = tokio::sync::oneshot::channel();
+        let (reply, receiver) = tokio::sync::oneshot::channel();
         let store = self.inner.store.clone();
         tokio::spawn(async move {
             if let Err(Ok(lease)) = reply.send(taking.await) {
                 // Nobody waits for it any more.
-                if let Err(error) = store.release_lease(session, lease.token).await {
-                    tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
-                }
+                give_back(&store, lease).await;
             }
         });
-        answer.await.map_err(|_| StoreError::Closed)?
+        let mut answer = LeaseAnswer { receiver, store: Some(self.inner.store.clone()) };
+        let taken = (&mut answer.receiver).await;
+        answer.store = None;
+        taken.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Starts a new turn with one write, which takes the session's lease and stores the
+    /// turn's first step (see [`EventStore::start_turn`]), then its engine. A write that
+    /// does not finish at once finishes on a task of its own, which starts the turn even if
+    /// the caller went away meanwhile, as the caller would have.
+    ///
+    /// [`EventStore::start_turn`]: agentry_memory::EventStore::start_turn
+    async fn start_turn(
+        &self,
+        agent: Agent,
+        run: RunRecord,
+        previous: Option<RunRecord>,
+    ) -> Result<TurnHandle, StoreError> {
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
+        let (step, created) = first_step(&run, &mut emitter);
+        let high_water = step.high_water.unwrap_or_default();
+        let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
+        let start = TurnStart {
+            owner: self.inner.owner.clone(),
+            ttl: self.inner.options.lease_ttl,
+            now: Timestamp::now(),
+            previous: previous.as_ref().map(|run| run.id),
+        };
+        let pending = PendingStart { agent, run, emitter, high_water, previous, created };
+        let store = self.inner.store.clone();
+        let turn = handle.id();
+        let mut writing = Box::pin(async move { store.start_turn(turn, &step, &start).await });
+        if let std::task::Poll::Ready(written) = futures_util::poll!(writing.as_mut()) {
+            let (lease, _) = written?;
+            self.start_new(lease, pending);
+            return Ok(handle);
+        }
+        // The task, not the caller, starts the engine: whether the caller is still there
+        // to hear of it does not matter.
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let runtime = self.clone();
+        tokio::spawn(async move {
+            let started = writing.await.map(|(lease, _)| runtime.start_new(lease, pending));
+            let _ = reply.send(started);
+        });
+        answer.await.map_err(|_| StoreError::Closed)??;
+        Ok(handle)
     }
 
     /// Starts a new turn whose first step is stored (see [`Session::create_turn`]).
@@ -571,6 +615,22 @@ impl Session {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
         }
         let agent = runtime.require_agent(&session.name)?;
+        // A turn usually starts with one write: it is built on the latest turn as read, and
+        // the store takes the lease and stores the turn's first step together, refusing
+        // the start if another turn was started meanwhile. A latest turn left running by a
+        // dead process must be ended under the lease first, and a start that lost such a
+        // race is prepared again under it.
+        let previous = self.previous_turn(&request).await?;
+        if previous.as_ref().is_none_or(|run| run.state.is_terminal()) {
+            let run = self.new_run(&request, previous.as_ref())?;
+            match runtime.start_turn(agent.clone(), run, previous).await {
+                Err(StoreError::Conflict(Conflict::LatestTurnChanged { .. })) => {}
+                Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
+                    return Err(RunnerError::TurnRunning { session_id: session.id });
+                }
+                started => return Ok(started?),
+            }
+        }
         // A caller that drops this future (an HTTP client that disconnects) must neither
         // leave the session's lease held nor a stored turn that never runs: the lease is
         // taken by a call that finishes even if this future does not, and a guard hands
@@ -588,7 +648,7 @@ impl Session {
             token: lease.token,
             pending: None,
         };
-        let prepared = match self.prepare_turn(&request, &lease).await {
+        let prepared = match self.prepare_leased(&request, &lease).await {
             Ok(prepared) => prepared,
             Err(error) => {
                 guard.disarm();
@@ -617,18 +677,14 @@ impl Session {
         Ok(handle)
     }
 
-    /// Under the lease: resolves the previous turn, checks the input against it, builds the
-    /// new turn (stored with its first event by the caller).
-    async fn prepare_turn(
-        &self,
-        request: &TurnRequest,
-        lease: &Lease,
-    ) -> RuntimeResult<(RunRecord, Option<RunRecord>)> {
+    /// The turn a new turn chains on: the session's latest, or the one the request names,
+    /// which must be the latest.
+    async fn previous_turn(&self, request: &TurnRequest) -> RuntimeResult<Option<RunRecord>> {
         let store = &self.runtime.inner.store;
-        let previous = match request.previous_turn_id {
+        let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
+        match request.previous_turn_id {
             PreviousTurn::Auto => {
-                let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
-                store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items.into_iter().next()
+                Ok(store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items.into_iter().next())
             }
             PreviousTurn::Turn(id) => {
                 let run = store.get_run(id).await?;
@@ -637,16 +693,40 @@ impl Session {
                 }
                 // Turns chain in a line: only the latest can be continued, so no pending call
                 // is answered twice.
-                let query = RunQuery { order: Order::Desc, ..RunQuery::default() };
                 let latest = store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items;
                 if latest.first().is_some_and(|latest| latest.id != id) {
                     return Err(RunnerError::InvalidInput(format!(
                         "turn {id} is not the session's latest turn; a new turn chains on the latest"
                     )));
                 }
-                Some(run)
+                Ok(Some(run))
             }
-        };
+        }
+    }
+
+    /// Builds a new turn on `previous` (finished, if any), checking the input against it.
+    fn new_run(&self, request: &TurnRequest, previous: Option<&RunRecord>) -> RuntimeResult<RunRecord> {
+        check_against_previous(&request.input, previous)?;
+        let created_by =
+            request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
+        let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
+        run.previous_turn_id = previous.map(|run| run.id);
+        if self.record.session_type == SessionType::Team {
+            run.team_id = Some(self.record.name.clone());
+        } else {
+            run.agent_id = Some(self.record.name.clone());
+        }
+        Ok(run)
+    }
+
+    /// Under the lease: resolves the previous turn (ending one left running), checks the
+    /// input against it, builds the new turn (stored with its first event by the caller).
+    async fn prepare_leased(
+        &self,
+        request: &TurnRequest,
+        lease: &Lease,
+    ) -> RuntimeResult<(RunRecord, Option<RunRecord>)> {
+        let previous = self.previous_turn(request).await?;
         if let Some(previous) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
             // Left running by a process that died before recovery ran: it cannot be
             // resumed once a new turn chains on it, so it is ended as abandoned.
@@ -656,18 +736,9 @@ impl Session {
                 completed_at: Timestamp::now(),
                 metrics: None,
             });
-            store.put_run(&abandoned, Some(lease.fence())).await?;
+            self.runtime.inner.store.put_run(&abandoned, Some(lease.fence())).await?;
         }
-        check_against_previous(&request.input, previous.as_ref().filter(|run| run.state.is_terminal()))?;
-        let created_by =
-            request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
-        let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
-        run.previous_turn_id = previous.as_ref().map(|run| run.id);
-        if self.record.session_type == SessionType::Team {
-            run.team_id = Some(self.record.name.clone());
-        } else {
-            run.agent_id = Some(self.record.name.clone());
-        }
+        let run = self.new_run(request, previous.as_ref().filter(|run| run.state.is_terminal()))?;
         Ok((run, previous))
     }
 
@@ -732,6 +803,35 @@ impl Session {
             turn.wait_done().await;
         }
         Ok(())
+    }
+}
+
+/// Gives back the lease of a turn start whose caller went away.
+async fn give_back(store: &Arc<dyn Store>, lease: Lease) {
+    let session = lease.session_id;
+    if let Err(error) = store.release_lease(session, lease.token).await {
+        tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
+    }
+}
+
+/// The caller's end of [`Runtime::take_lease`] finishing on a task: dropped before it took
+/// the answer, it gives back a lease sent meanwhile (a send that comes after the drop fails,
+/// and the task gives the lease back itself).
+struct LeaseAnswer {
+    receiver: tokio::sync::oneshot::Receiver<Result<Lease, StoreError>>,
+    /// `None` once the answer was taken.
+    store: Option<Arc<dyn Store>>,
+}
+
+impl Drop for LeaseAnswer {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else { return };
+        self.receiver.close();
+        if let Ok(Ok(lease)) = self.receiver.try_recv()
+            && let Ok(tokio) = tokio::runtime::Handle::try_current()
+        {
+            tokio.spawn(async move { give_back(&store, lease).await });
+        }
     }
 }
 

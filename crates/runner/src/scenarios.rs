@@ -1115,22 +1115,15 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
 /// leaves the session free for the next turn, and a turn whose first step was stored runs
 /// to its end. The future is dropped after 1, 2, … 256 polls, so the drop lands at each of
 /// its waits on the store (on the in-memory store it finishes on its first poll), each
-/// time over an expired lease a dead process left.
+/// time over an expired lease a dead process left, and every other time over a turn it
+/// left running too (which the start ends under the lease before it chains on it).
 pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end(harness: Harness) {
     let model = Arc::new(ScriptedModel::new((0..80).map(|_| ScriptedResponse::text("done")).collect()));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
     let session = session_for(&runtime, "quick").await;
     let drop_points = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256];
-    for polls in drop_points {
-        // The lease a dead process left, expired: the start takes it over.
-        let past = agentry_types::Timestamp::from_unix_micros(
-            agentry_types::Timestamp::now().unix_micros() - 60_000_000,
-        );
-        harness
-            .store
-            .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
-            .await
-            .unwrap();
+    for (index, polls) in drop_points.into_iter().enumerate() {
+        let left_running = leave_a_dead_process(&harness, &session, index % 2 == 1).await;
         let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("dropped {polls}"))));
         for _ in 0..polls {
             if futures_util::poll!(creating.as_mut()).is_ready() {
@@ -1145,8 +1138,10 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
                 match session.create_turn(TurnRequest::message(format!("after {polls}"))).await {
                     Ok(turn) => return turn,
                     Err(RunnerError::TurnRunning { .. }) => {
+                        // No engine runs the turn the dead process left: only a new
+                        // start ends it.
                         let running = session.list_turns(Order::Desc, &PageRequest::first(1)).await.unwrap();
-                        for turn in running.items {
+                        for turn in running.items.iter().filter(|turn| Some(turn.id()) != left_running) {
                             turn.wait().await.unwrap();
                         }
                         tokio::task::yield_now().await;
@@ -1161,14 +1156,27 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
         });
         assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
     }
-    // Dropped the moment its first step is stored, before it hears so: the turn runs.
-    for round in 0..5 {
-        let stored = |page: agentry_memory::Page<TurnHandle>| page.items.len();
-        let before = stored(session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap());
+    // Dropped the moment its first step is stored, before it hears so: the turn runs. Each
+    // time the call waits, the turns are watched for a while without polling the call: once
+    // its first step is on its way to the store, the step is seen stored before the call can
+    // hear so. Half the rounds start over a turn the dead process left running.
+    let (mut waited, mut in_window) = (0, [0, 0]);
+    for round in 0..8 {
+        let over_a_running_turn = round % 2 == 1;
+        leave_a_dead_process(&harness, &session, over_a_running_turn).await;
+        let stored =
+            || async { session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items.len() };
+        let before = stored().await;
         let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("stored {round}"))));
         while futures_util::poll!(creating.as_mut()).is_pending() {
-            let now = stored(session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap());
-            if now > before {
+            waited += 1;
+            let watching = async {
+                while stored().await == before {
+                    tokio::task::yield_now().await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_millis(100), watching).await.is_ok() {
+                in_window[usize::from(over_a_running_turn)] += 1;
                 break;
             }
         }
@@ -1177,16 +1185,53 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
         let state = tokio::time::timeout(Duration::from_secs(10), latest[0].wait()).await.unwrap().unwrap();
         assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
     }
-    // No turn is left running, and every stored turn's log ends with its `turn.done`.
+    // A store that answers at once (in memory) has no such moment.
+    if waited > 0 {
+        assert!(in_window.iter().all(|rounds| *rounds > 0), "calls dropped once stored: {in_window:?}");
+    }
+    // No turn is left running, and every stored turn's log ends with its `turn.done`, but
+    // for those the dead process left, which were ended as abandoned.
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items;
     assert!(turns.len() >= drop_points.len(), "{} turns", turns.len());
+    let mut abandoned = 0;
     for turn in &turns {
         let state = turn.wait().await.unwrap();
+        if matches!(state, TurnState::Cancelled { reason: CancellationReason::Abandoned, .. }) {
+            abandoned += 1;
+            continue;
+        }
         assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
         let events = turn.events(Order::Asc).await.unwrap();
         assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
     }
+    assert_eq!(abandoned, drop_points.len() / 2 + 4, "each turn the dead process left is ended once");
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
+}
+
+/// Leaves what a dead process left behind: its expired lease on the session and, with
+/// `with_running_turn`, a turn it left running on the latest one (returned).
+async fn leave_a_dead_process(
+    harness: &Harness,
+    session: &Session,
+    with_running_turn: bool,
+) -> Option<agentry_types::TurnId> {
+    let past = agentry_types::Timestamp::from_unix_micros(
+        agentry_types::Timestamp::now().unix_micros() - 60_000_000,
+    );
+    let dead = harness
+        .store
+        .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
+        .await
+        .unwrap();
+    if !with_running_turn {
+        return None;
+    }
+    let latest = session.list_turns(Order::Desc, &PageRequest::first(1)).await.unwrap().items;
+    let input = vec![TurnInputItem::message("left running")];
+    let mut left = agentry_types::RunRecord::new(session.id(), input, agentry_types::Subject::user("dead"));
+    left.previous_turn_id = latest.first().map(TurnHandle::id);
+    harness.store.put_run(&left, Some(dead.fence())).await.unwrap();
+    Some(left.id)
 }
 
 /// The seqs of a turn's live stream, and that they run from 1 without a gap.

@@ -47,11 +47,11 @@ pub enum Conflict {
         current: Option<u64>,
     },
     /// A turn was started on a session whose latest turn is not the one the start expected
-    /// (another turn was started meanwhile; see [`EventStore::start_turn`]).
+    /// (another turn was stored meanwhile; see [`EventStore::start_turn`]).
     ///
     /// [`EventStore::start_turn`]: crate::EventStore::start_turn
     #[error(
-        "the latest turn of session {session_id} changed since it was read: a turn was started meanwhile"
+        "the latest turn of session {session_id} changed since it was read: another turn was stored meanwhile"
     )]
     LatestTurnChanged {
         /// The session.

@@ -388,10 +388,9 @@ impl EventStore for InMemoryStore {
             session_exists: state.sessions.contains_key(&session),
             lease: state.leases.get(&session),
             last_token: state.last_token,
-            latest: state.latest_turn(session),
             run_exists: state.runs.contains_key(&turn),
         };
-        let lease = rules::check_turn_start(turn, session, start, &facts)?;
+        let lease = rules::check_turn_start(turn, session, start, &facts, || Ok(state.latest_turn(session)))?;
         // The lease is new, so no fence is needed; the step checks everything before it
         // changes anything, and nothing below can fail.
         let positions = state.write_step(turn, step, None)?;

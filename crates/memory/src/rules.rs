@@ -382,30 +382,32 @@ pub struct StartFacts<'a> {
     pub lease: Option<&'a Lease>,
     /// The last fencing token granted.
     pub last_token: u64,
-    /// The session's newest top-level run.
-    pub latest: Option<TurnId>,
     /// Whether the run to start exists.
     pub run_exists: bool,
 }
 
 /// The checks of [`EventStore::start_turn`](crate::EventStore::start_turn) against the
-/// stored state, in their order; returns the lease to grant.
+/// stored state, in their order; returns the lease to grant. `latest_turn` reads the
+/// session's newest top-level run, only once the lease can be granted.
 ///
 /// # Errors
 /// `NotFound` for an unknown session, `InvalidInput` for an empty owner,
-/// `Conflict::LeaseHeld`, `Conflict::LatestTurnChanged`, `Conflict::AlreadyExists`.
+/// `Conflict::LeaseHeld`, `Conflict::LatestTurnChanged`, `Conflict::AlreadyExists`, and
+/// `latest_turn`'s error.
 pub fn check_turn_start(
     turn: TurnId,
     session: SessionId,
     start: &TurnStart,
     facts: &StartFacts<'_>,
+    latest_turn: impl FnOnce() -> StoreResult<Option<TurnId>>,
 ) -> StoreResult<Lease> {
     if !facts.session_exists {
         return Err(StoreError::not_found("session", session));
     }
     let lease = grant_lease(session, facts.lease, &start.owner, start.ttl, start.now, facts.last_token + 1)?;
-    if start.previous != facts.latest {
-        let (expected, latest) = (start.previous, facts.latest);
+    let latest = latest_turn()?;
+    if start.previous != latest {
+        let expected = start.previous;
         return Err(Conflict::LatestTurnChanged { session_id: session, expected, latest }.into());
     }
     if facts.run_exists {
@@ -415,7 +417,7 @@ pub fn check_turn_start(
 }
 
 /// Whether an encoded run record is a member run's (it has a parent), read without
-/// decoding the rest of the record.
+/// building the rest of the record (it is still parsed through).
 ///
 /// # Errors
 /// `Corrupt` when the record does not parse.

@@ -620,9 +620,17 @@ impl Session {
         // the start if another turn was started meanwhile. A latest turn left running by a
         // dead process must be ended under the lease first, and a start that lost such a
         // race is prepared again under it.
-        let previous = self.previous_turn(&request).await?;
-        if previous.as_ref().is_none_or(|run| run.state.is_terminal()) {
-            let run = self.new_run(&request, previous.as_ref())?;
+        // A request that does not fit the latest turn as read is checked again under the
+        // lease, where a running turn wins (`TurnRunning`, which a caller may retry).
+        let prepared = async {
+            let previous = self.previous_turn(&request).await?;
+            if previous.as_ref().is_some_and(|run| !run.state.is_terminal()) {
+                return Ok(None);
+            }
+            let run = self.new_run(&request, previous.as_ref(), previous.as_ref().map(|run| run.id))?;
+            Ok::<_, RunnerError>(Some((run, previous)))
+        };
+        if let Ok(Some((run, previous))) = prepared.await {
             match runtime.start_turn(agent.clone(), run, previous).await {
                 Err(StoreError::Conflict(Conflict::LatestTurnChanged { .. })) => {}
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
@@ -704,13 +712,19 @@ impl Session {
         }
     }
 
-    /// Builds a new turn on `previous` (finished, if any), checking the input against it.
-    fn new_run(&self, request: &TurnRequest, previous: Option<&RunRecord>) -> RuntimeResult<RunRecord> {
-        check_against_previous(&request.input, previous)?;
+    /// Builds a new turn chained on `chained_on`, checking the input against `finished`
+    /// (the turn it chains on when that turn finished; `None` for one ended as abandoned).
+    fn new_run(
+        &self,
+        request: &TurnRequest,
+        finished: Option<&RunRecord>,
+        chained_on: Option<TurnId>,
+    ) -> RuntimeResult<RunRecord> {
+        check_against_previous(&request.input, finished)?;
         let created_by =
             request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
         let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
-        run.previous_turn_id = previous.map(|run| run.id);
+        run.previous_turn_id = chained_on;
         if self.record.session_type == SessionType::Team {
             run.team_id = Some(self.record.name.clone());
         } else {
@@ -738,7 +752,8 @@ impl Session {
             });
             self.runtime.inner.store.put_run(&abandoned, Some(lease.fence())).await?;
         }
-        let run = self.new_run(request, previous.as_ref().filter(|run| run.state.is_terminal()))?;
+        let finished = previous.as_ref().filter(|run| run.state.is_terminal());
+        let run = self.new_run(request, finished, previous.as_ref().map(|run| run.id))?;
         Ok((run, previous))
     }
 

@@ -397,6 +397,20 @@ pub async fn of_fifty_concurrent_turns_on_one_session_exactly_one_runs(harness: 
     }
     assert_eq!(started.len(), 1);
     assert_eq!(refused, 49);
+    // While it runs, a request that would not fit the turn it names is refused as running
+    // too (a caller may retry that), and stores nothing either.
+    let unknown = TurnRequest {
+        previous_turn_id: crate::PreviousTurn::Turn(agentry_types::TurnId::new()),
+        ..TurnRequest::message("late")
+    };
+    let answer = TurnRequest {
+        previous_turn_id: crate::PreviousTurn::Turn(started[0].id()),
+        ..TurnRequest::input(vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "no_such_call")])
+    };
+    for request in [unknown, answer] {
+        let result = session.create_turn(request).await;
+        assert!(matches!(result, Err(RunnerError::TurnRunning { .. })), "{result:?}");
+    }
     gate.add_permits(1);
     started[0].wait().await.unwrap();
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap();
@@ -1190,9 +1204,13 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
         assert!(in_window.iter().all(|rounds| *rounds > 0), "calls dropped once stored: {in_window:?}");
     }
     // No turn is left running, and every stored turn's log ends with its `turn.done`, but
-    // for those the dead process left, which were ended as abandoned.
+    // for those the dead process left, which were ended as abandoned; the turns chain in a
+    // line, through the abandoned ones.
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items;
     assert!(turns.len() >= drop_points.len(), "{} turns", turns.len());
+    for pair in turns.windows(2) {
+        assert_eq!(pair[1].previous_turn_id(), Some(pair[0].id()), "{:?}", pair[1].record());
+    }
     let mut abandoned = 0;
     for turn in &turns {
         let state = turn.wait().await.unwrap();

@@ -585,10 +585,10 @@ impl EventStore for RedbStore {
                 session_exists: session_exists(transaction, session)?,
                 lease: current.as_ref(),
                 last_token: counter(transaction, "last_token")?,
-                latest: latest_turn(transaction, session)?,
                 run_exists,
             };
-            let lease = rules::check_turn_start(turn, session, &start, &facts)?;
+            let lease =
+                rules::check_turn_start(turn, session, &start, &facts, || latest_turn(transaction, session))?;
             let body = rules::encode("lease", &lease)?;
             // The lease is new, so the step needs no fence; it checks before it changes.
             let positions = write_step_in(transaction, turn, &step, None)?;

@@ -378,10 +378,9 @@ impl EventStore for SqliteStore {
                 session_exists: session_exists(tx, &key)?,
                 lease: current.as_ref(),
                 last_token: as_u64(last_token(tx)?),
-                latest: latest_turn(tx, &key)?,
                 run_exists: run_exists(tx, turn)?,
             };
-            let lease = rules::check_turn_start(turn, session, &start, &facts)?;
+            let lease = rules::check_turn_start(turn, session, &start, &facts, || latest_turn(tx, &key))?;
             // The lease is new, so the step needs no fence.
             let positions = write_step_in(tx, turn, &step, None)?;
             set_last_token(tx, lease.token)?;

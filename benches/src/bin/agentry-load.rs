@@ -43,7 +43,8 @@ async fn client(address: std::net::SocketAddr, turns: usize) -> Result<Vec<Durat
         let started = Instant::now();
         let mut response = http::send(address, "POST", &path, Some(request)).await?;
         if response.status != 200 {
-            bail!("turn refused with {}", response.status);
+            let status = response.status;
+            bail!("turn refused with {status}: {}", response.text().await.unwrap_or_default());
         }
         let mut first = None;
         while let Some(data) = response.next_data().await? {

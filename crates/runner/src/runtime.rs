@@ -287,8 +287,15 @@ impl Runtime {
         run: RunRecord,
     ) -> RuntimeResult<Option<TurnHandle>> {
         let store = &self.inner.store;
+        // A turn this runtime runs is not abandoned, whatever its lease says.
+        if self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id) {
+            return Ok(None);
+        }
+        // Only a holder that died leaves an expired lease behind: a session without a lease
+        // has no abandoned turn (a turn ends with its lease's release; this one ended after
+        // the listing), and a live lease has a live holder.
         let now = Timestamp::now();
-        if store.lease(session.id).await?.is_some_and(|lease| !lease.is_expired(now)) {
+        if !store.lease(session.id).await?.is_some_and(|lease| lease.is_expired(now)) {
             return Ok(None);
         }
         let lease =
@@ -298,6 +305,15 @@ impl Runtime {
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
                 Err(error) => return Err(error.into()),
             };
+        // The listing may be older than the lease: a turn that ended meanwhile is left as it
+        // is. Under the lease it cannot end any more.
+        let run = match store.get_run(run.id).await {
+            Ok(run) if run.status == RunStatus::Running => run,
+            current => {
+                let _released = store.release_lease(session.id, lease.token).await;
+                return current.map(|_| None).map_err(Into::into);
+            }
+        };
         let Some(agent) = self.agent(&session.name) else {
             let mut run = run;
             run.set_state(TurnState::Error {

@@ -1226,6 +1226,50 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
+/// Scenario: recovery passes running beside live turns leave them alone; a turn that ends
+/// between a pass's listing of running turns and its lease request is not resumed (and
+/// ended a second time).
+pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new((0..100).map(|_| ScriptedResponse::text("done")).collect()));
+    let runtime = runtime(&harness, Agent::builder("quick", model).build());
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        sessions.push(session_for(&runtime, "quick").await);
+    }
+    let conversations = futures_util::future::join_all(sessions.iter().map(|session| async move {
+        for turn in 0..10 {
+            let started = session.create_turn(TurnRequest::message(format!("turn {turn}"))).await;
+            started.unwrap().wait().await.unwrap();
+        }
+    }));
+    let recovering = async {
+        loop {
+            let resumed = runtime.recover().await.unwrap();
+            assert!(
+                resumed.is_empty(),
+                "a pass resumed live turns: {:?}",
+                resumed.iter().map(TurnHandle::id)
+            );
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::select! {
+        _ = conversations => {}
+        () = recovering => {}
+    }
+    for session in &sessions {
+        let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items;
+        assert_eq!(turns.len(), 10);
+        for turn in &turns {
+            assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("done"));
+            let events = turn.events(Order::Asc).await.unwrap();
+            let ends = events.iter().filter(|event| event.payload.kind() == "turn.done").count();
+            assert_eq!(ends, 1, "turn {} ended {ends} times", turn.id());
+        }
+        assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
+    }
+}
+
 /// Leaves what a dead process left behind: its expired lease on the session and, with
 /// `with_running_turn`, a turn it left running on the latest one (returned).
 async fn leave_a_dead_process(
@@ -1381,7 +1425,8 @@ macro_rules! runner_scenarios {
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
-            a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end);
+            a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
+            recovery_passes_beside_live_turns_leave_them_alone);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

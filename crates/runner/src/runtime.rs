@@ -369,7 +369,7 @@ impl Runtime {
         tokio::spawn(async move {
             if let Err(Ok(lease)) = reply.send(taking.await) {
                 // Nobody waits for it any more.
-                give_back(&store, lease).await;
+                give_back(&store, session, lease.token).await;
             }
         });
         let mut answer = LeaseAnswer { receiver, store: Some(self.inner.store.clone()) };
@@ -457,9 +457,7 @@ impl Runtime {
                 }
             }
         }
-        if let Err(error) = store.release_lease(session, token).await {
-            tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
-        }
+        give_back(store, session, token).await;
     }
 
     /// Registers the turn's live log and spawns its engine and lease keeper.
@@ -633,11 +631,11 @@ impl Session {
         let agent = runtime.require_agent(&session.name)?;
         // A turn usually starts with one write: it is built on the latest turn as read, and
         // the store takes the lease and stores the turn's first step together, refusing
-        // the start if another turn was started meanwhile. A latest turn left running by a
-        // dead process must be ended under the lease first, and a start that lost such a
-        // race is prepared again under it.
-        // A request that does not fit the latest turn as read is checked again under the
-        // lease, where a running turn wins (`TurnRunning`, which a caller may retry).
+        // the start if another turn was stored meanwhile. The turn is prepared again under
+        // the lease when the latest turn was left running by a dead process (it is ended
+        // first), when the start lost such a race, and when the request does not fit the
+        // latest turn as read (under the lease a running turn wins: `TurnRunning`, which a
+        // caller may retry).
         let prepared = async {
             let previous = self.previous_turn(&request).await?;
             if previous.as_ref().is_some_and(|run| !run.state.is_terminal()) {
@@ -838,9 +836,8 @@ impl Session {
 }
 
 /// Gives back the lease of a turn start whose caller went away.
-async fn give_back(store: &Arc<dyn Store>, lease: Lease) {
-    let session = lease.session_id;
-    if let Err(error) = store.release_lease(session, lease.token).await {
+async fn give_back(store: &Arc<dyn Store>, session: SessionId, token: u64) {
+    if let Err(error) = store.release_lease(session, token).await {
         tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
     }
 }
@@ -861,7 +858,7 @@ impl Drop for LeaseAnswer {
         if let Ok(Ok(lease)) = self.receiver.try_recv()
             && let Ok(tokio) = tokio::runtime::Handle::try_current()
         {
-            tokio.spawn(async move { give_back(&store, lease).await });
+            tokio.spawn(async move { give_back(&store, lease.session_id, lease.token).await });
         }
     }
 }

@@ -381,7 +381,8 @@ impl EventStore for SqliteStore {
                 run_exists: run_exists(tx, turn)?,
             };
             let lease = rules::check_turn_start(turn, session, &start, &facts, || latest_turn(tx, &key))?;
-            // The lease is new, so the step needs no fence.
+            // The lease is new, so the step needs no fence; a refused part rolls the whole
+            // write back.
             let positions = write_step_in(tx, turn, &step, None)?;
             set_last_token(tx, lease.token)?;
             put_lease(tx, &lease)?;
@@ -1025,6 +1026,7 @@ fn last_token(connection: &Connection) -> StoreResult<i64> {
         .map_err(sqlite)
 }
 
+/// Records the last fencing token granted.
 fn set_last_token(connection: &Connection, token: u64) -> StoreResult<()> {
     connection
         .prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'last_token'")

@@ -291,11 +291,14 @@ impl Runtime {
         if self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id) {
             return Ok(None);
         }
-        // Only a holder that died leaves an expired lease behind: a session without a lease
-        // has no abandoned turn (a turn ends with its lease's release; this one ended after
-        // the listing), and a live lease has a live holder.
+        // The listing may be older than the turn's end: a turn that ended since is left as
+        // it is (read again here, and under the lease below, so that a pass seldom takes
+        // the lease of a session between two turns, where it would refuse the next one).
+        if store.get_run(run.id).await?.status != RunStatus::Running {
+            return Ok(None);
+        }
         let now = Timestamp::now();
-        if !store.lease(session.id).await?.is_some_and(|lease| lease.is_expired(now)) {
+        if store.lease(session.id).await?.is_some_and(|lease| !lease.is_expired(now)) {
             return Ok(None);
         }
         let lease =
@@ -305,8 +308,7 @@ impl Runtime {
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
                 Err(error) => return Err(error.into()),
             };
-        // The listing may be older than the lease: a turn that ended meanwhile is left as it
-        // is. Under the lease it cannot end any more.
+        // Under the lease the turn cannot end any more: one that ended meanwhile is left.
         let run = match store.get_run(run.id).await {
             Ok(run) if run.status == RunStatus::Running => run,
             current => {

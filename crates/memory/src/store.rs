@@ -336,7 +336,7 @@ pub trait EventStore: Send + Sync {
     /// top-level run) is still `start.previous`, and writes the turn's first step, which
     /// stores the new run (as [`write_step`](Self::write_step) under the new lease). So a
     /// turn is started with one write instead of a lease write and a step write, and no
-    /// other turn can have been started in between. Returns the lease and the events'
+    /// other turn can have been stored in between. Returns the lease and the events'
     /// positions.
     ///
     /// Errors, each leaving the store unchanged: `InvalidInput` when the step carries no

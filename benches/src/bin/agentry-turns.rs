@@ -57,7 +57,9 @@ fn record(counter: &Path, line: &str) -> Result<(), ToolError> {
         .append(true)
         .open(counter)
         .map_err(|error| ToolError::Failed(error.to_string()))?;
-    writeln!(file, "{line}").map_err(|error| ToolError::Failed(error.to_string()))?;
+    // One write of the whole line: `writeln!` on a file writes the text and its newline
+    // separately, and a kill between the two left a line run into the next one.
+    file.write_all(format!("{line}\n").as_bytes()).map_err(|error| ToolError::Failed(error.to_string()))?;
     file.sync_data().map_err(|error| ToolError::Failed(error.to_string()))
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use agentry_events::{EventEnvelope, TurnEmitter, TurnSequencer};
 use agentry_memory::{
     Conflict, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store, StoreError, TurnStart,
+    TurnStep,
 };
 use agentry_types::{
     CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
@@ -392,17 +393,14 @@ impl Runtime {
         run: RunRecord,
         previous: Option<RunRecord>,
     ) -> Result<TurnHandle, StoreError> {
-        let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
-        let (step, created) = first_step(&run, &mut emitter);
-        let high_water = step.high_water.unwrap_or_default();
-        let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
         let start = TurnStart {
             owner: self.inner.owner.clone(),
             ttl: self.inner.options.lease_ttl,
             now: Timestamp::now(),
             previous: previous.as_ref().map(|run| run.id),
         };
-        let pending = PendingStart { agent, run, emitter, high_water, previous, created };
+        let (step, pending) = PendingStart::new(agent, run, previous);
+        let handle = TurnHandle { runtime: self.clone(), record: pending.run.clone() };
         let store = self.inner.store.clone();
         let turn = handle.id();
         let mut writing = Box::pin(async move { store.start_turn(turn, &step, &start).await });
@@ -683,11 +681,9 @@ impl Session {
         let (run, previous) = prepared;
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
-        let mut emitter = TurnEmitter::new(TurnSequencer::new(session.id, run.id));
-        let (step, created) = first_step(&run, &mut emitter);
-        let high_water = step.high_water.unwrap_or_default();
-        let handle = TurnHandle { runtime: runtime.clone(), record: run.clone() };
-        guard.pending = Some(PendingStart { agent, run, emitter, high_water, previous, created });
+        let (step, pending) = PendingStart::new(agent, run, previous);
+        let handle = TurnHandle { runtime: runtime.clone(), record: pending.run.clone() };
+        guard.pending = Some(pending);
         let written = store.write_step(handle.id(), &step, Some(lease.fence())).await;
         let pending = guard.pending.take();
         guard.disarm();
@@ -886,6 +882,17 @@ struct PendingStart {
     high_water: u64,
     previous: Option<RunRecord>,
     created: Arc<EventEnvelope>,
+}
+
+impl PendingStart {
+    /// A new turn's start, its numbers from the first, with its first step to store: the
+    /// run, `turn.created` and an input of user messages.
+    fn new(agent: Agent, run: RunRecord, previous: Option<RunRecord>) -> (TurnStep, Self) {
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
+        let (step, created) = first_step(&run, &mut emitter);
+        let high_water = step.high_water.unwrap_or_default();
+        (step, Self { agent, run, emitter, high_water, previous, created })
+    }
 }
 
 impl StartGuard {

@@ -624,7 +624,10 @@ impl Session {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
         check_shape(&request.input)?;
-        let session = store.get_session(self.id()).await?;
+        // The two reads are independent: on a file store each is a hop to a reader thread,
+        // and together they cost one.
+        let (session, previous) = tokio::join!(store.get_session(self.id()), self.previous_turn(&request));
+        let session = session?;
         if session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
         }
@@ -637,7 +640,7 @@ impl Session {
         // latest turn as read (under the lease a running turn wins: `TurnRunning`, which a
         // caller may retry).
         let prepared = async {
-            let previous = self.previous_turn(&request).await?;
+            let previous = previous?;
             if previous.as_ref().is_some_and(|run| !run.state.is_terminal()) {
                 return Ok(None);
             }

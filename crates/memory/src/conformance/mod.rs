@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             high_water_mark_rises_never_falls_and_covers_stored_events,
             turn_step_stores_every_part_in_one_write,
             turn_step_refused_in_any_part_stores_none_of_it,
+            turn_steps_refused_among_concurrent_ones_leave_the_others_whole,
             turn_step_journals_calls_as_the_journal_does,
             turn_step_creates_its_run_with_its_first_events,
             turn_start_takes_the_lease_and_stores_the_turn_in_one_write,
@@ -909,6 +910,53 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
         .await
         .unwrap();
     assert_eq!(store.get_run(run.id).await.unwrap(), changed);
+}
+
+/// Steps written together (a backend that commits groups puts them in one transaction):
+/// one refused after part of it was applied leaves nothing, and its neighbours stand whole.
+pub async fn turn_steps_refused_among_concurrent_ones_leave_the_others_whole(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let mut runs = Vec::new();
+    for _ in 0..40 {
+        let run = new_run(&*store, session.id).await;
+        store.append_events(run.id, &[event(&run, 5)], None).await.unwrap();
+        runs.push(run);
+    }
+    let steps = runs.iter().enumerate().map(|(index, run)| {
+        let mut changed = run.clone();
+        changed.agent_id = Some(format!("changed-{index}"));
+        // Every other step fails on its last event, after its first was applied.
+        let last = if index % 2 == 0 { 7 } else { 3 };
+        let step = TurnStep {
+            high_water: Some(900),
+            messages: vec![Message::user(format!("step {index}"))],
+            events: vec![Arc::new(event(run, 6)), Arc::new(event(run, last))],
+            journal: vec![journal_entry(run.id, &format!("call-{index}"), "h")],
+            run: Some(changed),
+            release_lease: false,
+        };
+        let store = store.clone();
+        async move { store.write_step(step.events[0].turn_id, &step, None).await }
+    });
+    let results = futures_util::future::join_all(steps).await;
+    for (index, (run, result)) in runs.iter().zip(results).enumerate() {
+        let stored = seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap());
+        if index % 2 == 0 {
+            result.unwrap();
+            assert_eq!(stored, [5, 6, 7], "step {index}");
+            assert_eq!(run_messages(&*store, session.id, run.id).await.len(), 1, "step {index}");
+            assert_eq!(store.get_run(run.id).await.unwrap().agent_id, Some(format!("changed-{index}")));
+            assert_eq!(store.journal(run.id).await.unwrap().len(), 1, "step {index}");
+        } else {
+            let error = result.unwrap_err();
+            assert!(matches!(error, StoreError::Conflict(Conflict::StaleSeq { .. })), "{error:?}");
+            assert_eq!(stored, [5], "step {index}");
+            assert!(run_messages(&*store, session.id, run.id).await.is_empty(), "step {index}");
+            assert_eq!(store.get_run(run.id).await.unwrap(), *run);
+            assert!(store.journal(run.id).await.unwrap().is_empty(), "step {index}");
+            assert_eq!(store.high_water(run.id).await.unwrap(), 5, "step {index}");
+        }
+    }
 }
 
 /// The high-water mark only rises and is never below a stored seq.

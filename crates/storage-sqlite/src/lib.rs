@@ -54,7 +54,9 @@ use crate::error::sqlite;
 pub struct SqliteOptions {
     /// How hard to work to keep acknowledged writes across a crash.
     pub durability: Durability,
-    /// How many read-only connections to keep open.
+    /// How many reads run at once, each on a read-only connection kept open for the next
+    /// (at least one). Further reads wait for a connection: opening one per read, as a busy
+    /// server would otherwise, parses the schema again every time.
     pub readers: usize,
     /// How long to wait for a lock held by another process.
     pub busy_timeout: Duration,
@@ -147,6 +149,8 @@ struct Inner {
     writer: Option<mpsc::Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
+    /// One permit per reader connection: a read holds one while it runs.
+    read_permits: Arc<tokio::sync::Semaphore>,
     replies: Replies,
 }
 
@@ -263,6 +267,7 @@ impl SqliteStore {
             .name("sqlite-writer".to_owned())
             .spawn(move || write_loop(&writer, &receiver, batch, linger))
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
+        let read_permits = Arc::new(tokio::sync::Semaphore::new(options.readers.max(1)));
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
@@ -270,6 +275,7 @@ impl SqliteStore {
                 writer: Some(sender),
                 threads: vec![thread, checkpointer],
                 readers: Mutex::new(Vec::new()),
+                read_permits,
                 replies: Replies::default(),
             }),
         })
@@ -332,7 +338,9 @@ impl SqliteStore {
         work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
         let inner = self.inner.clone();
+        let permit = inner.read_permits.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;
         let read = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let connection = match pooled {
                 Some(connection) => connection,
@@ -344,10 +352,7 @@ impl SqliteStore {
                 }
             };
             let result = work(&connection);
-            let mut pool = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
-            if pool.len() < inner.options.readers {
-                pool.push(connection);
-            }
+            inner.readers.lock().unwrap_or_else(PoisonError::into_inner).push(connection);
             result
         });
         self.inner

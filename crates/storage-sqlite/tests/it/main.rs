@@ -6,6 +6,7 @@
 mod bad_input;
 mod durability;
 mod memory_facade;
+mod readers;
 mod writer;
 
 use std::sync::Arc;

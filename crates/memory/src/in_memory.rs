@@ -525,13 +525,13 @@ impl MessageStore for InMemoryStore {
         rules::history_window(runs, query, |run| {
             Ok(state
                 .messages
-                .get(&run.id)
+                .get(&run)
                 .map(|messages| {
                     messages
                         .iter()
                         .enumerate()
                         .map(|(index, message)| HistoryMessage {
-                            run_id: run.id,
+                            run_id: run,
                             index: u32::try_from(index).unwrap_or(u32::MAX),
                             message: message.clone(),
                         })

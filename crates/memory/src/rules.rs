@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, EventPayload, TeamContext};
 use agentry_types::{
-    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, SessionId, ThreadId,
-    Timestamp, ToolResult, TurnId,
+    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, RunStatus, SessionId,
+    ThreadId, Timestamp, ToolResult, TurnId,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -711,13 +711,60 @@ fn completed(
     }
 }
 
+/// The fields of a stored run that a history window filters on. A file store decodes only
+/// these from a run's body: its state, input and output are skipped, not built.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct RunHead {
+    id: TurnId,
+    #[serde(default)]
+    parent_run_id: Option<TurnId>,
+    #[serde(default)]
+    agent_id: Option<String>,
+    #[serde(default)]
+    team_id: Option<String>,
+    status: RunStatus,
+}
+
+/// A run as a history window sees it: a whole record, or a stored run's [`RunHead`].
+pub trait WindowRun {
+    /// The run's id.
+    fn run_id(&self) -> TurnId;
+    /// Whether the run's messages belong to `query`'s window.
+    fn in_window(&self, query: &HistoryQuery) -> bool;
+}
+
+impl WindowRun for &RunRecord {
+    fn run_id(&self) -> TurnId {
+        self.id
+    }
+
+    fn in_window(&self, query: &HistoryQuery) -> bool {
+        query.run_matches(self)
+    }
+}
+
+impl WindowRun for RunHead {
+    fn run_id(&self) -> TurnId {
+        self.id
+    }
+
+    fn in_window(&self, query: &HistoryQuery) -> bool {
+        query.fields_match(
+            self.parent_run_id.is_some(),
+            self.status,
+            self.agent_id.as_deref(),
+            self.team_id.as_deref(),
+        )
+    }
+}
+
 /// Collects a history window from a session's runs, given newest first, and a loader of
-/// each run's messages. Reads only as many runs as the window needs.
+/// each run's messages (given its id). Reads only as many runs as the window needs.
 pub fn history_window<R, B, L>(runs: R, query: &HistoryQuery, mut load: L) -> StoreResult<Vec<HistoryMessage>>
 where
     R: IntoIterator<Item = StoreResult<B>>,
-    B: std::borrow::Borrow<RunRecord>,
-    L: FnMut(&RunRecord) -> StoreResult<Vec<HistoryMessage>>,
+    B: WindowRun,
+    L: FnMut(TurnId) -> StoreResult<Vec<HistoryMessage>>,
 {
     let run_bound = query.run_bound();
     let mut taken_runs = 0usize;
@@ -730,13 +777,14 @@ where
             break;
         }
         let run = run?;
-        let run = run.borrow();
-        if !query.run_matches(run) {
+        if !run.in_window(query) {
             continue;
         }
         taken_runs += 1;
-        let messages: Vec<HistoryMessage> =
-            load(run)?.into_iter().filter(|message| query.message_matches(&message.message)).collect();
+        let messages: Vec<HistoryMessage> = load(run.run_id())?
+            .into_iter()
+            .filter(|message| query.message_matches(&message.message))
+            .collect();
         message_count += messages.len();
         collected.push(messages);
     }

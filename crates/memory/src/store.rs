@@ -184,10 +184,26 @@ impl HistoryQuery {
     /// Whether a run's messages belong to the window.
     #[must_use]
     pub fn run_matches(&self, run: &RunRecord) -> bool {
-        (self.include_member_runs || run.parent_run_id.is_none())
-            && !self.skip_statuses.contains(&run.status)
-            && self.agent_id.as_ref().is_none_or(|agent| run.agent_id.as_ref() == Some(agent))
-            && self.team_id.as_ref().is_none_or(|team| run.team_id.as_ref() == Some(team))
+        self.fields_match(
+            run.parent_run_id.is_some(),
+            run.status,
+            run.agent_id.as_deref(),
+            run.team_id.as_deref(),
+        )
+    }
+
+    /// [`HistoryQuery::run_matches`] on the fields it looks at.
+    pub(crate) fn fields_match(
+        &self,
+        member: bool,
+        status: RunStatus,
+        agent_id: Option<&str>,
+        team_id: Option<&str>,
+    ) -> bool {
+        (self.include_member_runs || !member)
+            && !self.skip_statuses.contains(&status)
+            && self.agent_id.as_deref().is_none_or(|agent| agent_id == Some(agent))
+            && self.team_id.as_deref().is_none_or(|team| team_id == Some(team))
     }
 
     /// Whether a message of a matching run is kept.

@@ -770,16 +770,16 @@ impl MessageStore for RedbStore {
             let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
             let runs = range.rev().map(|entry| {
                 let (_, run) = entry.map_err(redb_error)?;
-                get_json::<RunRecord, u128>(&runs_table, run.value(), "run")?
+                get_json::<rules::RunHead, u128>(&runs_table, run.value(), "run")?
                     .ok_or_else(|| StoreError::Corrupt("a session's run is indexed but missing".to_owned()))
             });
             rules::history_window(runs, &query, |run| {
-                let key = turn_key(run.id);
+                let key = turn_key(run);
                 let mut found = Vec::new();
                 for entry in messages.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)? {
                     let (index, body) = entry.map_err(redb_error)?;
                     found.push(HistoryMessage {
-                        run_id: run.id,
+                        run_id: run,
                         index: index.value().1,
                         message: rules::decode("message", body.value())?,
                     });

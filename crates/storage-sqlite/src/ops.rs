@@ -660,7 +660,7 @@ impl MessageStore for SqliteStore {
                 Ok(Some(row)) => Some(
                     row.get::<_, Vec<u8>>(0)
                         .map_err(sqlite)
-                        .and_then(|body| rules::decode::<RunRecord>("run", &body)),
+                        .and_then(|body| rules::decode::<rules::RunHead>("run", &body)),
                 ),
                 Ok(None) => None,
                 Err(error) => Some(Err(sqlite(error))),
@@ -669,13 +669,13 @@ impl MessageStore for SqliteStore {
                 .prepare_cached("SELECT idx, body FROM messages WHERE run_id = ?1 ORDER BY idx ASC")
                 .map_err(sqlite)?;
             rules::history_window(runs, &query, |run| {
-                let mut rows = messages_statement.query([run.id.to_string()]).map_err(sqlite)?;
+                let mut rows = messages_statement.query([run.to_string()]).map_err(sqlite)?;
                 let mut messages = Vec::new();
                 while let Some(row) = rows.next().map_err(sqlite)? {
                     let index: i64 = row.get(0).map_err(sqlite)?;
                     let body: Vec<u8> = row.get(1).map_err(sqlite)?;
                     messages.push(HistoryMessage {
-                        run_id: run.id,
+                        run_id: run,
                         index: u32::try_from(index).unwrap_or(u32::MAX),
                         message: rules::decode("message", &body)?,
                     });

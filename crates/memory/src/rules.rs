@@ -743,6 +743,16 @@ impl WindowRun for &RunRecord {
     }
 }
 
+impl WindowRun for RunRecord {
+    fn run_id(&self) -> TurnId {
+        self.id
+    }
+
+    fn in_window(&self, query: &HistoryQuery) -> bool {
+        query.run_matches(self)
+    }
+}
+
 impl WindowRun for RunHead {
     fn run_id(&self) -> TurnId {
         self.id

@@ -624,8 +624,8 @@ impl Session {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
         check_shape(&request.input)?;
-        // The two reads are independent: on a file store each is a hop to a reader thread,
-        // and together they cost one.
+        // The two reads do not depend on each other: on a file store each is a hop to a
+        // reader thread, and they run together.
         let (session, previous) = tokio::join!(store.get_session(self.id()), self.previous_turn(&request));
         let session = session?;
         if session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {

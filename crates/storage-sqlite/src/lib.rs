@@ -4,8 +4,9 @@
 //! mode. All writes go through one writer thread that commits concurrent writes together
 //! (group commit). Each write runs in its own savepoint so that a failed write leaves the
 //! others alone, except a single-event append, which is one statement after all its checks
-//! and relies on SQLite undoing a failed statement. Reads run on a small pool of read-only
-//! connections on blocking threads. Nothing blocks the async executor.
+//! and relies on SQLite undoing a failed statement. Reads run on blocking threads, on a
+//! bounded pool of read-only connections kept open ([`SqliteOptions::readers`]; further
+//! reads wait for one). Nothing blocks the async executor.
 //!
 //! The writer remembers each running turn's session and last `seq`, so an event append
 //! costs one insert; it checks `PRAGMA data_version` at the start of every transaction and
@@ -46,6 +47,7 @@ use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, Store
 use rusqlite::config::DbConfig;
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
+use tokio::sync::Semaphore;
 
 use crate::error::sqlite;
 
@@ -56,7 +58,9 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// How many reads run at once, each on a read-only connection kept open for the next
     /// (at least one). Further reads wait for a connection: opening one per read, as a busy
-    /// server would otherwise, parses the schema again every time.
+    /// server would otherwise, parses the schema again every time. With two or more, long
+    /// reads (replays, history windows, listings) leave one connection to short ones (a
+    /// record, a lease).
     pub readers: usize,
     /// How long to wait for a lock held by another process.
     pub busy_timeout: Duration,
@@ -150,7 +154,9 @@ struct Inner {
     threads: Vec<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
     /// One permit per reader connection: a read holds one while it runs.
-    read_permits: Arc<tokio::sync::Semaphore>,
+    read_permits: Arc<Semaphore>,
+    /// One permit fewer, which a read that is not small holds too (`None` with one reader).
+    long_read_permits: Option<Arc<Semaphore>>,
     replies: Replies,
 }
 
@@ -267,7 +273,9 @@ impl SqliteStore {
             .name("sqlite-writer".to_owned())
             .spawn(move || write_loop(&writer, &receiver, batch, linger))
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
-        let read_permits = Arc::new(tokio::sync::Semaphore::new(options.readers.max(1)));
+        let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
+        let read_permits = Arc::new(Semaphore::new(readers));
+        let long_read_permits = (readers > 1).then(|| Arc::new(Semaphore::new(readers - 1)));
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
@@ -276,6 +284,7 @@ impl SqliteStore {
                 threads: vec![thread, checkpointer],
                 readers: Mutex::new(Vec::new()),
                 read_permits,
+                long_read_permits,
                 replies: Replies::default(),
             }),
         })
@@ -338,9 +347,14 @@ impl SqliteStore {
         work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
         let inner = self.inner.clone();
+        // The semaphores are never closed.
+        let long = match inner.long_read_permits.clone().filter(|_| !small) {
+            Some(permits) => Some(permits.acquire_owned().await.map_err(|_| StoreError::Closed)?),
+            None => None,
+        };
         let permit = inner.read_permits.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;
         let read = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let _permits = (permit, long);
             let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let connection = match pooled {
                 Some(connection) => connection,

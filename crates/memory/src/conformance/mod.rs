@@ -925,7 +925,8 @@ pub async fn turn_steps_refused_among_concurrent_ones_leave_the_others_whole(sto
     let steps = runs.iter().enumerate().map(|(index, run)| {
         let mut changed = run.clone();
         changed.agent_id = Some(format!("changed-{index}"));
-        // Every other step fails on its last event, after its first was applied.
+        // Every other step fails on its last event (a store that applies a step's parts in
+        // order has applied its first event by then).
         let last = if index % 2 == 0 { 7 } else { 3 };
         let step = TurnStep {
             high_water: Some(900),

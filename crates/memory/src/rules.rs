@@ -733,13 +733,13 @@ pub trait WindowRun {
     fn in_window(&self, query: &HistoryQuery) -> bool;
 }
 
-impl WindowRun for &RunRecord {
+impl<T: WindowRun> WindowRun for &T {
     fn run_id(&self) -> TurnId {
-        self.id
+        (**self).run_id()
     }
 
     fn in_window(&self, query: &HistoryQuery) -> bool {
-        query.run_matches(self)
+        (**self).in_window(query)
     }
 }
 

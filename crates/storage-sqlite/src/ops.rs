@@ -617,11 +617,14 @@ fn collect_events(
     let mut events = Vec::new();
     while let Some(row) = rows.next().map_err(sqlite)? {
         let position: i64 = row.get(0).map_err(sqlite)?;
-        let body =
-            row.get_ref(1).map_err(sqlite)?.as_blob().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        events.push(StoredEvent { position: as_u64(position), event: rules::decode_event(body)? });
+        events.push(StoredEvent { position: as_u64(position), event: rules::decode_event(blob(row, 1)?)? });
     }
     Ok(events)
+}
+
+/// A row's BLOB column as SQLite holds it, for decoding without a copy.
+fn blob<'row>(row: &'row rusqlite::Row<'_>, index: usize) -> StoreResult<&'row [u8]> {
+    row.get_ref(index).map_err(sqlite)?.as_blob().map_err(|error| StoreError::Corrupt(error.to_string()))
 }
 
 #[async_trait]
@@ -657,11 +660,9 @@ impl MessageStore for SqliteStore {
                 .map_err(sqlite)?;
             let mut rows = runs_statement.query([&key]).map_err(sqlite)?;
             let runs = std::iter::from_fn(|| match rows.next() {
-                Ok(Some(row)) => Some(
-                    row.get::<_, Vec<u8>>(0)
-                        .map_err(sqlite)
-                        .and_then(|body| rules::decode::<rules::RunHead>("run", &body)),
-                ),
+                Ok(Some(row)) => {
+                    Some(blob(row, 0).and_then(|body| rules::decode::<rules::RunHead>("run", body)))
+                }
                 Ok(None) => None,
                 Err(error) => Some(Err(sqlite(error))),
             });
@@ -673,11 +674,10 @@ impl MessageStore for SqliteStore {
                 let mut messages = Vec::new();
                 while let Some(row) = rows.next().map_err(sqlite)? {
                     let index: i64 = row.get(0).map_err(sqlite)?;
-                    let body: Vec<u8> = row.get(1).map_err(sqlite)?;
                     messages.push(HistoryMessage {
                         run_id: run,
                         index: u32::try_from(index).unwrap_or(u32::MAX),
-                        message: rules::decode("message", &body)?,
+                        message: rules::decode("message", blob(row, 1)?)?,
                     });
                 }
                 Ok(messages)

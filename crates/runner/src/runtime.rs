@@ -93,6 +93,37 @@ struct RuntimeInner {
     keeper_started: AtomicBool,
     /// Told after every durable event this runtime's turns store.
     appended: Arc<tokio::sync::Notify>,
+    /// Sessions with a turn start in flight, and how many (see [`Starting`]).
+    starting: Mutex<HashMap<SessionId, usize>>,
+}
+
+/// A turn start in flight in its session, from before its first write until its engine is
+/// in the live map: recovery leaves the session alone meanwhile. Without it a pass could
+/// read the new turn as running and not live, then (the turn having run and ended in
+/// between) take the session's lease and refuse its next turn.
+struct Starting {
+    runtime: Runtime,
+    session: SessionId,
+}
+
+impl Starting {
+    fn new(runtime: &Runtime, session: SessionId) -> Self {
+        *runtime.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).entry(session).or_default() +=
+            1;
+        Self { runtime: runtime.clone(), session }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let mut starting = self.runtime.inner.starting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = starting.get_mut(&self.session) {
+            *count -= 1;
+            if *count == 0 {
+                starting.remove(&self.session);
+            }
+        }
+    }
 }
 
 /// Which turn a new turn chains on.
@@ -149,6 +180,7 @@ impl Runtime {
                 owner: Arc::from(format!("runtime-{}", EventId::new())),
                 keeper_started: AtomicBool::new(false),
                 appended: Arc::new(tokio::sync::Notify::new()),
+                starting: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -288,8 +320,11 @@ impl Runtime {
         run: RunRecord,
     ) -> RuntimeResult<Option<TurnHandle>> {
         let store = &self.inner.store;
-        // A turn this runtime runs is not abandoned, whatever its lease says.
-        if self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id) {
+        // A turn this runtime runs, or is starting, is not abandoned, whatever its lease
+        // says. Starts first: a start leaves that set only once its turn is live.
+        if self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session.id)
+            || self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id)
+        {
             return Ok(None);
         }
         // The listing may be older than the turn's end: a turn that ended since is left as
@@ -399,7 +434,7 @@ impl Runtime {
             now: Timestamp::now(),
             previous: previous.as_ref().map(|run| run.id),
         };
-        let (step, pending) = PendingStart::new(agent, run, previous);
+        let (step, pending) = PendingStart::new(self, agent, run, previous);
         let handle = TurnHandle { runtime: self.clone(), record: pending.run.clone() };
         let store = self.inner.store.clone();
         let turn = handle.id();
@@ -423,9 +458,10 @@ impl Runtime {
 
     /// Starts a new turn whose first step is stored (see [`Session::create_turn`]).
     fn start_new(&self, lease: Lease, pending: PendingStart) {
-        let PendingStart { agent, run, emitter, high_water, previous, created } = pending;
+        let PendingStart { agent, run, emitter, high_water, previous, created, starting } = pending;
         self.inner.appended.notify_waiters();
         self.start(agent, run, lease, emitter, high_water, Start::New { previous, created });
+        drop(starting);
     }
 
     /// Finishes what a dropped [`Session::create_turn`] left while it held the session's
@@ -684,7 +720,7 @@ impl Session {
         let (run, previous) = prepared;
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
-        let (step, pending) = PendingStart::new(agent, run, previous);
+        let (step, pending) = PendingStart::new(runtime, agent, run, previous);
         let handle = TurnHandle { runtime: runtime.clone(), record: pending.run.clone() };
         guard.pending = Some(pending);
         let written = store.write_step(handle.id(), &step, Some(lease.fence())).await;
@@ -885,16 +921,19 @@ struct PendingStart {
     high_water: u64,
     previous: Option<RunRecord>,
     created: Arc<EventEnvelope>,
+    /// Held until the turn is live.
+    starting: Starting,
 }
 
 impl PendingStart {
     /// A new turn's start, its numbers from the first, with its first step to store: the
     /// run, `turn.created` and an input of user messages.
-    fn new(agent: Agent, run: RunRecord, previous: Option<RunRecord>) -> (TurnStep, Self) {
+    fn new(runtime: &Runtime, agent: Agent, run: RunRecord, previous: Option<RunRecord>) -> (TurnStep, Self) {
+        let starting = Starting::new(runtime, run.session_id);
         let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
         let (step, created) = first_step(&run, &mut emitter);
         let high_water = step.high_water.unwrap_or_default();
-        (step, Self { agent, run, emitter, high_water, previous, created })
+        (step, Self { agent, run, emitter, high_water, previous, created, starting })
     }
 }
 

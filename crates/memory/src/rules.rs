@@ -422,11 +422,7 @@ pub fn check_turn_start(
 /// # Errors
 /// `Corrupt` when the record does not parse.
 pub fn is_member_run(body: &[u8]) -> StoreResult<bool> {
-    #[derive(serde::Deserialize)]
-    struct Parent {
-        parent_run_id: Option<TurnId>,
-    }
-    Ok(decode::<Parent>("run", body)?.parent_run_id.is_some())
+    Ok(decode::<RunHead>("run", body)?.parent_run_id.is_some())
 }
 
 /// Refuses a step's run record (of `run`, in `claimed`) whose session is not the stored

@@ -348,8 +348,8 @@ impl SqliteStore {
     ) -> StoreResult<R> {
         let inner = self.inner.clone();
         // The semaphores are never closed.
-        let long = match inner.long_read_permits.clone().filter(|_| !small) {
-            Some(permits) => Some(permits.acquire_owned().await.map_err(|_| StoreError::Closed)?),
+        let long = match inner.long_read_permits.as_ref().filter(|_| !small) {
+            Some(permits) => Some(permits.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?),
             None => None,
         };
         let permit = inner.read_permits.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;

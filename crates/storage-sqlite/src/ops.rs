@@ -463,8 +463,7 @@ fn latest_turn(connection: &Connection, session: &str) -> StoreResult<Option<Tur
         .map_err(sqlite)?;
     let mut rows = statement.query([session]).map_err(sqlite)?;
     while let Some(row) = rows.next().map_err(sqlite)? {
-        let body: Vec<u8> = row.get(1).map_err(sqlite)?;
-        if !rules::is_member_run(&body)? {
+        if !rules::is_member_run(blob(row, 1)?)? {
             let id: String = row.get(0).map_err(sqlite)?;
             return id
                 .parse()

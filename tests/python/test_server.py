@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import time
 import signal
 import subprocess
@@ -77,10 +78,14 @@ subject = "bob"
     SERVER["workdir"] = workdir
 
 
+# Every server's directory lives under this one, which ``tearDownModule`` removes.
+WORKDIRS = tempfile.mkdtemp(prefix="agentry-python-tests-")
+
+
 def write_config(name, sections, durability="batched"):
     """A fresh directory with an ``agentry.toml``: a free loopback port, a SQLite file in
     the directory, then ``sections``. Returns (directory, config path)."""
-    workdir = tempfile.mkdtemp(prefix=f"agentry-{name}-test-")
+    workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=WORKDIRS)
     config = os.path.join(workdir, "agentry.toml")
     with open(config, "w") as f:
         f.write(f'listen = "127.0.0.1:0"\n[storage]\npath = "{workdir}/agentry.db"\ndurability = "{durability}"\n')
@@ -102,11 +107,21 @@ def start_server(workdir, config):
     line = process.stdout.readline()
     if not line.startswith("agentry listening on "):
         process.kill()
-        raise RuntimeError(f"the server did not start: {line!r}; see {workdir}/server.log")
+        process.wait()
+        log.close()
+        with open(os.path.join(workdir, "server.log")) as f:
+            raise RuntimeError(f"the server did not start: {line!r}; its log:\n{f.read()}")
     return process, line.strip().rsplit(" ", 1)[1], log
 
 
 def tearDownModule():
+    try:
+        stop_shared_server()
+    finally:
+        shutil.rmtree(WORKDIRS, ignore_errors=True)
+
+
+def stop_shared_server():
     process = SERVER.get("process")
     if process is None:
         return
@@ -116,7 +131,8 @@ def tearDownModule():
     process.stdout.close()
     SERVER["log"].close()
     if code != 0:
-        raise AssertionError(f"the server exited with {code} after SIGTERM")
+        with open(os.path.join(SERVER["workdir"], "server.log")) as f:
+            raise AssertionError(f"the server exited with {code} after SIGTERM; its log:\n{f.read()}")
 
 
 def client(key=ALICE):

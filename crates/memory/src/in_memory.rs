@@ -2,6 +2,7 @@
 //! memory. Nothing survives the process; everything else behaves as the durable backends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ struct State {
     journal: HashMap<TurnId, Vec<JournalEntry>>,
     budgets: HashMap<String, (BudgetLimit, BudgetUsage)>,
     reservations: HashMap<String, BudgetReservation>,
-    leases: HashMap<SessionId, Lease>,
+    leases: BTreeMap<SessionId, Lease>,
     last_token: u64,
 }
 
@@ -742,5 +743,14 @@ impl LeaseStore for InMemoryStore {
 
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
         Ok(self.state().leases.get(&session).cloned())
+    }
+
+    async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>> {
+        let state = self.state();
+        let from = match after {
+            Some(after) => Bound::Excluded(after),
+            None => Bound::Unbounded,
+        };
+        Ok(state.leases.range((from, Bound::Unbounded)).take(limit).map(|(_, lease)| lease.clone()).collect())
     }
 }

@@ -534,6 +534,13 @@ pub trait LeaseStore: Send + Sync {
 
     /// The session's current lease, expired or not, if one is held.
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>>;
+
+    /// Lists the store's leases, expired or not, by session id ascending: at most `limit`
+    /// of them, of sessions after `after` (from the first when `None`). A lease lives from a
+    /// turn's start to its end, so this is where crash recovery looks for the turns a dead
+    /// process left running: its cost follows the sessions with a turn under way, not the
+    /// size of the store.
+    async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>>;
 }
 
 /// Everything a backend provides.

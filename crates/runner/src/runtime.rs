@@ -281,15 +281,30 @@ impl Runtime {
     /// session lease expired, takes the lease over and finishes the turn from its stored
     /// state (completed tool calls are not run again). Returns the turns it resumed.
     ///
+    /// A turn holds its session's lease from its first write to its last, so a pass looks
+    /// only at the sessions whose lease has lapsed (see [`LeaseStore::list_leases`]): its
+    /// cost follows the turns under way, not the number of sessions or runs in the store.
+    ///
     /// Errors: `Store` when the store fails while looking; a turn that cannot be resumed
     /// (its agent is not registered here) is ended with an error state instead.
+    ///
+    /// [`LeaseStore::list_leases`]: agentry_memory::LeaseStore::list_leases
     pub async fn recover(&self) -> RuntimeResult<Vec<TurnHandle>> {
         let store = &self.inner.store;
         let mut resumed = Vec::new();
-        let mut page = PageRequest::first(100);
+        let mut after = None;
         loop {
-            let sessions = store.list_sessions(&SessionQuery::default(), &page).await?;
-            for session in &sessions.items {
+            let leases = store.list_leases(after, 100).await?;
+            let Some(last) = leases.last() else { return Ok(resumed) };
+            after = Some(last.session_id);
+            let now = Timestamp::now();
+            for lease in leases.iter().filter(|lease| lease.is_expired(now)) {
+                let session = match store.get_session(lease.session_id).await {
+                    Ok(session) => session,
+                    // Deleted since the listing.
+                    Err(StoreError::NotFound { .. }) => continue,
+                    Err(error) => return Err(error.into()),
+                };
                 let query = RunQuery {
                     order: Order::Desc,
                     statuses: vec![RunStatus::Running],
@@ -298,18 +313,14 @@ impl Runtime {
                 let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
                 for run in runs.items {
                     let turn = run.id;
-                    match self.recover_turn(session, run).await {
+                    match self.recover_turn(&session, run).await {
                         Ok(Some(handle)) => resumed.push(handle),
                         Ok(None) => {}
                         // One turn that cannot be recovered now does not stop the others;
-                        // its lease was given back, so a later recovery tries again.
+                        // its lease lapses, and a later pass tries again.
                         Err(error) => tracing::warn!(%turn, %error, "recovering a turn failed"),
                     }
                 }
-            }
-            match sessions.next_token {
-                Some(token) => page = PageRequest { token: Some(token), limit: 100 },
-                None => return Ok(resumed),
             }
         }
     }
@@ -377,13 +388,9 @@ impl Runtime {
             Ok::<_, RunnerError>((previous, high_water, journal, stored))
         }
         .await;
-        let (previous, high_water, journal, stored) = match loaded {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                let _released = store.release_lease(session.id, lease.token).await;
-                return Err(error);
-            }
-        };
+        // On failure the lease is kept, not given back: a pass looks for turns to recover
+        // among the sessions with a lease, so the next one after it lapses tries again.
+        let (previous, high_water, journal, stored) = loaded?;
         let emitter = TurnEmitter::new(TurnSequencer::resuming_after(session.id, run.id, high_water));
         let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
         self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });

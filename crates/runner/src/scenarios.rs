@@ -1270,6 +1270,47 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
     }
 }
 
+/// Scenario: a recovery pass resumes the turn left running under a lapsed lease and only
+/// that one: it looks at the sessions with a lease, so neither the many finished sessions
+/// nor a run some application stored as running without a lease are its business, and a
+/// lapsed lease without a running turn is left for the next start to take over.
+pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new((0..100).map(|_| ScriptedResponse::text("done")).collect()));
+    let runtime = runtime(&harness, Agent::builder("quick", model).build());
+    for _ in 0..20 {
+        let finished = session_for(&runtime, "quick").await;
+        finished.create_turn(TurnRequest::message("hi")).await.unwrap().wait().await.unwrap();
+    }
+    let crashed = session_for(&runtime, "quick").await;
+    let left = leave_a_dead_process(&harness, &crashed, true).await.unwrap();
+    let lapsed = session_for(&runtime, "quick").await;
+    leave_a_dead_process(&harness, &lapsed, false).await;
+    let unleased = session_for(&runtime, "quick").await;
+    let mut outside =
+        agentry_types::RunRecord::new(unleased.id(), vec![], agentry_types::Subject::user("an application"));
+    outside.status = agentry_types::RunStatus::Running;
+    harness.store.put_run(&outside, None).await.unwrap();
+
+    let resumed = runtime.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [left]);
+    let state = resumed[0].wait().await.unwrap();
+    assert!(!matches!(state, TurnState::Running), "{state:?}");
+    assert_eq!(
+        harness.store.lease(crashed.id()).await.unwrap(),
+        None,
+        "the resumed turn gave its lease back"
+    );
+    assert!(
+        harness.store.lease(lapsed.id()).await.unwrap().is_some(),
+        "a pass takes no lease it does not use"
+    );
+    assert_eq!(harness.store.get_run(outside.id).await.unwrap().status, agentry_types::RunStatus::Running);
+    assert!(runtime.recover().await.unwrap().is_empty(), "a second pass finds nothing more");
+    // The lapsed lease is taken over by the next start.
+    let next = lapsed.create_turn(TurnRequest::message("again")).await.unwrap();
+    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+}
+
 /// Leaves what a dead process left behind: its expired lease on the session and, with
 /// `with_running_turn`, a turn it left running on the latest one (returned).
 async fn leave_a_dead_process(
@@ -1426,7 +1467,8 @@ macro_rules! runner_scenarios {
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
-            recovery_passes_beside_live_turns_leave_them_alone);
+            recovery_passes_beside_live_turns_leave_them_alone,
+            a_recovery_pass_resumes_only_turns_under_lapsed_leases);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

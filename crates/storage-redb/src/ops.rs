@@ -1206,4 +1206,23 @@ impl LeaseStore for RedbStore {
         })
         .await
     }
+
+    async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>> {
+        self.read(move |transaction| {
+            let leases = transaction.open_table(LEASES).map_err(redb_error)?;
+            let range = match after.map(session_key) {
+                Some(u128::MAX) => return Ok(Vec::new()),
+                Some(after) => leases.range(after + 1..),
+                None => leases.range::<u128>(..),
+            }
+            .map_err(redb_error)?;
+            let mut found = Vec::new();
+            for entry in range.take(limit) {
+                let (_, body) = entry.map_err(redb_error)?;
+                found.push(rules::decode("lease", body.value())?);
+            }
+            Ok(found)
+        })
+        .await
+    }
 }

@@ -1103,4 +1103,23 @@ impl LeaseStore for SqliteStore {
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>> {
         self.read_sized(true, move |connection| lease_row(connection, &session.to_string())).await
     }
+
+    async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>> {
+        // Ids are fixed-width lowercase hex, so their text order is their numeric order, and
+        // the empty string comes before every id.
+        let after = after.map(|session| session.to_string()).unwrap_or_default();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |connection| {
+            let mut statement = connection
+                .prepare_cached("SELECT body FROM leases WHERE session_id > ?1 ORDER BY session_id LIMIT ?2")
+                .map_err(sqlite)?;
+            let mut rows = statement.query(rusqlite::params![after, limit]).map_err(sqlite)?;
+            let mut leases = Vec::new();
+            while let Some(row) = rows.next().map_err(sqlite)? {
+                leases.push(rules::decode("lease", blob(row, 0)?)?);
+            }
+            Ok(leases)
+        })
+        .await
+    }
 }

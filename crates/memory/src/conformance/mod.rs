@@ -20,9 +20,9 @@ use std::time::Duration;
 use agentry_events::{EventEnvelope, EventPayload, SCHEMA_VERSION};
 use agentry_types::agno::SessionSummary;
 use agentry_types::{
-    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, Message,
-    ModelMessageDelta, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject, ThreadId,
-    Timestamp, ToolResult, TurnId, TurnInputItem, TurnState, UserMemory, UserProfile,
+    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, Lease,
+    Message, ModelMessageDelta, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
+    ThreadId, Timestamp, ToolResult, TurnId, TurnInputItem, TurnState, UserMemory, UserProfile,
 };
 use serde_json::json;
 
@@ -123,6 +123,7 @@ macro_rules! conformance_tests {
             lease_takeover_after_expiry_fences_out_the_old_holder,
             lease_renew_and_release_need_the_current_token,
             lease_of_an_unknown_session_is_not_found,
+            leases_are_listed_by_session_in_pages,
             fence_of_another_session_is_invalid_input,
             oversized_records_are_refused_and_change_nothing,
         );
@@ -1483,6 +1484,50 @@ pub async fn lease_renew_and_release_need_the_current_token(store: Arc<dyn Store
 pub async fn lease_of_an_unknown_session_is_not_found(store: Arc<dyn Store>) {
     assert_not_found(store.acquire_lease(SessionId::new(), "p", Duration::from_secs(1), at(0)).await);
     assert_eq!(store.lease(SessionId::new()).await.unwrap(), None);
+}
+
+/// Leases are listed by session id, expired ones too, a page after a cursor; a released
+/// lease and the lease of a deleted session are gone from the list.
+pub async fn leases_are_listed_by_session_in_pages(store: Arc<dyn Store>) {
+    assert_eq!(store.list_leases(None, 10).await.unwrap(), []);
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        sessions.push(new_session(&*store).await.id);
+    }
+    let mut leases = Vec::new();
+    for (index, session) in sessions.iter().enumerate() {
+        // Ten-second leases granted a second apart, read at 100 s: all of them expired.
+        let seconds = i64::try_from(index).unwrap();
+        leases.push(store.acquire_lease(*session, "p", Duration::from_secs(10), at(seconds)).await.unwrap());
+    }
+    store.release_lease(sessions[1], leases[1].token).await.unwrap();
+    store.delete_session(sessions[4]).await.unwrap();
+    let mut expected: Vec<Lease> = leases
+        .into_iter()
+        .enumerate()
+        .filter(|(index, _)| ![1, 4].contains(index))
+        .map(|(_, lease)| lease)
+        .collect();
+    expected.sort_by_key(|lease| lease.session_id);
+    assert!(expected.iter().all(|lease| lease.is_expired(at(100))));
+    assert_eq!(store.list_leases(None, 10).await.unwrap(), expected);
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.list_leases(after, 3).await.unwrap();
+        assert!(page.len() <= 3);
+        let Some(last) = page.last() else { break };
+        after = Some(last.session_id);
+        paged.extend(page);
+    }
+    assert_eq!(paged, expected);
+    assert_eq!(store.list_leases(Some(expected[1].session_id), 1).await.unwrap(), &expected[2..3]);
+    // A cursor need not be a leased session: the released one sits where it sat.
+    let released = sessions[1];
+    let following: Vec<Lease> =
+        expected.iter().filter(|lease| lease.session_id > released).cloned().collect();
+    assert_eq!(store.list_leases(Some(released), 10).await.unwrap(), following);
+    assert_eq!(store.list_leases(None, 0).await.unwrap(), []);
 }
 
 /// A fence names the session it guards.

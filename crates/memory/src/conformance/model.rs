@@ -96,6 +96,11 @@ pub enum Op {
     },
     /// Release a session's lease with the model's current token.
     Release(u8),
+    /// List every lease, page by page.
+    ListLeases {
+        /// The page size.
+        page: u8,
+    },
     /// Start the run of a slot as a new turn of a session (`start_turn`), with its first
     /// event, taking the session's lease at a time (in seconds).
     StartTurn {
@@ -127,6 +132,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..RUNS, 0u8..20).prop_map(|(run, raise)| Op::HighWater { run, raise }),
         2 => (0..SESSIONS, 0u8..3, 0u8..40).prop_map(|(session, owner, now)| Op::Acquire { session, owner, now }),
         1 => (0..SESSIONS).prop_map(Op::Release),
+        1 => (1u8..4).prop_map(|page| Op::ListLeases { page }),
         3 => (0..SESSIONS, 0..RUNS, 0u8..3, 0u8..40, proptest::option::of(0..RUNS))
             .prop_map(|(session, run, owner, now, previous)| Op::StartTurn { session, run, owner, now, previous }),
     ]
@@ -420,6 +426,29 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(lease, None);
+        }
+        Op::ListLeases { page } => {
+            let mut listed = Vec::new();
+            let mut after = None;
+            loop {
+                let leases = store
+                    .list_leases(after, usize::from(page))
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(leases.len() <= usize::from(page));
+                let Some(last) = leases.last() else { break };
+                after = Some(last.session_id);
+                listed.extend(
+                    leases.into_iter().map(|lease| (lease.session_id, lease.token, lease.expires_at)),
+                );
+            }
+            let mut expected: Vec<_> = model
+                .leases
+                .iter()
+                .map(|(slot, (_, token, expires))| (model.session_ids[*slot as usize], *token, at(*expires)))
+                .collect();
+            expected.sort();
+            prop_assert_eq!(listed, expected);
         }
         Op::StartTurn { session, run, owner, now, previous } => {
             let now_s = i64::from(now);

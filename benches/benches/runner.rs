@@ -6,7 +6,9 @@
 //!   (the caller, like `one_turn`'s, a task of the multi-thread runtime; in memory also on
 //!   a current-thread runtime);
 //! - `fan_out_100`: one turn of 1,000 deltas streamed to 100 live subscribers
-//!   (throughput in deliveries).
+//!   (throughput in deliveries);
+//! - `recovery_pass`: a crash-recovery pass (`Runtime::recover`) over a SQLite store of
+//!   10,000 sessions whose turns all ended, with nothing to recover.
 //!
 //! Each timed session is deleted after its timing, so the in-memory store stays the same
 //! size over criterion's many iterations: kept, 100,000 turns would grow its heap by over a
@@ -23,6 +25,7 @@ use agentry_benches::{open_store, tool_then_answer};
 use agentry_memory::{Durability, InMemoryStore, Store};
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_runner::{Agent, FunctionTool, Runtime, RuntimeOptions, Tool, ToolError, TurnRequest};
+use agentry_types::{RunRecord, SessionRecord, SessionType, Subject, Timestamp, TurnInputItem, TurnState};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
 
@@ -204,5 +207,44 @@ fn fan_out_100(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, agent_construction, one_turn, conversation_25, fan_out_100);
+fn recovery_pass(c: &mut Criterion) {
+    const SESSIONS: usize = 10_000;
+    let tokio = tokio_runtime();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
+    std::fs::create_dir_all(&root).unwrap();
+    let dir = tempfile::tempdir_in(&root).unwrap();
+    let store = open_store("sqlite", &dir.path().join("bench.sqlite"), Durability::Relaxed).unwrap();
+    tokio.block_on(async {
+        // Written concurrently, so the group commit fills large transactions.
+        let writers = (0..50).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for _ in 0..SESSIONS / 50 {
+                    let session = SessionRecord::new(SessionType::Agent, "bench", Subject::user("bench"));
+                    store.create_session(&session).await.unwrap();
+                    let mut run =
+                        RunRecord::new(session.id, vec![TurnInputItem::message("hi")], session.owner.clone());
+                    run.set_state(TurnState::Done {
+                        output: None,
+                        required_actions: Vec::new(),
+                        completed_at: Timestamp::now(),
+                        metrics: None,
+                    });
+                    store.put_run(&run, None).await.unwrap();
+                }
+            })
+        });
+        for writer in futures_util::future::join_all(writers).await {
+            writer.unwrap();
+        }
+    });
+    let runtime = runner(store);
+    let mut group = c.benchmark_group("recovery_pass");
+    group.bench_function("sqlite/10000_sessions", |b| {
+        b.to_async(&tokio).iter(|| async { assert!(runtime.recover().await.unwrap().is_empty()) });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, agent_construction, one_turn, conversation_25, fan_out_100, recovery_pass);
 criterion_main!(benches);

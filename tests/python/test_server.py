@@ -412,6 +412,13 @@ class Durable(unittest.TestCase):
             final = [i.event for i in rest if isinstance(i.event, ModelMessageEvent)]
             self.assertEqual(len(final[-1].content), 200)
             self.assertEqual(session.get_turn(turn_id).state.status, "done")
+            # The recovered turn counts in the new server's metrics like a turn it started
+            # (counted just after the turn ends, so the count is awaited, with a deadline).
+            deadline = time.monotonic() + 10
+            counted = 'agentry_turns_finished_total{status="done"} 1'
+            while counted not in httpx.get(f"{url}/metrics").text.splitlines():
+                self.assertLess(time.monotonic(), deadline, "the recovered turn never counted as finished")
+                time.sleep(0.01)
             # The session takes new turns again.
             events, _ = run(session, message("back"))
             self.assertEqual(merged_text(events), "Echo: back")

@@ -100,8 +100,8 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    /// Starts following a turn this server created: counts it in the metrics while it runs
-    /// and lets shutdown wait for it.
+    /// Starts following a turn this server created or recovered: counts it in the metrics
+    /// while it runs and lets shutdown wait for it.
     pub(crate) fn track(self: &Arc<Self>, turn: &TurnHandle) {
         self.metrics.turn_started();
         self.running.lock().unwrap_or_else(PoisonError::into_inner).insert(turn.id(), turn.clone());
@@ -214,16 +214,20 @@ impl Server {
         // has not expired yet (a restart within the lease time) is taken by the pass after
         // one lease time; later passes pick up turns of other dead processes sharing the
         // store.
-        let recovering = state.runtime.clone();
+        let recovering = Arc::clone(&state);
         let stopped = state.stopped();
         tokio::spawn(async move {
             let passes = async {
                 let mut wait = Duration::ZERO;
                 loop {
                     tokio::time::sleep(wait).await;
-                    match recovering.recover().await {
+                    match recovering.runtime.recover().await {
                         Ok(turns) if !turns.is_empty() => {
                             tracing::info!(count = turns.len(), "recovered abandoned turns");
+                            // Counted and awaited at shutdown like the turns this server starts.
+                            for turn in &turns {
+                                recovering.track(turn);
+                            }
                         }
                         Ok(_) => {}
                         Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),

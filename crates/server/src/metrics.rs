@@ -73,7 +73,10 @@ impl Metrics {
         let started = self.turns_started.load(Ordering::Relaxed);
         let finished = self.turns_finished.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let done: u64 = finished.values().sum();
-        let _ = writeln!(out, "# HELP agentry_turns_running Turns started by this server that are running.");
+        let _ = writeln!(
+            out,
+            "# HELP agentry_turns_running Turns started or recovered by this server that are running."
+        );
         let _ = writeln!(out, "# TYPE agentry_turns_running gauge");
         let _ = writeln!(out, "agentry_turns_running {}", started.saturating_sub(done));
         let _ = writeln!(out, "# HELP agentry_turns_finished_total Turns that ended, by status.");

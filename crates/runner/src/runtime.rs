@@ -235,8 +235,24 @@ impl Runtime {
         agent_name: &str,
         title: Option<&str>,
     ) -> RuntimeResult<Session> {
+        self.create_session_with_id(SessionId::new(), owner, agent_name, title).await
+    }
+
+    /// Creates a session owned by `owner` under an id the caller chose, for sessions that an
+    /// outside name must find again (a name-based id: see the server's AG-UI threads).
+    ///
+    /// Errors: as [`Runtime::create_session`]; `Store` with `Conflict::AlreadyExists` when a
+    /// session has that id.
+    pub async fn create_session_with_id(
+        &self,
+        id: SessionId,
+        owner: Subject,
+        agent_name: &str,
+        title: Option<&str>,
+    ) -> RuntimeResult<Session> {
         let agent = self.require_agent(agent_name)?;
         let mut record = SessionRecord::new(agent.session_type(), agent_name, owner);
+        record.id = id;
         record.title = title.map(str::to_owned);
         self.inner.store.create_session(&record).await?;
         Ok(Session { runtime: self.clone(), record })

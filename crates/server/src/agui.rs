@@ -4,15 +4,18 @@
 //! for approvals or answers). A `resume` list answers those interrupts on the next run.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
-//! the agent titled with the thread id; later runs (also after a restart) continue the
-//! caller's session of that agent with that title, or the session whose id the `threadId` is.
+//! the agent, titled with the thread id, under an id derived from the caller, the agent and
+//! the thread id; later runs (on any server sharing the store, also after a restart) find
+//! it with one read. A `threadId` that is the id of one of the caller's sessions continues
+//! that session, and a thread begun before sessions had derived ids is found by its title
+//! among the caller's newest sessions of the agent.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
-use agentry_memory::PageRequest;
-use agentry_runner::{Session, TurnRequest};
+use agentry_memory::{Conflict, PageRequest, StoreError};
+use agentry_runner::{RunnerError, Session, TurnRequest};
 use agentry_types::{RequiredAction, SessionId, TurnInputItem};
 use axum::Router;
 use axum::extract::{Path, State};
@@ -21,6 +24,7 @@ use axum::routing::post;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::auth::Caller;
@@ -67,34 +71,64 @@ async fn thread_session(
     agent: &str,
     thread_id: &str,
 ) -> ApiResult<Session> {
-    let key = (caller.0.subject_id.clone(), thread_id.to_owned());
-    let known =
-        state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).copied();
-    let candidate = known.or_else(|| thread_id.parse::<SessionId>().ok());
-    if let Some(id) = candidate
+    // A thread named by the id of one of the caller's sessions continues it.
+    if let Ok(id) = thread_id.parse::<SessionId>()
         && let Ok(session) = caller.session(state, &id.to_string()).await
     {
-        if session.record().name != agent {
-            return Err(ApiError::bad_param(
-                "threadId",
-                format!("thread {thread_id} belongs to another agent"),
-            ));
-        }
-        return Ok(session);
+        return of_agent(session, agent, thread_id);
     }
-    // Not seen since this server started: a session of this agent titled with the thread id
-    // (how the first run of a thread names it) continues the thread.
+    let id = thread_session_id(&caller.0.subject_id, agent, thread_id);
+    match state.runtime.get_session(id).await {
+        Ok(session) => return of_agent(session, agent, thread_id),
+        Err(RunnerError::NotFound { .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    // A thread begun before sessions had their thread's id: the caller's session of this
+    // agent titled with the thread id.
+    let key = (caller.0.subject_id.clone(), thread_id.to_owned());
+    let known = state.agui_threads.lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+    if let Some(known) = known
+        && let Ok(session) = caller.session(state, &known.to_string()).await
+    {
+        return of_agent(session, agent, thread_id);
+    }
     if let Some(session) = titled_session(state, caller, agent, thread_id).await? {
-        state
-            .agui_threads
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key, session.id());
+        state.agui_threads.lock().unwrap_or_else(PoisonError::into_inner).insert(key, session.id());
         return Ok(session);
     }
-    let session = state.runtime.create_session_as(caller.0.clone(), agent, Some(thread_id)).await?;
-    state.agui_threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, session.id());
+    match state.runtime.create_session_with_id(id, caller.0.clone(), agent, Some(thread_id)).await {
+        Ok(session) => Ok(session),
+        // The same thread's first run, at the same time on another request or server.
+        Err(RunnerError::Store(StoreError::Conflict(Conflict::AlreadyExists { .. }))) => {
+            Ok(state.runtime.get_session(id).await?)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The session a thread names, if it is one of `agent`'s.
+fn of_agent(session: Session, agent: &str, thread_id: &str) -> ApiResult<Session> {
+    if session.record().name != agent {
+        return Err(ApiError::bad_param("threadId", format!("thread {thread_id} belongs to another agent")));
+    }
     Ok(session)
+}
+
+/// The id of the session that holds a caller's AG-UI thread of an agent: a name-based UUID
+/// (version 8, over SHA-256 of the three names), so every server finds the thread's
+/// session with one read, however many sessions the store holds, and the same thread id
+/// of another caller or agent names another session.
+fn thread_session_id(subject: &str, agent: &str, thread_id: &str) -> SessionId {
+    let mut hash = Sha256::new();
+    for part in ["agentry agui thread", subject, agent, thread_id] {
+        // Length-prefixed: no two triples hash the same bytes.
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    SessionId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
 /// How many of the caller's newest sessions of an agent are searched for a thread's title.
@@ -255,7 +289,7 @@ fn frame(event: AguiEvent, thread: &str, run: &str) -> Frame {
     Frame { id: None, data: serde_json::to_string(&event).unwrap_or_default() }
 }
 
-/// The AG-UI thread ids this server has mapped to sessions, by subject and thread id (one
-/// small entry per thread, kept while the server runs; after a restart a `threadId` that is
-/// a session id still continues that session).
+/// The sessions of threads begun before sessions had derived ids, found by their title, by
+/// subject and thread id (one small entry per such thread, kept while the server runs), so
+/// their title is searched once per server.
 pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String), SessionId>>;

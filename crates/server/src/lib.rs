@@ -93,7 +93,7 @@ pub(crate) struct AppState {
     pub(crate) feed: feed::FeedHub,
     /// Becomes true when the server is asked to stop: event streams end.
     pub(crate) stopping: watch::Receiver<bool>,
-    /// AG-UI thread ids mapped to sessions.
+    /// AG-UI threads begun before derived session ids, mapped to their sessions.
     pub(crate) agui_threads: agui::Threads,
     /// Turns started through this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,

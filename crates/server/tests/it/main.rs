@@ -77,6 +77,13 @@ async fn serve(
     (address, stop, serving)
 }
 
+/// A configuration on a loopback port and the store file `path`, with `storage` lines.
+fn config_at(path: &std::path::Path, storage: &str) -> Config {
+    let mut config = Config::parse(&format!("listen = \"127.0.0.1:0\"\n[storage]\n{storage}"), None).unwrap();
+    config.storage.path = path.to_path_buf();
+    config
+}
+
 #[test]
 fn configuration_errors_name_the_problem() {
     let unknown = Config::parse("listen = \"127.0.0.1:1\"\nlisten_port = 3\n", None).unwrap_err();
@@ -118,12 +125,7 @@ async fn an_unknown_member_or_provider_is_refused_at_start() {
 async fn the_redb_backend_serves_turns_and_keeps_them_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("agentry.redb");
-    let config = || {
-        let mut config =
-            Config::parse("listen = \"127.0.0.1:0\"\n[storage]\nbackend = \"redb\"\n", None).unwrap();
-        config.storage.path = path.clone();
-        config
-    };
+    let config = || config_at(&path, "backend = \"redb\"\n");
     let (address, stop, serving) = serve(config()).await;
     let (status, body) =
         request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
@@ -175,4 +177,60 @@ async fn a_key_is_required_when_keys_are_configured() {
     assert_eq!(status, 200, "health needs no key");
     stop.send(()).unwrap();
     serving.await.unwrap();
+}
+
+/// Every session titled `title`, with its number of runs, read from the store file.
+async fn titled(path: &std::path::Path, title: &str) -> Vec<usize> {
+    use agentry_memory::{PageRequest, RunQuery, RunStore, SessionQuery, SessionStore};
+    let store =
+        agentry_storage_sqlite::SqliteStore::open(path, agentry_storage_sqlite::SqliteOptions::default())
+            .unwrap();
+    let (mut found, mut page) = (Vec::new(), PageRequest::first(500));
+    loop {
+        let sessions = store.list_sessions(&SessionQuery::default(), &page).await.unwrap();
+        for session in sessions.items.iter().filter(|session| session.title.as_deref() == Some(title)) {
+            let runs =
+                store.list_runs(session.id, &RunQuery::default(), &PageRequest::first(100)).await.unwrap();
+            found.push(runs.items.len());
+        }
+        match sessions.next_token {
+            Some(token) => page = PageRequest::after(token, 500),
+            None => return found,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agui_thread_continues_its_session_after_a_restart_behind_a_thousand_newer_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.db");
+    let config = || config_at(&path, "durability = \"relaxed\"\n");
+    let agui = |thread: &str, run: &str, text: &str| json!({"threadId": thread, "runId": run, "messages": [{"id": run, "role": "user", "content": text}]});
+    let (address, stop, serving) = serve(config()).await;
+    let (status, events) = request(address, "POST", "/agui/demo", &agui("thread-1", "r1", "first")).await;
+    assert_eq!(status, 200, "{events}");
+    assert!(events.contains("RUN_FINISHED"), "{events}");
+    // More newer sessions of the agent than a title search looks through, then a session
+    // titled like a thread begun by an earlier version (a random id).
+    for _ in 0..1000 {
+        let (status, body) =
+            request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let legacy = json!({"agent_name": "demo", "title": "legacy-thread"});
+    assert_eq!(request(address, "POST", "/v1/agents/sessions", &legacy).await.0, 200);
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+
+    let (address, stop, serving) = serve(config()).await;
+    for (thread, run) in [("thread-1", "r2"), ("legacy-thread", "r3")] {
+        let (status, events) = request(address, "POST", "/agui/demo", &agui(thread, run, "again")).await;
+        assert_eq!(status, 200, "{events}");
+        assert!(events.contains("Echo: again"), "{events}");
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving).await.unwrap().unwrap();
+    // One session per thread, holding every run of it.
+    assert_eq!(titled(&path, "thread-1").await, [2]);
+    assert_eq!(titled(&path, "legacy-thread").await, [1]);
 }

@@ -536,10 +536,11 @@ pub trait LeaseStore: Send + Sync {
     async fn lease(&self, session: SessionId) -> StoreResult<Option<Lease>>;
 
     /// Lists the store's leases, expired or not, by session id ascending: at most `limit`
-    /// of them, of sessions after `after` (from the first when `None`). A lease lives from a
-    /// turn's start to its end, so this is where crash recovery looks for the turns a dead
-    /// process left running: its cost follows the sessions with a turn under way, not the
-    /// size of the store.
+    /// of them (none when `limit` is 0), of sessions after `after` (from the first when
+    /// `None`). A runtime holds a session's lease while a turn of it runs and lets a lease
+    /// it does not use lapse rather than delete it, so this is where crash recovery looks
+    /// for the turns a dead process left running: its cost follows the leases, not the
+    /// number of sessions or runs in the store.
     async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>>;
 }
 

@@ -294,51 +294,78 @@ impl Runtime {
     }
 
     /// Resumes the turns that a dead process left running: for every running turn whose
-    /// session lease expired, takes the lease over and finishes the turn from its stored
+    /// session lease lapsed, takes the lease over and finishes the turn from its stored
     /// state (completed tool calls are not run again). Returns the turns it resumed.
     ///
-    /// A turn holds its session's lease from its first write to its last, so a pass looks
-    /// only at the sessions whose lease has lapsed (see [`LeaseStore::list_leases`]): its
-    /// cost follows the turns under way, not the number of sessions or runs in the store.
+    /// A pass looks only at the sessions whose lease has lapsed (see
+    /// [`LeaseStore::list_leases`]): a turn takes its session's lease with its first write
+    /// and gives it back with its last, and a start that takes a lease it does not use lets
+    /// it lapse rather than deleting it, so a turn left running always has a lease. A
+    /// running turn on a session without a lease (a run an application stored as running
+    /// through the store) is not the runtime's to resume. A lapsed lease with no running
+    /// turn under it is deleted, so each pass costs what the turns under way and the
+    /// leases left since the last pass cost, not what the store holds.
     ///
-    /// Errors: `Store` when the store fails while looking; a turn that cannot be resumed
-    /// (its agent is not registered here) is ended with an error state instead.
+    /// Errors: `Store` when listing the leases fails; a session the pass cannot read is
+    /// logged and left to the next pass, and a turn that cannot be resumed (its agent is not
+    /// registered here) is ended with an error state instead.
     ///
     /// [`LeaseStore::list_leases`]: agentry_memory::LeaseStore::list_leases
     pub async fn recover(&self) -> RuntimeResult<Vec<TurnHandle>> {
+        const PAGE: usize = 100;
         let store = &self.inner.store;
         let mut resumed = Vec::new();
         let mut after = None;
         loop {
-            let leases = store.list_leases(after, 100).await?;
-            let Some(last) = leases.last() else { return Ok(resumed) };
-            after = Some(last.session_id);
+            let leases = store.list_leases(after, PAGE).await?;
             let now = Timestamp::now();
             for lease in leases.iter().filter(|lease| lease.is_expired(now)) {
-                let session = match store.get_session(lease.session_id).await {
-                    Ok(session) => session,
-                    // Deleted since the listing.
-                    Err(StoreError::NotFound { .. }) => continue,
-                    Err(error) => return Err(error.into()),
-                };
-                let query = RunQuery {
-                    order: Order::Desc,
-                    statuses: vec![RunStatus::Running],
-                    ..RunQuery::default()
-                };
-                let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
-                for run in runs.items {
-                    let turn = run.id;
-                    match self.recover_turn(&session, run).await {
-                        Ok(Some(handle)) => resumed.push(handle),
-                        Ok(None) => {}
-                        // One turn that cannot be recovered now does not stop the others;
-                        // its lease lapses, and a later pass tries again.
-                        Err(error) => tracing::warn!(%turn, %error, "recovering a turn failed"),
-                    }
+                if let Err(error) = self.recover_session(lease, &mut resumed).await {
+                    tracing::warn!(session = %lease.session_id, %error, "recovering a session's turns failed");
                 }
             }
+            match leases.last() {
+                Some(last) if leases.len() == PAGE => after = Some(last.session_id),
+                _ => return Ok(resumed),
+            }
         }
+    }
+
+    /// The part of a recovery pass for one session whose lease lapsed.
+    async fn recover_session(&self, lease: &Lease, resumed: &mut Vec<TurnHandle>) -> RuntimeResult<()> {
+        let store = &self.inner.store;
+        let session = match store.get_session(lease.session_id).await {
+            Ok(session) => session,
+            // Deleted since the listing.
+            Err(StoreError::NotFound { .. }) => return Ok(()),
+            Err(error) => return Err(error.into()),
+        };
+        let query =
+            RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
+        let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
+        if runs.items.is_empty() {
+            // Left by a start that never wrote its turn. Deleted by its token: a lease taken
+            // since (every start takes one) is not touched. A start of this runtime's own is
+            // left alone.
+            if !self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session.id) {
+                match store.release_lease(session.id, lease.token).await {
+                    Ok(()) | Err(StoreError::Conflict(Conflict::StaleFence { .. })) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            return Ok(());
+        }
+        for run in runs.items {
+            let turn = run.id;
+            match self.recover_turn(&session, run).await {
+                Ok(Some(handle)) => resumed.push(handle),
+                Ok(None) => {}
+                // One turn that cannot be recovered now does not stop the others; its lease
+                // lapses, and a later pass tries again.
+                Err(error) => tracing::warn!(%turn, %error, "recovering a turn failed"),
+            }
+        }
+        Ok(())
     }
 
     async fn recover_turn(
@@ -371,13 +398,16 @@ impl Runtime {
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Ok(None),
                 Err(error) => return Err(error.into()),
             };
-        // Under the lease the turn cannot end any more: one that ended meanwhile is left.
+        // Under the lease the turn cannot end any more: one that ended meanwhile, or went
+        // with its session, is left. On any other error the lease is kept: it lapses, and
+        // a later pass looks again.
         let run = match store.get_run(run.id).await {
             Ok(run) if run.status == RunStatus::Running => run,
-            current => {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {
                 let _released = store.release_lease(session.id, lease.token).await;
-                return current.map(|_| None).map_err(Into::into);
+                return Ok(None);
             }
+            Err(error) => return Err(error.into()),
         };
         let Some(agent) = self.agent(&session.name) else {
             let mut run = run;
@@ -430,7 +460,7 @@ impl Runtime {
         tokio::spawn(async move {
             if let Err(Ok(lease)) = reply.send(taking.await) {
                 // Nobody waits for it any more.
-                give_back(&store, session, lease.token).await;
+                give_back(store.as_ref(), session, lease.token).await;
             }
         });
         let mut answer = LeaseAnswer { receiver, store: Some(self.inner.store.clone()) };
@@ -516,7 +546,7 @@ impl Runtime {
                 }
             }
         }
-        give_back(store, session, token).await;
+        give_back(store.as_ref(), session, token).await;
     }
 
     /// Registers the turn's live log and spawns its engine and lease keeper.
@@ -736,7 +766,7 @@ impl Session {
             Ok(prepared) => prepared,
             Err(error) => {
                 guard.disarm();
-                let _released = store.release_lease(session.id, lease.token).await;
+                give_back(store.as_ref(), session.id, lease.token).await;
                 return Err(error);
             }
         };
@@ -750,7 +780,7 @@ impl Session {
         let pending = guard.pending.take();
         guard.disarm();
         if let Err(error) = written {
-            let _released = store.release_lease(session.id, lease.token).await;
+            give_back(store.as_ref(), session.id, lease.token).await;
             return Err(error.into());
         }
         if let Some(pending) = pending {
@@ -895,10 +925,13 @@ impl Session {
     }
 }
 
-/// Gives back the lease of a turn start whose caller went away.
-async fn give_back(store: &Arc<dyn Store>, session: SessionId, token: u64) {
-    if let Err(error) = store.release_lease(session, token).await {
-        tracing::warn!(%session, %error, "giving back the lease of a dropped turn start failed");
+/// Gives back a lease a turn start took but will not use, by letting it lapse at once
+/// rather than deleting it: the lease may have replaced the lapsed one of a dead process
+/// whose turn is still running, and recovery passes find such turns through the sessions'
+/// leases. A pass deletes a lapsed lease once it sees no running turn under it.
+async fn give_back(store: &dyn Store, session: SessionId, token: u64) {
+    if let Err(error) = store.renew_lease(session, token, Duration::ZERO, Timestamp::now()).await {
+        tracing::warn!(%session, %error, "giving back the lease of a turn start failed");
     }
 }
 
@@ -918,7 +951,7 @@ impl Drop for LeaseAnswer {
         if let Ok(Ok(lease)) = self.receiver.try_recv()
             && let Ok(tokio) = tokio::runtime::Handle::try_current()
         {
-            tokio.spawn(async move { give_back(&store, lease.session_id, lease.token).await });
+            tokio.spawn(async move { give_back(store.as_ref(), lease.session_id, lease.token).await });
         }
     }
 }

@@ -1270,10 +1270,11 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
     }
 }
 
-/// Scenario: a recovery pass resumes the turn left running under a lapsed lease and only
-/// that one: it looks at the sessions with a lease, so neither the many finished sessions
-/// nor a run some application stored as running without a lease are its business, and a
-/// lapsed lease without a running turn is left for the next start to take over.
+/// Scenario: a recovery pass resumes the turns left running under lapsed leases and only
+/// those: it looks at the sessions with a lease, so neither the many finished sessions nor
+/// a run an application stored as running without a lease are its business. A start that
+/// took over a dead process's lease and failed lets it lapse instead of deleting it, so the
+/// dead turn is still found; a lapsed lease with no running turn is deleted.
 pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Harness) {
     let model = Arc::new(ScriptedModel::new((0..100).map(|_| ScriptedResponse::text("done")).collect()));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
@@ -1283,6 +1284,13 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     }
     let crashed = session_for(&runtime, "quick").await;
     let left = leave_a_dead_process(&harness, &crashed, true).await.unwrap();
+    // A start that takes the dead process's lease over and is then refused (it names a
+    // turn that is not the latest).
+    let refused_over = session_for(&runtime, "quick").await;
+    let left_under_refused = leave_a_dead_process(&harness, &refused_over, true).await.unwrap();
+    let mut wrong = TurnRequest::message("chained wrong");
+    wrong.previous_turn_id = crate::PreviousTurn::Turn(agentry_types::TurnId::new());
+    assert!(refused_over.create_turn(wrong).await.is_err());
     let lapsed = session_for(&runtime, "quick").await;
     leave_a_dead_process(&harness, &lapsed, false).await;
     let unleased = session_for(&runtime, "quick").await;
@@ -1292,23 +1300,24 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     harness.store.put_run(&outside, None).await.unwrap();
 
     let resumed = runtime.recover().await.unwrap();
-    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [left]);
-    let state = resumed[0].wait().await.unwrap();
-    assert!(!matches!(state, TurnState::Running), "{state:?}");
-    assert_eq!(
-        harness.store.lease(crashed.id()).await.unwrap(),
-        None,
-        "the resumed turn gave its lease back"
-    );
-    assert!(
-        harness.store.lease(lapsed.id()).await.unwrap().is_some(),
-        "a pass takes no lease it does not use"
-    );
+    let mut ids: Vec<_> = resumed.iter().map(TurnHandle::id).collect();
+    ids.sort();
+    let mut expected = vec![left, left_under_refused];
+    expected.sort();
+    assert_eq!(ids, expected);
+    for turn in &resumed {
+        let state = turn.wait().await.unwrap();
+        assert!(!matches!(state, TurnState::Running), "{state:?}");
+    }
+    for session in [&crashed, &refused_over, &lapsed] {
+        assert_eq!(harness.store.lease(session.id()).await.unwrap(), None, "every lease was given back");
+    }
     assert_eq!(harness.store.get_run(outside.id).await.unwrap().status, agentry_types::RunStatus::Running);
     assert!(runtime.recover().await.unwrap().is_empty(), "a second pass finds nothing more");
-    // The lapsed lease is taken over by the next start.
-    let next = lapsed.create_turn(TurnRequest::message("again")).await.unwrap();
-    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+    for session in [&refused_over, &lapsed] {
+        let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
+        assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+    }
 }
 
 /// Leaves what a dead process left behind: its expired lease on the session and, with

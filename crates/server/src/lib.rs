@@ -95,7 +95,7 @@ pub(crate) struct AppState {
     pub(crate) stopping: watch::Receiver<bool>,
     /// AG-UI threads begun before derived session ids, mapped to their sessions.
     pub(crate) agui_threads: agui::Threads,
-    /// Turns started through this server that may still run.
+    /// Turns started or recovered by this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
 }
 

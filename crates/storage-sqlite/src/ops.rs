@@ -1105,8 +1105,8 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>> {
-        // Ids are fixed-width lowercase hex, so their text order is their numeric order, and
-        // the empty string comes before every id.
+        // Ids are fixed-width lowercase hyphenated hex, so their text order is their numeric
+        // order, and the empty string comes before every id.
         let after = after.map(|session| session.to_string()).unwrap_or_default();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |connection| {

@@ -538,7 +538,8 @@ pub trait LeaseStore: Send + Sync {
     /// Lists the store's leases, expired or not, by session id ascending: at most `limit`
     /// of them (none when `limit` is 0), of sessions after `after` (from the first when
     /// `None`). A runtime holds a session's lease while a turn of it runs and lets a lease
-    /// it does not use lapse rather than delete it, so this is where crash recovery looks
+    /// a turn start does not use lapse rather than delete it, so this is where crash
+    /// recovery looks
     /// for the turns a dead process left running: its cost follows the leases, not the
     /// number of sessions or runs in the store.
     async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>>;

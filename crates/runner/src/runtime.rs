@@ -298,13 +298,15 @@ impl Runtime {
     /// state (completed tool calls are not run again). Returns the turns it resumed.
     ///
     /// A pass looks only at the sessions whose lease has lapsed (see
-    /// [`LeaseStore::list_leases`]): a turn takes its session's lease with its first write
-    /// and gives it back with its last, and a start that takes a lease it does not use lets
-    /// it lapse rather than deleting it, so a turn left running always has a lease. A
-    /// running turn on a session without a lease (a run an application stored as running
-    /// through the store) is not the runtime's to resume. A lapsed lease with no running
-    /// turn under it is deleted, so each pass costs what the turns under way and the
-    /// leases left since the last pass cost, not what the store holds.
+    /// [`LeaseStore::list_leases`]): a turn is written under its session's lease and gives
+    /// it back with its last write, and every other give-back of the runtime (a start that
+    /// does not use the lease it took, a pass that leaves a turn) lets the lease lapse
+    /// rather than deleting it, so a turn a process left running keeps a lease a pass can
+    /// find. A running turn on a session without a lease (a run an application stored as
+    /// running through the store) is not the runtime's to resume. A lapsed lease with no
+    /// running turn under it is taken over and deleted, so each pass costs what the leases
+    /// cost (the turns under way and the leases left since the last pass), not what the
+    /// store holds.
     ///
     /// Errors: `Store` when listing the leases fails; a session the pass cannot read is
     /// logged and left to the next pass, and a turn that cannot be resumed (its agent is not
@@ -344,16 +346,7 @@ impl Runtime {
             RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
         let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
         if runs.items.is_empty() {
-            // Left by a start that never wrote its turn. Deleted by its token: a lease taken
-            // since (every start takes one) is not touched. A start of this runtime's own is
-            // left alone.
-            if !self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session.id) {
-                match store.release_lease(session.id, lease.token).await {
-                    Ok(()) | Err(StoreError::Conflict(Conflict::StaleFence { .. })) => {}
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            return Ok(());
+            return self.clear_lapsed(session.id).await;
         }
         for run in runs.items {
             let turn = run.id;
@@ -366,6 +359,42 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// Deletes a session's lapsed lease that no running turn is under (left by a start that
+    /// never wrote its turn). The pass takes the lease over first: that fences out the
+    /// holder of the lapsed one (a start slower than the lease time would otherwise still
+    /// write its turn under it), and under its own lease it reads the running turns again.
+    /// One found then is left under a lapsed lease for the next pass.
+    async fn clear_lapsed(&self, session: SessionId) -> RuntimeResult<()> {
+        if self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session)
+            || self.running_turn_of(session).is_some()
+        {
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let lease = match store
+            .acquire_lease(session, &self.inner.owner, self.inner.options.lease_ttl, Timestamp::now())
+            .await
+        {
+            Ok(lease) => lease,
+            Err(StoreError::Conflict(Conflict::LeaseHeld { .. }) | StoreError::NotFound { .. }) => {
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let query =
+            RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
+        match store.list_runs(session, &query, &PageRequest::first(1)).await {
+            Ok(runs) if runs.items.is_empty() => match store.release_lease(session, lease.token).await {
+                Ok(()) | Err(StoreError::Conflict(Conflict::StaleFence { .. })) => Ok(()),
+                Err(error) => Err(error.into()),
+            },
+            other => {
+                give_back(store.as_ref(), session, lease.token).await;
+                other.map(drop).map_err(Into::into)
+            }
+        }
     }
 
     async fn recover_turn(
@@ -404,10 +433,13 @@ impl Runtime {
         let run = match store.get_run(run.id).await {
             Ok(run) if run.status == RunStatus::Running => run,
             Ok(_) | Err(StoreError::NotFound { .. }) => {
-                let _released = store.release_lease(session.id, lease.token).await;
+                give_back(store.as_ref(), session.id, lease.token).await;
                 return Ok(None);
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => {
+                give_back(store.as_ref(), session.id, lease.token).await;
+                return Err(error.into());
+            }
         };
         let Some(agent) = self.agent(&session.name) else {
             let mut run = run;
@@ -419,8 +451,9 @@ impl Runtime {
                 completed_at: Timestamp::now(),
                 metrics: None,
             });
-            store.put_run(&run, Some(lease.fence())).await?;
-            store.release_lease(session.id, lease.token).await?;
+            let ended = store.put_run(&run, Some(lease.fence())).await;
+            give_back(store.as_ref(), session.id, lease.token).await;
+            ended?;
             return Ok(None);
         };
         let loaded = async {
@@ -434,9 +467,15 @@ impl Runtime {
             Ok::<_, RunnerError>((previous, high_water, journal, stored))
         }
         .await;
-        // On failure the lease is kept, not given back: a pass looks for turns to recover
-        // among the sessions with a lease, so the next one after it lapses tries again.
-        let (previous, high_water, journal, stored) = loaded?;
+        // On failure the lease lapses at once (it is not deleted): the next pass finds the
+        // turn under it and tries again, and the session's next start can end it meanwhile.
+        let (previous, high_water, journal, stored) = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                give_back(store.as_ref(), session.id, lease.token).await;
+                return Err(error);
+            }
+        };
         let emitter = TurnEmitter::new(TurnSequencer::resuming_after(session.id, run.id, high_water));
         let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
         self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });
@@ -707,7 +746,8 @@ impl Session {
     ///
     /// Errors: `TurnRunning` when the session has a running turn (here or in another
     /// process sharing the store); `SessionCancelled`; `InvalidInput` for input that breaks
-    /// seed 002's rules (nothing is stored then); `NotFound` when the session, its agent or
+    /// seed 002's rules (no turn is stored then; a lease the call took is left lapsed, see
+    /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
     pub async fn create_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
         let runtime = &self.runtime;

@@ -79,7 +79,7 @@ async fn thread_session(
     }
     let id = thread_session_id(&caller.0.subject_id, agent, thread_id);
     match state.runtime.get_session(id).await {
-        Ok(session) => return of_agent(session, agent, thread_id),
+        Ok(session) => return derived(session, caller, agent, thread_id),
         Err(RunnerError::NotFound { .. }) => {}
         Err(error) => return Err(error.into()),
     }
@@ -100,10 +100,20 @@ async fn thread_session(
         Ok(session) => Ok(session),
         // The same thread's first run, at the same time on another request or server.
         Err(RunnerError::Store(StoreError::Conflict(Conflict::AlreadyExists { .. }))) => {
-            Ok(state.runtime.get_session(id).await?)
+            derived(state.runtime.get_session(id).await?, caller, agent, thread_id)
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// The session under a thread's derived id, checked like any other: the caller's, of
+/// `agent` (both hold by construction, unless a session was created under that id by other
+/// means).
+fn derived(session: Session, caller: &Caller, agent: &str, thread_id: &str) -> ApiResult<Session> {
+    if session.record().owner.subject_id != caller.0.subject_id {
+        return Err(ApiError::bad_param("threadId", format!("thread {thread_id} belongs to another caller")));
+    }
+    of_agent(session, agent, thread_id)
 }
 
 /// The session a thread names, if it is one of `agent`'s.

@@ -1,7 +1,9 @@
 //! Identifiers: UUIDv7 newtypes for sessions, turns and events, and the thread id.
 //!
-//! UUIDv7 ids sort by creation time, so listing by id is listing by age. Every id
-//! serializes as its canonical hyphenated string.
+//! UUIDv7 ids sort by creation time, so listing by id is listing by age (but for the
+//! sessions whose id derives from a name, such as the server's AG-UI threads: stores list
+//! sessions by their creation time). Every id serializes as its canonical hyphenated
+//! string.
 
 use std::fmt;
 use std::str::FromStr;

@@ -885,6 +885,9 @@ impl Session {
         lease: &Lease,
     ) -> RuntimeResult<(RunRecord, Option<RunRecord>)> {
         let previous = self.previous_turn(request).await?;
+        // The input is checked first: a refused request leaves the previous turn as it is.
+        let finished = previous.as_ref().filter(|run| run.state.is_terminal());
+        let run = self.new_run(request, finished, previous.as_ref().map(|run| run.id))?;
         if let Some(previous) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
             // Left running by a process that died before recovery ran: it cannot be
             // resumed once a new turn chains on it, so it is ended as abandoned.
@@ -896,8 +899,6 @@ impl Session {
             });
             self.runtime.inner.store.put_run(&abandoned, Some(lease.fence())).await?;
         }
-        let finished = previous.as_ref().filter(|run| run.state.is_terminal());
-        let run = self.new_run(request, finished, previous.as_ref().map(|run| run.id))?;
         Ok((run, previous))
     }
 

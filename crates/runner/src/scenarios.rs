@@ -1291,6 +1291,11 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     let mut wrong = TurnRequest::message("chained wrong");
     wrong.previous_turn_id = crate::PreviousTurn::Turn(agentry_types::TurnId::new());
     assert!(refused_over.create_turn(wrong).await.is_err());
+    // An input the dead turn does not allow (an approval, with nothing pending) is refused
+    // before the dead turn is ended as abandoned: it stays for recovery.
+    let approval = vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "x")];
+    let refused = refused_over.create_turn(TurnRequest::input(approval)).await;
+    assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{refused:?}");
     let lapsed = session_for(&runtime, "quick").await;
     leave_a_dead_process(&harness, &lapsed, false).await;
     let unleased = session_for(&runtime, "quick").await;

@@ -308,7 +308,8 @@ impl Runtime {
     /// cost (the turns under way and the leases left since the last pass), not what the
     /// store holds.
     ///
-    /// Errors: `Store` when listing the leases fails; a session the pass cannot read is
+    /// Errors: `Store` when listing the leases fails before any turn was resumed (after,
+    /// the pass returns what it resumed and logs the error); a session the pass cannot read is
     /// logged and left to the next pass, and a turn that cannot be resumed (its agent is not
     /// registered here) is ended with an error state instead.
     ///
@@ -319,7 +320,16 @@ impl Runtime {
         let mut resumed = Vec::new();
         let mut after = None;
         loop {
-            let leases = store.list_leases(after, PAGE).await?;
+            let leases = match store.list_leases(after, PAGE).await {
+                Ok(leases) => leases,
+                // The turns already resumed are running: the caller gets them, to follow
+                // them; the rest waits for the next pass.
+                Err(error) if !resumed.is_empty() => {
+                    tracing::warn!(%error, "listing leases failed part way through a recovery pass");
+                    return Ok(resumed);
+                }
+                Err(error) => return Err(error.into()),
+            };
             let now = Timestamp::now();
             for lease in leases.iter().filter(|lease| lease.is_expired(now)) {
                 if let Err(error) = self.recover_session(lease, &mut resumed).await {

@@ -539,9 +539,8 @@ pub trait LeaseStore: Send + Sync {
     /// of them (none when `limit` is 0), of sessions after `after` (from the first when
     /// `None`). A runtime holds a session's lease while a turn of it runs and lets a lease
     /// a turn start does not use lapse rather than delete it, so this is where crash
-    /// recovery looks
-    /// for the turns a dead process left running: its cost follows the leases, not the
-    /// number of sessions or runs in the store.
+    /// recovery looks for the turns a dead process left running: its cost follows the
+    /// leases, not the number of sessions or runs in the store.
     async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>>;
 }
 

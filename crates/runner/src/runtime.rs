@@ -438,17 +438,16 @@ impl Runtime {
                 Err(error) => return Err(error.into()),
             };
         // Under the lease the turn cannot end any more: one that ended meanwhile, or went
-        // with its session, is left. On any other error the lease is kept: it lapses, and
-        // a later pass looks again.
+        // with its session, is left. Either way, or when the read fails, the lease lapses
+        // for a later pass (another running turn of the session stays findable).
         let run = match store.get_run(run.id).await {
             Ok(run) if run.status == RunStatus::Running => run,
-            Ok(_) | Err(StoreError::NotFound { .. }) => {
+            other => {
                 give_back(store.as_ref(), session.id, lease.token).await;
-                return Ok(None);
-            }
-            Err(error) => {
-                give_back(store.as_ref(), session.id, lease.token).await;
-                return Err(error.into());
+                return match other {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(None),
+                    Err(error) => Err(error.into()),
+                };
             }
         };
         let Some(agent) = self.agent(&session.name) else {
@@ -976,13 +975,14 @@ impl Session {
     }
 }
 
-/// Gives back a lease a turn start took but will not use, by letting it lapse at once
-/// rather than deleting it: the lease may have replaced the lapsed one of a dead process
-/// whose turn is still running, and recovery passes find such turns through the sessions'
-/// leases. A pass deletes a lapsed lease once it sees no running turn under it.
+/// Gives back a lease that a turn start or a recovery pass took and will not use, by
+/// letting it lapse at once rather than deleting it: the lease may have replaced the lapsed
+/// one of a dead process whose turn is still running, and recovery passes find such turns
+/// through the sessions' leases. A pass deletes a lapsed lease once it sees no running turn
+/// under it.
 async fn give_back(store: &dyn Store, session: SessionId, token: u64) {
     if let Err(error) = store.renew_lease(session, token, Duration::ZERO, Timestamp::now()).await {
-        tracing::warn!(%session, %error, "giving back the lease of a turn start failed");
+        tracing::warn!(%session, %error, "giving back a lease failed");
     }
 }
 

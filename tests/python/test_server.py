@@ -118,7 +118,11 @@ def tearDownModule():
     try:
         stop_shared_server()
     finally:
-        shutil.rmtree(WORKDIRS, ignore_errors=True)
+        # AGENTRY_KEEP_TEST_DIRS keeps the servers' stores and logs for a look afterwards.
+        if os.environ.get("AGENTRY_KEEP_TEST_DIRS"):
+            print(f"test servers' directories kept in {WORKDIRS}")
+        else:
+            shutil.rmtree(WORKDIRS, ignore_errors=True)
 
 
 def stop_shared_server():

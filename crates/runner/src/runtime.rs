@@ -352,13 +352,11 @@ impl Runtime {
             Err(StoreError::NotFound { .. }) => return Ok(()),
             Err(error) => return Err(error.into()),
         };
-        let query =
-            RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
-        let runs = store.list_runs(session.id, &query, &PageRequest::first(10)).await?;
-        if runs.items.is_empty() {
+        let runs = self.running_turns(session.id, 10).await?;
+        if runs.is_empty() {
             return self.clear_lapsed(session.id).await;
         }
-        for run in runs.items {
+        for run in runs {
             let turn = run.id;
             match self.recover_turn(&session, run).await {
                 Ok(Some(handle)) => resumed.push(handle),
@@ -371,15 +369,25 @@ impl Runtime {
         Ok(())
     }
 
+    /// A session's running top-level turns, newest first, at most `limit`.
+    async fn running_turns(&self, session: SessionId, limit: usize) -> RuntimeResult<Vec<RunRecord>> {
+        let query =
+            RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
+        Ok(self.inner.store.list_runs(session, &query, &PageRequest::first(limit)).await?.items)
+    }
+
+    /// Whether this runtime is starting a turn of the session (see [`Starting`]).
+    fn is_starting(&self, session: SessionId) -> bool {
+        self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session)
+    }
+
     /// Deletes a session's lapsed lease that no running turn is under (left by a start that
     /// never wrote its turn). The pass takes the lease over first: that fences out the
     /// holder of the lapsed one (a start slower than the lease time would otherwise still
     /// write its turn under it), and under its own lease it reads the running turns again.
     /// One found then is left under a lapsed lease for the next pass.
     async fn clear_lapsed(&self, session: SessionId) -> RuntimeResult<()> {
-        if self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session)
-            || self.running_turn_of(session).is_some()
-        {
+        if self.is_starting(session) || self.running_turn_of(session).is_some() {
             return Ok(());
         }
         let store = &self.inner.store;
@@ -393,16 +401,14 @@ impl Runtime {
             }
             Err(error) => return Err(error.into()),
         };
-        let query =
-            RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
-        match store.list_runs(session, &query, &PageRequest::first(1)).await {
-            Ok(runs) if runs.items.is_empty() => match store.release_lease(session, lease.token).await {
+        match self.running_turns(session, 1).await {
+            Ok(runs) if runs.is_empty() => match store.release_lease(session, lease.token).await {
                 Ok(()) | Err(StoreError::Conflict(Conflict::StaleFence { .. })) => Ok(()),
                 Err(error) => Err(error.into()),
             },
             other => {
                 give_back(store.as_ref(), session, lease.token).await;
-                other.map(drop).map_err(Into::into)
+                other.map(drop)
             }
         }
     }
@@ -415,7 +421,7 @@ impl Runtime {
         let store = &self.inner.store;
         // A turn this runtime runs, or is starting, is not abandoned, whatever its lease
         // says. Starts first: a start leaves that set only once its turn is live.
-        if self.inner.starting.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&session.id)
+        if self.is_starting(session.id)
             || self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id)
         {
             return Ok(None);

@@ -5,7 +5,7 @@
 //! - [`codegen`]: writing and checking the JSON Schemas in `docs/schemas/`;
 //! - [`fixtures`]: the wire fixtures the Python client tests parse;
 //! - [`demo`]: a scripted turn printed as the harness event stream;
-//! - [`bench`](mod@bench): the medians of criterion's results.
+//! - [`bench`](mod@bench): the medians of criterion's results and design §9's targets.
 //!
 //! ```
 //! use std::collections::BTreeSet;

@@ -39,7 +39,7 @@ enum Task {
         #[arg(long, default_value = "target/wire-fixtures.json")]
         out: PathBuf,
     },
-    /// Runs the criterion benchmarks and prints their medians.
+    /// Runs the criterion benchmarks and prints their medians and the design's targets.
     Bench {
         /// Only benchmarks whose name contains this.
         filter: Option<String>,
@@ -162,8 +162,11 @@ fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
     if let Some(filter) = filter {
         args.push(filter);
     }
+    let started = std::time::SystemTime::now();
     cargo(root, &args)?;
-    let summary = xtask::bench::summary(&root.join("target/criterion"))?;
-    println!("{summary}");
+    // Only this run's results: criterion keeps those of earlier runs beside them.
+    let results = xtask::bench::results_since(&root.join("target/criterion"), started)?;
+    println!("{}", xtask::bench::summary(&results));
+    println!("{}", xtask::bench::targets_table(&results));
     Ok(())
 }

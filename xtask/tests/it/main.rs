@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use xtask::layering::{self, ALLOWED, Edge};
-use xtask::{tidy, workspace_root};
+use xtask::{bench, tidy, workspace_root};
 
 #[test]
 fn the_workspace_follows_the_layering_table() {
@@ -103,4 +103,68 @@ fn the_demo_streams_a_tool_call_turn_as_sse_frames_and_answers() {
     assert!(frames.iter().any(|f| f["type"] == "tool.response" && f["content"] == "42"));
     assert!(text.contains("\n: answer: The result is 42.\n"), "{text}");
     assert!(text.contains(": stored: "), "{text}");
+}
+
+fn result(name: &str, median_ns: f64, elements: Option<u64>) -> bench::BenchResult {
+    bench::BenchResult { name: name.to_owned(), median_ns, elements }
+}
+
+#[test]
+fn a_target_is_met_missed_or_beyond_the_bare_library_by_this_run_s_medians() {
+    let time = bench::Target { bench: "a/b", goal: bench::Goal::AtMostNs(10_000.0), floor: Some("floor/b") };
+    assert_eq!(bench::verdict(&time, &[result("a/b", 9_000.0, None)]), bench::Verdict::Met);
+    assert_eq!(bench::verdict(&time, &[result("a/b", 11_000.0, None)]), bench::Verdict::Missed);
+    let floor_meets = [result("a/b", 11_000.0, None), result("floor/b", 4_000.0, None)];
+    assert_eq!(bench::verdict(&time, &floor_meets), bench::Verdict::Missed);
+    let floor_misses = [result("a/b", 30_000.0, None), result("floor/b", 12_000.0, None)];
+    assert_eq!(bench::verdict(&time, &floor_misses), bench::Verdict::BeyondFloor);
+    assert_eq!(bench::verdict(&time, &[result("c/d", 1.0, None)]), bench::Verdict::NotRun);
+
+    // 50 events in 1 ms: 50,000 a second.
+    let rate = bench::Target { bench: "r", goal: bench::Goal::AtLeastPerSecond(40_000.0), floor: None };
+    assert_eq!(bench::verdict(&rate, &[result("r", 1e6, Some(50))]), bench::Verdict::Met);
+    assert_eq!(bench::verdict(&rate, &[result("r", 2e6, Some(50))]), bench::Verdict::Missed);
+    assert_eq!(bench::verdict(&rate, &[result("r", 1e6, None)]), bench::Verdict::NotRun);
+
+    let ratio = bench::Target {
+        bench: "k/big",
+        goal: bench::Goal::AtMostTimes { of: "k/small", ratio: 1.5 },
+        floor: None,
+    };
+    assert_eq!(
+        bench::verdict(&ratio, &[result("k/big", 14.0, None), result("k/small", 10.0, None)]),
+        bench::Verdict::Met
+    );
+    assert_eq!(
+        bench::verdict(&ratio, &[result("k/big", 16.0, None), result("k/small", 10.0, None)]),
+        bench::Verdict::Missed
+    );
+    assert_eq!(bench::verdict(&ratio, &[result("k/big", 16.0, None)]), bench::Verdict::NotRun);
+
+    let table = bench::targets_table(&floor_misses);
+    assert!(!table.contains("a/b"), "only the design's own targets are listed");
+    let table = bench::targets_table(&[
+        result("event_appends_50_writers/redb/batched", 2e6, Some(50)),
+        result("floor_event_appends_50/redb/batched", 1.5e6, Some(50)),
+    ]);
+    let row = table.lines().find(|line| line.starts_with("event_appends_50_writers/redb/batched")).unwrap();
+    assert!(
+        row.contains("25000/s") && row.contains("33333/s") && row.contains("beyond the bare library"),
+        "{row}"
+    );
+}
+
+#[test]
+fn every_target_names_a_benchmark_group_of_the_benches() {
+    let mut sources = String::new();
+    for entry in std::fs::read_dir(workspace_root().join("benches/benches")).unwrap() {
+        sources.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+    }
+    for target in bench::TARGETS {
+        let names = [Some(target.bench), target.floor];
+        for name in names.into_iter().flatten() {
+            let group = name.split('/').next().unwrap();
+            assert!(sources.contains(&format!("\"{group}")), "no benchmark group {group} (target {name})");
+        }
+    }
 }

@@ -10,7 +10,7 @@
 //! without a name, and a finishing delta that would leave a call without an id. A failed
 //! push changes nothing.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use agentry_types::{
     EventId, FunctionCall, ModelMessage, ModelMessageDelta, ThreadId, ToolCall, ToolCallDelta, ToolCallKind,

@@ -1,7 +1,9 @@
 //! [`InMemoryStore`]: the reference implementation of the storage traits, kept in process
 //! memory. Nothing survives the process; everything else behaves as the durable backends.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashMap;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The runtime API (seed 002): sessions, turns, streams, cancellation and recovery.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -174,13 +174,13 @@ impl Runtime {
         Self {
             inner: Arc::new(RuntimeInner {
                 store,
-                agents: RwLock::new(HashMap::new()),
-                live: Mutex::new(HashMap::new()),
+                agents: RwLock::new(HashMap::default()),
+                live: Mutex::new(HashMap::default()),
                 options,
                 owner: Arc::from(format!("runtime-{}", EventId::new())),
                 keeper_started: AtomicBool::new(false),
                 appended: Arc::new(tokio::sync::Notify::new()),
-                starting: Mutex::new(HashMap::new()),
+                starting: Mutex::new(HashMap::default()),
             }),
         }
     }

@@ -9,6 +9,7 @@
 //! assert_eq!(deltas.len(), 11);
 //! ```
 
+pub mod fuzz;
 pub mod http;
 
 use std::path::Path;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod fuzz;
 mod recovery;
 mod scenarios;
 mod shared;

@@ -56,7 +56,7 @@ use async_trait::async_trait;
 use futures_core::Stream;
 
 #[cfg(feature = "openai")]
-pub use openai::{OpenAiCompatibleModel, OpenAiConfig};
+pub use openai::{OpenAiCompatibleModel, OpenAiConfig, sse_deltas};
 pub use request::{ModelInfo, ModelRequest, ToolChoice};
 pub use scripted::{RECORDED_REQUESTS, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 

@@ -381,6 +381,39 @@ fn delta_stream(response: reqwest::Response) -> ModelStream {
     deltas(Box::pin(response.bytes_stream()))
 }
 
+/// The deltas of an OpenAI-compatible chat-completions response body (server-sent
+/// events), given as a stream of byte chunks cut anywhere: what [`OpenAiCompatibleModel`]
+/// makes of the HTTP response it reads. For a body obtained another way (a recorded
+/// response, another HTTP client) and for fuzzing.
+///
+/// The stream ends after the response's last delta (with its finish reason and usage) or
+/// `[DONE]`; a malformed event, an event over 1 MiB, or a body that ends (or fails) before
+/// the response is whole gives one `Err` (`MalformedChunk` or `Disconnected`) and then the
+/// end. It never panics, whatever the bytes.
+///
+/// ```
+/// use futures_util::StreamExt;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let body = concat!(
+///     "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+///     "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+///     "data: [DONE]\n\n",
+/// );
+/// let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(body.as_bytes())]);
+/// let deltas: Vec<_> = agentry_model::sse_deltas(chunks).collect().await;
+/// assert_eq!(deltas[0].as_ref().unwrap().content.as_deref(), Some("Hi"));
+/// assert_eq!(deltas.len(), 2);
+/// # });
+/// ```
+pub fn sse_deltas<S, B, E>(body: S) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
+    B: AsRef<[u8]>,
+{
+    deltas(body)
+}
+
 /// The deltas of a body given as a stream of byte chunks.
 fn deltas<S, B, E>(body: S) -> ModelStream
 where

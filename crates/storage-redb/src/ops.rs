@@ -6,9 +6,10 @@ use std::time::Duration;
 use agentry_events::EventEnvelope;
 use agentry_memory::handoff;
 use agentry_memory::{
-    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
-    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
+    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MAX_PAGE,
+    MessageStore, Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate,
+    StoreError, StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key,
+    decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -477,7 +478,8 @@ impl EventStore for RedbStore {
             .map_err(redb_error)?;
             let entries: Box<dyn Iterator<Item = _>> =
                 if order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
-            let mut events = Vec::new();
+            // Sized for a full page up front: growing it moves every decoded event again.
+            let mut events = Vec::with_capacity(limit.min(MAX_PAGE));
             for entry in entries.take(limit) {
                 let (_, position) = entry.map_err(redb_error)?;
                 events.push(load_event(&table, position.value())?);
@@ -491,7 +493,7 @@ impl EventStore for RedbStore {
         let query = *query;
         self.read(move |transaction| {
             let table = transaction.open_table(EVENTS).map_err(redb_error)?;
-            let mut events = Vec::new();
+            let mut events = Vec::with_capacity(limit.min(MAX_PAGE));
             match query.session_id {
                 None => {
                     let range = match (query.order, query.after) {

@@ -6,10 +6,9 @@ use std::time::Duration;
 use agentry_events::EventEnvelope;
 use agentry_memory::handoff;
 use agentry_memory::{
-    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MAX_PAGE,
-    MessageStore, Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate,
-    StoreError, StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key,
-    decode_token, rules,
+    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
+    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
+    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -478,8 +477,7 @@ impl EventStore for RedbStore {
             .map_err(redb_error)?;
             let entries: Box<dyn Iterator<Item = _>> =
                 if order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
-            // Sized for a full page up front: growing it moves every decoded event again.
-            let mut events = Vec::with_capacity(limit.min(MAX_PAGE));
+            let mut events = Vec::new();
             for entry in entries.take(limit) {
                 let (_, position) = entry.map_err(redb_error)?;
                 events.push(load_event(&table, position.value())?);
@@ -493,7 +491,7 @@ impl EventStore for RedbStore {
         let query = *query;
         self.read(move |transaction| {
             let table = transaction.open_table(EVENTS).map_err(redb_error)?;
-            let mut events = Vec::with_capacity(limit.min(MAX_PAGE));
+            let mut events = Vec::new();
             match query.session_id {
                 None => {
                     let range = match (query.order, query.after) {

@@ -7,10 +7,9 @@ use std::time::Duration;
 use agentry_events::EventEnvelope;
 use agentry_memory::handoff;
 use agentry_memory::{
-    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MAX_PAGE,
-    MessageStore, Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate,
-    StoreError, StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key,
-    decode_token, rules,
+    BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
+    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
+    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -296,7 +295,7 @@ impl EventStore for SqliteStore {
                     after.map_or(i64::MAX, as_i64),
                 ),
             };
-            collect_events(connection, sql, params![key, bound, as_i64(limit as u64)], limit)
+            collect_events(connection, sql, params![key, bound, as_i64(limit as u64)])
         })
         .await
     }
@@ -305,32 +304,27 @@ impl EventStore for SqliteStore {
         let query = *query;
         self.read(move |connection| {
             let session = query.session_id.map(|id| id.to_string());
-            let wanted = limit;
             let limit = as_i64(limit as u64);
             match (query.order, session) {
                 (Order::Asc, None) => collect_events(
                     connection,
                     "SELECT position, body FROM events WHERE position > ?1 ORDER BY position ASC LIMIT ?2",
                     params![query.after.map_or(0, as_i64), limit],
-                    wanted,
                 ),
                 (Order::Desc, None) => collect_events(
                     connection,
                     "SELECT position, body FROM events WHERE position < ?1 ORDER BY position DESC LIMIT ?2",
                     params![query.after.map_or(i64::MAX, as_i64), limit],
-                    wanted,
                 ),
                 (Order::Asc, Some(session)) => collect_events(
                     connection,
                     "SELECT position, body FROM events WHERE session_id = ?1 AND position > ?2 ORDER BY position ASC LIMIT ?3",
                     params![session, query.after.map_or(0, as_i64), limit],
-                    wanted,
                 ),
                 (Order::Desc, Some(session)) => collect_events(
                     connection,
                     "SELECT position, body FROM events WHERE session_id = ?1 AND position < ?2 ORDER BY position DESC LIMIT ?3",
                     params![session, query.after.map_or(i64::MAX, as_i64), limit],
-                    wanted,
                 ),
             }
         })
@@ -616,12 +610,10 @@ fn collect_events(
     connection: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
-    limit: usize,
 ) -> StoreResult<Vec<StoredEvent>> {
     let mut statement = connection.prepare_cached(sql).map_err(sqlite)?;
     let mut rows = statement.query(params).map_err(sqlite)?;
-    // Sized for a full page up front: growing it moves every decoded event again.
-    let mut events = Vec::with_capacity(limit.min(MAX_PAGE));
+    let mut events = Vec::new();
     while let Some(row) = rows.next().map_err(sqlite)? {
         let position: i64 = row.get(0).map_err(sqlite)?;
         events.push(StoredEvent { position: as_u64(position), event: rules::decode_event(blob(row, 1)?)? });

@@ -1,22 +1,22 @@
-//! Fuzz harnesses (design §10): each takes arbitrary bytes and must return without
-//! panicking, whatever they are; each says whether the bytes got past parsing (so tests can
-//! check that their seeds reach the code behind it). The cargo-fuzz targets in `fuzz/` call them under
-//! libFuzzer; the `fuzz` tests of this crate run them on every test run over the seed
-//! corpora in `fuzz/corpus/` and on random and mutated inputs, so a stable toolchain
-//! exercises them too.
+//! Fuzz harnesses (design §10). Each takes arbitrary bytes and returns without panicking,
+//! whatever they are, saying whether the bytes got past parsing (so the tests can check
+//! that seeds reach the code behind the parser); `delta_merge` also panics when the merged
+//! messages break the builders' own rules, as a fuzzer's oracle. The cargo-fuzz targets in
+//! `fuzz/` call them under libFuzzer; this crate's `fuzz` tests run them over the seed
+//! corpora in `fuzz/corpus/` and over random and mutated inputs on every test run, on a
+//! stable toolchain.
 //!
 //! ```
 //! agentry_benches::fuzz::turn_input(br#"{"input":[{"type":"user.message","content":"hi"}]}"#);
 //! agentry_benches::fuzz::provider_stream(b"\x05data: [DONE]\n\n");
 //! ```
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use agentry_events::MessageBuilder;
+use agentry_events::{MessageBuilder, ThreadMessageBuilders};
 use agentry_server::Config;
-use agentry_types::{EventId, ModelMessageDelta, PendingActions, RequiredActionRecord, TurnInputItem};
-use futures_util::Stream;
+use agentry_types::{
+    EventId, ModelMessageDelta, PendingActions, RequiredActionRecord, ThreadId, TurnInputItem,
+};
+use futures_util::StreamExt;
 
 /// A harness: takes any bytes, says whether they got past parsing.
 pub type Harness = fn(&[u8]) -> bool;
@@ -59,14 +59,14 @@ pub fn provider_stream(data: &[u8]) -> bool {
     let Some((&size, body)) = data.split_first() else { return false };
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         body.chunks(usize::from(size) + 1).map(|chunk| Ok(chunk.to_vec())).collect();
-    let mut deltas = agentry_model::sse_deltas(futures_util::stream::iter(chunks));
+    let deltas = agentry_model::sse_deltas(futures_util::stream::iter(chunks));
+    let items = RUNTIME.with(|runtime| runtime.block_on(deltas.collect::<Vec<_>>()));
     let mut builder = MessageBuilder::new();
     let id = EventId::new();
     let mut parsed = false;
-    while let Some(item) = ready(deltas.as_mut()) {
-        let Ok(delta) = item else { continue };
+    for delta in items.iter().flatten() {
         parsed = true;
-        if builder.push(id, &delta).is_err() {
+        if builder.push(id, delta).is_err() {
             return parsed;
         }
     }
@@ -74,22 +74,49 @@ pub fn provider_stream(data: &[u8]) -> bool {
     parsed
 }
 
-/// Delta merging: a JSON array of deltas, each with the index of the message it belongs to
-/// (0 to 3), pushed into the builders of the messages as they come.
+thread_local! {
+    /// Drives the parser's stream: a runtime per fuzzing thread, built once.
+    static RUNTIME: tokio::runtime::Runtime =
+        tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime builds");
+}
+
+/// Delta merging: a JSON array of deltas, each with a selector whose low two bits pick one
+/// of four threads and the next two one of four message ids, pushed into
+/// [`ThreadMessageBuilders`] as the engine pushes them. Each thread's pushes are checked
+/// against a [`MessageBuilder`] of its own: the same deltas refused, the same messages
+/// completed, the same partial messages left; and a refused delta changes nothing.
+///
+/// # Panics
+///
+/// When the two disagree, or a refused push changed the message, or a message whose last
+/// delta was accepted cannot be built: each is a bug of the builders.
 pub fn delta_merge(data: &[u8]) -> bool {
     let Ok(deltas) = serde_json::from_slice::<Vec<(u8, ModelMessageDelta)>>(data) else { return false };
-    let ids = [EventId::new(), EventId::new(), EventId::new(), EventId::new()];
-    let mut builder = MessageBuilder::new();
-    for (message, delta) in &deltas {
-        let id = ids[usize::from(*message % 4)];
-        if builder.check(id, delta).is_ok() {
-            let _ = builder.push(id, delta);
-            let _ = builder.build_partial();
-        } else {
-            let _ = builder.build_and_reset();
-        }
+    let threads: [ThreadId; 4] = std::array::from_fn(|_| ThreadId::new_sub_thread());
+    let ids: [[EventId; 4]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| EventId::new()));
+    let mut merged = ThreadMessageBuilders::new();
+    let mut models: [MessageBuilder; 4] = Default::default();
+    for (selector, delta) in &deltas {
+        let (thread, message) = (usize::from(selector & 3), usize::from((selector >> 2) & 3));
+        let id = ids[thread][message];
+        let model = &mut models[thread];
+        let before = model.build_partial();
+        let expected = match model.push(id, delta) {
+            Err(error) => {
+                assert_eq!(model.build_partial(), before, "a refused delta changed the message");
+                Err(error)
+            }
+            Ok(()) if model.is_complete() => Ok(Some(
+                model.build_and_reset().expect("an accepted finishing delta leaves a buildable message"),
+            )),
+            Ok(()) => Ok(None),
+        };
+        assert_eq!(merged.push(&threads[thread], id, delta), expected, "the thread builders disagree");
     }
-    let _ = builder.build();
+    for (thread, model) in threads.iter().zip(&models) {
+        let partial = merged.take_partial(thread).map(|(_, message)| message);
+        assert_eq!(partial, model.id().map(|_| model.build_partial()), "the partial messages differ");
+    }
     true
 }
 
@@ -101,17 +128,4 @@ pub fn config(data: &[u8]) -> bool {
     let _ = config.api_keys();
     let _ = format!("{config:?}");
     true
-}
-
-/// The next item of a stream that never waits (its body is in memory): `None` at its end.
-///
-/// # Panics
-///
-/// When the stream waits: a parser over bytes in memory has nothing to wait for.
-fn ready<T>(mut stream: Pin<&mut (dyn Stream<Item = T> + Send)>) -> Option<T> {
-    let mut context = Context::from_waker(futures_util::task::noop_waker_ref());
-    match stream.as_mut().poll_next(&mut context) {
-        Poll::Ready(item) => item,
-        Poll::Pending => panic!("a stream over an in-memory body waited"),
-    }
 }

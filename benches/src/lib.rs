@@ -1,6 +1,6 @@
 //! Workload drivers shared by the criterion benchmarks in `benches/`, the
 //! `agentry-workload` binary and the crash tests (run the benchmarks with
-//! `cargo xtask bench`).
+//! `cargo xtask bench`), and the fuzz harnesses ([`fuzz`]) of the `fuzz/` targets.
 //!
 //! ```
 //! let events = agentry_benches::sample_events().unwrap();

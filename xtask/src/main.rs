@@ -126,6 +126,8 @@ fn test(root: &Path, quick: bool) -> Result<()> {
     npm_packages(root)?;
     if !quick {
         cargo(root, &["fmt", "--all", "--", "--check"])?;
+        // The fuzz targets are a crate of their own, outside the workspace.
+        cargo(root, &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"])?;
         cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     }
     let problems = tidy::problems(root)?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 /// The directories whose Rust files are checked.
-pub const SOURCE_DIRS: &[&str] = &["crates", "xtask", "benches"];
+pub const SOURCE_DIRS: &[&str] = &["crates", "xtask", "benches", "fuzz"];
 
 /// Every `.rs` file under the source directories of `root`, sorted.
 pub fn rust_files(root: &Path) -> Result<Vec<PathBuf>> {

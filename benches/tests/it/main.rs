@@ -1,5 +1,6 @@
-//! Integration tests of the workload drivers: crash tests of both storage backends, and
-//! two processes sharing one store.
+//! Integration tests of the workload drivers: crash tests of both storage backends, two
+//! processes sharing one store, the runner's and the team's scenarios on SQLite and redb,
+//! and the fuzz harnesses over their corpora.
 
 // Test helpers fail loudly, like the tests that call them.
 #![allow(clippy::unwrap_used)]

@@ -10,12 +10,12 @@
 //! without a name, and a finishing delta that would leave a call without an id. A failed
 //! push changes nothing.
 
-use foldhash::HashMap;
-
 use agentry_types::{
     EventId, FunctionCall, ModelMessage, ModelMessageDelta, ThreadId, ToolCall, ToolCallDelta, ToolCallKind,
     ToolInfo,
 };
+// Keyed by thread ids the runtime made: nothing a client picks to collide.
+use foldhash::HashMap;
 
 /// The largest tool-call index accepted; higher ones are refused rather than allocated.
 pub const MAX_TOOL_CALL_INDEX: u32 = 1023;

@@ -2,8 +2,6 @@
 //! memory. Nothing survives the process; everything else behaves as the durable backends.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use foldhash::HashMap;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -14,6 +12,9 @@ use agentry_types::{
     Message, RunRecord, SessionId, SessionRecord, Timestamp, ToolResult, TurnId, UserMemory, UserProfile,
 };
 use async_trait::async_trait;
+// Keyed by ids this process made, and in this reference store by user ids and budget
+// scopes: nothing a client picks to collide.
+use foldhash::HashMap;
 
 use crate::error::{Conflict, StoreError, StoreResult};
 use crate::page::{Order, Page, PageRequest, decode_token};

@@ -1,6 +1,5 @@
 //! The runtime API (seed 002): sessions, turns, streams, cancellation and recovery.
 
-use foldhash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -14,6 +13,9 @@ use agentry_types::{
     CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
     Timestamp, TurnId, TurnInputItem, TurnState,
 };
+// Keyed by turn and session ids this process made, and agent names: nothing a client
+// picks to collide.
+use foldhash::HashMap;
 use serde_json::Value;
 
 use crate::agent::Agent;

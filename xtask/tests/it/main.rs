@@ -149,22 +149,74 @@ fn a_target_is_met_missed_or_beyond_the_bare_library_by_this_run_s_medians() {
     ]);
     let row = table.lines().find(|line| line.starts_with("event_appends_50_writers/redb/batched")).unwrap();
     assert!(
-        row.contains("25000/s") && row.contains("33333/s") && row.contains("beyond the bare library"),
+        row.contains("25000/s") && row.contains("33333/s") && row.contains("so does the bare library"),
         "{row}"
     );
+    assert!(!row.contains("better than its floor"), "{row}");
+
+    // A store faster than its floor means the floor bounds nothing: the table says so.
+    let beaten = [
+        result("event_appends_50_writers/redb/batched", 1e6, Some(50)),
+        result("floor_event_appends_50/redb/batched", 2e6, Some(50)),
+    ];
+    let target =
+        bench::TARGETS.iter().find(|target| target.bench == "event_appends_50_writers/redb/batched").unwrap();
+    assert!(bench::beats_floor(target, &beaten));
+    assert!(!bench::beats_floor(target, &beaten[..1]), "no floor in the run, nothing to beat");
+    let table = bench::targets_table(&beaten);
+    assert!(table.contains("met; better than its floor"), "{table}");
 }
 
 #[test]
-fn every_target_names_a_benchmark_group_of_the_benches() {
+fn only_this_run_s_results_with_a_median_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, median: &str| {
+        let path = dir.path().join(name).join("new");
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("estimates.json"), format!(r#"{{"median":{{"point_estimate":{median}}}}}"#))
+            .unwrap();
+        std::fs::write(path.join("benchmark.json"), format!(r#"{{"full_id":"{name}","throughput":null}}"#))
+            .unwrap();
+        path.join("estimates.json")
+    };
+    let old = write("old", "100.0");
+    write("fresh", "200.0");
+    write("broken", "null");
+    let since = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(since - std::time::Duration::from_secs(3600))
+        .unwrap();
+    let names =
+        |results: Vec<bench::BenchResult>| results.into_iter().map(|result| result.name).collect::<Vec<_>>();
+    assert_eq!(names(bench::results_since(dir.path(), since).unwrap()), ["fresh"]);
+    assert_eq!(names(bench::results(dir.path()).unwrap()), ["fresh", "old"]);
+}
+
+#[test]
+fn every_target_names_a_benchmark_group_of_the_benches_and_every_floor_a_floor() {
+    let benches = workspace_root().join("benches/benches");
     let mut sources = String::new();
-    for entry in std::fs::read_dir(workspace_root().join("benches/benches")).unwrap() {
+    for entry in std::fs::read_dir(&benches).unwrap() {
         sources.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
     }
+    let floors = std::fs::read_to_string(benches.join("floors.rs")).unwrap();
     for target in bench::TARGETS {
-        let names = [Some(target.bench), target.floor];
-        for name in names.into_iter().flatten() {
-            let group = name.split('/').next().unwrap();
-            assert!(sources.contains(&format!("\"{group}")), "no benchmark group {group} (target {name})");
+        let group = target.bench.split('/').next().unwrap();
+        assert!(
+            sources.contains(&format!("\"{group}")),
+            "no benchmark group {group} (target {})",
+            target.bench
+        );
+        if let Some(floor) = target.floor {
+            // Floors are named by constants: the whole name is checked.
+            let (group, name) = floor.split_once('/').unwrap();
+            assert!(
+                floors.contains(&format!("\"{group}\"")) && floors.contains(&format!("(\"{name}\"")),
+                "floors.rs has no floor {floor}"
+            );
         }
     }
 }

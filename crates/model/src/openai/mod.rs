@@ -386,10 +386,15 @@ fn delta_stream(response: reqwest::Response) -> ModelStream {
 /// makes of the HTTP response it reads. For a body obtained another way (a recorded
 /// response, another HTTP client) and for fuzzing.
 ///
-/// The stream ends after the response's last delta (with its finish reason and usage) or
-/// `[DONE]`; a malformed event, an event over 1 MiB, or a body that ends (or fails) before
-/// the response is whole gives one `Err` (`MalformedChunk` or `Disconnected`) and then the
-/// end. It never panics, whatever the bytes.
+/// Deltas go out as they arrive (empty ones are skipped). The one with the finish reason is
+/// held until the usage arrives in a later chunk (OpenAI's trailing usage-only chunk),
+/// `[DONE]` arrives or the body ends, and then goes out last, with that usage folded in;
+/// content arriving after the finish reason goes out before it, and once it is out the
+/// rest of the body is ignored. Before a finish reason, the stream ends with one `Err`:
+/// `MalformedChunk` for an event that is not a chunk or is larger than 16 MiB, `Http` for
+/// an error object the server sent inside the stream, `Disconnected` for a body that ends
+/// or fails first. After it, any of those just ends the stream, the held delta going out
+/// last. It never panics, whatever the bytes.
 ///
 /// ```
 /// use futures_util::StreamExt;

@@ -144,6 +144,29 @@ pub(crate) struct TurnSink {
     state: Mutex<SinkState>,
     /// Told after every durable event stored (for store-wide feeds).
     appended: Arc<tokio::sync::Notify>,
+    /// What tools keep for the length of the turn ([`crate::ToolContext::turn_local`]).
+    locals: TurnLocals,
+}
+
+/// Values tools keep for the length of one turn, one per type: shared by every tool call
+/// of the turn (the sink is shared by the turn's threads) and dropped with the sink when
+/// the turn ends.
+#[derive(Default)]
+struct TurnLocals(std::sync::Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>);
+
+impl TurnLocals {
+    /// The turn's `T`, made with `T::default()` on first use.
+    fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut locals = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = std::any::TypeId::of::<T>();
+        let found = locals.get(&key).cloned().and_then(|value| value.downcast::<T>().ok());
+        found.unwrap_or_else(|| {
+            // The entry of a type's id always holds that type: only a missing entry gets here.
+            let value = Arc::new(T::default());
+            locals.insert(key, value.clone());
+            value
+        })
+    }
 }
 
 struct SinkState {
@@ -186,7 +209,15 @@ impl TurnSink {
             messages: Vec::new(),
             journal: Vec::new(),
         };
-        Self { store, live, turn_id, fence, state: Mutex::new(state), appended }
+        Self {
+            store,
+            live,
+            turn_id,
+            fence,
+            state: Mutex::new(state),
+            appended,
+            locals: TurnLocals::default(),
+        }
     }
 
     /// Raises the high-water mark, in blocks, before numbers above it are handed out; the
@@ -463,6 +494,11 @@ impl ThreadScope {
     /// The turn's store.
     pub(crate) fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
+    }
+
+    /// The turn's `T` (see [`crate::ToolContext::turn_local`]).
+    pub(crate) fn turn_local<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.sink.locals.get::<T>()
     }
 
     /// Emits a durable event with a team context on `thread`.

@@ -656,6 +656,9 @@ impl Runtime {
                     crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink).await
                 }
             };
+            // The sink goes before anyone sees the end: what tools kept for the turn
+            // (`ToolContext::turn_local`) is gone once `turn.done` is out.
+            drop(panic_sink);
             // The lease was released with the turn's end (one write with `turn.done`), and the
             // live log is retired before `turn.done` is published: whoever sees the end of the
             // turn can start the next one at once, and a subscriber arriving after it (with

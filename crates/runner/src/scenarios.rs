@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::{
     Agent, AgentLimits, EventStream, FunctionTool, RunnerError, Runtime, RuntimeOptions, Session, Tool,
-    ToolError, TurnHandle, TurnRequest,
+    ToolContext, ToolError, TurnHandle, TurnRequest,
 };
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::conformance::Harness;
@@ -1439,6 +1439,72 @@ pub async fn a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once(h
     assert_eq!(history.iter().filter(|stored| stored.message.text() == "second").count(), 1);
 }
 
+/// Scenario.
+pub async fn turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn(harness: Harness) {
+    #[derive(Default)]
+    struct Tally(AtomicUsize);
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    type Seen = Arc<std::sync::Mutex<Vec<(usize, std::sync::Weak<Tally>)>>>;
+    let seen: Seen = Arc::default();
+    let recorded = seen.clone();
+    let tally =
+        FunctionTool::new("tally", "Counts this turn's calls.", move |_: Nothing, context: ToolContext| {
+            let recorded = recorded.clone();
+            async move {
+                let tally = context
+                    .turn_local::<Tally>()
+                    .ok_or_else(|| ToolError::Failed("not in a turn".to_owned()))?;
+                let count = tally.0.fetch_add(1, Ordering::SeqCst) + 1;
+                recorded
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((count, Arc::downgrade(&tally)));
+                Ok::<_, ToolError>(count.to_string())
+            }
+        })
+        .shared();
+    let member_turn = ScriptedResponse::tool_call("tally", &json!({}));
+    let member_model = Arc::new(ScriptedModel::new(vec![
+        member_turn.clone(),
+        ScriptedResponse::text("Counted once."),
+        member_turn,
+        ScriptedResponse::text("Counted once."),
+    ]));
+    let member = Agent::builder("member", member_model).tool(tally.clone()).build();
+    let delegate = FunctionTool::new("delegate", "Has a member count.", move |_: Nothing, context: ToolContext| {
+        let member = member.clone();
+        async move { context.run_thread(&member, "Count once.", "member").await.map(|result| result.answer) }
+    })
+    .shared();
+    // Two calls on the main thread and one on a member's thread, all at once.
+    let calls = ScriptedResponse::tool_call("tally", &json!({}))
+        .with_tool_call("tally", &json!({}))
+        .with_tool_call("delegate", &json!({}));
+    let model = Arc::new(ScriptedModel::new(vec![
+        calls.clone(),
+        ScriptedResponse::text("Counted."),
+        calls,
+        ScriptedResponse::text("Counted."),
+    ]));
+    let runtime = runtime(&harness, Agent::builder("counter", model).tool(tally).tool(delegate).build());
+    let session = session_for(&runtime, "counter").await;
+    // Counts that start at 1 in the second turn show it has a value of its own.
+    for turn in 0..2 {
+        let state = session.create_turn(TurnRequest::message("Count")).await.unwrap().wait().await.unwrap();
+        assert_eq!(answer_text(&state).as_deref(), Some("Counted."), "turn {turn}");
+        let mut calls = std::mem::take(&mut *seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        calls.sort_by_key(|(count, _)| *count);
+        let counts: Vec<usize> = calls.iter().map(|(count, _)| *count).collect();
+        assert_eq!(counts, [1, 2, 3], "turn {turn}: one tally for the turn's three calls, the member's too");
+        assert!(
+            calls.iter().all(|(_, tally)| tally.ptr_eq(&calls[0].1)),
+            "turn {turn}: one value for the turn"
+        );
+        assert!(calls[0].1.upgrade().is_none(), "turn {turn}: the value ended with the turn");
+    }
+}
+
 /// Expands every scenario into a named `#[tokio::test]` over stores from `$factory`
 /// (an async closure returning a fresh [`Harness`]). A store backend's test suite runs the
 /// whole runner acceptance suite with one line.
@@ -1482,7 +1548,8 @@ macro_rules! runner_scenarios {
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
-            a_recovery_pass_resumes_only_turns_under_lapsed_leases);
+            a_recovery_pass_resumes_only_turns_under_lapsed_leases,
+            turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {
         $(

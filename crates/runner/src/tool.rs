@@ -143,6 +143,33 @@ impl ToolContext {
         self.scope.as_ref().map(|scope| scope.store())
     }
 
+    /// This call's turn's `T`: one value per turn and type, shared by every tool call of the
+    /// turn on every thread (its sub-agent threads' calls too), made with `T::default()` on
+    /// first use and dropped when the turn ends. For what a tool keeps about the turn it runs
+    /// in, such as a team's count of instances spawned per role, so that it does not keep
+    /// it for every turn it ever ran in. A turn resumed after a crash starts with none.
+    /// `None` outside a turn.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use agentry_runner::ToolContext;
+    ///
+    /// #[derive(Default)]
+    /// struct CallsThisTurn(AtomicU32);
+    ///
+    /// fn count(context: &ToolContext) -> Option<u32> {
+    ///     let calls = context.turn_local::<CallsThisTurn>()?;
+    ///     Some(calls.0.fetch_add(1, Ordering::Relaxed) + 1)
+    /// }
+    /// # let context = ToolContext::new(
+    /// #     agentry_types::SessionId::new(), agentry_types::TurnId::new(), agentry_types::ThreadId::main(), "call_1", "key");
+    /// assert_eq!(count(&context), None, "outside a turn");
+    /// ```
+    #[must_use]
+    pub fn turn_local<T: Default + Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        self.scope.as_ref().map(|scope| scope.turn_local::<T>())
+    }
+
     /// Waits for `future` unless the turn is cancelled first (then `None`). Outside a turn
     /// it just waits.
     pub async fn until_cancelled<F: std::future::Future>(&self, future: F) -> Option<F::Output> {

@@ -4,8 +4,8 @@
 //! never push a budget past its limit by more than one reservation.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use agentry_memory::{Conflict, Store, StoreError};
@@ -25,8 +25,6 @@ pub(crate) struct Budgets {
     pub(crate) mission: BudgetLimit,
     /// Tokens held before each model call (the real count is settled after).
     pub(crate) tokens_per_step: u64,
-    /// Per mission: whether its exhaustion was reported.
-    pub(crate) reported: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
     /// US dollars per million input and output tokens, by model id.
     pub(crate) prices: Arc<HashMap<String, Price>>,
 }
@@ -51,8 +49,14 @@ impl Price {
     }
 }
 
+/// Whether a mission's exhaustion was reported: one per mission, that is per team turn,
+/// kept as the turn's own (`ToolContext::turn_local`), so it ends with the turn.
+#[derive(Debug, Default)]
+pub(crate) struct MissionReported(AtomicBool);
+
 impl Budgets {
-    /// A ledger for a new instance of `mission`, creating the mission's ledger on first use.
+    /// A ledger for a new instance of `mission`, creating the mission's ledger on first use;
+    /// `mission_reported` is shared by the mission's instances.
     pub(crate) async fn instance(
         &self,
         store: Arc<dyn Store>,
@@ -60,19 +64,13 @@ impl Budgets {
         instance: &str,
         limit: BudgetLimit,
         control: crate::TeamControl,
+        mission_reported: Arc<MissionReported>,
     ) -> Result<InstanceLedger, StoreError> {
         match store.create_budget(mission, &self.mission).await {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
             Err(error) => return Err(error),
         }
         store.create_budget(instance, &limit).await?;
-        let mission_reported = self
-            .reported
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(mission.to_owned())
-            .or_default()
-            .clone();
         Ok(InstanceLedger {
             control,
             prices: self.prices.clone(),
@@ -105,7 +103,7 @@ pub(crate) struct InstanceLedger {
     mission: String,
     limit: BudgetLimit,
     tokens_per_step: u64,
-    mission_reported: Arc<AtomicBool>,
+    mission_reported: Arc<MissionReported>,
     instance_reported: AtomicBool,
 }
 
@@ -131,7 +129,7 @@ impl StepBudget for InstanceLedger {
                 let mission = scope == self.mission;
                 let usage =
                     self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
-                let flag = if mission { &*self.mission_reported } else { &self.instance_reported };
+                let flag = if mission { &self.mission_reported.0 } else { &self.instance_reported };
                 let first = !flag.swap(true, Ordering::AcqRel);
                 if mission && first {
                     self.control.cancel_mission_for(&self.mission, CancellationReason::BudgetExhausted);

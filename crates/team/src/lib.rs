@@ -219,7 +219,6 @@ impl TeamBuilder {
             budgets: budget::Budgets {
                 mission,
                 tokens_per_step: self.tokens_per_step,
-                reported: Arc::default(),
                 prices: Arc::new(self.prices),
             },
             role_budgets,
@@ -263,7 +262,6 @@ impl TeamBuilder {
                     catalog: self.catalog,
                     approvals: self.approvals,
                     default_model: self.model.clone(),
-                    counts: Arc::default(),
                     role: None,
                     depth: 0,
                     parent_instance: None,
@@ -468,14 +466,14 @@ pub(crate) async fn run_instance(
     let InstanceSpec { role, limit, instance_id, parent_instance_id, skill_hash } = spec;
     let mission_id = format!("mis_{}", context.turn_id);
     let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
-    let ledger = match context.store() {
-        Some(store) => Some(
+    let ledger = match (context.store(), context.turn_local::<budget::MissionReported>()) {
+        (Some(store), Some(reported)) => Some(
             crew.budgets
-                .instance(store, &mission_id, &instance_id, limit, crew.control.clone())
+                .instance(store, &mission_id, &instance_id, limit, crew.control.clone(), reported)
                 .await
                 .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?,
         ),
-        None => None,
+        _ => None,
     };
     let token = CancelToken::new();
     let info = InstanceInfo {

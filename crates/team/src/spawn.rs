@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use agentry_events::{EventSource, TeamContext};
 use agentry_model::Model;
 use agentry_runner::{Agent, FunctionTool, Tool, ToolContext, ToolError};
-use agentry_types::{BudgetLimit, EventId, TurnId};
+use agentry_types::{BudgetLimit, EventId};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio::sync::oneshot;
@@ -284,6 +284,11 @@ pub struct SpawnCatalog {
     pub tools: Vec<Arc<dyn Tool>>,
 }
 
+/// Instances spawned in one mission (one team turn), per role: the turn's own
+/// (`ToolContext::turn_local`), shared by the spawners of every depth.
+#[derive(Debug, Default)]
+struct SpawnCounts(Mutex<HashMap<String, u32>>);
+
 /// Everything `spawn_agent` needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Spawner {
@@ -292,8 +297,6 @@ pub(crate) struct Spawner {
     pub(crate) catalog: SpawnCatalog,
     pub(crate) approvals: SpawnApprovals,
     pub(crate) default_model: Arc<dyn Model>,
-    /// Instances spawned per mission and role.
-    pub(crate) counts: Arc<Mutex<HashMap<(TurnId, String), u32>>>,
     /// The role that spawns through this tool; the coordinator's role when `None`.
     pub(crate) role: Option<String>,
     /// How deep the spawning agent is (the coordinator is 0).
@@ -334,7 +337,7 @@ impl Spawner {
     fn check(
         &self,
         args: &SpawnArgs,
-        mission: TurnId,
+        counts: &SpawnCounts,
     ) -> Result<(Arc<SpawnPolicy>, Role, Template), Refusal> {
         let Some(policy) = self.policy.clone() else {
             return Err(Refusal("spawn_policy_missing", "spawn policy file missing".to_owned()));
@@ -389,8 +392,8 @@ impl Spawner {
                 ));
             }
         }
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.entry((mission, args.role.clone())).or_default();
+        let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(args.role.clone()).or_default();
         if role.max_instances.is_some_and(|max| *count >= max) {
             return Err(Refusal(
                 "instance_limit_reached",
@@ -501,14 +504,16 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             Err::<String, ToolError>(ToolError::Failed(format!("spawn denied ({code}): {error}")))
         }
     };
-    let (_policy, role, template) = match spawner.check(&args, mission) {
+    // The mission is the turn: its counts are the turn's own, and end with it.
+    let counts = context.turn_local::<SpawnCounts>().unwrap_or_default();
+    let (_policy, role, template) = match spawner.check(&args, &counts) {
         Ok(granted) => granted,
         Err(Refusal(code, error)) => return deny(code, error).await,
     };
     // The slot `check` took counts only if the instance starts.
     let uncount = || {
-        let mut counts = spawner.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&(mission, args.role.clone())) {
+        let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(&args.role) {
             *count = count.saturating_sub(1);
         }
     };

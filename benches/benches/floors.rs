@@ -27,10 +27,10 @@
 // A benchmark whose workload fails should stop loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentry_benches::event_for;
+use agentry_benches::{bench_store_dir, event_for};
 use agentry_memory::rules::encode_event;
 use agentry_types::{RunRecord, SessionId, Subject, TurnInputItem};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -55,12 +55,6 @@ fn event_body() -> Vec<u8> {
         Subject::user("bench"),
     );
     encode_event(&event_for(&run, 1)).unwrap()
-}
-
-fn bench_dir() -> tempfile::TempDir {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
-    std::fs::create_dir_all(&root).unwrap();
-    tempfile::tempdir_in(root).unwrap()
 }
 
 /// A SQLite file with the least the contract needs: events by store-wide position, and by
@@ -223,7 +217,7 @@ fn event_appends(c: &mut Criterion) {
     for (name, floor) in APPEND_FLOORS {
         // Opened in the closure, which runs only when the filter selects the benchmark.
         group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            let dir = bench_dir();
+            let dir = bench_store_dir().unwrap();
             let mut file = FloorFile::open(floor, dir.path(), 50, &body);
             b.iter_custom(|iters| file.time(iters, 1, &body));
         });
@@ -238,7 +232,7 @@ fn conversation(c: &mut Criterion) {
     for (name, floor) in CONVERSATION_FLOORS {
         for (writes_per_turn, suffix) in [(4, ""), (1, "/1-per-turn")] {
             group.bench_function(BenchmarkId::from_parameter(format!("{name}{suffix}")), |b| {
-                let dir = bench_dir();
+                let dir = bench_store_dir().unwrap();
                 let mut file = FloorFile::open(floor, dir.path(), 1, &body);
                 b.iter_custom(|iters| file.time(iters, 25 * writes_per_turn, &body));
             });

@@ -17,11 +17,10 @@
 // A benchmark whose workload fails should stop loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentry_benches::{open_store, tool_then_answer};
+use agentry_benches::{bench_store_dir, open_store, tool_then_answer};
 use agentry_memory::{Durability, InMemoryStore, Store};
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_runner::{Agent, FunctionTool, Runtime, RuntimeOptions, Tool, ToolError, TurnRequest};
@@ -124,8 +123,6 @@ fn conversation_25(c: &mut Criterion) {
         Backend { name: "redb", durability: Durability::Strict },
         Backend { name: "redb", durability: Durability::Relaxed },
     ];
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
-    std::fs::create_dir_all(&root).unwrap();
     // The in-memory conversation also on a current-thread runtime, as `one_turn` is: the
     // multi-thread runtime adds its cross-worker wake-ups to every turn.
     let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -137,7 +134,7 @@ fn conversation_25(c: &mut Criterion) {
         });
     });
     for backend in backends {
-        let dir = tempfile::tempdir_in(&root).unwrap();
+        let dir = bench_store_dir().unwrap();
         let store: Arc<dyn Store> = if backend.name == "memory" {
             Arc::new(InMemoryStore::new())
         } else {
@@ -210,9 +207,7 @@ fn fan_out_100(c: &mut Criterion) {
 fn recovery_pass(c: &mut Criterion) {
     const SESSIONS: usize = 10_000;
     let tokio = tokio_runtime();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
-    std::fs::create_dir_all(&root).unwrap();
-    let dir = tempfile::tempdir_in(&root).unwrap();
+    let dir = bench_store_dir().unwrap();
     let store = open_store("sqlite", &dir.path().join("bench.sqlite"), Durability::Relaxed).unwrap();
     tokio.block_on(async {
         // Written concurrently, so the group commit fills large transactions.

@@ -11,11 +11,10 @@
 // A benchmark whose workload fails should stop loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentry_benches::{event_for, open_store};
+use agentry_benches::{bench_store_dir, event_for, open_store};
 use agentry_memory::{Durability, HistoryQuery, InMemoryStore, Order, Store};
 use agentry_types::{Message, RunRecord, SessionId, SessionRecord, SessionType, Subject, TurnInputItem};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -36,9 +35,7 @@ fn fresh(backend: &str, durability: Durability) -> Fresh {
     if backend == "memory" {
         return Fresh { store: Arc::new(InMemoryStore::new()), _dir: None };
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
-    std::fs::create_dir_all(&root).unwrap();
-    let dir = tempfile::tempdir_in(root).unwrap();
+    let dir = bench_store_dir().unwrap();
     let store = open_store(backend, &dir.path().join(format!("bench.{backend}")), durability).unwrap();
     Fresh { store, _dir: Some(dir) }
 }

@@ -60,6 +60,15 @@ pub fn event_for(run: &RunRecord, seq: u64) -> EventEnvelope {
     }
 }
 
+/// A fresh directory for a benchmark's store under `target/bench-stores`: on the disk the
+/// project lives on (not a temporary file system that may be in memory), so syncs cost
+/// what they cost. Removed when dropped.
+pub fn bench_store_dir() -> std::io::Result<tempfile::TempDir> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-stores");
+    std::fs::create_dir_all(&root)?;
+    tempfile::tempdir_in(root)
+}
+
 /// Opens a store of a backend (`sqlite` or `redb`) at `path`.
 pub fn open_store(backend: &str, path: &Path, durability: Durability) -> Result<Arc<dyn Store>, StoreError> {
     match backend {

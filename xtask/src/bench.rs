@@ -185,6 +185,11 @@ pub const TARGETS: &[Target] = &[
     target("server/cold_start_to_first_request", Goal::AtMostNs(50e6), None),
 ];
 
+/// The result of the benchmark called `name`, if it ran.
+fn named<'a>(all: &'a [BenchResult], name: &str) -> Option<&'a BenchResult> {
+    all.iter().find(|result| result.name == name)
+}
+
 /// How a benchmark of this run stands against its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -209,7 +214,7 @@ impl Goal {
             Self::AtMostNs(limit) => Some(result.median_ns <= limit),
             Self::AtLeastPerSecond(rate) => result.per_second().map(|measured| measured >= rate),
             Self::AtMostTimes { of, ratio } => {
-                let other = all.iter().find(|other| other.name == of)?;
+                let other = named(all, of)?;
                 Some(result.median_ns <= other.median_ns * ratio)
             }
         }
@@ -230,7 +235,7 @@ impl Goal {
             Self::AtLeastPerSecond(_) => {
                 result.per_second().map_or_else(|| "-".to_owned(), |rate| format!("{rate:.0}/s"))
             }
-            Self::AtMostTimes { of, .. } => all.iter().find(|other| other.name == of).map_or_else(
+            Self::AtMostTimes { of, .. } => named(all, of).map_or_else(
                 || "-".to_owned(),
                 |other| format!("{:.2} x", result.median_ns / other.median_ns),
             ),
@@ -241,12 +246,12 @@ impl Goal {
 /// The verdict on one target, from the results of one run.
 #[must_use]
 pub fn verdict(target: &Target, all: &[BenchResult]) -> Verdict {
-    let Some(result) = all.iter().find(|result| result.name == target.bench) else { return Verdict::NotRun };
+    let Some(result) = named(all, target.bench) else { return Verdict::NotRun };
     match target.goal.met(result, all) {
         None => Verdict::NotRun,
         Some(true) => Verdict::Met,
         Some(false) => {
-            let floor = target.floor.and_then(|floor| all.iter().find(|result| result.name == floor));
+            let floor = target.floor.and_then(|floor| named(all, floor));
             match floor.and_then(|floor| target.goal.met(floor, all)) {
                 Some(false) => Verdict::BeyondFloor,
                 _ => Verdict::Missed,
@@ -259,8 +264,11 @@ pub fn verdict(target: &Target, all: &[BenchResult]) -> Verdict {
 /// would mean the floor does not bound what it is meant to.
 #[must_use]
 pub fn beats_floor(target: &Target, all: &[BenchResult]) -> bool {
-    let find = |name: &str| all.iter().find(|result| result.name == name);
-    let (Some(result), Some(floor)) = (find(target.bench), target.floor.and_then(find)) else { return false };
+    let (Some(result), Some(floor)) =
+        (named(all, target.bench), target.floor.and_then(|floor| named(all, floor)))
+    else {
+        return false;
+    };
     match target.goal {
         Goal::AtLeastPerSecond(_) => {
             result.per_second().zip(floor.per_second()).is_some_and(|(measured, bound)| measured > bound)
@@ -283,10 +291,10 @@ pub fn targets_table(all: &[BenchResult]) -> String {
         if verdict == Verdict::NotRun {
             continue;
         }
-        let Some(result) = all.iter().find(|result| result.name == target.bench) else { continue };
+        let Some(result) = named(all, target.bench) else { continue };
         let floor = target
             .floor
-            .and_then(|floor| all.iter().find(|result| result.name == floor))
+            .and_then(|floor| named(all, floor))
             .map_or_else(|| "-".to_owned(), |floor| target.goal.measure(floor, all));
         let mut verdict = match verdict {
             Verdict::Met => "met".to_owned(),

@@ -158,14 +158,10 @@ impl TurnLocals {
     /// The turn's `T`, made with `T::default()` on first use.
     fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
         let mut locals = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = std::any::TypeId::of::<T>();
-        let found = locals.get(&key).cloned().and_then(|value| value.downcast::<T>().ok());
-        found.unwrap_or_else(|| {
-            // The entry of a type's id always holds that type: only a missing entry gets here.
-            let value = Arc::new(T::default());
-            locals.insert(key, value.clone());
-            value
-        })
+        let value =
+            locals.entry(std::any::TypeId::of::<T>()).or_insert_with(|| Arc::new(T::default())).clone();
+        // The entry of a type's id always holds that type, so the fallback never runs.
+        value.downcast::<T>().unwrap_or_default()
     }
 }
 

@@ -378,7 +378,7 @@ fn describe(error: &reqwest::Error) -> String {
 /// The deltas of a response body. The body is owned by the stream, so dropping the
 /// stream drops the response and closes its connection.
 fn delta_stream(response: reqwest::Response) -> ModelStream {
-    deltas(Box::pin(response.bytes_stream()))
+    sse_deltas(Box::pin(response.bytes_stream()))
 }
 
 /// The deltas of an OpenAI-compatible chat-completions response body (server-sent
@@ -412,15 +412,6 @@ fn delta_stream(response: reqwest::Response) -> ModelStream {
 /// # });
 /// ```
 pub fn sse_deltas<S, B, E>(body: S) -> ModelStream
-where
-    S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
-    B: AsRef<[u8]>,
-{
-    deltas(body)
-}
-
-/// The deltas of a body given as a stream of byte chunks.
-fn deltas<S, B, E>(body: S) -> ModelStream
 where
     S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
     B: AsRef<[u8]>,

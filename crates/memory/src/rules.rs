@@ -93,25 +93,34 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreRes
         .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
 }
 
-/// The first byte of a stored event: the format of what follows.
-const EVENT_FORMAT: u8 = 1;
+/// The first byte of a stored event: the format of what follows. Both formats share the
+/// binary header; they differ in how the team context and the payload are written.
+/// - Format 1 wrote them as JSON. Stores written before format 2 hold it, so it is still
+///   read.
+/// - Format 2, written now, uses MessagePack with named fields, in the form a type takes
+///   in JSON (human-readable: ids as strings). Decoding it takes about half the time
+///   JSON does: lengths come first, so nothing is scanned for escapes or ends.
+const EVENT_FORMAT_JSON: u8 = 1;
+const EVENT_FORMAT: u8 = 2;
+
+/// The deepest nesting a stored event's payload may have when it is read: any JSON value
+/// parsed by `serde_json` (at most 128 deep) inside the payload's own few levels, and
+/// shallow enough that decoding cannot run out of stack.
+const MAX_DEPTH: usize = 160;
 
 /// Encodes a durable event for storage: a fixed binary header (format, ids, seq, time,
-/// version, thread, team context) followed by the payload's JSON. Replaying a turn decodes
-/// every event, and the header decodes without parsing text. Events larger than
-/// [`MAX_RECORD_BYTES`] are refused.
+/// version, thread) followed by the team context and the payload in MessagePack (see
+/// [`EVENT_FORMAT`]). Replaying a turn decodes every event; the header decodes without
+/// parsing anything.
+///
+/// An event is refused as too large when its JSON form, the one clients receive, is larger
+/// than [`MAX_RECORD_BYTES`] ([`check_event_size`]), as every store refuses it.
 pub fn encode_event(event: &EventEnvelope) -> StoreResult<Vec<u8>> {
-    let payload = serde_json::to_vec(&event.payload)
-        .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
-    let team = match &event.team {
-        Some(team) => serde_json::to_vec(team)
-            .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?,
-        None => Vec::new(),
-    };
+    check_event_size(event)?;
     let thread = event.thread_id.as_ref().map(agentry_types::ThreadId::as_str).unwrap_or_default();
     let thread_len = u16::try_from(thread.len())
         .map_err(|_| StoreError::InvalidInput("a thread id is longer than 65535 bytes".to_owned()))?;
-    let mut bytes = Vec::with_capacity(80 + thread.len() + team.len() + payload.len());
+    let mut bytes = Vec::with_capacity(256 + thread.len());
     bytes.push(EVENT_FORMAT);
     bytes.extend_from_slice(event.event_id.as_uuid().as_bytes());
     bytes.extend_from_slice(event.session_id.as_uuid().as_bytes());
@@ -122,20 +131,46 @@ pub fn encode_event(event: &EventEnvelope) -> StoreResult<Vec<u8>> {
     bytes.push(u8::from(event.thread_id.is_some()));
     bytes.extend_from_slice(&thread_len.to_le_bytes());
     bytes.extend_from_slice(thread.as_bytes());
-    bytes.extend_from_slice(&u32::try_from(team.len()).unwrap_or(u32::MAX).to_le_bytes());
-    bytes.extend_from_slice(&team);
-    bytes.extend_from_slice(&payload);
-    if bytes.len() > MAX_RECORD_BYTES {
-        return Err(StoreError::TooLarge { what: "event", size: bytes.len(), limit: MAX_RECORD_BYTES });
+    // The team context's length goes before it, once it is known.
+    let team_at = bytes.len();
+    bytes.extend_from_slice(&[0; 4]);
+    if let Some(team) = &event.team {
+        pack(&mut bytes, team)?;
     }
+    let team_len = u32::try_from(bytes.len() - team_at - 4)
+        .map_err(|_| StoreError::InvalidInput("an event's team context is larger than 4 GiB".to_owned()))?;
+    bytes[team_at..team_at + 4].copy_from_slice(&team_len.to_le_bytes());
+    pack(&mut bytes, &event.payload)?;
     Ok(bytes)
 }
 
-/// Decodes a stored event written by [`encode_event`]; anything else means corruption.
+/// Appends `value` to `bytes` in MessagePack, as [`EVENT_FORMAT`] writes it.
+fn pack<T: Serialize>(bytes: &mut Vec<u8>, value: &T) -> StoreResult<()> {
+    let mut serializer = rmp_serde::Serializer::new(bytes).with_struct_map().with_human_readable();
+    value
+        .serialize(&mut serializer)
+        .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))
+}
+
+/// Reads a value [`pack`] wrote; anything else means corruption.
+///
+/// MessagePack frames itself: a value cut short fails, but bytes after a whole value are
+/// not noticed (the format has no end marker, and the decoder does not say where it
+/// stopped). The header's lengths frame the team context; the payload is the rest.
+fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
+    let mut deserializer = rmp_serde::Deserializer::from_read_ref(bytes).with_human_readable();
+    deserializer.set_max_depth(MAX_DEPTH);
+    T::deserialize(&mut deserializer)
+        .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
+}
+
+/// Decodes a stored event written by [`encode_event`], in either format; anything else
+/// means corruption.
 pub fn decode_event(bytes: &[u8]) -> StoreResult<EventEnvelope> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("a stored event is damaged: {what}"));
     let mut reader = Reader { bytes, at: 0 };
-    if reader.take(1).ok_or_else(|| corrupt("empty"))?[0] != EVENT_FORMAT {
+    let format = reader.take(1).ok_or_else(|| corrupt("empty"))?[0];
+    if format != EVENT_FORMAT && format != EVENT_FORMAT_JSON {
         return Err(corrupt("unknown format"));
     }
     let uuid = |reader: &mut Reader<'_>| {
@@ -162,8 +197,13 @@ pub fn decode_event(bytes: &[u8]) -> StoreResult<EventEnvelope> {
     let team = reader
         .take(usize::try_from(team_len).unwrap_or(usize::MAX))
         .ok_or_else(|| corrupt("truncated team"))?;
-    let team = if team.is_empty() { None } else { Some(decode("event team context", team)?) };
-    let payload = decode("event payload", reader.rest())?;
+    let (team, payload) = if format == EVENT_FORMAT {
+        let team = if team.is_empty() { None } else { Some(unpack("event team context", team)?) };
+        (team, unpack("event payload", reader.rest())?)
+    } else {
+        let team = if team.is_empty() { None } else { Some(decode("event team context", team)?) };
+        (team, decode("event payload", reader.rest())?)
+    };
     Ok(EventEnvelope {
         event_id,
         seq,

@@ -55,8 +55,12 @@ use crate::backend::{DeferredSyncBackend, SyncSwitch};
 use crate::tables::META;
 
 /// The schema version this build writes. Version 2 dropped the last stored seq from
-/// `run_meta` (it is the turn's last key in `turn_events`).
-pub(crate) const VERSION: u64 = 2;
+/// `run_meta` (it is the turn's last key in `turn_events`). Version 3 changed no table: it
+/// marks a file whose events may be stored in event format 2
+/// (`agentry_memory::rules::encode_event`), which a build of version 2 cannot read, so
+/// that such a build refuses the file as too new instead of reporting its new events as
+/// damaged.
+pub(crate) const VERSION: u64 = 3;
 
 /// How a [`RedbStore`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ pub(crate) const RUNS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("
 pub(crate) const RUN_META: TableDefinition<'_, u128, (u128, u64, u64)> = TableDefinition::new("run_meta");
 /// (session id, creation order) → run id.
 pub(crate) const SESSION_RUNS: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("session_runs");
-/// Position → event JSON.
+/// Position → stored event (`agentry_memory::rules::encode_event`).
 pub(crate) const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 /// (turn id, seq) → position.
 pub(crate) const TURN_EVENTS: TableDefinition<'_, (u128, u64), u64> = TableDefinition::new("turn_events");

@@ -13,8 +13,11 @@ use crate::error::sqlite;
 /// `AGTR`: the application id of an Agentry store.
 pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 
-/// The schema version this build writes.
-pub(crate) const VERSION: u32 = 1;
+/// The schema version this build writes. Version 2 changed no table: it marks a file whose
+/// events may be stored in event format 2 (`agentry_memory::rules::encode_event`), which
+/// a build of version 1 cannot read, so that such a build refuses the file as too new
+/// instead of reporting its new events as damaged.
+pub(crate) const VERSION: u32 = 2;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -86,6 +89,8 @@ const MIGRATIONS: &[&str] = &[
 
     CREATE TABLE leases (session_id TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;
     ",
+    // 1 -> 2: no table changes (see VERSION); events of format 1 stay readable.
+    "",
 ];
 
 fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {

@@ -194,6 +194,57 @@ pub fn event(run: &RunRecord, seq: u64) -> EventEnvelope {
     }
 }
 
+/// The durable events of `agentry_events::sample`'s turns as a build before event format 2
+/// stored them (format 1, JSON payloads; see [`crate::rules::encode_event`]): the stored
+/// bytes and the event they hold, in the order of the turns. Bytes an older build wrote,
+/// for checking that a store still reads them.
+#[must_use]
+pub fn format_1_events() -> Vec<(Vec<u8>, EventEnvelope)> {
+    include_str!("events_format_1.jsonl")
+        .lines()
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            let hex = line["stored"].as_str().unwrap();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).unwrap())
+                .collect();
+            (bytes, serde_json::from_value(line["event"].clone()).unwrap())
+        })
+        .collect()
+}
+
+/// The first turn of [`format_1_events`] (over 20 events), with a session and a run with
+/// its ids, to store them under.
+#[must_use]
+pub fn format_1_turn() -> (SessionRecord, RunRecord, Vec<(Vec<u8>, EventEnvelope)>) {
+    let events = format_1_events();
+    let turn = events[0].1.turn_id;
+    let events: Vec<_> = events.into_iter().filter(|(_, event)| event.turn_id == turn).collect();
+    let mut session = SessionRecord::new(SessionType::Team, "old", alice());
+    session.id = events[0].1.session_id;
+    let mut run = RunRecord::new(session.id, vec![TurnInputItem::message("hi")], alice());
+    run.id = turn;
+    (session, run, events)
+}
+
+/// Checks a store holding [`format_1_turn`]'s events as an older build stored them: the
+/// turn reads them back, and an event appended now is read after them in the session's
+/// feed.
+pub async fn check_format_1_turn(store: &dyn Store, session: &SessionRecord, run: &RunRecord) {
+    let expected: Vec<_> = format_1_turn().2.into_iter().map(|(_, event)| event).collect();
+    let stored = store.turn_events(run.id, Order::Asc, None, 1000).await.unwrap();
+    assert_eq!(stored.into_iter().map(|stored| stored.event).collect::<Vec<_>>(), expected);
+    let mut newer = event(run, expected.last().unwrap().seq + 1);
+    newer.thread_id = None;
+    store.append_events(run.id, std::slice::from_ref(&newer), None).await.unwrap();
+    let query = FeedQuery { session_id: Some(session.id), ..FeedQuery::default() };
+    let feed = store.feed(&query, 1000).await.unwrap();
+    let mut all = expected;
+    all.push(newer);
+    assert_eq!(feed.into_iter().map(|stored| stored.event).collect::<Vec<_>>(), all);
+}
+
 fn seqs(events: &[crate::store::StoredEvent]) -> Vec<u64> {
     events.iter().map(|stored| stored.event.seq).collect()
 }

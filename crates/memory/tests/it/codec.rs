@@ -1,8 +1,23 @@
-//! The stored event format: every event round-trips; damaged bytes are a typed error.
+//! The stored event format: every event round-trips; events stored by earlier builds
+//! (format 1) still read; damaged bytes are a typed error.
 
-use agentry_events::sample;
-use agentry_memory::{StoreError, rules};
+use agentry_events::{EventPayload, sample};
+use agentry_memory::{StoreError, conformance, rules};
 use proptest::prelude::*;
+
+#[test]
+fn events_stored_in_format_1_by_an_earlier_build_still_read() {
+    let events = conformance::format_1_events();
+    assert!(events.len() > 40, "only {} events in the fixture", events.len());
+    for (bytes, event) in events {
+        assert_eq!(bytes[0], 1, "the fixture holds format 1 only");
+        assert_eq!(rules::decode_event(&bytes).unwrap(), event);
+        // Written again, it takes the current format and reads back the same.
+        let written = rules::encode_event(&event).unwrap();
+        assert_eq!(written[0], 2);
+        assert_eq!(rules::decode_event(&written).unwrap(), event);
+    }
+}
 
 #[test]
 fn every_sample_event_round_trips_through_the_stored_format() {
@@ -22,18 +37,51 @@ fn a_truncated_or_unknown_event_is_reported_as_corruption() {
     for damaged in [&bytes[..0], &bytes[..10], &bytes[..60], &bytes[..bytes.len() - 3]] {
         assert!(matches!(rules::decode_event(damaged), Err(StoreError::Corrupt(_))));
     }
+    // The header of format 2 with a damaged payload.
+    let mut damaged = bytes.clone();
+    let last = damaged.len() - 1;
+    damaged[last] = 0xc1; // a byte MessagePack never uses
+    assert!(matches!(rules::decode_event(&damaged), Err(StoreError::Corrupt(_))));
     let mut unknown = bytes.clone();
     unknown[0] = 99;
     let error = rules::decode_event(&unknown).unwrap_err();
     assert!(error.to_string().contains("unknown format"), "{error}");
 }
 
+#[test]
+fn a_payload_nested_deeper_than_parsed_json_is_corruption_not_a_stack_overflow() {
+    let mut event = sample::answer_turn("q", "a").unwrap().remove(0);
+    event.payload =
+        EventPayload::ToolCallActivity { tool_call_id: "call_1".to_owned(), data: serde_json::Value::Null };
+    let stored = rules::encode_event(&event).unwrap();
+    // The payload ends with its `data`, a nil (0xc0); put nested one-element arrays (0x91
+    // each) around it.
+    assert_eq!(stored.last(), Some(&0xc0));
+    let nested = |depth: usize| {
+        let mut bytes = stored[..stored.len() - 1].to_vec();
+        bytes.extend(std::iter::repeat_n(0x91, depth));
+        bytes.push(0xc0);
+        bytes
+    };
+    // As deep as serde_json parses JSON input.
+    let decoded = rules::decode_event(&nested(127)).unwrap();
+    let EventPayload::ToolCallActivity { data, .. } = decoded.payload else { panic!("{decoded:?}") };
+    assert_eq!(serde_json::to_string(&data).unwrap(), format!("{}null{}", "[".repeat(127), "]".repeat(127)));
+    for depth in [400, 100_000] {
+        let error = rules::decode_event(&nested(depth)).unwrap_err();
+        assert!(matches!(error, StoreError::Corrupt(_)), "{error:?}");
+        assert!(error.to_string().contains("depth"), "{error}");
+    }
+}
+
 proptest! {
     #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let _ = rules::decode_event(&bytes);
-        let mut framed = vec![1u8];
-        framed.extend(bytes);
-        let _ = rules::decode_event(&framed);
+        for format in [1u8, 2] {
+            let mut framed = vec![format];
+            framed.extend(&bytes);
+            let _ = rules::decode_event(&framed);
+        }
     }
 }

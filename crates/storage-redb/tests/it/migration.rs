@@ -1,7 +1,8 @@
-//! A store written by schema 1 (whose `run_meta` also held each turn's last stored seq)
-//! opens, is migrated to the current schema, and keeps every turn's seq and mark.
+//! Stores of older schemas open, are migrated to the current one and keep what they hold:
+//! schema 1 (whose `run_meta` also held each turn's last stored seq) keeps every turn's seq
+//! and mark; events an older build stored in event format 1 still read.
 
-use agentry_memory::conformance::event;
+use agentry_memory::conformance::{check_format_1_turn, event, format_1_turn};
 use agentry_memory::{Conflict, EventStore, Order, RunStore, SessionStore, StoreError};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_types::{RunRecord, SessionRecord, SessionType, Subject, TurnInputItem};
@@ -70,5 +71,57 @@ async fn a_schema_1_store_is_migrated_and_keeps_its_turns() {
     let database =
         Database::builder().set_concurrency_mode(redb::ConcurrencyMode::MultiWriter).create(&path).unwrap();
     let read = database.begin_read().unwrap();
-    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 2);
+    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 3);
+}
+
+const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
+
+/// A store of schema 2, whose events a build before event format 2 wrote, opens, is
+/// migrated to the current schema and reads those events; new events take the current
+/// format beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_2_store_reads_its_format_1_events_and_adds_new_ones_in_format_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.redb");
+    // The first sample turn's events, as schema 2 stored them.
+    let (session, run, old) = format_1_turn();
+    let turn = run.id;
+    {
+        let store = RedbStore::open(&path, RedbOptions::default()).unwrap();
+        store.create_session(&session).await.unwrap();
+        store.put_run(&run, None).await.unwrap();
+        let events: Vec<_> = old.iter().map(|(_, event)| event.clone()).collect();
+        store.append_events(turn, &events, None).await.unwrap();
+    }
+    {
+        // The same events in the bytes the older build stored, under the same positions.
+        let database = Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .create(&path)
+            .unwrap();
+        let write = database.begin_write().unwrap();
+        {
+            let mut events = write.open_table(EVENTS).unwrap();
+            let positions: Vec<u64> = events.iter().unwrap().map(|entry| entry.unwrap().0.value()).collect();
+            assert_eq!(positions.len(), old.len());
+            for (position, (bytes, _)) in positions.into_iter().zip(&old) {
+                events.insert(position, bytes.as_slice()).unwrap();
+            }
+            write.open_table(META).unwrap().insert("schema_version", 2).unwrap();
+        }
+        write.commit().unwrap();
+    }
+
+    let store = RedbStore::open(&path, RedbOptions::default()).unwrap();
+    check_format_1_turn(&store, &session, &run).await;
+    drop(store);
+
+    let database =
+        Database::builder().set_concurrency_mode(redb::ConcurrencyMode::MultiWriter).create(&path).unwrap();
+    let read = database.begin_read().unwrap();
+    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 3);
+    let formats: Vec<u8> =
+        read.open_table(EVENTS).unwrap().iter().unwrap().map(|entry| entry.unwrap().1.value()[0]).collect();
+    assert_eq!(formats.last(), Some(&2));
+    assert!(formats[..formats.len() - 1].iter().all(|format| *format == 1), "{formats:?}");
 }

@@ -6,6 +6,7 @@
 mod bad_input;
 mod durability;
 mod memory_facade;
+mod migration;
 #[cfg(target_os = "linux")]
 mod readers;
 mod writer;

@@ -106,9 +106,14 @@ impl State {
         self.reservations
             .values()
             .filter(|reservation| {
-                reservation.expires_at > now && reservation.scopes.iter().any(|s| s == scope)
+                reservation.scopes.iter().any(|s| s == scope) && self.holds(reservation, now)
             })
             .fold(BudgetUsage::default(), |total, reservation| rules::add_usage(&total, &reservation.amount))
+    }
+
+    fn holds(&self, reservation: &BudgetReservation, now: Timestamp) -> bool {
+        let lease = reservation.lease.and_then(|fence| self.leases.get(&fence.session_id));
+        rules::reservation_holds(reservation, lease, now)
     }
 }
 
@@ -664,6 +669,9 @@ impl BudgetStore for InMemoryStore {
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
         rules::check_amount(&reservation.amount)?;
         let mut state = self.state();
+        if let Some(fence) = reservation.lease {
+            state.fence(fence.session_id, Some(fence))?;
+        }
         if state.reservations.contains_key(&reservation.id) {
             return Err(
                 Conflict::AlreadyExists { kind: "budget reservation", id: reservation.id.clone() }.into()
@@ -675,7 +683,16 @@ impl BudgetStore for InMemoryStore {
             let held = rules::add_usage(used, &state.reserved(scope, now));
             rules::check_room(scope, limit, &held, &reservation.amount)?;
         }
-        state.reservations.retain(|_, existing| existing.expires_at > now);
+        // Reservations that no longer hold are dropped.
+        let ended: Vec<String> = state
+            .reservations
+            .values()
+            .filter(|existing| !state.holds(existing, now))
+            .map(|existing| existing.id.clone())
+            .collect();
+        for id in ended {
+            state.reservations.remove(&id);
+        }
         state.reservations.insert(reservation.id.clone(), reservation.clone());
         Ok(())
     }

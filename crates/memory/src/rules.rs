@@ -565,6 +565,21 @@ pub fn check_fence(session: SessionId, current: Option<&Lease>, fence: Option<Fe
     }
 }
 
+/// Whether a budget reservation holds its amounts at `now`: before its `expires_at`, and,
+/// when it was made under a lease, while that lease is still its session's current one
+/// (`current`, the session's lease as stored). A lease renewed keeps its token, so its
+/// reservations hold; one taken over by recovery, or given back, has a new token or none,
+/// so the reservations made under it end with it (design §8a).
+#[must_use]
+pub fn reservation_holds(
+    reservation: &agentry_types::BudgetReservation,
+    current: Option<&Lease>,
+    now: Timestamp,
+) -> bool {
+    reservation.expires_at > now
+        && reservation.lease.is_none_or(|fence| current.is_some_and(|lease| lease.token == fence.token))
+}
+
 /// Grants a lease unless a live one is held; `next_token` is the store's next token.
 pub fn grant_lease(
     session: SessionId,

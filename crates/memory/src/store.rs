@@ -488,13 +488,19 @@ pub trait BudgetStore: Send + Sync {
     /// Creates a scope's ledger with nothing used. `Conflict::AlreadyExists` when it exists.
     async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()>;
 
-    /// A scope's ledger; reservations expired at `now` do not count. `NotFound` when the
+    /// A scope's ledger; only reservations that hold at `now` count (see
+    /// [`rules::reservation_holds`](crate::rules::reservation_holds)). `NotFound` when the
     /// scope does not exist.
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger>;
 
     /// Holds an amount on every scope of the reservation, all or none:
     /// `Conflict::BudgetExceeded` when used + reserved + amount would pass any limit of any
-    /// scope; `NotFound` for an unknown scope; `Conflict::AlreadyExists` for a reused id.
+    /// scope; `NotFound` for an unknown scope; `Conflict::AlreadyExists` for a reused id;
+    /// `Conflict::StaleFence` when the reservation's lease is not its session's current
+    /// one. A reservation holds until it is settled or released, it expires, or its lease
+    /// stops being its session's current one ([`rules::reservation_holds`]).
+    ///
+    /// [`rules::reservation_holds`]: crate::rules::reservation_holds
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()>;
 
     /// Settles a reservation: its scopes' used amounts grow by `actual` and the hold is

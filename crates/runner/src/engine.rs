@@ -492,6 +492,11 @@ impl ThreadScope {
         self.store.clone()
     }
 
+    /// The fence of the turn's lease.
+    pub(crate) const fn fence(&self) -> Fence {
+        self.fence
+    }
+
     /// The turn's `T` (see [`crate::ToolContext::turn_local`]).
     pub(crate) fn turn_local<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
         self.sink.locals.get::<T>()

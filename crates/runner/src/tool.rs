@@ -143,6 +143,16 @@ impl ToolContext {
         self.scope.as_ref().map(|scope| scope.store())
     }
 
+    /// The fence of the lease this call's turn runs under (its session and token), for the
+    /// writes a tool makes for the turn: a store refuses them once another process has
+    /// taken the lease over. A budget reservation made with it ends with the lease, so a
+    /// crashed process's reservations end when recovery takes its turn over. `None`
+    /// outside a turn.
+    #[must_use]
+    pub fn fence(&self) -> Option<agentry_types::Fence> {
+        self.scope.as_ref().map(|scope| scope.fence())
+    }
+
     /// This call's turn's `T`: one value per turn and type, shared by every tool call of the
     /// turn on every thread (its sub-agent threads' calls too), made with `T::default()` on
     /// first use and dropped when the turn ends. For what a tool keeps about the turn it runs

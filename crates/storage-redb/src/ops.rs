@@ -981,24 +981,34 @@ struct BudgetRow {
     used: BudgetUsage,
 }
 
+/// What a scope's reservations that hold at `now` reserve (see
+/// [`rules::reservation_holds`]), and the ids of those that no longer hold.
 fn reserved_in(
     scopes: &impl ReadableTable<(&'static str, &'static str), ()>,
     reservations: &impl ReadableTable<&'static str, &'static [u8]>,
+    leases: &impl ReadableTable<u128, &'static [u8]>,
     scope: &str,
     now: Timestamp,
-) -> StoreResult<BudgetUsage> {
+) -> StoreResult<(BudgetUsage, Vec<String>)> {
     let mut total = BudgetUsage::default();
+    let mut ended = Vec::new();
     for entry in scopes.range((scope, "")..=(scope, "\u{10FFFF}")).map_err(redb_error)? {
         let (key, _) = entry.map_err(redb_error)?;
         let (_, id) = key.value();
         if let Some(body) = reservations.get(id).map_err(redb_error)? {
             let reservation: BudgetReservation = rules::decode("budget reservation", body.value())?;
-            if reservation.expires_at > now {
+            let lease: Option<Lease> = match reservation.lease {
+                Some(fence) => get_json(leases, session_key(fence.session_id), "lease")?,
+                None => None,
+            };
+            if rules::reservation_holds(&reservation, lease.as_ref(), now) {
                 total = rules::add_usage(&total, &reservation.amount);
+            } else {
+                ended.push(reservation.id);
             }
         }
     }
-    Ok(total)
+    Ok((total, ended))
 }
 
 fn take_reservation(transaction: &WriteTransaction, id: &str) -> StoreResult<BudgetReservation> {
@@ -1041,7 +1051,8 @@ impl BudgetStore for RedbStore {
             };
             let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
             let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
-            let reserved = reserved_in(&scopes, &reservations, &scope, now)?;
+            let leases = transaction.open_table(LEASES).map_err(redb_error)?;
+            let (reserved, _) = reserved_in(&scopes, &reservations, &leases, &scope, now)?;
             Ok(BudgetLedger { scope, limit: row.limit, used: row.used, reserved })
         })
         .await
@@ -1052,10 +1063,14 @@ impl BudgetStore for RedbStore {
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |transaction| {
-            let expired: Vec<String> = {
+            if let Some(fence) = reservation.lease {
+                check_fence(transaction, fence.session_id, Some(fence))?;
+            }
+            let ended: Vec<String> = {
                 let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
                 let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
                 let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+                let leases = transaction.open_table(LEASES).map_err(redb_error)?;
                 if reservations.get(reservation.id.as_str()).map_err(redb_error)?.is_some() {
                     return Err(Conflict::AlreadyExists {
                         kind: "budget reservation",
@@ -1063,25 +1078,31 @@ impl BudgetStore for RedbStore {
                     }
                     .into());
                 }
+                // Reservations that no longer hold are dropped: expired ones everywhere, and
+                // those of these scopes whose lease ended.
+                let mut ended = Vec::new();
                 for scope in &reservation.scopes {
                     let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
                         Some(body) => rules::decode("budget", body.value())?,
                         None => return Err(StoreError::not_found("budget", scope)),
                     };
-                    let held = rules::add_usage(&row.used, &reserved_in(&scopes, &reservations, scope, now)?);
+                    let (reserved, scope_ended) = reserved_in(&scopes, &reservations, &leases, scope, now)?;
+                    let held = rules::add_usage(&row.used, &reserved);
                     rules::check_room(scope, &row.limit, &held, &reservation.amount)?;
+                    ended.extend(scope_ended);
                 }
-                let mut expired = Vec::new();
                 for entry in reservations.iter().map_err(redb_error)? {
                     let (id, body) = entry.map_err(redb_error)?;
                     let existing: BudgetReservation = rules::decode("budget reservation", body.value())?;
                     if existing.expires_at <= now {
-                        expired.push(id.value().to_owned());
+                        ended.push(id.value().to_owned());
                     }
                 }
-                expired
+                ended.sort_unstable();
+                ended.dedup();
+                ended
             };
-            for id in expired {
+            for id in ended {
                 take_reservation(transaction, &id)?;
             }
             let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;

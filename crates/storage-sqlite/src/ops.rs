@@ -900,11 +900,21 @@ fn reserved(connection: &Connection, scope: &str, now: Timestamp) -> StoreResult
     let mut rows = statement.query(params![scope, now.unix_micros()]).map_err(sqlite)?;
     let mut total = BudgetUsage::default();
     while let Some(row) = rows.next().map_err(sqlite)? {
-        let body: Vec<u8> = row.get(0).map_err(sqlite)?;
-        let reservation: BudgetReservation = rules::decode("budget reservation", &body)?;
-        total = rules::add_usage(&total, &reservation.amount);
+        let reservation: BudgetReservation = rules::decode("budget reservation", blob(row, 0)?)?;
+        if holds(connection, &reservation, now)? {
+            total = rules::add_usage(&total, &reservation.amount);
+        }
     }
     Ok(total)
+}
+
+/// Whether a reservation holds at `now` (see [`rules::reservation_holds`]).
+fn holds(connection: &Connection, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<bool> {
+    let lease = match reservation.lease {
+        Some(fence) => lease_row(connection, &fence.session_id.to_string())?,
+        None => None,
+    };
+    Ok(rules::reservation_holds(reservation, lease.as_ref(), now))
 }
 
 fn take_reservation(connection: &Connection, id: &str) -> StoreResult<BudgetReservation> {
@@ -958,6 +968,9 @@ impl BudgetStore for SqliteStore {
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |connection| {
+            if let Some(fence) = reservation.lease {
+                check_fence(connection, fence.session_id, Some(fence))?;
+            }
             for scope in &reservation.scopes {
                 let row = budget_row(connection, scope)?.ok_or_else(|| StoreError::not_found("budget", scope))?;
                 let held = rules::add_usage(&row.used, &reserved(connection, scope, now)?);
@@ -977,12 +990,33 @@ impl BudgetStore for SqliteStore {
             for scope in &reservation.scopes {
                 link.execute(params![scope, reservation.id]).map_err(sqlite)?;
             }
-            // Expired reservations hold nothing; drop them.
+            // Reservations that no longer hold are dropped: expired ones everywhere, and those
+            // of these scopes whose lease ended.
             for sql in [
                 "DELETE FROM reservation_scopes WHERE reservation_id IN (SELECT id FROM reservations WHERE expires_us <= ?1)",
                 "DELETE FROM reservations WHERE expires_us <= ?1",
             ] {
                 connection.prepare_cached(sql).map_err(sqlite)?.execute([now.unix_micros()]).map_err(sqlite)?;
+            }
+            let mut ended = Vec::new();
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT r.body FROM reservation_scopes s JOIN reservations r ON r.id = s.reservation_id
+                     WHERE s.scope = ?1",
+                )
+                .map_err(sqlite)?;
+            for scope in &reservation.scopes {
+                let mut rows = statement.query([scope]).map_err(sqlite)?;
+                while let Some(row) = rows.next().map_err(sqlite)? {
+                    let existing: BudgetReservation = rules::decode("budget reservation", blob(row, 0)?)?;
+                    if !holds(connection, &existing, now)? && !ended.contains(&existing.id) {
+                        ended.push(existing.id);
+                    }
+                }
+            }
+            drop(statement);
+            for id in ended {
+                take_reservation(connection, &id)?;
             }
             Ok(())
         })

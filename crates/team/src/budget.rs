@@ -11,11 +11,15 @@ use std::time::{Duration, Instant};
 use agentry_memory::{Conflict, Store, StoreError};
 use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget};
 use agentry_types::{
-    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Timestamp, Usage, lease_expiry,
+    BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, Timestamp, Usage,
+    lease_expiry,
 };
 use async_trait::async_trait;
 
-/// How long a reservation holds if its instance dies before settling it.
+/// How long a reservation holds at most if its instance dies before settling it. A
+/// reservation made in a turn ends sooner, with the turn's lease (when another process
+/// takes the turn over, or the turn gives its lease back): this bounds only one made
+/// outside a turn.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);
 
 /// Mission-wide settings of a team's budgets.
@@ -56,15 +60,16 @@ pub(crate) struct MissionReported(AtomicBool);
 
 impl Budgets {
     /// A ledger for a new instance of `mission`, creating the mission's ledger on first use;
-    /// `mission_reported` is shared by the mission's instances.
+    /// the turn's `mission_reported` is shared by the mission's instances, and its
+    /// reservations are made under the turn's `lease`.
     pub(crate) async fn instance(
         &self,
         store: Arc<dyn Store>,
+        (mission_reported, lease): (Arc<MissionReported>, Option<Fence>),
         mission: &str,
         instance: &str,
         limit: BudgetLimit,
         control: crate::TeamControl,
-        mission_reported: Arc<MissionReported>,
     ) -> Result<InstanceLedger, StoreError> {
         match store.create_budget(mission, &self.mission).await {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
@@ -83,6 +88,7 @@ impl Budgets {
             tokens_per_step: self.tokens_per_step,
             mission_reported,
             instance_reported: AtomicBool::new(false),
+            lease,
         })
     }
 }
@@ -105,6 +111,8 @@ pub(crate) struct InstanceLedger {
     tokens_per_step: u64,
     mission_reported: Arc<MissionReported>,
     instance_reported: AtomicBool,
+    /// The turn's lease: reservations end with it.
+    lease: Option<Fence>,
 }
 
 #[async_trait]
@@ -122,6 +130,7 @@ impl StepBudget for InstanceLedger {
             scopes: vec![self.instance.clone(), self.mission.clone()],
             amount,
             expires_at: lease_expiry(now, RESERVATION_TTL),
+            lease: self.lease,
         };
         match self.store.reserve(&reservation, now).await {
             Ok(()) => Ok(reservation.id),

@@ -469,7 +469,14 @@ pub(crate) async fn run_instance(
     let ledger = match (context.store(), context.turn_local::<budget::MissionReported>()) {
         (Some(store), Some(reported)) => Some(
             crew.budgets
-                .instance(store, &mission_id, &instance_id, limit, crew.control.clone(), reported)
+                .instance(
+                    store,
+                    (reported, context.fence()),
+                    &mission_id,
+                    &instance_id,
+                    limit,
+                    crew.control.clone(),
+                )
                 .await
                 .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?,
         ),

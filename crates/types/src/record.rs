@@ -257,8 +257,15 @@ pub struct BudgetReservation {
     pub scopes: Vec<String>,
     /// The amount held on each.
     pub amount: BudgetUsage,
-    /// When it lapses if not settled (a crashed holder's reservations expire).
+    /// When it lapses if not settled, at the latest (a backstop for reservations made
+    /// without a lease).
     pub expires_at: Timestamp,
+    /// The lease of the turn it was made for, when there is one: it holds only while that
+    /// lease is its session's current one, so the reservations of a holder that crashed
+    /// end when recovery takes its lease over, and those it left unsettled end when it
+    /// gives the lease back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Fence>,
 }
 
 /// The lease that lets one process run a session's turn.

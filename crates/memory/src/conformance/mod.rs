@@ -116,6 +116,7 @@ macro_rules! conformance_tests {
             budget_reserve_settle_and_release_account_correctly,
             budget_reservation_past_any_limit_is_refused_on_every_scope,
             budget_expired_reservations_stop_counting,
+            budget_reservations_end_with_their_lease,
             budget_unknown_scopes_and_reservations_and_duplicates,
             concurrent_reservations_never_pass_the_limit,
             lease_is_exclusive_while_live,
@@ -1321,6 +1322,7 @@ fn reservation(id: &str, scopes: &[&str], amount: BudgetUsage, expires_at: Times
         scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
         amount,
         expires_at,
+        lease: None,
     }
 }
 
@@ -1407,6 +1409,44 @@ pub async fn budget_expired_reservations_stop_counting(store: Arc<dyn Store>) {
     assert!(store.reserve(&reservation("r2", &["s"], tokens(30), at(20)), at(5)).await.is_err());
     assert_eq!(store.budget("s", at(11)).await.unwrap().reserved.tokens_used, 0);
     store.reserve(&reservation("r3", &["s"], tokens(90), at(30)), at(11)).await.unwrap();
+}
+
+/// A reservation made under a lease holds while the lease is its session's current one,
+/// renewed or lapsed, and ends when the lease is taken over or given back; one made with a
+/// stale lease is refused and changes nothing.
+pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let ttl = Duration::from_secs(30);
+    let under = |id: &str, amount: u64, lease: &Lease| BudgetReservation {
+        lease: Some(lease.fence()),
+        ..reservation(id, &["s"], tokens(amount), at(1000))
+    };
+    store.create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }).await.unwrap();
+    let first = store.acquire_lease(session.id, "p1", ttl, at(0)).await.unwrap();
+    store.reserve(&under("r1", 80, &first), at(1)).await.unwrap();
+    store.renew_lease(session.id, first.token, ttl, at(20)).await.unwrap();
+    assert_eq!(store.budget("s", at(21)).await.unwrap().reserved.tokens_used, 80, "renewed");
+    assert!(store.reserve(&under("r2", 30, &first), at(21)).await.is_err());
+    // Lapsed but not taken over: the holder may still be running.
+    assert_eq!(store.budget("s", at(90)).await.unwrap().reserved.tokens_used, 80, "lapsed");
+
+    // Recovery takes the lapsed lease over: the dead holder's reservation ends.
+    let second = store.acquire_lease(session.id, "p2", ttl, at(100)).await.unwrap();
+    assert_eq!(store.budget("s", at(101)).await.unwrap().reserved.tokens_used, 0, "taken over");
+    let stale = store.reserve(&under("r3", 10, &first), at(101)).await.unwrap_err();
+    assert!(matches!(stale, StoreError::Conflict(Conflict::StaleFence { .. })), "{stale:?}");
+    store.reserve(&under("r4", 90, &second), at(102)).await.unwrap();
+    assert_eq!(store.budget("s", at(103)).await.unwrap().reserved.tokens_used, 90);
+    // The ended reservation was dropped; the refused one was never stored.
+    assert_not_found(store.settle("r1", &tokens(80)).await);
+    assert_not_found(store.release("r3").await);
+
+    // Given back with a reservation unsettled: the reservation ends too.
+    store.release_lease(session.id, second.token).await.unwrap();
+    let ledger = store.budget("s", at(104)).await.unwrap();
+    assert_eq!((ledger.reserved.tokens_used, ledger.used.tokens_used), (0, 0));
+    let third = store.acquire_lease(session.id, "p3", ttl, at(105)).await.unwrap();
+    store.reserve(&under("r5", 100, &third), at(105)).await.unwrap();
 }
 
 /// Unknown scopes and reservations are not found; ids are unique.

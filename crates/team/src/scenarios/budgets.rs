@@ -1,5 +1,6 @@
 //! Budgets shared by a mission and its instances: concurrent members stop at the mission's
-//! limit, within one reservation, and every instance is cancelled.
+//! limit, within one reservation, and every instance is cancelled; reservations end with
+//! the turn's lease.
 
 use agentry_memory::conformance::Harness;
 use std::sync::Arc;
@@ -136,4 +137,62 @@ budget = { max_elapsed_ms = 40 }
     });
     let most = spent.fold(0.0_f64, f64::max);
     assert!(most > 0.02 && most < 0.04, "the spender stopped within one call of its limit: {most}");
+}
+
+/// Scenario: a member's reservations are made under its turn's lease, so they stop holding
+/// the mission's budget when another process takes the lease over (as recovery does when
+/// the holder died); the fenced-out turn then stops without writing anything.
+pub async fn a_members_reservations_end_with_the_turns_lease(harness: Harness) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finish = Arc::new(tokio::sync::Notify::new());
+    let (working, finishing) = (started.clone(), finish.clone());
+    let work = FunctionTool::new("work", "Works until told to stop.", move |_: Nothing, _| {
+        let (working, finishing) = (working.clone(), finishing.clone());
+        async move {
+            working.notify_one();
+            finishing.notified().await;
+            Ok::<_, ToolError>("done".to_owned())
+        }
+    });
+    let member_model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("work", &json!({}))
+        } else {
+            ScriptedResponse::text("Worked.")
+        }
+    }));
+    let member = Agent::builder("worker", member_model).tool(work.shared()).build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Work."}))
+        } else {
+            ScriptedResponse::text("Done.")
+        }
+    }));
+    let team = Team::builder("workers", coordinator)
+        .mission_budget(BudgetLimit { max_tool_calls: Some(5), ..BudgetLimit::default() })
+        .member(member)
+        .build();
+    let store = harness.store.clone();
+    let (_runtime, session, turn) = super::start(&harness, team, "Go.").await;
+    started.notified().await;
+
+    // The member's tool call holds one tool call of the mission's budget.
+    let mission = format!("mis_{}", turn.id());
+    let reserved = store.budget(&mission, Timestamp::now()).await.unwrap().reserved;
+    assert_eq!(reserved.tool_calls_used, 1, "{reserved:?}");
+    // Another process takes the lease over (given back first: this one's holder is alive
+    // and keeps renewing it).
+    let lease = store.lease(session.id()).await.unwrap().expect("the running turn holds the lease");
+    store.release_lease(session.id(), lease.token).await.unwrap();
+    let ttl = std::time::Duration::from_secs(60);
+    let taken = store.acquire_lease(session.id(), "another-process", ttl, Timestamp::now()).await.unwrap();
+    let reserved = store.budget(&mission, Timestamp::now()).await.unwrap().reserved;
+    assert_eq!(reserved, agentry_types::BudgetUsage::default(), "the reservation ended with the lease");
+
+    // The turn, fenced out, stops and leaves the stored turn running for the new holder.
+    finish.notify_one();
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, agentry_types::TurnState::Running), "{state:?}");
+    assert_eq!(store.lease(session.id()).await.unwrap().map(|lease| lease.token), Some(taken.token));
 }

@@ -683,16 +683,9 @@ impl BudgetStore for InMemoryStore {
             let held = rules::add_usage(used, &state.reserved(scope, now));
             rules::check_room(scope, limit, &held, &reservation.amount)?;
         }
-        // Reservations that no longer hold are dropped.
-        let ended: Vec<String> = state
-            .reservations
-            .values()
-            .filter(|existing| !state.holds(existing, now))
-            .map(|existing| existing.id.clone())
-            .collect();
-        for id in ended {
-            state.reservations.remove(&id);
-        }
+        // Expired reservations are dropped. One whose lease ended stays until it expires,
+        // holding nothing: its holder may still settle what its step really used.
+        state.reservations.retain(|_, existing| existing.expires_at > now);
         state.reservations.insert(reservation.id.clone(), reservation.clone());
         Ok(())
     }

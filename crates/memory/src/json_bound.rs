@@ -10,9 +10,16 @@ use serde::ser;
 /// The bound of `value`'s JSON length, or `None` when the bound cannot be given (a map key
 /// JSON may refuse): the caller then measures exactly, which also reports such errors.
 pub(crate) fn json_len_bound<T: Serialize + ?Sized>(value: &T) -> Option<usize> {
-    let mut bound = Bound { len: 0, in_key: false };
+    json_len_and_depth(value).map(|(len, _)| len)
+}
+
+/// [`json_len_bound`], and how deeply the value nests: its arrays and objects inside one
+/// another, counting an enum variant's wrapping object (so at least what JSON or
+/// MessagePack nests; a scalar is 0).
+pub(crate) fn json_len_and_depth<T: Serialize + ?Sized>(value: &T) -> Option<(usize, usize)> {
+    let mut bound = Bound { len: 0, in_key: false, depth: 0, deepest: 0 };
     value.serialize(&mut bound).ok()?;
-    Some(bound.len)
+    Some((bound.len, bound.deepest))
 }
 
 /// Quotes, and every byte escaped at its longest (`\u00XX`).
@@ -29,6 +36,10 @@ struct Bound {
     len: usize,
     /// Serializing a map key: only what JSON accepts as a key is bounded.
     in_key: bool,
+    /// The arrays and objects open around what is being serialized.
+    depth: usize,
+    /// The most that were open at once.
+    deepest: usize,
 }
 
 #[derive(Debug)]
@@ -61,6 +72,19 @@ impl Bound {
         }
         self.add(len)?;
         Ok(self)
+    }
+
+    /// Opens `levels` of nesting (an array or object; a variant's wrapping object too).
+    fn enter(&mut self, levels: usize) -> &mut Self {
+        self.depth += levels;
+        self.deepest = self.deepest.max(self.depth);
+        self
+    }
+
+    /// Closes what [`Bound::enter`] opened.
+    fn leave(&mut self, levels: usize) -> Result<(), Unbounded> {
+        self.depth = self.depth.saturating_sub(levels);
+        Ok(())
     }
 }
 
@@ -115,7 +139,8 @@ impl<'a> ser::Serializer for &'a mut Bound {
     }
     fn serialize_bytes(self, value: &[u8]) -> Result<(), Unbounded> {
         // An array of numbers: at most `255,` a byte.
-        self.open(2)?.add(4 * value.len())
+        self.open(2)?.enter(1).add(4 * value.len())?;
+        self.leave(1)
     }
     fn serialize_none(self) -> Result<(), Unbounded> {
         self.open(4).map(drop)
@@ -149,16 +174,18 @@ impl<'a> ser::Serializer for &'a mut Bound {
         variant: &'static str,
         value: &T,
     ) -> Result<(), Unbounded> {
-        value.serialize(self.open(3 + string(variant.len()))?)
+        let wrapped = self.open(3 + string(variant.len()))?.enter(1);
+        value.serialize(&mut *wrapped)?;
+        wrapped.leave(1)
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self, Unbounded> {
-        self.open(2)
+        Ok(self.open(2)?.enter(1))
     }
     fn serialize_tuple(self, _: usize) -> Result<Self, Unbounded> {
-        self.open(2)
+        Ok(self.open(2)?.enter(1))
     }
     fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Unbounded> {
-        self.open(2)
+        Ok(self.open(2)?.enter(1))
     }
     fn serialize_tuple_variant(
         self,
@@ -167,13 +194,13 @@ impl<'a> ser::Serializer for &'a mut Bound {
         variant: &'static str,
         _: usize,
     ) -> Result<Self, Unbounded> {
-        self.open(5 + string(variant.len()))
+        Ok(self.open(5 + string(variant.len()))?.enter(2))
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self, Unbounded> {
-        self.open(2)
+        Ok(self.open(2)?.enter(1))
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Unbounded> {
-        self.open(2)
+        Ok(self.open(2)?.enter(1))
     }
     fn serialize_struct_variant(
         self,
@@ -182,13 +209,13 @@ impl<'a> ser::Serializer for &'a mut Bound {
         variant: &'static str,
         _: usize,
     ) -> Result<Self, Unbounded> {
-        self.open(5 + string(variant.len()))
+        Ok(self.open(5 + string(variant.len()))?.enter(2))
     }
 }
 
 /// Elements: a comma each, then the element.
 macro_rules! elements {
-    ($($trait:ident :: $method:ident),*) => {$(
+    ($($trait:ident :: $method:ident => $levels:expr),*) => {$(
         impl ser::$trait for &mut Bound {
             type Ok = ();
             type Error = Unbounded;
@@ -197,17 +224,17 @@ macro_rules! elements {
                 value.serialize(&mut **self)
             }
             fn end(self) -> Result<(), Unbounded> {
-                Ok(())
+                self.leave($levels)
             }
         }
     )*};
 }
 
 elements!(
-    SerializeSeq::serialize_element,
-    SerializeTuple::serialize_element,
-    SerializeTupleStruct::serialize_field,
-    SerializeTupleVariant::serialize_field
+    SerializeSeq::serialize_element => 1,
+    SerializeTuple::serialize_element => 1,
+    SerializeTupleStruct::serialize_field => 1,
+    SerializeTupleVariant::serialize_field => 2
 );
 
 impl ser::SerializeMap for &mut Bound {
@@ -226,13 +253,13 @@ impl ser::SerializeMap for &mut Bound {
         value.serialize(&mut **self)
     }
     fn end(self) -> Result<(), Unbounded> {
-        Ok(())
+        self.leave(1)
     }
 }
 
 /// Struct fields: a comma, the quoted name and a colon, then the value.
 macro_rules! fields {
-    ($($trait:ident),*) => {$(
+    ($($trait:ident => $levels:expr),*) => {$(
         impl ser::$trait for &mut Bound {
             type Ok = ();
             type Error = Unbounded;
@@ -241,13 +268,13 @@ macro_rules! fields {
                 value.serialize(&mut **self)
             }
             fn end(self) -> Result<(), Unbounded> {
-                Ok(())
+                self.leave($levels)
             }
         }
     )*};
 }
 
-fields!(SerializeStruct, SerializeStructVariant);
+fields!(SerializeStruct => 1, SerializeStructVariant => 2);
 
 #[cfg(test)]
 mod tests {
@@ -258,7 +285,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    use super::json_len_bound;
+    use super::{json_len_and_depth, json_len_bound};
 
     fn exact<T: serde::Serialize>(value: &T) -> usize {
         serde_json::to_vec(value).unwrap().len()
@@ -341,12 +368,49 @@ mod tests {
         })
     }
 
+    /// How deeply a JSON value nests its arrays and objects.
+    fn nesting(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+            Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     proptest! {
         #[test]
         fn the_bound_of_any_json_value_covers_its_length(value in json()) {
             let bound = json_len_bound(&value).unwrap();
             prop_assert!(bound >= exact(&value), "bound {} below {} for {}", bound, exact(&value), value);
         }
+
+        #[test]
+        fn the_depth_of_any_json_value_is_its_nesting(value in json()) {
+            prop_assert_eq!(json_len_and_depth(&value).unwrap().1, nesting(&value));
+        }
+    }
+
+    #[test]
+    fn the_depth_counts_structs_variants_and_bytes_and_closes_each() {
+        #[derive(serde::Serialize)]
+        enum Shape {
+            Unit,
+            New(Vec<u8>),
+            Tuple(u8, Vec<u8>),
+            Named { inner: Vec<Vec<u8>> },
+        }
+        let depth = |value: &Shape| json_len_and_depth(value).unwrap().1;
+        assert_eq!(depth(&Shape::Unit), 0);
+        // `{"New":[..]}`, `{"Tuple":[1,[..]]}`, `{"Named":{"inner":[[..]]}}`.
+        assert_eq!(depth(&Shape::New(vec![1])), 2);
+        assert_eq!(depth(&Shape::Tuple(1, vec![1])), 3);
+        assert_eq!(depth(&Shape::Named { inner: vec![vec![1]] }), 4);
+        // Siblings do not add up: each closes what it opened.
+        let siblings =
+            vec![Shape::Named { inner: vec![vec![1]] }, Shape::Tuple(1, vec![]), Shape::New(vec![])];
+        assert_eq!(json_len_and_depth(&siblings).unwrap().1, 5);
+        let deep = (0..200).fold(json!(null), |inner, _| json!([inner]));
+        assert_eq!(json_len_and_depth(&deep).unwrap().1, 200);
     }
 
     #[test]

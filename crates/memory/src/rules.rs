@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Conflict, StoreError, StoreResult};
-use crate::json_bound::json_len_bound;
+use crate::json_bound::{json_len_and_depth, json_len_bound};
 use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStart, TurnStep};
 
 /// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`].
@@ -55,8 +55,10 @@ impl std::io::Write for ByteCounter {
     }
 }
 
-/// Checks that an event encodes within [`MAX_RECORD_BYTES`] (for stores that keep events
-/// as values): its payload and team context are what can grow.
+/// Checks that an event can be stored, the same in every store: `TooLarge` when its payload
+/// and team context as JSON, with a fixed allowance for the envelope's other fields, pass
+/// [`MAX_RECORD_BYTES`]; `InvalidInput` when either nests more than 150 levels deep (a
+/// stored event could not be read back). Its payload and team context are what can grow.
 pub fn check_event_size(event: &EventEnvelope) -> StoreResult<()> {
     check_payload_size(&event.payload, event.team.as_ref(), event.thread_id.as_ref())
 }
@@ -70,7 +72,17 @@ pub fn check_payload_size(
 ) -> StoreResult<()> {
     // The envelope's fixed fields and the thread id; the payload and team context vary.
     let fixed = 80 + thread.map_or(0, |thread| thread.as_str().len());
-    let bound = json_len_bound(payload).zip(team.map_or(Some(0), json_len_bound));
+    let payload_shape = json_len_and_depth(payload);
+    let team_shape = team.map_or(Some((0, 0)), json_len_and_depth);
+    if let Some(((_, payload_depth), (_, team_depth))) = payload_shape.zip(team_shape) {
+        let depth = payload_depth.max(team_depth);
+        if depth > MAX_EVENT_NESTING {
+            return Err(StoreError::InvalidInput(format!(
+                "an event's payload nests {depth} levels deep; at most {MAX_EVENT_NESTING} are stored"
+            )));
+        }
+    }
+    let bound = payload_shape.zip(team_shape).map(|((payload, _), (team, _))| (payload, team));
     if bound.is_some_and(|(payload, team)| fixed + payload + team <= MAX_RECORD_BYTES) {
         return Ok(());
     }
@@ -93,6 +105,10 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreRes
         .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
 }
 
+/// The first byte of a stored event in format 1, which earlier builds wrote (see
+/// [`EVENT_FORMAT`]); still read.
+const EVENT_FORMAT_JSON: u8 = 1;
+
 /// The first byte of a stored event: the format of what follows. Both formats share the
 /// binary header; they differ in how the team context and the payload are written.
 /// - Format 1 wrote them as JSON. Stores written before format 2 hold it, so it is still
@@ -100,21 +116,30 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreRes
 /// - Format 2, written now, uses MessagePack with named fields, in the form a type takes
 ///   in JSON (human-readable: ids as strings). Decoding it takes about half the time
 ///   JSON does: lengths come first, so nothing is scanned for escapes or ends.
-const EVENT_FORMAT_JSON: u8 = 1;
 const EVENT_FORMAT: u8 = 2;
 
-/// The deepest nesting a stored event's payload may have when it is read: any JSON value
-/// parsed by `serde_json` (at most 128 deep) inside the payload's own few levels, and
-/// shallow enough that decoding cannot run out of stack.
+/// The deepest nesting (arrays and objects inside one another, enum variants' wrapping
+/// objects counted) an event's payload or team context may have to be stored: a JSON value
+/// `serde_json` parsed (at most 127 deep) fits inside the payload's own levels. Deeper
+/// events are refused when they are written ([`check_payload_size`]), so that every
+/// stored event reads back.
+const MAX_EVENT_NESTING: usize = 150;
+
+/// The deepest nesting a stored event's payload may have when it is read: above
+/// [`MAX_EVENT_NESTING`] (MessagePack's decoder counts a little differently), and shallow
+/// enough that decoding cannot run out of stack.
 const MAX_DEPTH: usize = 160;
 
 /// Encodes a durable event for storage: a fixed binary header (format, ids, seq, time,
-/// version, thread) followed by the team context and the payload in MessagePack (see
-/// [`EVENT_FORMAT`]). Replaying a turn decodes every event; the header decodes without
-/// parsing anything.
+/// version, thread) followed by the team context and the payload in MessagePack, with
+/// named fields and the forms the types take in JSON. Replaying a turn decodes every
+/// event; the header decodes without parsing anything, and the MessagePack in about half
+/// the time JSON takes. Stored events of format 1 (JSON payloads, written by earlier
+/// builds) still read.
 ///
-/// An event is refused as too large when its JSON form, the one clients receive, is larger
-/// than [`MAX_RECORD_BYTES`] ([`check_event_size`]), as every store refuses it.
+/// Events are refused as every store refuses them ([`check_event_size`]): as too large
+/// when their payload and team context as JSON, with a fixed allowance for the envelope,
+/// pass [`MAX_RECORD_BYTES`]; as invalid when they nest deeper than stored events are read.
 pub fn encode_event(event: &EventEnvelope) -> StoreResult<Vec<u8>> {
     check_event_size(event)?;
     let thread = event.thread_id.as_ref().map(agentry_types::ThreadId::as_str).unwrap_or_default();

@@ -6,8 +6,10 @@
 //!   nothing;
 //! - an acknowledged write (the future resolved `Ok`) is visible to every later read of the
 //!   same store, and survives a crash when the backend's durability mode says so;
-//! - records larger than [`MAX_RECORD_BYTES`] serialized are refused with
-//!   [`StoreError::TooLarge`](crate::StoreError::TooLarge);
+//! - records larger than [`MAX_RECORD_BYTES`] serialized as JSON are refused with
+//!   [`StoreError::TooLarge`](crate::StoreError::TooLarge) (an event: its payload and team
+//!   context, with a fixed allowance for the envelope; see
+//!   [`rules::check_event_size`](crate::rules::check_event_size));
 //! - writes made on behalf of a running turn may carry a [`Fence`]; the store refuses them
 //!   with [`Conflict::StaleFence`](crate::Conflict::StaleFence) unless the fence's token is
 //!   the session's current lease token.
@@ -28,7 +30,8 @@ use serde_json::{Map, Value};
 use crate::error::StoreResult;
 use crate::page::{Order, Page, PageRequest};
 
-/// The largest record, event or message a store accepts, serialized.
+/// The largest record, event or message a store accepts, serialized as JSON (what a store
+/// keeps may be in another form, events in MessagePack for one).
 pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
 
 /// Which sessions to list. Every set filter must match.

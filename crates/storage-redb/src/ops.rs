@@ -982,16 +982,15 @@ struct BudgetRow {
 }
 
 /// What a scope's reservations that hold at `now` reserve (see
-/// [`rules::reservation_holds`]), and the ids of those that no longer hold.
+/// [`rules::reservation_holds`]).
 fn reserved_in(
     scopes: &impl ReadableTable<(&'static str, &'static str), ()>,
     reservations: &impl ReadableTable<&'static str, &'static [u8]>,
     leases: &impl ReadableTable<u128, &'static [u8]>,
     scope: &str,
     now: Timestamp,
-) -> StoreResult<(BudgetUsage, Vec<String>)> {
+) -> StoreResult<BudgetUsage> {
     let mut total = BudgetUsage::default();
-    let mut ended = Vec::new();
     for entry in scopes.range((scope, "")..=(scope, "\u{10FFFF}")).map_err(redb_error)? {
         let (key, _) = entry.map_err(redb_error)?;
         let (_, id) = key.value();
@@ -1003,12 +1002,10 @@ fn reserved_in(
             };
             if rules::reservation_holds(&reservation, lease.as_ref(), now) {
                 total = rules::add_usage(&total, &reservation.amount);
-            } else {
-                ended.push(reservation.id);
             }
         }
     }
-    Ok((total, ended))
+    Ok(total)
 }
 
 fn take_reservation(transaction: &WriteTransaction, id: &str) -> StoreResult<BudgetReservation> {
@@ -1052,7 +1049,7 @@ impl BudgetStore for RedbStore {
             let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
             let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
             let leases = transaction.open_table(LEASES).map_err(redb_error)?;
-            let (reserved, _) = reserved_in(&scopes, &reservations, &leases, &scope, now)?;
+            let reserved = reserved_in(&scopes, &reservations, &leases, &scope, now)?;
             Ok(BudgetLedger { scope, limit: row.limit, used: row.used, reserved })
         })
         .await
@@ -1066,7 +1063,7 @@ impl BudgetStore for RedbStore {
             if let Some(fence) = reservation.lease {
                 check_fence(transaction, fence.session_id, Some(fence))?;
             }
-            let ended: Vec<String> = {
+            let expired: Vec<String> = {
                 let budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
                 let scopes = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
                 let reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
@@ -1078,31 +1075,30 @@ impl BudgetStore for RedbStore {
                     }
                     .into());
                 }
-                // Reservations that no longer hold are dropped: expired ones everywhere, and
-                // those of these scopes whose lease ended.
-                let mut ended = Vec::new();
                 for scope in &reservation.scopes {
                     let row: BudgetRow = match budgets.get(scope.as_str()).map_err(redb_error)? {
                         Some(body) => rules::decode("budget", body.value())?,
                         None => return Err(StoreError::not_found("budget", scope)),
                     };
-                    let (reserved, scope_ended) = reserved_in(&scopes, &reservations, &leases, scope, now)?;
-                    let held = rules::add_usage(&row.used, &reserved);
+                    let held = rules::add_usage(
+                        &row.used,
+                        &reserved_in(&scopes, &reservations, &leases, scope, now)?,
+                    );
                     rules::check_room(scope, &row.limit, &held, &reservation.amount)?;
-                    ended.extend(scope_ended);
                 }
+                // Expired reservations are dropped. One whose lease ended stays until it
+                // expires, holding nothing: its holder may still settle what its step used.
+                let mut expired = Vec::new();
                 for entry in reservations.iter().map_err(redb_error)? {
                     let (id, body) = entry.map_err(redb_error)?;
                     let existing: BudgetReservation = rules::decode("budget reservation", body.value())?;
                     if existing.expires_at <= now {
-                        ended.push(id.value().to_owned());
+                        expired.push(id.value().to_owned());
                     }
                 }
-                ended.sort_unstable();
-                ended.dedup();
-                ended
+                expired
             };
-            for id in ended {
+            for id in expired {
                 take_reservation(transaction, &id)?;
             }
             let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;

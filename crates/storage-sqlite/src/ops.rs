@@ -990,33 +990,19 @@ impl BudgetStore for SqliteStore {
             for scope in &reservation.scopes {
                 link.execute(params![scope, reservation.id]).map_err(sqlite)?;
             }
-            // Reservations that no longer hold are dropped: expired ones everywhere, and those
-            // of these scopes whose lease ended.
+            // Expired reservations are dropped, but for this one (stored even when already
+            // expired, as the other stores keep it, holding nothing). One whose lease ended
+            // stays until it expires, holding nothing: its holder may still settle what its
+            // step really used.
             for sql in [
-                "DELETE FROM reservation_scopes WHERE reservation_id IN (SELECT id FROM reservations WHERE expires_us <= ?1)",
-                "DELETE FROM reservations WHERE expires_us <= ?1",
+                "DELETE FROM reservation_scopes WHERE reservation_id IN (SELECT id FROM reservations WHERE expires_us <= ?1 AND id != ?2)",
+                "DELETE FROM reservations WHERE expires_us <= ?1 AND id != ?2",
             ] {
-                connection.prepare_cached(sql).map_err(sqlite)?.execute([now.unix_micros()]).map_err(sqlite)?;
-            }
-            let mut ended = Vec::new();
-            let mut statement = connection
-                .prepare_cached(
-                    "SELECT r.body FROM reservation_scopes s JOIN reservations r ON r.id = s.reservation_id
-                     WHERE s.scope = ?1",
-                )
-                .map_err(sqlite)?;
-            for scope in &reservation.scopes {
-                let mut rows = statement.query([scope]).map_err(sqlite)?;
-                while let Some(row) = rows.next().map_err(sqlite)? {
-                    let existing: BudgetReservation = rules::decode("budget reservation", blob(row, 0)?)?;
-                    if !holds(connection, &existing, now)? && !ended.contains(&existing.id) {
-                        ended.push(existing.id);
-                    }
-                }
-            }
-            drop(statement);
-            for id in ended {
-                take_reservation(connection, &id)?;
+                connection
+                    .prepare_cached(sql)
+                    .map_err(sqlite)?
+                    .execute(params![now.unix_micros(), reservation.id])
+                    .map_err(sqlite)?;
             }
             Ok(())
         })

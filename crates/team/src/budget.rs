@@ -160,7 +160,8 @@ impl StepBudget for InstanceLedger {
     }
 
     async fn release(&self, reservation: &str) {
-        // A hold that cannot be released expires with its reservation's time limit.
+        // A hold that cannot be released ends with the turn's lease, or at the latest with
+        // its reservation's time limit.
         let _released = self.store.release(reservation).await;
     }
 
@@ -177,7 +178,8 @@ impl StepBudget for InstanceLedger {
         let before = self.settled_ms.swap(now_ms, Ordering::AcqRel);
         used.elapsed_ms = Some(now_ms.saturating_sub(before));
         if let Err(error) = self.store.settle(reservation, &used).await {
-            // The usage is not counted; the hold expires with the reservation.
+            // The usage is not counted; the hold ends with the turn's lease, or at the latest
+            // with the reservation's time limit.
             tracing::warn!(reservation, %error, "settling a budget reservation failed");
             return None;
         }

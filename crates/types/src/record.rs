@@ -244,7 +244,8 @@ pub struct BudgetLedger {
     pub limit: BudgetLimit,
     /// Settled usage.
     pub used: BudgetUsage,
-    /// Usage reserved by unsettled, unexpired reservations.
+    /// Usage reserved by the reservations that hold: unsettled, unexpired, and made under
+    /// no lease or under their session's current one.
     pub reserved: BudgetUsage,
 }
 

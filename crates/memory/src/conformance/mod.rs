@@ -1413,7 +1413,7 @@ pub async fn budget_expired_reservations_stop_counting(store: Arc<dyn Store>) {
 
 /// A reservation made under a lease holds while the lease is its session's current one,
 /// renewed or lapsed, and ends when the lease is taken over or given back; one made with a
-/// stale lease is refused and changes nothing.
+/// stale lease is refused and changes nothing; an ended one still settles what was used.
 pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
     let session = new_session(&*store).await;
     let ttl = Duration::from_secs(30);
@@ -1426,7 +1426,8 @@ pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
     store.reserve(&under("r1", 80, &first), at(1)).await.unwrap();
     store.renew_lease(session.id, first.token, ttl, at(20)).await.unwrap();
     assert_eq!(store.budget("s", at(21)).await.unwrap().reserved.tokens_used, 80, "renewed");
-    assert!(store.reserve(&under("r2", 30, &first), at(21)).await.is_err());
+    let over = store.reserve(&under("r2", 30, &first), at(21)).await.unwrap_err();
+    assert!(matches!(over, StoreError::Conflict(Conflict::BudgetExceeded { .. })), "{over:?}");
     // Lapsed but not taken over: the holder may still be running.
     assert_eq!(store.budget("s", at(90)).await.unwrap().reserved.tokens_used, 80, "lapsed");
 
@@ -1435,18 +1436,20 @@ pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
     assert_eq!(store.budget("s", at(101)).await.unwrap().reserved.tokens_used, 0, "taken over");
     let stale = store.reserve(&under("r3", 10, &first), at(101)).await.unwrap_err();
     assert!(matches!(stale, StoreError::Conflict(Conflict::StaleFence { .. })), "{stale:?}");
+    assert_not_found(store.release("r3").await);
     store.reserve(&under("r4", 90, &second), at(102)).await.unwrap();
     assert_eq!(store.budget("s", at(103)).await.unwrap().reserved.tokens_used, 90);
-    // The ended reservation was dropped; the refused one was never stored.
-    assert_not_found(store.settle("r1", &tokens(80)).await);
-    assert_not_found(store.release("r3").await);
+    // The ended reservation still settles what its step used.
+    store.settle("r1", &tokens(5)).await.unwrap();
+    let ledger = store.budget("s", at(104)).await.unwrap();
+    assert_eq!((ledger.reserved.tokens_used, ledger.used.tokens_used), (90, 5));
 
     // Given back with a reservation unsettled: the reservation ends too.
     store.release_lease(session.id, second.token).await.unwrap();
-    let ledger = store.budget("s", at(104)).await.unwrap();
-    assert_eq!((ledger.reserved.tokens_used, ledger.used.tokens_used), (0, 0));
-    let third = store.acquire_lease(session.id, "p3", ttl, at(105)).await.unwrap();
-    store.reserve(&under("r5", 100, &third), at(105)).await.unwrap();
+    let ledger = store.budget("s", at(105)).await.unwrap();
+    assert_eq!((ledger.reserved.tokens_used, ledger.used.tokens_used), (0, 5));
+    let third = store.acquire_lease(session.id, "p3", ttl, at(106)).await.unwrap();
+    store.reserve(&under("r5", 95, &third), at(106)).await.unwrap();
 }
 
 /// Unknown scopes and reservations are not found; ids are unique.
@@ -1698,7 +1701,8 @@ pub async fn turn_step_journals_calls_as_the_journal_does(store: Arc<dyn Store>)
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1]);
 }
 
-/// Records larger than the limit are refused with a clear error, and nothing changes.
+/// Records larger than the limit, and events nested too deeply to be read back, are refused
+/// with a clear error, and nothing changes.
 pub async fn oversized_records_are_refused_and_change_nothing(store: Arc<dyn Store>) {
     let session = new_session(&*store).await;
     let run = new_run(&*store, session.id).await;
@@ -1713,6 +1717,16 @@ pub async fn oversized_records_are_refused_and_change_nothing(store: Arc<dyn Sto
     };
     let error = store.append_events(run.id, &[event(&run, 1), big_event], None).await.unwrap_err();
     assert!(matches!(error, StoreError::TooLarge { what: "event", .. }), "{error:?}");
+    assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
+    // Nested deeper than a stored event could be read back.
+    let mut deep_event = event(&run, 1);
+    let deep = (0..500).fold(json!(null), |inner, _| json!([inner]));
+    deep_event.payload = EventPayload::ToolCallActivity { tool_call_id: "c".into(), data: deep };
+    let error = store.append_events(run.id, &[event(&run, 1), deep_event], None).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::InvalidInput(ref message) if message.contains("levels deep")),
+        "{error:?}"
+    );
     assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
     let mut big_session = session_named("big");
     big_session.title = Some(huge.clone());

@@ -1,7 +1,7 @@
 //! The stored event format: every event round-trips; events stored by earlier builds
 //! (format 1) still read; damaged bytes are a typed error.
 
-use agentry_events::{EventPayload, sample};
+use agentry_events::{EventEnvelope, EventPayload, sample};
 use agentry_memory::{StoreError, conformance, rules};
 use proptest::prelude::*;
 
@@ -37,22 +37,54 @@ fn a_truncated_or_unknown_event_is_reported_as_corruption() {
     for damaged in [&bytes[..0], &bytes[..10], &bytes[..60], &bytes[..bytes.len() - 3]] {
         assert!(matches!(rules::decode_event(damaged), Err(StoreError::Corrupt(_))));
     }
-    // The header of format 2 with a damaged payload.
+    // The header of format 2 with a damaged payload: its first byte one MessagePack never
+    // uses.
+    assert!(event.thread_id.is_none() && event.team.is_none());
     let mut damaged = bytes.clone();
-    let last = damaged.len() - 1;
-    damaged[last] = 0xc1; // a byte MessagePack never uses
-    assert!(matches!(rules::decode_event(&damaged), Err(StoreError::Corrupt(_))));
+    damaged[HEADER] = 0xc1;
+    let error = rules::decode_event(&damaged).unwrap_err();
+    assert!(matches!(error, StoreError::Corrupt(ref message) if message.contains("payload")), "{error:?}");
     let mut unknown = bytes.clone();
     unknown[0] = 99;
     let error = rules::decode_event(&unknown).unwrap_err();
     assert!(error.to_string().contains("unknown format"), "{error}");
 }
 
+/// The header of an event without thread and team context: format, three ids, seq, time,
+/// version, the thread flag and length, the team context's length.
+const HEADER: usize = 1 + 3 * 16 + 8 + 8 + 4 + 1 + 2 + 4;
+
+/// A turn's first event with a `tool.call.activity` payload whose data is `data`.
+fn activity(data: serde_json::Value) -> EventEnvelope {
+    let mut event = sample::answer_turn("q", "a").unwrap().remove(0);
+    event.payload = EventPayload::ToolCallActivity { tool_call_id: "call_1".to_owned(), data };
+    event
+}
+
+fn nested_arrays(depth: usize) -> serde_json::Value {
+    (0..depth).fold(serde_json::Value::Null, |inner, _| serde_json::Value::Array(vec![inner]))
+}
+
+#[test]
+fn an_event_nested_deeper_than_events_are_read_is_refused_when_written() {
+    // As deep as serde_json parses JSON input: stored and read back.
+    let event = activity(nested_arrays(127));
+    assert_eq!(rules::decode_event(&rules::encode_event(&event).unwrap()).unwrap(), event);
+    rules::check_event_size(&event).unwrap();
+    for depth in [149, 500] {
+        let event = activity(nested_arrays(depth));
+        let error = rules::encode_event(&event).unwrap_err();
+        assert!(
+            matches!(error, StoreError::InvalidInput(ref message) if message.contains("levels deep")),
+            "{error:?}"
+        );
+        assert_eq!(rules::check_event_size(&event).unwrap_err(), error);
+    }
+}
+
 #[test]
 fn a_payload_nested_deeper_than_parsed_json_is_corruption_not_a_stack_overflow() {
-    let mut event = sample::answer_turn("q", "a").unwrap().remove(0);
-    event.payload =
-        EventPayload::ToolCallActivity { tool_call_id: "call_1".to_owned(), data: serde_json::Value::Null };
+    let event = activity(serde_json::Value::Null);
     let stored = rules::encode_event(&event).unwrap();
     // The payload ends with its `data`, a nil (0xc0); put nested one-element arrays (0x91
     // each) around it.
@@ -75,6 +107,24 @@ fn a_payload_nested_deeper_than_parsed_json_is_corruption_not_a_stack_overflow()
 }
 
 proptest! {
+    #[test]
+    fn a_valid_header_with_an_arbitrary_or_mutated_payload_never_panics(
+        tail in proptest::collection::vec(any::<u8>(), 0..200),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let event = activity(serde_json::json!({"rows": [1, 2.5, "three", null, {"x": true}]}));
+        let stored = rules::encode_event(&event).unwrap();
+        let mut arbitrary = stored[..HEADER].to_vec();
+        arbitrary.extend(&tail);
+        let _ = rules::decode_event(&arbitrary);
+        let mut mutated = stored.clone();
+        for (at, byte) in flips {
+            let at = HEADER + at.index(mutated.len() - HEADER);
+            mutated[at] = byte;
+        }
+        let _ = rules::decode_event(&mutated);
+    }
+
     #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let _ = rules::decode_event(&bytes);

@@ -140,8 +140,10 @@ budget = { max_elapsed_ms = 40 }
 }
 
 /// Scenario: a member's reservations are made under its turn's lease, so they stop holding
-/// the mission's budget when another process takes the lease over (as recovery does when
-/// the holder died); the fenced-out turn then stops without writing anything.
+/// the mission's budget when the lease ends: given back (here, from outside), or taken
+/// over by another process (the conformance case `budget_reservations_end_with_their_lease`
+/// covers a takeover of a lapsed lease, which this turn's keeper would not let lapse). The
+/// fenced-out turn then stops without writing anything.
 pub async fn a_members_reservations_end_with_the_turns_lease(harness: Harness) {
     let started = Arc::new(tokio::sync::Notify::new());
     let finish = Arc::new(tokio::sync::Notify::new());
@@ -181,14 +183,15 @@ pub async fn a_members_reservations_end_with_the_turns_lease(harness: Harness) {
     let mission = format!("mis_{}", turn.id());
     let reserved = store.budget(&mission, Timestamp::now()).await.unwrap().reserved;
     assert_eq!(reserved.tool_calls_used, 1, "{reserved:?}");
-    // Another process takes the lease over (given back first: this one's holder is alive
-    // and keeps renewing it).
+    // The lease is given back, and another process takes it.
     let lease = store.lease(session.id()).await.unwrap().expect("the running turn holds the lease");
     store.release_lease(session.id(), lease.token).await.unwrap();
+    let reserved = store.budget(&mission, Timestamp::now()).await.unwrap().reserved;
+    assert_eq!(reserved, agentry_types::BudgetUsage::default(), "the reservation ended with the give-back");
     let ttl = std::time::Duration::from_secs(60);
     let taken = store.acquire_lease(session.id(), "another-process", ttl, Timestamp::now()).await.unwrap();
     let reserved = store.budget(&mission, Timestamp::now()).await.unwrap().reserved;
-    assert_eq!(reserved, agentry_types::BudgetUsage::default(), "the reservation ended with the lease");
+    assert_eq!(reserved, agentry_types::BudgetUsage::default(), "and stays ended under the new lease");
 
     // The turn, fenced out, stops and leaves the stored turn running for the new holder.
     finish.notify_one();

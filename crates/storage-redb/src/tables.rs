@@ -1,4 +1,5 @@
-//! The redb tables: composite keys over 128-bit ids, JSON record bodies.
+//! The redb tables: composite keys over 128-bit ids, JSON record bodies (events in the
+//! binary form of `agentry_memory::rules::encode_event`).
 
 use redb::TableDefinition;
 

@@ -1,6 +1,6 @@
-//! The storage traits over SQLite. Records are stored as JSON bodies next to the columns
-//! that index them; records are encoded before they reach the writer thread, so the single
-//! writer spends its time on SQL.
+//! The storage traits over SQLite. Records are stored as JSON bodies (events in the binary
+//! form of `rules::encode_event`) next to the columns that index them; records are encoded
+//! before they reach the writer thread, so the single writer spends its time on SQL.
 
 use std::time::Duration;
 

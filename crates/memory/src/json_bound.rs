@@ -9,6 +9,7 @@ use serde::ser;
 
 /// The bound of `value`'s JSON length, or `None` when the bound cannot be given (a map key
 /// JSON may refuse): the caller then measures exactly, which also reports such errors.
+#[cfg(test)]
 pub(crate) fn json_len_bound<T: Serialize + ?Sized>(value: &T) -> Option<usize> {
     json_len_and_depth(value).map(|(len, _)| len)
 }

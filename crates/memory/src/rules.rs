@@ -13,32 +13,103 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Conflict, StoreError, StoreResult};
-use crate::json_bound::{json_len_and_depth, json_len_bound};
+use crate::json_bound::json_len_and_depth;
 use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStart, TurnStep};
 
-/// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`].
+/// The deepest nesting (arrays and objects inside one another) a JSON record may have:
+/// `serde_json` reads no deeper, so a deeper record would be stored and never read back.
+/// A JSON document a client sent fits: it was parsed under the same limit, and a record
+/// nests what it keeps at least one level down.
+pub const MAX_RECORD_NESTING: usize = 127;
+
+/// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`]
+/// (`TooLarge`) or nested more than [`MAX_RECORD_NESTING`] levels deep (`InvalidInput`).
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8>> {
-    let bytes = serde_json::to_vec(value)
-        .map_err(|error| StoreError::InvalidInput(format!("{what} cannot be serialized: {error}")))?;
+    let mut bytes = Vec::new();
+    let deepest = write_json(what, &mut bytes, value)?;
+    check_nesting(what, deepest)?;
     if bytes.len() > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what, size: bytes.len(), limit: MAX_RECORD_BYTES });
     }
     Ok(bytes)
 }
 
-/// Checks that a record serializes within [`MAX_RECORD_BYTES`], without keeping the bytes
-/// (for stores that keep records as values).
+/// Checks that a record serializes within [`MAX_RECORD_BYTES`] and [`MAX_RECORD_NESTING`],
+/// as [`encode`] does, without keeping the bytes (for stores that keep records as values).
 pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()> {
-    if json_len_bound(value).is_some_and(|bound| bound <= MAX_RECORD_BYTES) {
-        return Ok(());
+    if let Some((bound, deepest)) = json_len_and_depth(value) {
+        check_nesting(what, deepest)?;
+        if bound <= MAX_RECORD_BYTES {
+            return Ok(());
+        }
     }
     let mut counter = ByteCounter(0);
-    serde_json::to_writer(&mut counter, value)
-        .map_err(|error| StoreError::InvalidInput(format!("{what} cannot be serialized: {error}")))?;
+    let deepest = write_json(what, &mut counter, value)?;
+    check_nesting(what, deepest)?;
     if counter.0 > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what, size: counter.0, limit: MAX_RECORD_BYTES });
     }
     Ok(())
+}
+
+fn check_nesting(what: &'static str, deepest: usize) -> StoreResult<()> {
+    if deepest > MAX_RECORD_NESTING {
+        return Err(StoreError::InvalidInput(format!(
+            "the {what} nests {deepest} levels deep; at most {MAX_RECORD_NESTING} are stored"
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `value` as compact JSON and returns how deeply it nests.
+fn write_json<W: std::io::Write, T: Serialize>(
+    what: &'static str,
+    writer: W,
+    value: &T,
+) -> StoreResult<usize> {
+    let mut deepest = 0;
+    let formatter = DepthFormatter { depth: 0, deepest: &mut deepest };
+    value
+        .serialize(&mut serde_json::Serializer::with_formatter(writer, formatter))
+        .map_err(|error| StoreError::InvalidInput(format!("{what} cannot be serialized: {error}")))?;
+    Ok(deepest)
+}
+
+/// `serde_json`'s compact output, counting how deeply arrays and objects nest.
+struct DepthFormatter<'a> {
+    depth: usize,
+    deepest: &'a mut usize,
+}
+
+impl DepthFormatter<'_> {
+    fn open<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        self.depth += 1;
+        *self.deepest = (*self.deepest).max(self.depth);
+        writer.write_all(bracket)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        self.depth = self.depth.saturating_sub(1);
+        writer.write_all(bracket)
+    }
+}
+
+impl serde_json::ser::Formatter for DepthFormatter<'_> {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"]")
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"}")
+    }
 }
 
 /// Counts what is written to it.

@@ -9,7 +9,10 @@
 //! - records larger than [`MAX_RECORD_BYTES`] serialized as JSON are refused with
 //!   [`StoreError::TooLarge`](crate::StoreError::TooLarge) (an event: its payload and team
 //!   context, with a fixed allowance for the envelope; see
-//!   [`rules::check_event_size`](crate::rules::check_event_size));
+//!   [`rules::check_event_size`](crate::rules::check_event_size)), and records nested
+//!   more deeply than they are read back with
+//!   [`StoreError::InvalidInput`](crate::StoreError::InvalidInput) (see
+//!   [`rules::MAX_RECORD_NESTING`](crate::rules::MAX_RECORD_NESTING));
 //! - writes made on behalf of a running turn may carry a [`Fence`]; the store refuses them
 //!   with [`Conflict::StaleFence`](crate::Conflict::StaleFence) unless the fence's token is
 //!   the session's current lease token.

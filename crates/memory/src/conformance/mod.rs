@@ -117,6 +117,7 @@ macro_rules! conformance_tests {
             budget_reservation_past_any_limit_is_refused_on_every_scope,
             budget_expired_reservations_stop_counting,
             budget_reservations_end_with_their_lease,
+            records_nested_deeper_than_they_are_read_are_refused,
             budget_unknown_scopes_and_reservations_and_duplicates,
             concurrent_reservations_never_pass_the_limit,
             lease_is_exclusive_while_live,
@@ -1699,6 +1700,32 @@ pub async fn turn_step_journals_calls_as_the_journal_does(store: Arc<dyn Store>)
     assert_eq!(store.journal(run.id).await.unwrap(), journal);
     assert!(store.journal(other.id).await.unwrap().is_empty());
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1]);
+}
+
+/// A record nested as deeply as JSON records are read back is stored and read back; one
+/// nested deeper is refused with a clear error, and nothing changes.
+pub async fn records_nested_deeper_than_they_are_read_are_refused(store: Arc<dyn Store>) {
+    // The record's object and its metadata object, then nested arrays.
+    let nested = |arrays: usize| {
+        let mut session = session_named("deep");
+        let value = (0..arrays).fold(json!(null), |inner, _| json!([inner]));
+        session.metadata.insert("deep".into(), value);
+        session
+    };
+    let deepest = nested(crate::rules::MAX_RECORD_NESTING - 2);
+    store.create_session(&deepest).await.unwrap();
+    assert_eq!(store.get_session(deepest.id).await.unwrap(), deepest);
+    let deeper = nested(crate::rules::MAX_RECORD_NESTING - 1);
+    let error = store.create_session(&deeper).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::InvalidInput(ref message) if message.contains("levels deep")),
+        "{error:?}"
+    );
+    assert_not_found(store.get_session(deeper.id).await);
+    // Brackets inside a string do not nest.
+    let run = new_run(&*store, deepest.id).await;
+    let brackets = Message::user("[".repeat(500));
+    store.append_messages(run.id, std::slice::from_ref(&brackets), None).await.unwrap();
 }
 
 /// Records larger than the limit, and events nested too deeply to be read back, are refused

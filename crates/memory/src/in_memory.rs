@@ -49,6 +49,8 @@ struct State {
     memories: HashMap<String, BTreeMap<(Timestamp, String), UserMemory>>,
     journal: HashMap<TurnId, Vec<JournalEntry>>,
     budgets: HashMap<String, (BudgetLimit, BudgetUsage)>,
+    /// The ledgers each session owns.
+    session_budgets: HashMap<SessionId, Vec<String>>,
     reservations: HashMap<String, BudgetReservation>,
     leases: BTreeMap<SessionId, Lease>,
     last_token: u64,
@@ -180,6 +182,13 @@ impl SessionStore for InMemoryStore {
             state.events.remove(&position);
         }
         state.leases.remove(&id);
+        let scopes = state.session_budgets.remove(&id).unwrap_or_default();
+        for scope in &scopes {
+            state.budgets.remove(scope);
+        }
+        state
+            .reservations
+            .retain(|_, reservation| !reservation.scopes.iter().any(|scope| scopes.contains(scope)));
         Ok(())
     }
 
@@ -646,10 +655,21 @@ impl JournalStore for InMemoryStore {
 
 #[async_trait]
 impl BudgetStore for InMemoryStore {
-    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+    async fn create_budget(
+        &self,
+        scope: &str,
+        limit: &BudgetLimit,
+        session: Option<SessionId>,
+    ) -> StoreResult<()> {
         let mut state = self.state();
         if state.budgets.contains_key(scope) {
             return Err(Conflict::AlreadyExists { kind: "budget", id: scope.to_owned() }.into());
+        }
+        if let Some(session) = session {
+            if !state.sessions.contains_key(&session) {
+                return Err(StoreError::not_found("session", session));
+            }
+            state.session_budgets.entry(session).or_default().push(scope.to_owned());
         }
         state.budgets.insert(scope.to_owned(), (*limit, BudgetUsage::default()));
         Ok(())

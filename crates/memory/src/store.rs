@@ -262,8 +262,8 @@ pub trait SessionStore: Send + Sync {
     /// does not exist.
     async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord>;
 
-    /// Deletes a session with its runs, events, messages, journal and lease. `NotFound`
-    /// when it does not exist.
+    /// Deletes a session with its runs, events, messages, journal, lease and budget ledgers
+    /// (with the reservations on them). `NotFound` when it does not exist.
     async fn delete_session(&self, id: SessionId) -> StoreResult<()>;
 
     /// Lists sessions newest first (by creation time, then id). `InvalidInput` for a token
@@ -491,8 +491,16 @@ pub trait JournalStore: Send + Sync {
 /// Budget ledgers shared by a mission and its instances.
 #[async_trait]
 pub trait BudgetStore: Send + Sync {
-    /// Creates a scope's ledger with nothing used. `Conflict::AlreadyExists` when it exists.
-    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()>;
+    /// Creates a scope's ledger with nothing used, belonging to `session` when one is
+    /// given: deleting that session deletes the ledger and the reservations on it.
+    /// `Conflict::AlreadyExists` when the scope exists; `NotFound` when the session does
+    /// not.
+    async fn create_budget(
+        &self,
+        scope: &str,
+        limit: &BudgetLimit,
+        session: Option<SessionId>,
+    ) -> StoreResult<()>;
 
     /// A scope's ledger; only reservations that hold at `now` count (see
     /// [`rules::reservation_holds`](crate::rules::reservation_holds)). `NotFound` when the

@@ -21,8 +21,8 @@ use uuid_bits::{session_key, turn_key};
 
 use crate::tables::{
     BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
-    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_EVENTS, SESSION_INDEX, SESSION_RUNS, SESSIONS,
-    TURN_EVENTS,
+    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_BUDGETS, SESSION_EVENTS, SESSION_INDEX,
+    SESSION_RUNS, SESSIONS, TURN_EVENTS,
 };
 use crate::{RedbStore, Tx, counter, redb_error, set_counter};
 
@@ -65,6 +65,7 @@ pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     touch(transaction, BUDGETS)?;
     touch(transaction, RESERVATIONS)?;
     touch(transaction, RESERVATION_SCOPES)?;
+    touch(transaction, SESSION_BUDGETS)?;
     touch(transaction, LEASES)
 }
 
@@ -277,7 +278,7 @@ impl SessionStore for RedbStore {
                     .retain_in((run, 0)..=(run, u64::MAX), |_, _| false)
                     .map_err(redb_error)?;
             }
-            Ok(())
+            delete_session_budgets(transaction, key)
         })
         .await
     }
@@ -1008,6 +1009,44 @@ fn reserved_in(
     Ok(total)
 }
 
+/// Deletes the ledgers a session owns and every reservation on one of them.
+fn delete_session_budgets(transaction: &WriteTransaction, session: u128) -> StoreResult<()> {
+    let scopes: Vec<String> = {
+        let owned = transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?;
+        let range = owned.range((session, "")..=(session, "\u{10FFFF}")).map_err(redb_error)?;
+        range
+            .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()).map_err(redb_error))
+            .collect::<StoreResult<_>>()?
+    };
+    let mut reservations = Vec::new();
+    {
+        let links = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+        for scope in &scopes {
+            for entry in
+                links.range((scope.as_str(), "")..=(scope.as_str(), "\u{10FFFF}")).map_err(redb_error)?
+            {
+                reservations.push(entry.map_err(redb_error)?.0.value().1.to_owned());
+            }
+        }
+    }
+    reservations.sort_unstable();
+    reservations.dedup();
+    for id in reservations {
+        take_reservation(transaction, &id)?;
+    }
+    let mut budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
+    for scope in &scopes {
+        budgets.remove(scope.as_str()).map_err(redb_error)?;
+    }
+    drop(budgets);
+    transaction
+        .open_table(SESSION_BUDGETS)
+        .map_err(redb_error)?
+        .retain_in((session, "")..=(session, "\u{10FFFF}"), |_, ()| false)
+        .map_err(redb_error)?;
+    Ok(())
+}
+
 fn take_reservation(transaction: &WriteTransaction, id: &str) -> StoreResult<BudgetReservation> {
     let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
     let reservation: BudgetReservation = match reservations.get(id).map_err(redb_error)? {
@@ -1024,15 +1063,30 @@ fn take_reservation(transaction: &WriteTransaction, id: &str) -> StoreResult<Bud
 
 #[async_trait]
 impl BudgetStore for RedbStore {
-    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+    async fn create_budget(
+        &self,
+        scope: &str,
+        limit: &BudgetLimit,
+        session: Option<SessionId>,
+    ) -> StoreResult<()> {
         let body = rules::encode("budget", &BudgetRow { limit: *limit, used: BudgetUsage::default() })?;
         let scope = scope.to_owned();
         self.write(move |transaction| {
+            if let Some(session) = session
+                && !session_exists(transaction, session)?
+            {
+                return Err(StoreError::not_found("session", session));
+            }
             let mut budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
             if budgets.get(scope.as_str()).map_err(redb_error)?.is_some() {
                 return Err(Conflict::AlreadyExists { kind: "budget", id: scope }.into());
             }
             budgets.insert(scope.as_str(), body.as_slice()).map_err(redb_error)?;
+            drop(budgets);
+            if let Some(session) = session {
+                let mut owned = transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?;
+                owned.insert((session_key(session), scope.as_str()), ()).map_err(redb_error)?;
+            }
             Ok(())
         })
         .await

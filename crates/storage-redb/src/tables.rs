@@ -39,6 +39,9 @@ pub(crate) const JOURNAL_ORDER: TableDefinition<'_, (u128, u64), &str> =
     TableDefinition::new("journal_order");
 /// Scope → budget JSON (limit and used).
 pub(crate) const BUDGETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("budgets");
+/// (session id, scope) → () for the ledgers a session owns (deleted with it).
+pub(crate) const SESSION_BUDGETS: TableDefinition<'_, (u128, &str), ()> =
+    TableDefinition::new("session_budgets");
 /// Reservation id → reservation JSON.
 pub(crate) const RESERVATIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("reservations");
 /// (scope, reservation id) → ().

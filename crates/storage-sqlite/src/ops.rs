@@ -135,9 +135,18 @@ impl SessionStore for SqliteStore {
                 "DELETE FROM events WHERE session_id = ?1",
                 "DELETE FROM runs WHERE session_id = ?1",
                 "DELETE FROM leases WHERE session_id = ?1",
+                // The session's ledgers, and every reservation on one of them.
+                "DELETE FROM reservations WHERE id IN (SELECT reservation_id FROM reservation_scopes
+                 WHERE scope IN (SELECT scope FROM budgets WHERE session_id = ?1))",
+                "DELETE FROM budgets WHERE session_id = ?1",
             ] {
                 connection.prepare_cached(sql).map_err(sqlite)?.execute([&key]).map_err(sqlite)?;
             }
+            connection
+                .prepare_cached("DELETE FROM reservation_scopes WHERE reservation_id NOT IN (SELECT id FROM reservations)")
+                .map_err(sqlite)?
+                .execute([])
+                .map_err(sqlite)?;
             Ok(())
         })
         .await
@@ -935,14 +944,25 @@ fn take_reservation(connection: &Connection, id: &str) -> StoreResult<BudgetRese
 
 #[async_trait]
 impl BudgetStore for SqliteStore {
-    async fn create_budget(&self, scope: &str, limit: &BudgetLimit) -> StoreResult<()> {
+    async fn create_budget(
+        &self,
+        scope: &str,
+        limit: &BudgetLimit,
+        session: Option<SessionId>,
+    ) -> StoreResult<()> {
         let body = rules::encode("budget", &BudgetRow { limit: *limit, used: BudgetUsage::default() })?;
         let scope = scope.to_owned();
         self.write(move |connection| {
+            let session_key = session.map(|session| session.to_string());
+            if let (Some(session), Some(key)) = (session, &session_key)
+                && !session_exists(connection, key)?
+            {
+                return Err(StoreError::not_found("session", session));
+            }
             let inserted = connection
-                .prepare_cached("INSERT OR IGNORE INTO budgets (scope, body) VALUES (?1, ?2)")
+                .prepare_cached("INSERT OR IGNORE INTO budgets (scope, body, session_id) VALUES (?1, ?2, ?3)")
                 .map_err(sqlite)?
-                .execute(params![scope, body])
+                .execute(params![scope, body, session_key])
                 .map_err(sqlite)?;
             if inserted == 0 {
                 return Err(Conflict::AlreadyExists { kind: "budget", id: scope }.into());

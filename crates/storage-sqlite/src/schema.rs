@@ -16,8 +16,9 @@ pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 /// The schema version this build writes. Version 2 changed no table: it marks a file whose
 /// events may be stored in event format 2 (`agentry_memory::rules::encode_event`), which
 /// a build of version 1 cannot read, so that such a build refuses the file as too new
-/// instead of reporting its new events as damaged.
-pub(crate) const VERSION: u32 = 2;
+/// instead of reporting its new events as damaged. Version 3 records the session a budget
+/// ledger belongs to, so that deleting the session deletes it.
+pub(crate) const VERSION: u32 = 3;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -91,6 +92,12 @@ const MIGRATIONS: &[&str] = &[
     ",
     // 1 -> 2: no table changes (see VERSION); events of format 1 stay readable.
     "",
+    // 2 -> 3: the session a ledger belongs to (none for ledgers made before, or outside a
+    // session).
+    r"
+    ALTER TABLE budgets ADD COLUMN session_id TEXT;
+    CREATE INDEX budgets_by_session ON budgets (session_id) WHERE session_id IS NOT NULL;
+    ",
 ];
 
 fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {

@@ -71,11 +71,13 @@ impl Budgets {
         limit: BudgetLimit,
         control: crate::TeamControl,
     ) -> Result<InstanceLedger, StoreError> {
-        match store.create_budget(mission, &self.mission).await {
+        // The turn's session owns the ledgers: deleting it deletes them.
+        let session = lease.map(|fence| fence.session_id);
+        match store.create_budget(mission, &self.mission, session).await {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
             Err(error) => return Err(error),
         }
-        store.create_budget(instance, &limit).await?;
+        store.create_budget(instance, &limit, session).await?;
         Ok(InstanceLedger {
             control,
             prices: self.prices.clone(),

@@ -118,6 +118,7 @@ macro_rules! conformance_tests {
             budget_expired_reservations_stop_counting,
             budget_reservations_end_with_their_lease,
             records_nested_deeper_than_they_are_read_are_refused,
+            deleting_a_session_deletes_its_budget_ledgers_and_their_reservations,
             budget_unknown_scopes_and_reservations_and_duplicates,
             concurrent_reservations_never_pass_the_limit,
             lease_is_exclusive_while_live,
@@ -1330,9 +1331,9 @@ fn reservation(id: &str, scopes: &[&str], amount: BudgetUsage, expires_at: Times
 /// Reservations hold amounts; settling moves the real amount to used; releasing frees.
 pub async fn budget_reserve_settle_and_release_account_correctly(store: Arc<dyn Store>) {
     let limit = BudgetLimit { max_tokens: Some(1000), max_steps: Some(10), ..BudgetLimit::default() };
-    store.create_budget("mission:m1", &limit).await.unwrap();
+    store.create_budget("mission:m1", &limit, None).await.unwrap();
     store
-        .create_budget("instance:i1", &BudgetLimit { max_tokens: Some(500), ..BudgetLimit::default() })
+        .create_budget("instance:i1", &BudgetLimit { max_tokens: Some(500), ..BudgetLimit::default() }, None)
         .await
         .unwrap();
     store
@@ -1371,11 +1372,11 @@ pub async fn budget_reserve_settle_and_release_account_correctly(store: Arc<dyn 
 /// A reservation that passes any limit of any scope is refused whole.
 pub async fn budget_reservation_past_any_limit_is_refused_on_every_scope(store: Arc<dyn Store>) {
     store
-        .create_budget("mission:m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() })
+        .create_budget("mission:m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() }, None)
         .await
         .unwrap();
     store
-        .create_budget("instance:a", &BudgetLimit { max_tool_calls: Some(2), ..BudgetLimit::default() })
+        .create_budget("instance:a", &BudgetLimit { max_tool_calls: Some(2), ..BudgetLimit::default() }, None)
         .await
         .unwrap();
     let calls = |n| BudgetUsage { tool_calls_used: n, tokens_used: 10, ..BudgetUsage::default() };
@@ -1405,7 +1406,10 @@ pub async fn budget_reservation_past_any_limit_is_refused_on_every_scope(store: 
 
 /// An expired reservation no longer holds room.
 pub async fn budget_expired_reservations_stop_counting(store: Arc<dyn Store>) {
-    store.create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }).await.unwrap();
+    store
+        .create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }, None)
+        .await
+        .unwrap();
     store.reserve(&reservation("r1", &["s"], tokens(80), at(10)), at(0)).await.unwrap();
     assert!(store.reserve(&reservation("r2", &["s"], tokens(30), at(20)), at(5)).await.is_err());
     assert_eq!(store.budget("s", at(11)).await.unwrap().reserved.tokens_used, 0);
@@ -1422,7 +1426,10 @@ pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
         lease: Some(lease.fence()),
         ..reservation(id, &["s"], tokens(amount), at(1000))
     };
-    store.create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }).await.unwrap();
+    store
+        .create_budget("s", &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() }, None)
+        .await
+        .unwrap();
     let first = store.acquire_lease(session.id, "p1", ttl, at(0)).await.unwrap();
     store.reserve(&under("r1", 80, &first), at(1)).await.unwrap();
     store.renew_lease(session.id, first.token, ttl, at(20)).await.unwrap();
@@ -1453,11 +1460,38 @@ pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
     store.reserve(&under("r5", 95, &third), at(106)).await.unwrap();
 }
 
+/// Deleting a session deletes the ledgers it owns and the reservations on them, and
+/// nothing else; a ledger cannot belong to a session that does not exist.
+pub async fn deleting_a_session_deletes_its_budget_ledgers_and_their_reservations(store: Arc<dyn Store>) {
+    let (first, second) = (new_session(&*store).await, new_session(&*store).await);
+    let limit = BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() };
+    store.create_budget("m1", &limit, Some(first.id)).await.unwrap();
+    store.create_budget("i1", &limit, Some(first.id)).await.unwrap();
+    store.create_budget("m2", &limit, Some(second.id)).await.unwrap();
+    store.create_budget("free", &limit, None).await.unwrap();
+    assert_not_found(store.create_budget("x", &limit, Some(SessionId::new())).await);
+    assert_not_found(store.budget("x", at(0)).await);
+    store.reserve(&reservation("r1", &["i1", "m1"], tokens(10), at(100)), at(0)).await.unwrap();
+    store.reserve(&reservation("r2", &["m2"], tokens(20), at(100)), at(0)).await.unwrap();
+    store.reserve(&reservation("r3", &["free"], tokens(30), at(100)), at(0)).await.unwrap();
+
+    store.delete_session(first.id).await.unwrap();
+    assert_not_found(store.budget("m1", at(1)).await);
+    assert_not_found(store.budget("i1", at(1)).await);
+    assert_not_found(store.settle("r1", &tokens(10)).await);
+    assert_eq!(store.budget("m2", at(1)).await.unwrap().reserved.tokens_used, 20);
+    assert_eq!(store.budget("free", at(1)).await.unwrap().reserved.tokens_used, 30);
+    store.settle("r2", &tokens(15)).await.unwrap();
+    assert_eq!(store.budget("m2", at(2)).await.unwrap().used.tokens_used, 15);
+    // The scope's name is free again.
+    store.create_budget("m1", &limit, Some(second.id)).await.unwrap();
+}
+
 /// Unknown scopes and reservations are not found; ids are unique.
 pub async fn budget_unknown_scopes_and_reservations_and_duplicates(store: Arc<dyn Store>) {
     assert_not_found(store.budget("nope", at(0)).await);
-    store.create_budget("s", &BudgetLimit::default()).await.unwrap();
-    let error = store.create_budget("s", &BudgetLimit::default()).await.unwrap_err();
+    store.create_budget("s", &BudgetLimit::default(), None).await.unwrap();
+    let error = store.create_budget("s", &BudgetLimit::default(), None).await.unwrap_err();
     assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
     assert_not_found(store.reserve(&reservation("r", &["s", "nope"], tokens(1), at(9)), at(0)).await);
     assert_eq!(store.budget("s", at(0)).await.unwrap().reserved.tokens_used, 0);
@@ -1471,7 +1505,7 @@ pub async fn budget_unknown_scopes_and_reservations_and_duplicates(store: Arc<dy
 /// Many concurrent reservations never hold more than the limit.
 pub async fn concurrent_reservations_never_pass_the_limit(store: Arc<dyn Store>) {
     store
-        .create_budget("m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() })
+        .create_budget("m", &BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() }, None)
         .await
         .unwrap();
     let mut tasks = Vec::new();

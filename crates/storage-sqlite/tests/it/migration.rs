@@ -1,10 +1,11 @@
 //! A store of schema 1, whose events a build before event format 2 wrote, opens, is
 //! migrated to the current schema and reads those events; new events take the current
-//! format beside them.
+//! format beside them; its budget ledgers, which belong to no session, still read.
 
 use agentry_memory::conformance::{check_format_1_turn, format_1_turn};
-use agentry_memory::{RunStore, SessionStore};
+use agentry_memory::{BudgetStore, RunStore, SessionStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
+use agentry_types::{SessionRecord, SessionType, Subject};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_2() {
@@ -17,6 +18,7 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
         let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
         store.create_session(&session).await.unwrap();
         store.put_run(&run, None).await.unwrap();
+        store.create_budget("old", &agentry_types::BudgetLimit::default(), None).await.unwrap();
     }
     {
         let connection = rusqlite::Connection::open(&path).unwrap();
@@ -28,16 +30,29 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
                 )
                 .unwrap();
         }
+        // Schema 1's shape: ledgers without the session they belong to.
+        connection
+            .execute_batch("DROP INDEX budgets_by_session; ALTER TABLE budgets DROP COLUMN session_id;")
+            .unwrap();
         connection.pragma_update(None, "user_version", 1).unwrap();
     }
 
     let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
     check_format_1_turn(&store, &session, &run).await;
+    // A ledger of schema 1 belongs to no session; new ones may.
+    store.budget("old", agentry_types::Timestamp::now()).await.unwrap();
+    let limit = agentry_types::BudgetLimit::default();
+    let other = SessionRecord::new(SessionType::Agent, "other", Subject::user("ann"));
+    store.create_session(&other).await.unwrap();
+    store.create_budget("new", &limit, Some(other.id)).await.unwrap();
+    store.delete_session(other.id).await.unwrap();
+    assert!(store.budget("new", agentry_types::Timestamp::now()).await.is_err());
+    store.budget("old", agentry_types::Timestamp::now()).await.unwrap();
     drop(store);
 
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     let formats: Vec<u8> = connection
         .prepare("SELECT body FROM events ORDER BY position")
         .unwrap()

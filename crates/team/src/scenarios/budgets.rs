@@ -76,6 +76,10 @@ pub async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancel
     assert!(ledger.used.tokens_used >= LIMIT - STEP * 10, "the members used the budget: {ledger:?}");
     let state = turn.wait().await.unwrap();
     assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the coordinator answered: {state:?}");
+    // The session owns the mission's ledger: deleting it leaves nothing behind.
+    store.delete_session(session.id()).await.unwrap();
+    let deleted = store.budget(&mission, Timestamp::now()).await.unwrap_err();
+    assert!(matches!(deleted, agentry_memory::StoreError::NotFound { .. }), "{deleted:?}");
 }
 
 /// Scenario.

@@ -662,13 +662,15 @@ impl BudgetStore for InMemoryStore {
         session: Option<SessionId>,
     ) -> StoreResult<()> {
         let mut state = self.state();
+        if let Some(session) = session
+            && !state.sessions.contains_key(&session)
+        {
+            return Err(StoreError::not_found("session", session));
+        }
         if state.budgets.contains_key(scope) {
             return Err(Conflict::AlreadyExists { kind: "budget", id: scope.to_owned() }.into());
         }
         if let Some(session) = session {
-            if !state.sessions.contains_key(&session) {
-                return Err(StoreError::not_found("session", session));
-            }
             state.session_budgets.entry(session).or_default().push(scope.to_owned());
         }
         state.budgets.insert(scope.to_owned(), (*limit, BudgetUsage::default()));

@@ -14,9 +14,9 @@ pub(crate) fn json_len_bound<T: Serialize + ?Sized>(value: &T) -> Option<usize> 
     json_len_and_depth(value).map(|(len, _)| len)
 }
 
-/// [`json_len_bound`], and how deeply the value nests: its arrays and objects inside one
-/// another, counting an enum variant's wrapping object (so at least what JSON or
-/// MessagePack nests; a scalar is 0).
+/// A cheap upper bound of a value's JSON length (see the module), and how deeply the value
+/// nests: its arrays and objects inside one another, counting an enum variant's wrapping
+/// object, as JSON does (a scalar is 0). `None` for a value the bound gives up on.
 pub(crate) fn json_len_and_depth<T: Serialize + ?Sized>(value: &T) -> Option<(usize, usize)> {
     let mut bound = Bound { len: 0, in_key: false, depth: 0, deepest: 0 };
     value.serialize(&mut bound).ok()?;
@@ -412,6 +412,16 @@ mod tests {
         assert_eq!(json_len_and_depth(&siblings).unwrap().1, 5);
         let deep = (0..200).fold(json!(null), |inner, _| json!([inner]));
         assert_eq!(json_len_and_depth(&deep).unwrap().1, 200);
+        // As deep as the JSON serde_json writes for the same values.
+        for shape in
+            [Shape::Unit, Shape::New(vec![1]), Shape::Tuple(1, vec![]), Shape::Named { inner: vec![vec![]] }]
+        {
+            assert_eq!(depth(&shape), nesting(&serde_json::to_value(&shape).unwrap()));
+        }
+        assert_eq!(
+            json_len_and_depth(&siblings).unwrap().1,
+            nesting(&serde_json::to_value(&siblings).unwrap())
+        );
     }
 
     #[test]

@@ -18,8 +18,8 @@ use crate::store::{HistoryQuery, MAX_RECORD_BYTES, TurnStart, TurnStep};
 
 /// The deepest nesting (arrays and objects inside one another) a JSON record may have:
 /// `serde_json` reads no deeper, so a deeper record would be stored and never read back.
-/// A JSON document a client sent fits: it was parsed under the same limit, and a record
-/// nests what it keeps at least one level down.
+/// A JSON document a client sent fits as long as the record keeps its values no deeper
+/// than the request held them (every route does).
 pub const MAX_RECORD_NESTING: usize = 127;
 
 /// Serializes a record as JSON, refusing one larger than [`MAX_RECORD_BYTES`]
@@ -52,6 +52,15 @@ pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()
     Ok(())
 }
 
+fn check_event_nesting(deepest: usize) -> StoreResult<()> {
+    if deepest > MAX_EVENT_NESTING {
+        return Err(StoreError::InvalidInput(format!(
+            "an event's payload nests {deepest} levels deep; at most {MAX_EVENT_NESTING} are stored"
+        )));
+    }
+    Ok(())
+}
+
 fn check_nesting(what: &'static str, deepest: usize) -> StoreResult<()> {
     if deepest > MAX_RECORD_NESTING {
         return Err(StoreError::InvalidInput(format!(
@@ -61,7 +70,8 @@ fn check_nesting(what: &'static str, deepest: usize) -> StoreResult<()> {
     Ok(())
 }
 
-/// Writes `value` as compact JSON and returns how deeply it nests.
+/// Writes `value` as compact JSON and returns how deeply it nests (what
+/// [`json_len_and_depth`] gives too, where that gives anything).
 fn write_json<W: std::io::Write, T: Serialize>(
     what: &'static str,
     writer: W,
@@ -145,25 +155,19 @@ pub fn check_payload_size(
     let fixed = 80 + thread.map_or(0, |thread| thread.as_str().len());
     let payload_shape = json_len_and_depth(payload);
     let team_shape = team.map_or(Some((0, 0)), json_len_and_depth);
-    if let Some(((_, payload_depth), (_, team_depth))) = payload_shape.zip(team_shape) {
-        let depth = payload_depth.max(team_depth);
-        if depth > MAX_EVENT_NESTING {
-            return Err(StoreError::InvalidInput(format!(
-                "an event's payload nests {depth} levels deep; at most {MAX_EVENT_NESTING} are stored"
-            )));
+    if let Some(((payload, payload_depth), (team, team_depth))) = payload_shape.zip(team_shape) {
+        check_event_nesting(payload_depth.max(team_depth))?;
+        if fixed + payload + team <= MAX_RECORD_BYTES {
+            return Ok(());
         }
     }
-    let bound = payload_shape.zip(team_shape).map(|((payload, _), (team, _))| (payload, team));
-    if bound.is_some_and(|(payload, team)| fixed + payload + team <= MAX_RECORD_BYTES) {
-        return Ok(());
-    }
+    // Measured exactly: near the limit, or a value the bound gives up on.
     let mut counter = ByteCounter(fixed);
-    serde_json::to_writer(&mut counter, payload)
-        .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
+    let mut deepest = write_json("event", &mut counter, payload)?;
     if let Some(team) = team {
-        serde_json::to_writer(&mut counter, team)
-            .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))?;
+        deepest = deepest.max(write_json("event", &mut counter, team)?);
     }
+    check_event_nesting(deepest)?;
     if counter.0 > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what: "event", size: counter.0, limit: MAX_RECORD_BYTES });
     }

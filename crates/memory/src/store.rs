@@ -493,8 +493,8 @@ pub trait JournalStore: Send + Sync {
 pub trait BudgetStore: Send + Sync {
     /// Creates a scope's ledger with nothing used, belonging to `session` when one is
     /// given: deleting that session deletes the ledger and the reservations on it.
-    /// `Conflict::AlreadyExists` when the scope exists; `NotFound` when the session does
-    /// not.
+    /// `NotFound` when the session does not exist (checked first);
+    /// `Conflict::AlreadyExists` when the scope does.
     async fn create_budget(
         &self,
         scope: &str,

@@ -60,6 +60,11 @@ use crate::tables::META;
 /// (`agentry_memory::rules::encode_event`), which a build of version 2 cannot read, so
 /// that such a build refuses the file as too new instead of reporting its new events as
 /// damaged.
+///
+/// A new table that older builds can do without (their writes stay correct; they only
+/// ignore it) comes without a version change and is created on open: `session_budgets`
+/// (which ledgers a session owns; a build without it leaves a deleted session's ledgers
+/// behind, as builds before it did).
 pub(crate) const VERSION: u64 = 3;
 
 /// How a [`RedbStore`] runs.

@@ -135,18 +135,16 @@ impl SessionStore for SqliteStore {
                 "DELETE FROM events WHERE session_id = ?1",
                 "DELETE FROM runs WHERE session_id = ?1",
                 "DELETE FROM leases WHERE session_id = ?1",
-                // The session's ledgers, and every reservation on one of them.
+                // The session's ledgers, and every reservation on one of them with all its
+                // scope links (each subquery is evaluated before its delete starts).
                 "DELETE FROM reservations WHERE id IN (SELECT reservation_id FROM reservation_scopes
+                 WHERE scope IN (SELECT scope FROM budgets WHERE session_id = ?1))",
+                "DELETE FROM reservation_scopes WHERE reservation_id IN (SELECT reservation_id FROM reservation_scopes
                  WHERE scope IN (SELECT scope FROM budgets WHERE session_id = ?1))",
                 "DELETE FROM budgets WHERE session_id = ?1",
             ] {
                 connection.prepare_cached(sql).map_err(sqlite)?.execute([&key]).map_err(sqlite)?;
             }
-            connection
-                .prepare_cached("DELETE FROM reservation_scopes WHERE reservation_id NOT IN (SELECT id FROM reservations)")
-                .map_err(sqlite)?
-                .execute([])
-                .map_err(sqlite)?;
             Ok(())
         })
         .await

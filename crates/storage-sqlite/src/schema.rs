@@ -17,7 +17,8 @@ pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 /// events may be stored in event format 2 (`agentry_memory::rules::encode_event`), which
 /// a build of version 1 cannot read, so that such a build refuses the file as too new
 /// instead of reporting its new events as damaged. Version 3 records the session a budget
-/// ledger belongs to, so that deleting the session deletes it.
+/// ledger belongs to, so that deleting the session deletes it, and indexes reservations'
+/// scope links by reservation (settling one looked at every link).
 pub(crate) const VERSION: u32 = 3;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
@@ -97,6 +98,7 @@ const MIGRATIONS: &[&str] = &[
     r"
     ALTER TABLE budgets ADD COLUMN session_id TEXT;
     CREATE INDEX budgets_by_session ON budgets (session_id) WHERE session_id IS NOT NULL;
+    CREATE INDEX reservation_scopes_by_reservation ON reservation_scopes (reservation_id);
     ",
 ];
 

@@ -1460,8 +1460,9 @@ pub async fn budget_reservations_end_with_their_lease(store: Arc<dyn Store>) {
     store.reserve(&under("r5", 95, &third), at(106)).await.unwrap();
 }
 
-/// Deleting a session deletes the ledgers it owns and the reservations on them, and
-/// nothing else; a ledger cannot belong to a session that does not exist.
+/// Deleting a session deletes the ledgers it owns and the reservations on them (whole, even
+/// those also on a free scope), and nothing else; a ledger cannot belong to a session that
+/// does not exist.
 pub async fn deleting_a_session_deletes_its_budget_ledgers_and_their_reservations(store: Arc<dyn Store>) {
     let (first, second) = (new_session(&*store).await, new_session(&*store).await);
     let limit = BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() };
@@ -1470,15 +1471,21 @@ pub async fn deleting_a_session_deletes_its_budget_ledgers_and_their_reservation
     store.create_budget("m2", &limit, Some(second.id)).await.unwrap();
     store.create_budget("free", &limit, None).await.unwrap();
     assert_not_found(store.create_budget("x", &limit, Some(SessionId::new())).await);
+    // The session is checked first, even for a scope that exists.
+    assert_not_found(store.create_budget("m1", &limit, Some(SessionId::new())).await);
     assert_not_found(store.budget("x", at(0)).await);
     store.reserve(&reservation("r1", &["i1", "m1"], tokens(10), at(100)), at(0)).await.unwrap();
     store.reserve(&reservation("r2", &["m2"], tokens(20), at(100)), at(0)).await.unwrap();
     store.reserve(&reservation("r3", &["free"], tokens(30), at(100)), at(0)).await.unwrap();
+    // On an owned scope and a free one: deleted whole, freeing both.
+    store.reserve(&reservation("r4", &["i1", "free"], tokens(40), at(100)), at(0)).await.unwrap();
+    assert_eq!(store.budget("free", at(1)).await.unwrap().reserved.tokens_used, 70);
 
     store.delete_session(first.id).await.unwrap();
     assert_not_found(store.budget("m1", at(1)).await);
     assert_not_found(store.budget("i1", at(1)).await);
     assert_not_found(store.settle("r1", &tokens(10)).await);
+    assert_not_found(store.release("r4").await);
     assert_eq!(store.budget("m2", at(1)).await.unwrap().reserved.tokens_used, 20);
     assert_eq!(store.budget("free", at(1)).await.unwrap().reserved.tokens_used, 30);
     store.settle("r2", &tokens(15)).await.unwrap();

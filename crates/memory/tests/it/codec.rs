@@ -66,6 +66,15 @@ fn nested_arrays(depth: usize) -> serde_json::Value {
 }
 
 #[test]
+fn the_record_nesting_limit_is_what_serde_json_reads() {
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let limit = rules::MAX_RECORD_NESTING;
+    assert!(serde_json::from_str::<serde_json::Value>(&nested(limit)).is_ok());
+    let error = serde_json::from_str::<serde_json::Value>(&nested(limit + 1)).unwrap_err();
+    assert!(error.to_string().contains("recursion limit"), "{error}");
+}
+
+#[test]
 fn an_event_nested_deeper_than_events_are_read_is_refused_when_written() {
     // As deep as serde_json parses JSON input: stored and read back.
     let event = activity(nested_arrays(127));

@@ -32,7 +32,10 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
         }
         // Schema 1's shape: ledgers without the session they belong to.
         connection
-            .execute_batch("DROP INDEX budgets_by_session; ALTER TABLE budgets DROP COLUMN session_id;")
+            .execute_batch(
+                "DROP INDEX budgets_by_session; DROP INDEX reservation_scopes_by_reservation;
+                 ALTER TABLE budgets DROP COLUMN session_id;",
+            )
             .unwrap();
         connection.pragma_update(None, "user_version", 1).unwrap();
     }
@@ -46,7 +49,8 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
     store.create_session(&other).await.unwrap();
     store.create_budget("new", &limit, Some(other.id)).await.unwrap();
     store.delete_session(other.id).await.unwrap();
-    assert!(store.budget("new", agentry_types::Timestamp::now()).await.is_err());
+    let deleted = store.budget("new", agentry_types::Timestamp::now()).await.unwrap_err();
+    assert!(matches!(deleted, agentry_memory::StoreError::NotFound { .. }), "{deleted:?}");
     store.budget("old", agentry_types::Timestamp::now()).await.unwrap();
     drop(store);
 

@@ -992,10 +992,8 @@ fn reserved_in(
     now: Timestamp,
 ) -> StoreResult<BudgetUsage> {
     let mut total = BudgetUsage::default();
-    for entry in scopes.range((scope, "")..=(scope, "\u{10FFFF}")).map_err(redb_error)? {
-        let (key, _) = entry.map_err(redb_error)?;
-        let (_, id) = key.value();
-        if let Some(body) = reservations.get(id).map_err(redb_error)? {
+    for id in scope_links(scopes, scope)? {
+        if let Some(body) = reservations.get(id.as_str()).map_err(redb_error)? {
             let reservation: BudgetReservation = rules::decode("budget reservation", body.value())?;
             let lease: Option<Lease> = match reservation.lease {
                 Some(fence) => get_json(leases, session_key(fence.session_id), "lease")?,
@@ -1009,24 +1007,49 @@ fn reserved_in(
     Ok(total)
 }
 
+/// The reservation ids linked to `scope`, in order. The range has no upper end (no string
+/// sorts above every string: an id starting with U+10FFFF would escape
+/// `..=(scope, "\u{10FFFF}")`) and stops at the first link of another scope.
+fn scope_links(
+    links: &impl ReadableTable<(&'static str, &'static str), ()>,
+    scope: &str,
+) -> StoreResult<Vec<String>> {
+    let mut ids = Vec::new();
+    for entry in links.range((scope, "")..).map_err(redb_error)? {
+        let (key, _) = entry.map_err(redb_error)?;
+        match key.value() {
+            (linked, id) if linked == scope => ids.push(id.to_owned()),
+            _ => break,
+        }
+    }
+    Ok(ids)
+}
+
+/// The scopes of the ledgers `session` owns, in order (an open range, as [`scope_links`]).
+fn session_scopes(
+    owned: &impl ReadableTable<(u128, &'static str), ()>,
+    session: u128,
+) -> StoreResult<Vec<String>> {
+    let mut scopes = Vec::new();
+    for entry in owned.range((session, "")..).map_err(redb_error)? {
+        let (key, _) = entry.map_err(redb_error)?;
+        let (owner, scope) = key.value();
+        if owner != session {
+            break;
+        }
+        scopes.push(scope.to_owned());
+    }
+    Ok(scopes)
+}
+
 /// Deletes the ledgers a session owns and every reservation on one of them.
 fn delete_session_budgets(transaction: &WriteTransaction, session: u128) -> StoreResult<()> {
-    let scopes: Vec<String> = {
-        let owned = transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?;
-        let range = owned.range((session, "")..=(session, "\u{10FFFF}")).map_err(redb_error)?;
-        range
-            .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()).map_err(redb_error))
-            .collect::<StoreResult<_>>()?
-    };
+    let scopes = session_scopes(&transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?, session)?;
     let mut reservations = Vec::new();
     {
         let links = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
         for scope in &scopes {
-            for entry in
-                links.range((scope.as_str(), "")..=(scope.as_str(), "\u{10FFFF}")).map_err(redb_error)?
-            {
-                reservations.push(entry.map_err(redb_error)?.0.value().1.to_owned());
-            }
+            reservations.extend(scope_links(&links, scope)?);
         }
     }
     reservations.sort_unstable();
@@ -1039,11 +1062,10 @@ fn delete_session_budgets(transaction: &WriteTransaction, session: u128) -> Stor
         budgets.remove(scope.as_str()).map_err(redb_error)?;
     }
     drop(budgets);
-    transaction
-        .open_table(SESSION_BUDGETS)
-        .map_err(redb_error)?
-        .retain_in((session, "")..=(session, "\u{10FFFF}"), |_, ()| false)
-        .map_err(redb_error)?;
+    let mut owned = transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?;
+    for scope in &scopes {
+        owned.remove((session, scope.as_str())).map_err(redb_error)?;
+    }
     Ok(())
 }
 

@@ -119,6 +119,7 @@ macro_rules! conformance_tests {
             budget_reservations_end_with_their_lease,
             records_nested_deeper_than_they_are_read_are_refused,
             deleting_a_session_deletes_its_budget_ledgers_and_their_reservations,
+            budget_scopes_and_reservation_ids_may_be_any_string,
             budget_unknown_scopes_and_reservations_and_duplicates,
             concurrent_reservations_never_pass_the_limit,
             lease_is_exclusive_while_live,
@@ -1492,6 +1493,28 @@ pub async fn deleting_a_session_deletes_its_budget_ledgers_and_their_reservation
     assert_eq!(store.budget("m2", at(2)).await.unwrap().used.tokens_used, 15);
     // The scope's name is free again.
     store.create_budget("m1", &limit, Some(second.id)).await.unwrap();
+}
+
+/// Scopes and reservation ids may be any strings, also ones that sort after every other:
+/// their reservations count, and they are deleted with their session.
+pub async fn budget_scopes_and_reservation_ids_may_be_any_string(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let last = "\u{10FFFF}\u{10FFFF}last";
+    store
+        .create_budget(
+            last,
+            &BudgetLimit { max_tokens: Some(100), ..BudgetLimit::default() },
+            Some(session.id),
+        )
+        .await
+        .unwrap();
+    store.reserve(&reservation(last, &[last], tokens(80), at(100)), at(0)).await.unwrap();
+    assert_eq!(store.budget(last, at(1)).await.unwrap().reserved.tokens_used, 80);
+    let over = store.reserve(&reservation("more", &[last], tokens(30), at(100)), at(1)).await.unwrap_err();
+    assert!(matches!(over, StoreError::Conflict(Conflict::BudgetExceeded { .. })), "{over:?}");
+    store.delete_session(session.id).await.unwrap();
+    assert_not_found(store.budget(last, at(2)).await);
+    assert_not_found(store.release(last).await);
 }
 
 /// Unknown scopes and reservations are not found; ids are unique.

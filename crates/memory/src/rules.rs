@@ -27,7 +27,7 @@ pub const MAX_RECORD_NESTING: usize = 127;
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8>> {
     let mut bytes = Vec::new();
     let deepest = write_json(what, &mut bytes, value)?;
-    check_nesting(what, deepest)?;
+    check_nesting(what, deepest, MAX_RECORD_NESTING)?;
     if bytes.len() > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what, size: bytes.len(), limit: MAX_RECORD_BYTES });
     }
@@ -38,33 +38,25 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
 /// as [`encode`] does, without keeping the bytes (for stores that keep records as values).
 pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()> {
     if let Some((bound, deepest)) = json_len_and_depth(value) {
-        check_nesting(what, deepest)?;
+        check_nesting(what, deepest, MAX_RECORD_NESTING)?;
         if bound <= MAX_RECORD_BYTES {
             return Ok(());
         }
     }
     let mut counter = ByteCounter(0);
     let deepest = write_json(what, &mut counter, value)?;
-    check_nesting(what, deepest)?;
+    check_nesting(what, deepest, MAX_RECORD_NESTING)?;
     if counter.0 > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what, size: counter.0, limit: MAX_RECORD_BYTES });
     }
     Ok(())
 }
 
-fn check_event_nesting(deepest: usize) -> StoreResult<()> {
-    if deepest > MAX_EVENT_NESTING {
+/// Refuses a record (or an event's payload) that nests deeper than `limit` levels.
+fn check_nesting(what: &'static str, deepest: usize, limit: usize) -> StoreResult<()> {
+    if deepest > limit {
         return Err(StoreError::InvalidInput(format!(
-            "an event's payload nests {deepest} levels deep; at most {MAX_EVENT_NESTING} are stored"
-        )));
-    }
-    Ok(())
-}
-
-fn check_nesting(what: &'static str, deepest: usize) -> StoreResult<()> {
-    if deepest > MAX_RECORD_NESTING {
-        return Err(StoreError::InvalidInput(format!(
-            "the {what} nests {deepest} levels deep; at most {MAX_RECORD_NESTING} are stored"
+            "the {what} nests {deepest} levels deep; at most {limit} are stored"
         )));
     }
     Ok(())
@@ -156,7 +148,7 @@ pub fn check_payload_size(
     let payload_shape = json_len_and_depth(payload);
     let team_shape = team.map_or(Some((0, 0)), json_len_and_depth);
     if let Some(((payload, payload_depth), (team, team_depth))) = payload_shape.zip(team_shape) {
-        check_event_nesting(payload_depth.max(team_depth))?;
+        check_nesting("event's payload", payload_depth.max(team_depth), MAX_EVENT_NESTING)?;
         if fixed + payload + team <= MAX_RECORD_BYTES {
             return Ok(());
         }
@@ -167,7 +159,7 @@ pub fn check_payload_size(
     if let Some(team) = team {
         deepest = deepest.max(write_json("event", &mut counter, team)?);
     }
-    check_event_nesting(deepest)?;
+    check_nesting("event's payload", deepest, MAX_EVENT_NESTING)?;
     if counter.0 > MAX_RECORD_BYTES {
         return Err(StoreError::TooLarge { what: "event", size: counter.0, limit: MAX_RECORD_BYTES });
     }

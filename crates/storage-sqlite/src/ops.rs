@@ -952,10 +952,10 @@ impl BudgetStore for SqliteStore {
         let scope = scope.to_owned();
         self.write(move |connection| {
             let session_key = session.map(|session| session.to_string());
-            if let (Some(session), Some(key)) = (session, &session_key)
+            if let Some(key) = &session_key
                 && !session_exists(connection, key)?
             {
-                return Err(StoreError::not_found("session", session));
+                return Err(StoreError::not_found("session", key));
             }
             let inserted = connection
                 .prepare_cached("INSERT OR IGNORE INTO budgets (scope, body, session_id) VALUES (?1, ?2, ?3)")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentry_memory::{Conflict, Store, StoreError};
-use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget};
+use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget, ToolContext};
 use agentry_types::{
     BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, Timestamp, Usage,
     lease_expiry,
@@ -59,26 +59,31 @@ impl Price {
 pub(crate) struct MissionReported(AtomicBool);
 
 impl Budgets {
-    /// A ledger for a new instance of `mission`, creating the mission's ledger on first use;
-    /// the turn's `mission_reported` is shared by the mission's instances, and its
-    /// reservations are made under the turn's `lease`.
+    /// A ledger for a new instance of `mission` started by the tool call of `context`,
+    /// creating the mission's ledger on first use; `None` outside a turn. The turn's
+    /// session owns the ledgers (deleting it deletes them), its [`MissionReported`] is
+    /// shared by the mission's instances, and reservations are made under its lease.
     pub(crate) async fn instance(
         &self,
-        store: Arc<dyn Store>,
-        (mission_reported, lease): (Arc<MissionReported>, Option<Fence>),
+        context: &ToolContext,
         mission: &str,
         instance: &str,
         limit: BudgetLimit,
         control: crate::TeamControl,
-    ) -> Result<InstanceLedger, StoreError> {
-        // The turn's session owns the ledgers: deleting it deletes them.
+    ) -> Result<Option<InstanceLedger>, StoreError> {
+        let (Some(store), Some(mission_reported)) =
+            (context.store(), context.turn_local::<MissionReported>())
+        else {
+            return Ok(None);
+        };
+        let lease = context.fence();
         let session = lease.map(|fence| fence.session_id);
         match store.create_budget(mission, &self.mission, session).await {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
             Err(error) => return Err(error),
         }
         store.create_budget(instance, &limit, session).await?;
-        Ok(InstanceLedger {
+        Ok(Some(InstanceLedger {
             control,
             prices: self.prices.clone(),
             started: Instant::now(),
@@ -91,7 +96,7 @@ impl Budgets {
             mission_reported,
             instance_reported: AtomicBool::new(false),
             lease,
-        })
+        }))
     }
 }
 

@@ -466,22 +466,11 @@ pub(crate) async fn run_instance(
     let InstanceSpec { role, limit, instance_id, parent_instance_id, skill_hash } = spec;
     let mission_id = format!("mis_{}", context.turn_id);
     let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
-    let ledger = match (context.store(), context.turn_local::<budget::MissionReported>()) {
-        (Some(store), Some(reported)) => Some(
-            crew.budgets
-                .instance(
-                    store,
-                    (reported, context.fence()),
-                    &mission_id,
-                    &instance_id,
-                    limit,
-                    crew.control.clone(),
-                )
-                .await
-                .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?,
-        ),
-        _ => None,
-    };
+    let ledger = crew
+        .budgets
+        .instance(context, &mission_id, &instance_id, limit, crew.control.clone())
+        .await
+        .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?;
     let token = CancelToken::new();
     let info = InstanceInfo {
         instance_id: instance_id.clone(),

@@ -36,7 +36,7 @@ mod schema;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -151,7 +151,7 @@ struct Inner {
     path: PathBuf,
     options: SqliteOptions,
     writer: Option<mpsc::Sender<Job>>,
-    threads: Vec<JoinHandle<()>>,
+    writer_thread: Option<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
     /// One permit per reader connection: a read holds one while it runs.
     read_permits: Arc<Semaphore>,
@@ -162,11 +162,13 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channel ends the writer loop after the jobs already queued, which
-        // ends the checkpointer; waiting for both means the file is closed when the store
-        // is dropped.
+        // The pooled readers close first, so that the writer's connection is the last
+        // and copies the log into the main file. Closing the channel ends the writer loop
+        // after the jobs already queued; the writer thread ends the checkpointer and
+        // closes both connections, so the file is closed when the store is dropped.
+        self.readers.lock().unwrap_or_else(PoisonError::into_inner).clear();
         self.writer.take();
-        for thread in self.threads.drain(..) {
+        if let Some(thread) = self.writer_thread.take() {
             let _ = thread.join();
         }
     }
@@ -271,7 +273,15 @@ impl SqliteStore {
         };
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
-            .spawn(move || write_loop(&writer, &receiver, batch, linger))
+            .spawn(move || {
+                write_loop(&writer, &receiver, batch, linger);
+                // The last connection to close copies the log into the main file and
+                // removes it. Two closing at once each see the other and leave the log
+                // behind, so the checkpointer (whose wake-ups end with the hook) closes
+                // first, then the writer.
+                let _ = writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>);
+                let _ = checkpointer.join();
+            })
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
         let read_permits = Arc::new(Semaphore::new(readers));
@@ -281,7 +291,7 @@ impl SqliteStore {
                 path,
                 options,
                 writer: Some(sender),
-                threads: vec![thread, checkpointer],
+                writer_thread: Some(thread),
                 readers: Mutex::new(Vec::new()),
                 read_permits,
                 long_read_permits,
@@ -502,38 +512,94 @@ fn data_version(connection: &Connection) -> StoreResult<i64> {
         .map_err(sqlite)
 }
 
-/// WAL pages after which the checkpointer is asked to copy the log into the main file.
+/// WAL pages after which the checkpointer thread is asked to copy the log into the main
+/// file.
 const CHECKPOINT_PAGES: i32 = 1000;
 
-/// WAL pages after which the writer checkpoints itself. SQLite starts the log over only
+/// The most uncopied WAL pages the writer copies itself. SQLite starts the log over only
 /// once every frame in it is copied, which a checkpointer running beside a busy writer
-/// rarely sees; the writer's own passive checkpoint copies just the frames committed since
-/// the checkpointer's last pass, so the log restarts at the next transaction.
-const CHECKPOINT_PAGES_WRITER: i32 = 2 * CHECKPOINT_PAGES;
+/// never sees (the writer commits during its pass), so once the checkpointer's pass has
+/// left at most this many the writer copies the rest, and the log starts over at its next
+/// transaction. A checkpoint pays two syncs and grows with what it copies; the writer
+/// keeps its share small.
+const CHECKPOINT_PAGES_WRITER_LEFT: i32 = 300;
+
+/// WAL pages past which the writer checkpoints whatever is left: a bound on the log when
+/// the checkpointer falls behind (32 MiB at the default page size).
+const CHECKPOINT_PAGES_MAX: i32 = 8 * CHECKPOINT_PAGES;
+
+/// What the writer's WAL hook and the checkpointer thread share.
+#[derive(Debug, Default)]
+struct CheckpointState {
+    /// Set from a wake-up until the pass it asked for has ended.
+    busy: AtomicBool,
+    /// How many times the writer has seen the log start over.
+    restarts: AtomicU32,
+    /// The checkpointer's last pass: the `restarts` it began under (high half) and the
+    /// frames of the log it found copied (low half).
+    progress: AtomicU64,
+}
+
+impl CheckpointState {
+    /// Frames of the current log not yet copied into the main file, as far as the
+    /// checkpointer's last pass knows: all of them when that pass saw another log.
+    fn uncopied(&self, pages: i32) -> i32 {
+        let progress = self.progress.load(Ordering::Acquire);
+        let same_log = progress >> 32 == u64::from(self.restarts.load(Ordering::Acquire));
+        let copied = i32::try_from(progress & u64::from(u32::MAX)).unwrap_or(0);
+        if same_log && copied <= pages { pages - copied } else { pages }
+    }
+}
+
+/// Opens the checkpointer's connection. It reads the file once: a connection learns that
+/// the database is in WAL mode, and opens its log, only when it first reads, and until
+/// then a checkpoint through it is a no-op that reports success.
+fn open_checkpointer(path: &Path, options: &SqliteOptions) -> StoreResult<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags).map_err(sqlite)?;
+    configure(&connection, options)?;
+    connection.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(())).map_err(sqlite)?;
+    Ok(connection)
+}
+
+/// One passive checkpoint: the frames in the log and those copied, as SQLite counts them
+/// (`-1` each when the connection is not in WAL mode).
+fn checkpoint_pass(connection: &Connection) -> rusqlite::Result<(i32, i32)> {
+    connection.wal_checkpoint_v2(Some(MAIN_DB), CheckpointMode::PASSIVE)
+}
 
 /// Moves the bulk of checkpointing off the writer thread: after each commit, SQLite
 /// reports the WAL's size to the writer's hook, which wakes a checkpointer thread with its
-/// own connection once the log passes [`CHECKPOINT_PAGES`], and checkpoints on the writer
-/// itself past [`CHECKPOINT_PAGES_WRITER`]. The checkpoints are SQLite's own (passive,
-/// crash-safe); only the thread that pays for them changes.
+/// own connection once the log passes [`CHECKPOINT_PAGES`]. The writer copies the little
+/// the checkpointer's pass left ([`CHECKPOINT_PAGES_WRITER_LEFT`]) so that the log starts
+/// over, or everything past [`CHECKPOINT_PAGES_MAX`]. The checkpoints are SQLite's own
+/// (passive, crash-safe); only the thread that pays for them changes.
 fn start_checkpointer(
     writer: &mut Connection,
     path: &Path,
     options: &SqliteOptions,
 ) -> StoreResult<JoinHandle<()>> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let connection = Connection::open_with_flags(path, flags).map_err(sqlite)?;
-    configure(&connection, options)?;
+    let connection = open_checkpointer(path, options)?;
     let (wake, woken) = mpsc::sync_channel::<()>(1);
-    // Set while a wake-up is pending, so that commits in the meantime skip the channel.
-    let pending = Arc::new(AtomicBool::new(false));
-    let checkpointer_pending = pending.clone();
+    let state = Arc::new(CheckpointState::default());
+    let checkpointer_state = state.clone();
+    let mut last_pages = 0;
     writer
         .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
-            if pages >= CHECKPOINT_PAGES_WRITER {
+            if pages < last_pages {
+                state.restarts.fetch_add(1, Ordering::AcqRel);
+            }
+            last_pages = pages;
+            if pages < CHECKPOINT_PAGES {
+                return Ok(());
+            }
+            let idle = !state.busy.load(Ordering::Acquire);
+            if pages >= CHECKPOINT_PAGES_MAX
+                || (idle && state.uncopied(pages) <= CHECKPOINT_PAGES_WRITER_LEFT)
+            {
                 // Best effort: a busy checkpoint is retried after the next commit.
                 let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
-            } else if pages >= CHECKPOINT_PAGES && !pending.swap(true, Ordering::AcqRel) {
+            } else if idle && !state.busy.swap(true, Ordering::AcqRel) {
                 let _ = wake.try_send(());
             }
             Ok(())
@@ -543,10 +609,39 @@ fn start_checkpointer(
         .name("sqlite-ckpt".to_owned())
         .spawn(move || {
             while woken.recv().is_ok() {
-                checkpointer_pending.store(false, Ordering::Release);
+                let restarts = checkpointer_state.restarts.load(Ordering::Acquire);
                 // Best effort: what is not copied now is copied on the next wake-up.
-                let _ = connection.wal_checkpoint_v2(Some(MAIN_DB), CheckpointMode::PASSIVE);
+                if let Ok((_, copied)) = checkpoint_pass(&connection) {
+                    let copied = u64::try_from(copied).unwrap_or(0);
+                    checkpointer_state.progress.store(u64::from(restarts) << 32 | copied, Ordering::Release);
+                }
+                checkpointer_state.busy.store(false, Ordering::Release);
             }
         })
         .map_err(|error| StoreError::Io(format!("cannot start the SQLite checkpointer thread: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rusqlite::Connection;
+
+    use super::{SqliteOptions, checkpoint_pass, open_checkpointer};
+
+    #[test]
+    fn the_checkpointers_connection_copies_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let writer = Connection::open(&path).unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        writer.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        writer.execute_batch("CREATE TABLE t (x BLOB); INSERT INTO t VALUES (zeroblob(20000));").unwrap();
+        let checkpointer = open_checkpointer(&path, &SqliteOptions::default()).unwrap();
+        // A connection that has not read yet does not know the log, and its checkpoint
+        // copies nothing while reporting success.
+        let (log, copied) = checkpoint_pass(&checkpointer).unwrap();
+        assert!(log > 0, "the log holds the writer's frames: {log}");
+        assert_eq!(copied, log);
+    }
 }

@@ -19,16 +19,21 @@ const REMEMBERED_TURNS: usize = 4096;
 /// A writer thread's memory of running turns, so that an event append reads nothing.
 ///
 /// The backend keeps it true: it remembers a turn only as a successful write leaves it,
-/// and forgets everything when another process may have written, a write was refused or
-/// a transaction did not commit.
+/// undoes what a refused write remembered ([`RememberedTurns::write_undone`]), and
+/// forgets everything when another process may have written or a transaction did not
+/// commit.
 ///
 /// ```
 /// use agentry_memory::{RememberedTurns, TurnFacts};
 /// use agentry_types::{SessionId, TurnId};
 ///
 /// let mut turns = RememberedTurns::default();
-/// let turn = TurnId::new();
-/// turns.remember(turn, TurnFacts { session: SessionId::new(), last_seq: 3 });
+/// let (turn, session) = (TurnId::new(), SessionId::new());
+/// turns.remember(turn, TurnFacts { session, last_seq: 3 });
+/// turns.write_done();
+/// // A write that is refused after it remembered something: its memory is undone.
+/// turns.remember(turn, TurnFacts { session, last_seq: 5 });
+/// turns.write_undone();
 /// assert_eq!(turns.get(turn).unwrap().last_seq, 3);
 /// turns.forget_all();
 /// assert!(turns.get(turn).is_none());
@@ -36,6 +41,8 @@ const REMEMBERED_TURNS: usize = 4096;
 #[derive(Debug, Default)]
 pub struct RememberedTurns {
     turns: HashMap<TurnId, TurnFacts>,
+    /// What the current write changed, oldest first: each turn's facts before it.
+    undo: Vec<(TurnId, Option<TurnFacts>)>,
 }
 
 impl RememberedTurns {
@@ -50,11 +57,29 @@ impl RememberedTurns {
         if self.turns.len() >= REMEMBERED_TURNS && !self.turns.contains_key(&turn) {
             self.turns.clear();
         }
-        self.turns.insert(turn, facts);
+        let before = self.turns.insert(turn, facts);
+        self.undo.push((turn, before));
+    }
+
+    /// The current write stands (its transaction still has to commit: when it does not,
+    /// the backend forgets everything).
+    pub fn write_done(&mut self) {
+        self.undo.clear();
+    }
+
+    /// The current write was refused and changed nothing: what it remembered is undone.
+    pub fn write_undone(&mut self) {
+        while let Some((turn, before)) = self.undo.pop() {
+            match before {
+                Some(facts) => self.turns.insert(turn, facts),
+                None => self.turns.remove(&turn),
+            };
+        }
     }
 
     /// Forgets every turn.
     pub fn forget_all(&mut self) {
         self.turns.clear();
+        self.undo.clear();
     }
 }

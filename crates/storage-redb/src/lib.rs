@@ -483,9 +483,13 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 break;
             };
             match outcome {
-                Outcome::Done => finishes.push(finish),
+                Outcome::Done => {
+                    tx.turns.write_done();
+                    finishes.push(finish);
+                }
                 Outcome::Refused => {
-                    tx.turns.forget_all();
+                    // A refused job changed nothing, so neither does what it remembered.
+                    tx.turns.write_undone();
                     finish(Ok(()));
                 }
                 Outcome::Poisoned(error) => {

@@ -454,17 +454,19 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 aborted = Some(error);
                 break;
             }
+            // A refused job changed nothing (its savepoint is rolled back, or its one
+            // statement undone by SQLite), so neither does what it remembered.
+            if ok {
+                tx.turns.write_done();
+            } else {
+                tx.turns.write_undone();
+            }
             let settled = match (ok, savepoint) {
                 (true, true) => run(connection, "RELEASE job"),
                 (false, true) => {
-                    tx.turns.forget_all();
                     run(connection, "ROLLBACK TO job").and_then(|()| run(connection, "RELEASE job"))
                 }
-                (true, false) => Ok(()),
-                (false, false) => {
-                    tx.turns.forget_all();
-                    Ok(())
-                }
+                (_, false) => Ok(()),
             };
             match (settled, ok) {
                 (Ok(()), true) => finishes.push(finish),

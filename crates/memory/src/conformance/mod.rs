@@ -1764,6 +1764,9 @@ pub async fn turn_step_journals_calls_as_the_journal_does(store: Arc<dyn Store>)
     assert_eq!(store.journal(run.id).await.unwrap(), journal);
     assert!(store.journal(other.id).await.unwrap().is_empty());
     assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1]);
+    // The refused steps' events were undone with them: their seq is free.
+    store.append_events(run.id, &[event(&run, 2)], None).await.unwrap();
+    assert_eq!(seqs(&store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [1, 2]);
 }
 
 /// A record nested as deeply as JSON records are read back is stored and read back; one

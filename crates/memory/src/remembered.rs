@@ -20,8 +20,8 @@ const REMEMBERED_TURNS: usize = 4096;
 ///
 /// The backend keeps it true: it remembers a turn only as a successful write leaves it,
 /// undoes what a refused write remembered ([`RememberedTurns::write_undone`]), and
-/// forgets everything when another process may have written or a transaction did not
-/// commit.
+/// forgets everything when another process may have written, a session was deleted, or a
+/// transaction did not commit.
 ///
 /// ```
 /// use agentry_memory::{RememberedTurns, TurnFacts};

@@ -103,8 +103,12 @@ pub(crate) fn redb_error(error: impl Into<redb::Error>) -> StoreError {
         redb::Error::UpgradeRequired(version) => StoreError::Corrupt(format!(
             "the redb file uses the old file format {version} and must be upgraded"
         )),
+        // Raised by an insert, possibly after the job changed other tables: as a storage
+        // failure it abandons the transaction, where a refusal would commit the job's
+        // earlier changes. Records are checked against `MAX_RECORD_BYTES`, far below
+        // redb's limit, before they reach the writer.
         redb::Error::ValueTooLarge(size) => {
-            StoreError::TooLarge { what: "value", size, limit: agentry_memory::MAX_RECORD_BYTES }
+            StoreError::Io(format!("redb refused a value of {size} bytes as too large"))
         }
         other => StoreError::Io(format!("redb failed: {other}")),
     }

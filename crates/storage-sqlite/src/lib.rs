@@ -274,13 +274,8 @@ impl SqliteStore {
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
             .spawn(move || {
-                write_loop(&writer, &receiver, batch, linger);
-                // The last connection to close copies the log into the main file and
-                // removes it. Two closing at once each see the other and leave the log
-                // behind, so the checkpointer (whose wake-ups end with the hook) closes
-                // first, then the writer.
-                let _ = writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>);
-                let _ = checkpointer.join();
+                let writer = CloseLast { writer, checkpointer: Some(checkpointer) };
+                write_loop(&writer.writer, &receiver, batch, linger);
             })
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
@@ -384,6 +379,25 @@ impl SqliteStore {
             .read(read, small)
             .await
             .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+    }
+}
+
+/// The writer's connection, closed after the checkpointer's (also when the writer thread
+/// panics). The last connection to close copies the log into the main file and removes
+/// it; two closing at once each see the other and leave the log behind (nothing is lost:
+/// the next open reads it).
+struct CloseLast {
+    writer: Connection,
+    checkpointer: Option<JoinHandle<()>>,
+}
+
+impl Drop for CloseLast {
+    fn drop(&mut self) {
+        // The checkpointer's wake-ups end with the hook that sends them.
+        let _ = self.writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>);
+        if let Some(checkpointer) = self.checkpointer.take() {
+            let _ = checkpointer.join();
+        }
     }
 }
 
@@ -526,8 +540,9 @@ const CHECKPOINT_PAGES: i32 = 1000;
 /// keeps its share small.
 const CHECKPOINT_PAGES_WRITER_LEFT: i32 = 300;
 
-/// WAL pages past which the writer checkpoints whatever is left: a bound on the log when
-/// the checkpointer falls behind (32 MiB at the default page size).
+/// WAL pages past which the writer checkpoints whatever is left, when the checkpointer
+/// falls behind: about 31 MiB at the default page size. A checkpoint cannot copy frames a
+/// reader's snapshot still needs, so a long read lets the log grow past it.
 const CHECKPOINT_PAGES_MAX: i32 = 8 * CHECKPOINT_PAGES;
 
 /// What the writer's WAL hook and the checkpointer thread share.
@@ -629,7 +644,24 @@ mod tests {
 
     use rusqlite::Connection;
 
-    use super::{SqliteOptions, checkpoint_pass, open_checkpointer};
+    use std::sync::atomic::Ordering;
+
+    use super::{CheckpointState, SqliteOptions, checkpoint_pass, open_checkpointer};
+
+    #[test]
+    fn only_a_pass_over_the_same_log_counts_as_copied() {
+        let state = CheckpointState::default();
+        assert_eq!(state.uncopied(1200), 1200, "no pass yet");
+        state.progress.store(1000, Ordering::Release);
+        assert_eq!(state.uncopied(1200), 200);
+        // A count larger than the log is of an older log.
+        assert_eq!(state.uncopied(900), 900);
+        // The log started over since the pass.
+        state.restarts.store(1, Ordering::Release);
+        assert_eq!(state.uncopied(1200), 1200);
+        state.progress.store(1 << 32 | 1100, Ordering::Release);
+        assert_eq!(state.uncopied(1200), 100);
+    }
 
     #[test]
     fn the_checkpointers_connection_copies_the_log() {

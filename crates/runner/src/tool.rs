@@ -328,6 +328,10 @@ impl SchemaValidator {
 
     /// Validates arguments; the error lists every violation with its JSON path.
     pub fn validate(&self, arguments: &Value) -> Result<(), ToolError> {
+        // The common case first: checking validity tracks no paths and builds no errors.
+        if self.validator.is_valid(arguments) {
+            return Ok(());
+        }
         let problems: Vec<String> = self
             .validator
             .iter_errors(arguments)

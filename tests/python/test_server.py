@@ -539,6 +539,41 @@ class Chat(unittest.TestCase):
         self.assertEqual(terminal.close(), 0)
 
 
+class Cli(unittest.TestCase):
+    def agentry(self, *args, stdin=None, stdout=subprocess.PIPE):
+        env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")
+        return subprocess.run(
+            [os.environ["AGENTRY_BIN"], *args, "--url", SERVER["url"]],
+            input=stdin, stdout=stdout, stderr=subprocess.PIPE, env=env, text=True, timeout=60,
+        )
+
+    def test_a_listing_whose_reader_went_away_ends_quietly(self):
+        client().create_session(agent_name="demo")
+        # The reading end is closed before the command starts, so its first line already
+        # finds nobody to read it (as `agentry sessions list | head -0` would).
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = self.agentry("sessions", "list", "--agent", "demo", stdout=write)
+        finally:
+            os.close(write)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("panicked", done.stderr)
+
+    def test_chat_refuses_a_session_of_another_agent(self):
+        session = client().create_session(agent_name="demo")
+        done = self.agentry("chat", "demo-team", "--session", session.id, stdin="hello\n")
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn(f"session {session.id} belongs to agent \"demo\", not \"demo-team\"", done.stderr)
+        self.assertNotIn("Chatting with", done.stdout)
+
+    def test_chat_says_so_when_its_input_ends_at_a_question(self):
+        done = self.agentry("chat", "demo", stdin="please email the team\n")
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("Allow send_email(", done.stdout)
+        self.assertIn("left with the turn waiting for an answer", done.stderr)
+
+
 class BadInput(unittest.TestCase):
     def assert_error(self, response, status):
         self.assertEqual(response.status_code, status, response.text)

@@ -25,12 +25,12 @@ impl Terminal {
 
     /// Prints `prompt` and reads one line; `None` at end of input or on Ctrl-C.
     async fn ask(&mut self, prompt: &str) -> Result<Option<String>> {
-        print!("{prompt}");
+        write!(std::io::stdout(), "{prompt}")?;
         std::io::stdout().flush()?;
         tokio::select! {
             line = self.lines.next_line() => Ok(line?.map(|line| line.trim().to_owned())),
             _ = tokio::signal::ctrl_c() => {
-                println!();
+                writeln!(std::io::stdout())?;
                 Ok(None)
             }
         }
@@ -65,7 +65,13 @@ struct Pending {
 pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> {
     let session_id = match session {
         Some(id) => {
-            api.get(&format!("/v1/agents/sessions/{id}")).await?;
+            let found = api.get(&format!("/v1/agents/sessions/{id}")).await?;
+            let owner = found["data"]["agent_name"].as_str().unwrap_or_default();
+            if owner != agent {
+                bail!(
+                    "session {id} belongs to agent {owner:?}, not {agent:?}: chat with `agentry chat {owner} --session {id}`"
+                );
+            }
             id
         }
         None => {
@@ -73,7 +79,7 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
             created["data"]["id"].as_str().unwrap_or_default().to_owned()
         }
     };
-    println!("Chatting with {agent} in session {session_id}. Type /quit to leave.");
+    writeln!(std::io::stdout(), "Chatting with {agent} in session {session_id}. Type /quit to leave.")?;
     let mut terminal = Terminal::new();
     let mut calls: HashMap<String, Call> = HashMap::new();
     loop {
@@ -92,7 +98,9 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
             }
             input = answer(&mut terminal, &pending, &calls).await?;
             if input.is_empty() {
-                return Ok(());
+                bail!(
+                    "left with the turn waiting for an answer; answer it with `agentry chat {agent} --session {session_id}`"
+                );
             }
         }
     }
@@ -314,11 +322,11 @@ async fn answer(
         let arguments: Value =
             calls.get(id).and_then(|call| serde_json::from_str(&call.arguments).ok()).unwrap_or_default();
         let question = arguments["question"].as_str().unwrap_or("The agent asks:");
-        println!("? {question}");
+        writeln!(std::io::stdout(), "? {question}")?;
         let options: Vec<&str> =
             arguments["options"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         for (number, option) in options.iter().enumerate() {
-            println!("  {}. {option}", number + 1);
+            writeln!(std::io::stdout(), "  {}. {option}", number + 1)?;
         }
         // A number picks an option; any other text is the answer itself.
         let pick = |reply: &str| match reply.parse::<usize>() {

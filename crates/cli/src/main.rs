@@ -116,7 +116,18 @@ fn main() -> Result<()> {
     // A read of the terminal may still be blocked (the user left with Ctrl-C at a prompt):
     // do not wait for it.
     runtime.shutdown_background();
-    result
+    match result {
+        // The reader of the output went away (`| head`): it took what it wanted.
+        Err(error) if is_broken_pipe(&error) => Ok(()),
+        other => other,
+    }
+}
+
+/// Whether writing the output failed because its reader closed it.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -138,7 +149,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 let page = api.get(&path).await?;
                 for session in page["data"].as_array().into_iter().flatten() {
-                    println!("{session}");
+                    writeln!(std::io::stdout(), "{session}")?;
                     printed += 1;
                 }
                 token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
@@ -158,7 +169,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 let page = api.get(&path).await?;
                 for turn in page["data"].as_array().into_iter().flatten() {
-                    println!("{turn}");
+                    writeln!(std::io::stdout(), "{turn}")?;
                 }
                 token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
                 if token.is_none() {

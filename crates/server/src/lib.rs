@@ -299,6 +299,12 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
     let storage = config.storage.clone();
     let path = storage.path.display().to_string();
     let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Store>, String> {
+        // A new store says so: a mistyped path shows as a new, empty store in the log.
+        if storage.path.exists() {
+            tracing::info!(path = %storage.path.display(), "opening the store");
+        } else {
+            tracing::info!(path = %storage.path.display(), "creating a new store");
+        }
         if let Some(parent) = storage.path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|error| error.to_string())?;
         }

@@ -96,6 +96,17 @@ fn another_applications_redb_file_is_refused() {
 }
 
 #[test]
+fn a_directory_is_refused_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = open(dir.path()).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Io(ref message) if message.contains("it is a directory")
+            && message.contains(&dir.path().display().to_string())),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     let error = open(Path::new("/nonexistent-agentry-dir/sub/store.redb")).unwrap_err();
     assert!(

@@ -166,6 +166,22 @@ pub fn check_payload_size(
     Ok(())
 }
 
+/// Refuses a store path no file can be opened or created at, before anything is touched:
+/// a directory, or a file whose directory does not exist. Errors: `Io`, naming the path.
+pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {
+    if path.is_dir() {
+        return Err(StoreError::Io(format!("cannot open {}: it is a directory", path.display())));
+    }
+    match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        Some(parent) if !parent.is_dir() => Err(StoreError::Io(format!(
+            "cannot create {}: {} is not a directory",
+            path.display(),
+            parent.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Reads a stored record; a record that does not parse means the store is corrupt.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes)

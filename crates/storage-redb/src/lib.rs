@@ -300,18 +300,7 @@ impl RedbStore {
     /// Agentry store or is damaged, `VersionTooNew` when a newer Agentry wrote it.
     pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
-        if path.is_dir() {
-            return Err(StoreError::Io(format!("cannot open {}: it is a directory", path.display())));
-        }
-        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
-            && !parent.is_dir()
-        {
-            return Err(StoreError::Io(format!(
-                "cannot create {}: {} is not a directory",
-                path.display(),
-                parent.display()
-            )));
-        }
+        agentry_memory::rules::check_store_path(&path)?;
         let mode = ConcurrencyMode::MultiWriter;
         check_existing(&path, mode)?;
         let cannot_open = |error: redb::DatabaseError| match redb_error(error) {

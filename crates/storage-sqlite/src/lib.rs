@@ -238,18 +238,7 @@ impl SqliteStore {
     /// file is left as it was.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
-        if path.is_dir() {
-            return Err(StoreError::Io(format!("cannot open {}: it is a directory", path.display())));
-        }
-        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
-            && !parent.is_dir()
-        {
-            return Err(StoreError::Io(format!(
-                "cannot create {}: {} is not a directory",
-                path.display(),
-                parent.display()
-            )));
-        }
+        agentry_memory::rules::check_store_path(&path)?;
         check_not_truncated(&path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE

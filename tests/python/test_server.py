@@ -380,6 +380,25 @@ class Lifecycle(unittest.TestCase):
         self.assertIn("Draft about: otters", answer)
 
 
+def stream_a_turn(url, text, count):
+    """Starts a turn of ``text`` on a new demo session and reads its first ``count``
+    events; returns (session, turn id, the events, the open stream)."""
+    alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+    session = alice.create_session(agent_name="demo")
+    prepared = session.prepare_turn(input=message(text))
+    stream = prepared.execute()
+    seen = [next(stream) for _ in range(count)]
+    # The turn's id is known once its stream has started.
+    return session, prepared.id, seen, stream
+
+
+def closed(process, log):
+    """Waits for a stopping server and closes its pipes."""
+    process.wait()
+    process.stdout.close()
+    log.close()
+
+
 class Durable(unittest.TestCase):
     def test_a_killed_server_finishes_the_turn_after_restart(self):
         workdir, config = write_config("durable", "[runtime]\nlease_ttl_secs = 2\n", durability="strict")
@@ -389,17 +408,10 @@ class Durable(unittest.TestCase):
                 asked = agui_run(h, {"threadId": "restart-thread", "runId": "r1", "messages": [
                     {"id": "m1", "role": "user", "content": "ask me"}]})
             interrupt = asked[-1].outcome.interrupts[0]
-            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
-            session = alice.create_session(agent_name="demo")
-            prepared = session.prepare_turn(input=message("slow, then crash"))
-            stream = prepared.execute()
-            seen = [next(stream) for _ in range(30)]
-            turn_id = prepared.id
+            session, turn_id, seen, stream = stream_a_turn(url, "slow, then crash", 30)
         finally:
             first.kill()  # SIGKILL: no shutdown, the turn is left running
-            first.wait()
-            first.stdout.close()
-            log.close()
+            closed(first, log)
         stream.close()
         second, url, log = start_server(workdir, config)
         try:
@@ -432,6 +444,39 @@ class Durable(unittest.TestCase):
                     {"interruptId": interrupt.id, "status": "resolved", "payload": "blue"}]})
             text = "".join(e.delta for e in resumed if kind(e) == "TEXT_MESSAGE_CONTENT")
             self.assertEqual(text, "You chose blue.")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            self.assertEqual(second.wait(timeout=30), 0)
+            second.stdout.close()
+            log.close()
+
+
+    def test_a_turn_still_running_after_the_shutdown_grace_is_recovered_at_once(self):
+        # A lease time far longer than the test may take: only a handed-over lease lets
+        # the restarted server take the turn at once.
+        sections = "[limits]\nshutdown_grace_secs = 1\n[runtime]\nlease_ttl_secs = 300\n"
+        workdir, config = write_config("handover", sections)
+        first, url, log = start_server(workdir, config)
+        try:
+            session, turn_id, seen, stream = stream_a_turn(url, "slow, then stop", 10)
+            first.send_signal(signal.SIGTERM)  # the turn needs ~10 s, the grace is 1 s
+            self.assertEqual(first.wait(timeout=30), 0)
+        finally:
+            if first.poll() is None:
+                first.kill()
+            closed(first, log)
+        stream.close()
+        second, url, log = start_server(workdir, config)
+        try:
+            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+            turn = alice.get_session(session.id).get_turn(turn_id)
+            started = time.monotonic()
+            rest = list(turn.stream(after_sequence_number=seen[-1].sequence_number))
+            self.assertLess(time.monotonic() - started, 120, "the turn waited for its lease to lapse")
+            self.assertIsInstance(rest[-1].event, TurnDoneEvent)
+            self.assertEqual(rest[-1].event.state.status, "done")
+            seqs = [item.sequence_number for item in seen + rest]
+            self.assertEqual(seqs, sorted(set(seqs)), "no event twice across the restart")
         finally:
             second.send_signal(signal.SIGTERM)
             self.assertEqual(second.wait(timeout=30), 0)

@@ -49,6 +49,10 @@ pub enum RunnerError {
         /// The turn.
         turn_id: TurnId,
     },
+    /// The runtime handed its running turns over to the next process
+    /// ([`Runtime::hand_over`](crate::Runtime::hand_over)) and takes no new turns.
+    #[error("this runtime is stopping: it handed its running turns over and takes no new turns")]
+    HandedOver,
     /// Something that should not happen did; the message says what.
     #[error("internal error: {0}")]
     Internal(String),

@@ -93,10 +93,25 @@ struct RuntimeInner {
     owner: Arc<str>,
     /// Whether the task renewing the leases of this runtime's running turns was started.
     keeper_started: AtomicBool,
+    /// Set by [`Runtime::hand_over`]: the leases of running turns are no longer renewed.
+    handed_over: AtomicBool,
     /// Told after every durable event this runtime's turns store.
     appended: Arc<tokio::sync::Notify>,
     /// Sessions with a turn start in flight, and how many (see [`Starting`]).
     starting: Mutex<HashMap<SessionId, usize>>,
+}
+
+impl RuntimeInner {
+    /// This runtime's turns that have not ended.
+    fn running_turns(&self) -> Vec<Arc<LiveTurn>> {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|turn| !turn.is_done())
+            .cloned()
+            .collect()
+    }
 }
 
 /// A turn start in flight in its session, from before its first write until its engine is
@@ -181,6 +196,7 @@ impl Runtime {
                 options,
                 owner: Arc::from(format!("runtime-{}", EventId::new())),
                 keeper_started: AtomicBool::new(false),
+                handed_over: AtomicBool::new(false),
                 appended: Arc::new(tokio::sync::Notify::new()),
                 starting: Mutex::new(HashMap::default()),
             }),
@@ -295,6 +311,32 @@ impl Runtime {
             .cloned()
     }
 
+    /// Lets the next process recover this runtime's running turns at once, for a process
+    /// about to exit with turns still running: their leases are no longer renewed and are
+    /// made to expire now, so a recovery pass ([`Runtime::recover`]) on the same store takes
+    /// them over without waiting out the lease time. The turns go on here until the process
+    /// exits; once another process takes one over, its writes here are refused (the lease
+    /// is fenced) and it stops. From then on the runtime takes no new turns
+    /// ([`RunnerError::HandedOver`]) and recovers none. Returns how many turns were handed
+    /// over.
+    pub async fn hand_over(&self) -> usize {
+        self.inner.handed_over.store(true, Ordering::Release);
+        let mut handed = 0;
+        for turn in self.inner.running_turns() {
+            let store = &self.inner.store;
+            match store.renew_lease(turn.session_id, turn.lease_token, Duration::ZERO, Timestamp::now()).await
+            {
+                Ok(_) => handed += 1,
+                // Ended meanwhile (its last write gave the lease back) or already taken over.
+                Err(StoreError::Conflict(_)) => {}
+                Err(error) => {
+                    tracing::warn!(turn = %turn.turn_id, %error, "a running turn's lease could not be handed over; it lapses in its own time");
+                }
+            }
+        }
+        handed
+    }
+
     /// Resumes the turns that a dead process left running: for every running turn whose
     /// session lease lapsed, takes the lease over and finishes the turn from its stored
     /// state (completed tool calls are not run again). Returns the turns it resumed.
@@ -318,6 +360,10 @@ impl Runtime {
     /// [`LeaseStore::list_leases`]: agentry_memory::LeaseStore::list_leases
     pub async fn recover(&self) -> RuntimeResult<Vec<TurnHandle>> {
         const PAGE: usize = 100;
+        // Its own handed-over turns are for the next process, not for this one.
+        if self.inner.handed_over.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
         let store = &self.inner.store;
         let mut resumed = Vec::new();
         let mut after = None;
@@ -689,15 +735,11 @@ impl Runtime {
             loop {
                 interval.tick().await;
                 let Some(inner) = runtime.upgrade() else { return };
+                if inner.handed_over.load(Ordering::Acquire) {
+                    return;
+                }
                 let store = inner.store.clone();
-                let running: Vec<Arc<LiveTurn>> = inner
-                    .live
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .values()
-                    .filter(|turn| !turn.is_done())
-                    .cloned()
-                    .collect();
+                let running = inner.running_turns();
                 drop(inner);
                 for turn in running {
                     // A transient failure is retried at the next tick, before expiry.
@@ -772,6 +814,9 @@ impl Session {
     pub async fn create_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
+        if runtime.inner.handed_over.load(Ordering::Acquire) {
+            return Err(RunnerError::HandedOver);
+        }
         check_shape(&request.input)?;
         // The two reads do not depend on each other: on a file store each is a hop to a
         // reader thread, and they run together.

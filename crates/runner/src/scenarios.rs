@@ -1270,6 +1270,41 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
     }
 }
 
+/// Scenario: a runtime about to stop hands its running turn over. Another runtime on the
+/// same store recovers it at once, without waiting out the lease time (30 s here); the
+/// first takes no new turns and recovers none, and the turn ends once, in the second.
+pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness: Harness) {
+    let (held, gate) = GatedModel::new("held back");
+    let first = runtime(&harness, Agent::builder("held", held).build());
+    let session = session_for(&first, "held").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let mut live = turn.stream(None);
+    while let Some(event) = live.next().await {
+        if event.unwrap().payload.kind() == "model.message.delta" {
+            break;
+        }
+    }
+    assert!(first.recover().await.unwrap().is_empty(), "the lease is live: nothing to recover");
+    assert_eq!(first.hand_over().await, 1);
+    let refused = session.create_turn(TurnRequest::message("again")).await;
+    assert!(matches!(refused, Err(RunnerError::HandedOver)), "{:?}", refused.map(|turn| turn.id()));
+    assert!(first.recover().await.unwrap().is_empty(), "its own turns are for another process");
+
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("recovered")]));
+    let second = runtime(&harness, Agent::builder("held", model).build());
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("recovered"));
+    // The first engine, let go, finds its lease taken over and stores nothing more.
+    gate.add_permits(1);
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("recovered"));
+    let events = turn.events(Order::Asc).await.unwrap();
+    assert_eq!(events.iter().filter(|event| event.payload.kind() == "turn.done").count(), 1);
+    let again = second.get_session(session.id()).await.unwrap();
+    let next = again.create_turn(TurnRequest::message("more")).await;
+    assert!(next.is_ok(), "the session takes turns again in the second runtime");
+}
+
 /// Scenario: a recovery pass resumes the turns left running under lapsed leases and only
 /// those: it looks at the sessions with a lease, so neither the many finished sessions nor
 /// a run an application stored as running without a lease are its business. A start that
@@ -1549,6 +1584,7 @@ macro_rules! runner_scenarios {
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
+            a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

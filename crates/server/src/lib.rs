@@ -287,7 +287,11 @@ impl Server {
             tracing::info!(count = running.len(), grace = ?self.grace, "waiting for running turns");
             let all = futures_util::future::join_all(running.iter().map(TurnHandle::wait));
             if tokio::time::timeout(self.grace, all).await.is_err() {
-                tracing::warn!("turns still running after the grace; the next start recovers them");
+                let handed = self.state.runtime.hand_over().await;
+                tracing::warn!(
+                    count = handed,
+                    "turns still running after the grace: their leases expire now, so the next start recovers them at once"
+                );
             }
         }
         Ok(())

@@ -470,9 +470,14 @@ class Durable(unittest.TestCase):
         try:
             alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
             turn = alice.get_session(session.id).get_turn(turn_id)
-            started = time.monotonic()
-            rest = list(turn.stream(after_sequence_number=seen[-1].sequence_number))
-            self.assertLess(time.monotonic() - started, 120, "the turn waited for its lease to lapse")
+            # Read with a deadline far under the lease time: a turn whose lease was not
+            # handed over would still be waiting when it passes.
+            rest = []
+            after = seen[-1].sequence_number
+            reader = threading.Thread(target=lambda: rest.extend(turn.stream(after_sequence_number=after)), daemon=True)
+            reader.start()
+            reader.join(timeout=120)
+            self.assertFalse(reader.is_alive(), "the turn is still waiting for its lease to lapse")
             self.assertIsInstance(rest[-1].event, TurnDoneEvent)
             self.assertEqual(rest[-1].event.state.status, "done")
             seqs = [item.sequence_number for item in seen + rest]

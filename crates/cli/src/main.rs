@@ -118,15 +118,28 @@ fn main() -> Result<()> {
     runtime.shutdown_background();
     match result {
         // The reader of the output went away (`| head`): it took what it wanted.
-        Err(error) if is_broken_pipe(&error) => Ok(()),
+        Err(error) if error.is::<OutputClosed>() => Ok(()),
         other => other,
     }
 }
 
-/// Whether writing the output failed because its reader closed it.
-fn is_broken_pipe(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| {
-        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+/// The reader of a listing's output closed it.
+#[derive(Debug)]
+struct OutputClosed;
+
+impl std::fmt::Display for OutputClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the output was closed")
+    }
+}
+
+impl std::error::Error for OutputClosed {}
+
+/// Writes one line of a listing, at once. Only a write to an output its reader closed
+/// ends the command quietly (`main`); a broken connection to the server is an error.
+fn emit(out: &mut impl Write, line: impl std::fmt::Display) -> Result<()> {
+    writeln!(out, "{line}").and_then(|()| out.flush()).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::BrokenPipe { OutputClosed.into() } else { error.into() }
     })
 }
 
@@ -149,7 +162,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 let page = api.get(&path).await?;
                 for session in page["data"].as_array().into_iter().flatten() {
-                    writeln!(std::io::stdout(), "{session}")?;
+                    emit(&mut std::io::stdout(), session)?;
                     printed += 1;
                 }
                 token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
@@ -169,7 +182,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 let page = api.get(&path).await?;
                 for turn in page["data"].as_array().into_iter().flatten() {
-                    writeln!(std::io::stdout(), "{turn}")?;
+                    emit(&mut std::io::stdout(), turn)?;
                 }
                 token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
                 if token.is_none() {
@@ -214,8 +227,7 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(event) => {
-                        writeln!(out, "{}", event.data)?;
-                        out.flush()?;
+                        emit(&mut out, &event.data)?;
                         last = event.id.or(last);
                         if event.data["type"] == "turn.done" {
                             return Ok(());
@@ -253,7 +265,7 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
             }
         })?;
         for event in page["data"].as_array().into_iter().flatten() {
-            writeln!(out, "{event}")?;
+            emit(&mut out, event)?;
         }
         token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
         if token.is_none() {

@@ -95,10 +95,27 @@ struct RuntimeInner {
     keeper_started: AtomicBool,
     /// Set by [`Runtime::hand_over`]: the leases of running turns are no longer renewed.
     handed_over: AtomicBool,
+    /// Held by the lease keeper for each of its rounds, so that [`Runtime::hand_over`]
+    /// expires the leases after any round under way (which could otherwise renew one of
+    /// them again).
+    keeper_round: Arc<tokio::sync::Mutex<()>>,
     /// Told after every durable event this runtime's turns store.
     appended: Arc<tokio::sync::Notify>,
     /// Sessions with a turn start in flight, and how many (see [`Starting`]).
     starting: Mutex<HashMap<SessionId, usize>>,
+}
+
+/// Makes a running turn's lease expire now, so that a recovery pass anywhere takes the
+/// turn over at once; whether it did (not when the turn ended or was taken over meanwhile).
+async fn expire_lease(store: &dyn Store, turn: &LiveTurn) -> bool {
+    match store.renew_lease(turn.session_id, turn.lease_token, Duration::ZERO, Timestamp::now()).await {
+        Ok(_) => true,
+        Err(StoreError::Conflict(_)) => false,
+        Err(error) => {
+            tracing::warn!(turn = %turn.turn_id, %error, "a running turn's lease could not be handed over; it lapses in its own time");
+            false
+        }
+    }
 }
 
 impl RuntimeInner {
@@ -197,6 +214,7 @@ impl Runtime {
                 owner: Arc::from(format!("runtime-{}", EventId::new())),
                 keeper_started: AtomicBool::new(false),
                 handed_over: AtomicBool::new(false),
+                keeper_round: Arc::new(tokio::sync::Mutex::new(())),
                 appended: Arc::new(tokio::sync::Notify::new()),
                 starting: Mutex::new(HashMap::default()),
             }),
@@ -321,17 +339,12 @@ impl Runtime {
     /// over.
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
+        // A keeper round under way ends first; the next one sees the flag and stops.
+        let _round = self.inner.keeper_round.lock().await;
         let mut handed = 0;
         for turn in self.inner.running_turns() {
-            let store = &self.inner.store;
-            match store.renew_lease(turn.session_id, turn.lease_token, Duration::ZERO, Timestamp::now()).await
-            {
-                Ok(_) => handed += 1,
-                // Ended meanwhile (its last write gave the lease back) or already taken over.
-                Err(StoreError::Conflict(_)) => {}
-                Err(error) => {
-                    tracing::warn!(turn = %turn.turn_id, %error, "a running turn's lease could not be handed over; it lapses in its own time");
-                }
+            if expire_lease(self.inner.store.as_ref(), &turn).await {
+                handed += 1;
             }
         }
         handed
@@ -673,6 +686,12 @@ impl Runtime {
         }
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
         let store = self.inner.store.clone();
+        // A start that was under way when the runtime handed its turns over (whose snapshot
+        // of the live turns came before this one) hands this turn over too.
+        if self.inner.handed_over.load(Ordering::Acquire) {
+            let (store, live) = (store.clone(), live.clone());
+            tokio::spawn(async move { expire_lease(store.as_ref(), &live).await });
+        }
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(
             store.clone(),
@@ -728,12 +747,14 @@ impl Runtime {
         }
         let runtime = Arc::downgrade(&self.inner);
         let ttl = self.inner.options.lease_ttl;
+        let rounds = self.inner.keeper_round.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval((ttl / 3).max(Duration::from_millis(1)));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval.tick().await;
             loop {
                 interval.tick().await;
+                let _round = rounds.lock().await;
                 let Some(inner) = runtime.upgrade() else { return };
                 if inner.handed_over.load(Ordering::Acquire) {
                     return;

@@ -113,7 +113,9 @@ impl From<RunnerError> for ApiError {
             }
             RunnerError::TurnStillRunning { .. } => Self::precondition("turn_running", error.to_string()),
             RunnerError::InvalidInput(message) => Self::bad_param("input", message),
-            RunnerError::HandedOver => Self::precondition("stopping", error.to_string()),
+            RunnerError::HandedOver => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", error.to_string())
+            }
             RunnerError::Store(store) => store.into(),
             other => {
                 tracing::error!(error = %other, "request failed");

@@ -141,54 +141,37 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store, builds the agents, recovers abandoned turns and binds the address.
-    /// With no API keys configured only loopback clients are served: a non-loopback listen
+    /// Checks the configuration, builds the agents and binds the address, then opens the
+    /// store (creating it when it does not exist) and recovers abandoned turns: a start
+    /// that fails before the store leaves no new file behind. With no API keys configured only loopback clients are served: a non-loopback listen
     /// address is replaced by `127.0.0.1` on the same port, and a warning says so.
     ///
     /// Errors: `Config` for an unusable configuration, `Store` when the store cannot be
     /// opened, `Bind` when the address is taken.
     pub async fn start(config: Config) -> Result<Self, ServerError> {
+        // What can fail without the store comes first: a bad configuration or a taken
+        // address leaves no new store file behind.
+        let ready = Ready::new(&config).await?;
         let store = open_store(&config).await?;
-        Self::start_with_store(config, store).await
+        Self::assemble(config, ready, store).await
     }
 
     /// As [`Server::start`], over a store the caller opened.
     ///
     /// Errors: as [`Server::start`].
     pub async fn start_with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, ServerError> {
-        let keys = Keys::new(config.api_keys()?);
-        let approvals = SpawnApprovals::new();
-        let control = TeamControl::new();
-        if config.runtime.lease_ttl_secs == 0 {
-            return Err(ConfigError::Invalid("runtime.lease_ttl_secs must be at least 1".to_owned()).into());
-        }
-        let lease_ttl = Duration::from_secs(config.runtime.lease_ttl_secs);
-        let options = RuntimeOptions {
-            lease_ttl,
-            live_retention: Duration::from_secs(config.runtime.live_retention_secs),
-            ..RuntimeOptions::default()
-        };
+        let ready = Ready::new(&config).await?;
+        Self::assemble(config, ready, store).await
+    }
+
+    /// The server over its store, once everything else is [`Ready`].
+    async fn assemble(config: Config, ready: Ready, store: Arc<dyn Store>) -> Result<Self, ServerError> {
+        let Ready { keys, approvals, control, built, options, listener } = ready;
+        let lease_ttl = options.lease_ttl;
         let runtime = Runtime::with_options(store, options);
-        let built = config.build_agents(&approvals, &control).await?;
         for agent in built.agents {
             runtime.register(agent);
         }
-        let mut address = config.listen;
-        if keys.is_empty() {
-            if !address.ip().is_loopback() {
-                tracing::warn!(
-                    requested = %address,
-                    "no API keys are configured: serving loopback clients only, on 127.0.0.1"
-                );
-                address = SocketAddr::from(([127, 0, 0, 1], address.port()));
-            }
-            tracing::info!(
-                "no API keys are configured: every request acts as subject `local` (loopback only)"
-            );
-        }
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|error| ServerError::Bind { address, message: error.to_string() })?;
         let (stop, stopping) = watch::channel(false);
         let feed = feed::FeedHub::start(runtime.store().clone(), runtime.events_appended(), stopping.clone())
             .await
@@ -295,6 +278,51 @@ impl Server {
             }
         }
         Ok(())
+    }
+}
+
+/// What a server needs besides its store: its configuration checked, its agents built and
+/// its address bound.
+struct Ready {
+    keys: Keys,
+    approvals: SpawnApprovals,
+    control: TeamControl,
+    built: config::BuiltAgents,
+    options: RuntimeOptions,
+    listener: tokio::net::TcpListener,
+}
+
+impl Ready {
+    async fn new(config: &Config) -> Result<Self, ServerError> {
+        let keys = Keys::new(config.api_keys()?);
+        if config.runtime.lease_ttl_secs == 0 {
+            return Err(ConfigError::Invalid("runtime.lease_ttl_secs must be at least 1".to_owned()).into());
+        }
+        let options = RuntimeOptions {
+            lease_ttl: Duration::from_secs(config.runtime.lease_ttl_secs),
+            live_retention: Duration::from_secs(config.runtime.live_retention_secs),
+            ..RuntimeOptions::default()
+        };
+        let approvals = SpawnApprovals::new();
+        let control = TeamControl::new();
+        let built = config.build_agents(&approvals, &control).await?;
+        let mut address = config.listen;
+        if keys.is_empty() {
+            if !address.ip().is_loopback() {
+                tracing::warn!(
+                    requested = %address,
+                    "no API keys are configured: serving loopback clients only, on 127.0.0.1"
+                );
+                address = SocketAddr::from(([127, 0, 0, 1], address.port()));
+            }
+            tracing::info!(
+                "no API keys are configured: every request acts as subject `local` (loopback only)"
+            );
+        }
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|error| ServerError::Bind { address, message: error.to_string() })?;
+        Ok(Self { keys, approvals, control, built, options, listener })
     }
 }
 

@@ -119,6 +119,18 @@ async fn an_unknown_member_or_provider_is_refused_at_start() {
     config.storage.path = dir.path().join("agentry.db");
     let error = Server::start(config).await.unwrap_err();
     assert!(error.to_string().contains("neither `demo` nor a configured provider"), "{error}");
+    assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
+}
+
+#[tokio::test]
+async fn a_taken_address_is_refused_before_the_store_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.listen = taken.local_addr().unwrap();
+    let error = Server::start(config).await.unwrap_err();
+    assert!(matches!(error, agentry_server::ServerError::Bind { .. }), "{error}");
+    assert!(!dir.path().join("agentry.db").exists(), "a start that could not bind created the store");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,19 +105,6 @@ struct RuntimeInner {
     starting: Mutex<HashMap<SessionId, usize>>,
 }
 
-/// Makes a running turn's lease expire now, so that a recovery pass anywhere takes the
-/// turn over at once; whether it did (not when the turn ended or was taken over meanwhile).
-async fn expire_lease(store: &dyn Store, turn: &LiveTurn) -> bool {
-    match store.renew_lease(turn.session_id, turn.lease_token, Duration::ZERO, Timestamp::now()).await {
-        Ok(_) => true,
-        Err(StoreError::Conflict(_)) => false,
-        Err(error) => {
-            tracing::warn!(turn = %turn.turn_id, %error, "a running turn's lease could not be handed over; it lapses in its own time");
-            false
-        }
-    }
-}
-
 impl RuntimeInner {
     /// This runtime's turns that have not ended.
     fn running_turns(&self) -> Vec<Arc<LiveTurn>> {
@@ -343,7 +330,7 @@ impl Runtime {
         let _round = self.inner.keeper_round.lock().await;
         let mut handed = 0;
         for turn in self.inner.running_turns() {
-            if expire_lease(self.inner.store.as_ref(), &turn).await {
+            if give_back(self.inner.store.as_ref(), turn.session_id, turn.lease_token).await {
                 handed += 1;
             }
         }
@@ -690,7 +677,7 @@ impl Runtime {
         // of the live turns came before this one) hands this turn over too.
         if self.inner.handed_over.load(Ordering::Acquire) {
             let (store, live) = (store.clone(), live.clone());
-            tokio::spawn(async move { expire_lease(store.as_ref(), &live).await });
+            tokio::spawn(async move { give_back(store.as_ref(), live.session_id, live.lease_token).await });
         }
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(
@@ -1056,10 +1043,17 @@ impl Session {
 /// letting it lapse at once rather than deleting it: the lease may have replaced the lapsed
 /// one of a dead process whose turn is still running, and recovery passes find such turns
 /// through the sessions' leases. A pass deletes a lapsed lease once it sees no running turn
-/// under it.
-async fn give_back(store: &dyn Store, session: SessionId, token: u64) {
-    if let Err(error) = store.renew_lease(session, token, Duration::ZERO, Timestamp::now()).await {
-        tracing::warn!(%session, %error, "giving back a lease failed");
+/// under it. [`Runtime::hand_over`] gives back running turns' leases the same way. Returns
+/// whether the lease lapsed now (not when its token is no longer the session's: the turn
+/// ended, or another process took the lease).
+async fn give_back(store: &dyn Store, session: SessionId, token: u64) -> bool {
+    match store.renew_lease(session, token, Duration::ZERO, Timestamp::now()).await {
+        Ok(_) => true,
+        Err(StoreError::Conflict(_)) => false,
+        Err(error) => {
+            tracing::warn!(%session, %error, "giving back a lease failed; it lapses in its own time");
+            false
+        }
     }
 }
 

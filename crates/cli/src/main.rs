@@ -1,7 +1,7 @@
 //! The `agentry` command: `serve` runs the server; `chat` talks to an agent in the
 //! terminal; `sessions list`, `turns list` and `events` inspect what is stored (JSON
 //! lines, for piping).
-#![allow(clippy::print_stdout, unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs)]
 
 mod chat;
 mod client;

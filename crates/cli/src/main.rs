@@ -245,7 +245,8 @@ async fn events(api: &Api, turn: &str, follow: bool) -> Result<()> {
             if attempts >= 5 {
                 return Err(error.context("the turn's stream kept breaking"));
             }
-            eprintln!("reconnecting after: {error}");
+            // A closed stderr does not stop the follow (eprintln! would panic).
+            let _ = writeln!(std::io::stderr(), "reconnecting after: {error}");
         }
     }
     let mut token: Option<String> = None;

@@ -319,19 +319,32 @@ impl Runtime {
     /// Lets the next process recover this runtime's running turns at once, for a process
     /// about to exit with turns still running: their leases are no longer renewed and are
     /// made to expire now, so a recovery pass ([`Runtime::recover`]) on the same store takes
-    /// them over without waiting out the lease time. The turns go on here until the process
-    /// exits; once another process takes one over, its writes here are refused (the lease
-    /// is fenced) and it stops. From then on the runtime takes no new turns
+    /// them over without waiting out the lease time. Each lease is then replaced by one of a
+    /// new token, lapsed as it is granted, so the turn's engine here finds its next durable
+    /// write refused and stops without ending the turn (a tool call it has not journaled
+    /// never starts; one under way is in doubt, as after a crash). From then on the runtime
+    /// takes no new turns
     /// ([`RunnerError::HandedOver`]) and recovers none. Returns how many turns were handed
     /// over.
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
         // A keeper round under way ends first; the next one sees the flag and stops.
         let _round = self.inner.keeper_round.lock().await;
+        let store = self.inner.store.as_ref();
         let mut handed = 0;
         for turn in self.inner.running_turns() {
-            if give_back(self.inner.store.as_ref(), turn.session_id, turn.lease_token).await {
+            if give_back(store, turn.session_id, turn.lease_token).await {
                 handed += 1;
+                // A lease of a new token, lapsed as it is granted: the turn's engine here
+                // finds its next write refused and stops there (a tool call it has not
+                // journaled never starts), and recovery passes still find the session.
+                let now = Timestamp::now();
+                if let Err(error) =
+                    store.acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now).await
+                    && !matches!(error, StoreError::Conflict(_))
+                {
+                    tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
+                }
             }
         }
         handed

@@ -1270,9 +1270,10 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
     }
 }
 
-/// Scenario: a runtime about to stop hands its running turn over. Another runtime on the
-/// same store recovers it at once, without waiting out the lease time (30 s here); the
-/// first takes no new turns and recovers none, and the turn ends once, in the second.
+/// Scenario: a runtime about to stop hands its running turn over. Its engine stops at its
+/// next write without ending the turn; another runtime on the same store recovers it at
+/// once, without waiting out the lease time (30 s here); the first takes no new turns and
+/// recovers none, and the turn ends once, in the second.
 pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness: Harness) {
     let (held, gate) = GatedModel::new("held back");
     let first = runtime(&harness, Agent::builder("held", held).build());
@@ -1290,16 +1291,22 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     assert!(matches!(refused, Err(RunnerError::HandedOver)), "{:?}", refused.map(|turn| turn.id()));
     assert!(first.recover().await.unwrap().is_empty(), "its own turns are for another process");
 
+    // The first engine, let go, finds its next write refused and stops without ending the
+    // turn: the stored turn is still running, with nothing of its model's message.
+    gate.add_permits(1);
+    assert!(matches!(turn.wait().await.unwrap(), TurnState::Running), "the handed-over turn ended here");
+    assert!(
+        turn.events(Order::Asc).await.unwrap().iter().all(|event| event.payload.kind() == "turn.created")
+    );
+
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("recovered")]));
     let second = runtime(&harness, Agent::builder("held", model).build());
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("recovered"));
-    // The first engine, let go, finds its lease taken over and stores nothing more.
-    gate.add_permits(1);
-    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("recovered"));
     let events = turn.events(Order::Asc).await.unwrap();
     assert_eq!(events.iter().filter(|event| event.payload.kind() == "turn.done").count(), 1);
+    assert_eq!(events.iter().filter(|event| event.payload.kind() == "model.message").count(), 1);
     let again = second.get_session(session.id()).await.unwrap();
     let next = again.create_turn(TurnRequest::message("more")).await;
     assert!(next.is_ok(), "the session takes turns again in the second runtime");

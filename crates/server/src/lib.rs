@@ -143,14 +143,13 @@ pub struct Server {
 impl Server {
     /// Checks the configuration, builds the agents and binds the address, then opens the
     /// store (creating it when it does not exist) and recovers abandoned turns: a start
-    /// that fails before the store leaves no new file behind. With no API keys configured only loopback clients are served: a non-loopback listen
-    /// address is replaced by `127.0.0.1` on the same port, and a warning says so.
+    /// that fails before the store leaves no new file behind. With no API keys configured
+    /// only loopback clients are served: a non-loopback listen address is replaced by
+    /// `127.0.0.1` on the same port, and a warning says so.
     ///
     /// Errors: `Config` for an unusable configuration, `Store` when the store cannot be
     /// opened, `Bind` when the address is taken.
     pub async fn start(config: Config) -> Result<Self, ServerError> {
-        // What can fail without the store comes first: a bad configuration or a taken
-        // address leaves no new store file behind.
         let ready = Ready::new(&config).await?;
         let store = open_store(&config).await?;
         Self::assemble(config, ready, store).await

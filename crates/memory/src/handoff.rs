@@ -13,18 +13,20 @@
 //!   answer for [`REPLY_SPIN`], yielding to the executor's other tasks between polls,
 //!   before it sleeps ([`Replies`]).
 //!
-//! Reads run on tokio's blocking threads. Polling for every read made the long ones
+//! Reads run on tokio's blocking threads, but for short ones made while the writer thread
+//! has no write waiting, which it runs itself between its transactions ([`WriterLoad`]):
+//! it is awake then, so they need no wake-up. Polling for every read made the long ones
 //! slower (the polling thread slows the reading one down), and reader threads of our own
 //! that looked for work before sleeping were slower than tokio's pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
 use tokio::sync::oneshot;
 
-use crate::{ParentFilter, RunQuery, StoreError, StoreResult};
+use crate::{HistoryQuery, ParentFilter, RunQuery, StoreError, StoreResult};
 
 /// How long a writer thread looks for its next job before it sleeps.
 pub const SPIN: Duration = Duration::from_micros(30);
@@ -122,6 +124,94 @@ impl Replies {
     }
 }
 
+/// The most runs a history window may take and still count as a short read (see
+/// [`short_history`]): the runner's default window is 50.
+pub const SHORT_HISTORY_RUNS: usize = 64;
+
+/// Whether reading the history window `query` asks for is a short read, which may run on
+/// the writer thread ([`WriterLoad`]): one bounded by a number of runs, or of messages,
+/// that a turn's own window does not pass.
+#[must_use]
+pub fn short_history(query: &HistoryQuery) -> bool {
+    query.last_runs.is_some_and(|runs| runs <= SHORT_HISTORY_RUNS)
+        || query.last_messages.is_some_and(|messages| messages <= SHORT_HISTORY_RUNS * 4)
+}
+
+/// The most small reads waiting on a writer thread at once (see [`WriterLoad`]).
+pub const MAX_READS_ON_WRITER: usize = 2;
+
+/// What a backend's writer thread has been sent and not yet answered: whether a short
+/// read may run there.
+///
+/// A turn makes its store calls one after another, so between its writes the writer
+/// thread is idle, and right after one it is still looking for its next job
+/// ([`recv_hot`]). A short read it runs answers in a few microseconds, where a blocking
+/// thread would first have to be woken: about 30 µs a read on the development VM. A read
+/// goes to the writer only while no write is waiting there (it would wait behind the
+/// write's commit, or hold the write up) and fewer than [`MAX_READS_ON_WRITER`] reads are
+/// (many concurrent reads are served better by the reader threads, side by side).
+#[derive(Debug, Default)]
+pub struct WriterLoad {
+    writes: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+impl WriterLoad {
+    /// Counts a write sent to the writer for as long as the guard lives.
+    #[must_use]
+    pub fn write(&self) -> InFlight<'_> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.writes)
+    }
+
+    /// Counts a read sent to the writer for as long as the guard lives; `None` when the
+    /// read should go to a reader thread instead.
+    #[must_use]
+    pub fn read(&self) -> Option<InFlight<'_>> {
+        if self.writes.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.reads
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (now < MAX_READS_ON_WRITER).then_some(now + 1)
+            })
+            .ok()?;
+        Some(InFlight(&self.reads))
+    }
+}
+
+/// Runs a read on a writer thread when `load` allows: sends `job(work, reply)` to its
+/// queue and awaits the answer, waiting as [`Replies::wait`] does. Gives `work` back when
+/// the read should go to a reader thread instead.
+///
+/// # Errors
+/// Inside the `Ok`: the read's own error, or `Closed` when the writer is gone.
+pub async fn read_on_writer<J, W, R>(
+    load: &WriterLoad,
+    replies: &Replies,
+    writer: Option<&Sender<J>>,
+    work: W,
+    job: impl FnOnce(W, oneshot::Sender<StoreResult<R>>) -> J,
+) -> Result<StoreResult<R>, W> {
+    let Some(_in_flight) = load.read() else { return Err(work) };
+    let Some(writer) = writer else { return Ok(Err(StoreError::Closed)) };
+    let (reply, answer) = oneshot::channel();
+    if writer.send(job(work, reply)).is_err() {
+        return Ok(Err(StoreError::Closed));
+    }
+    Ok(replies.wait(answer).await.and_then(|result| result))
+}
+
+/// A call counted in a [`WriterLoad`] until it is dropped (however its wait ends).
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Counts a call out of [`Replies`] however its wait ends (a dropped future too).
 struct Waiting<'a>(&'a AtomicUsize);
 
@@ -143,7 +233,7 @@ mod tests {
     use futures_util::FutureExt;
     use tokio::sync::oneshot;
 
-    use super::{Replies, recv_hot};
+    use super::{MAX_READS_ON_WRITER, Replies, WriterLoad, recv_hot};
     use crate::StoreError;
 
     #[test]
@@ -159,6 +249,20 @@ mod tests {
             recv_hot(&queue, Some(Duration::from_secs(60))),
             Err(mpsc::RecvTimeoutError::Disconnected)
         );
+    }
+
+    #[test]
+    fn reads_go_to_the_writer_only_while_no_write_waits_there_and_few_reads_do() {
+        let load = WriterLoad::default();
+        let reads: Vec<_> = (0..MAX_READS_ON_WRITER).map(|_| load.read().unwrap()).collect();
+        assert!(load.read().is_none(), "one read more than the most");
+        drop(reads);
+        let write = load.write();
+        assert!(load.read().is_none(), "a write is waiting");
+        drop(write);
+        assert!(load.read().is_some(), "the write was answered");
+        assert_eq!(load.reads.load(Ordering::Relaxed), 0);
+        assert_eq!(load.writes.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

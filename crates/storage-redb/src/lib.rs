@@ -4,7 +4,9 @@
 //! with composite keys over 128-bit ids. All writes go through one writer thread that
 //! commits the writes waiting together (group commit); each write validates everything
 //! before it changes anything, so a refused write leaves its batch-mates alone. Reads run
-//! on MVCC snapshots on blocking threads. The file opens in redb's multi-writer mode, so
+//! on MVCC snapshots on blocking threads, but for short ones made while the writer thread
+//! is free, which it runs between its transactions (no thread has to be woken for them).
+//! The file opens in redb's multi-writer mode, so
 //! several processes can share one store (the session lease keeps their turns apart).
 //!
 //! Durability maps onto redb's: `strict` commits every write alone with
@@ -47,7 +49,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use agentry_memory::handoff::Replies;
+use agentry_memory::handoff::{self, Replies, WriterLoad};
 use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -159,6 +161,52 @@ impl Deref for Tx<'_> {
 trait WriteJob: Send {
     fn run(self: Box<Self>, transaction: &mut Tx<'_>) -> (Outcome, Finish);
     fn fail(self: Box<Self>, error: StoreError);
+
+    /// Whether the job only reads, on a snapshot of its own, outside any write
+    /// transaction ([`WriteJob::read`]; see [`RedbStore::read_sized`]).
+    fn is_read(&self) -> bool {
+        false
+    }
+
+    /// Runs a job that [`WriteJob::is_read`] on a snapshot of `database`, and reports.
+    fn read(self: Box<Self>, database: &Database) {
+        let _ = database;
+        self.fail(StoreError::Io("a write was run as a read".to_owned()));
+    }
+}
+
+/// A read handed to the writer thread (see [`RedbStore::read_sized`]).
+struct ReadJob<W, R> {
+    work: W,
+    reply: tokio::sync::oneshot::Sender<StoreResult<R>>,
+}
+
+impl<W, R> WriteJob for ReadJob<W, R>
+where
+    W: FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn run(self: Box<Self>, _: &mut Tx<'_>) -> (Outcome, Finish) {
+        self.fail(StoreError::Io("a read was run inside a write".to_owned()));
+        (Outcome::Refused, Box::new(drop))
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.reply.send(Err(error));
+    }
+
+    fn is_read(&self) -> bool {
+        true
+    }
+
+    fn read(self: Box<Self>, database: &Database) {
+        let Self { work, reply } = *self;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            database.begin_read().map_err(redb_error).and_then(|transaction| work(&transaction))
+        }))
+        .unwrap_or_else(|_| Err(StoreError::Io("a read panicked".to_owned())));
+        let _ = reply.send(result);
+    }
 }
 
 struct TypedJob<W, R> {
@@ -203,6 +251,8 @@ struct Inner {
     writer: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     replies: Replies,
+    /// What the writer thread has waiting: whether a small read may run there.
+    load: WriterLoad,
 }
 
 impl Drop for Inner {
@@ -344,6 +394,7 @@ impl RedbStore {
                 writer: Some(sender),
                 thread: Some(thread),
                 replies: Replies::default(),
+                load: WriterLoad::default(),
             }),
         })
     }
@@ -366,6 +417,7 @@ impl RedbStore {
         &self,
         work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        let _in_flight = self.inner.load.write();
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply });
         self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
@@ -380,13 +432,36 @@ impl RedbStore {
         self.read_sized(false, work).await
     }
 
-    /// [`RedbStore::read`]; a `small` read (one record or a handful) polls for its answer
+    /// [`RedbStore::read`]; a `small` read (one record or a handful) runs on the writer
+    /// thread when it is free (see [`WriterLoad`]), and otherwise polls for its answer
     /// before it sleeps when no other store call is in flight (see [`Replies::read`]).
     pub(crate) async fn read_sized<R: Send + 'static>(
         &self,
         small: bool,
         work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        self.read_where(small, small, work).await
+    }
+
+    /// [`RedbStore::read_sized`], on the writer thread when `on_writer` and it is free (a
+    /// short history window, which is not `small`, goes there too).
+    pub(crate) async fn read_where<R: Send + 'static>(
+        &self,
+        on_writer: bool,
+        small: bool,
+        work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let inner = &self.inner;
+        let work = if on_writer {
+            let job = |work, reply| Box::new(ReadJob { work, reply }) as Job;
+            match handoff::read_on_writer(&inner.load, &inner.replies, inner.writer.as_ref(), work, job).await
+            {
+                Ok(result) => return result,
+                Err(work) => work,
+            }
+        } else {
+            work
+        };
         let database = self.inner.database.clone();
         let read = tokio::task::spawn_blocking(move || {
             let transaction = database.begin_read().map_err(redb_error)?;
@@ -427,6 +502,18 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let batch = if batch.iter().any(|job| job.is_read()) {
+            let (reads, writes): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.is_read());
+            for read in reads {
+                read.read(database);
+            }
+            if writes.is_empty() {
+                continue;
+            }
+            writes
+        } else {
+            batch
         };
         let size = batch.len();
         // Every commit is `Immediate`, so it leaves the process; under `relaxed` the switch

@@ -759,7 +759,7 @@ impl MessageStore for RedbStore {
 
     async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {
         let query = query.clone();
-        self.read(move |transaction| {
+        self.read_where(handoff::short_history(&query), false, move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
                 return Err(StoreError::not_found("session", session));

@@ -6,7 +6,9 @@
 //! others alone, except a single-event append, which is one statement after all its checks
 //! and relies on SQLite undoing a failed statement. Reads run on blocking threads, on a
 //! bounded pool of read-only connections kept open ([`SqliteOptions::readers`]; further
-//! reads wait for one). Nothing blocks the async executor.
+//! reads wait for one), but for short ones made while the writer thread is free, which it
+//! runs between its transactions (no thread has to be woken for them). Nothing blocks the
+//! async executor.
 //!
 //! The writer remembers each running turn's session and last `seq`, so an event append
 //! costs one insert; it checks `PRAGMA data_version` at the start of every transaction and
@@ -42,7 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agentry_memory::handoff::Replies;
+use agentry_memory::handoff::{self, Replies, WriterLoad};
 use agentry_memory::{Durability, GroupCommit, RememberedTurns, StoreError, StoreResult};
 use rusqlite::config::DbConfig;
 use rusqlite::wal::CheckpointMode;
@@ -111,6 +113,12 @@ trait WriteJob: Send {
 
     /// Reports that the job could not run.
     fn fail(self: Box<Self>, error: StoreError);
+
+    /// Whether the job only reads, and runs outside any transaction (see
+    /// [`SqliteStore::read_sized`]).
+    fn is_read(&self) -> bool {
+        false
+    }
 }
 
 type Job = Box<dyn WriteJob>;
@@ -147,6 +155,39 @@ where
     }
 }
 
+/// A read handed to the writer thread: it runs on the writer's connection, outside any
+/// transaction, and reports at once.
+struct ReadJob<W, R> {
+    work: W,
+    reply: tokio::sync::oneshot::Sender<StoreResult<R>>,
+}
+
+impl<W, R> WriteJob for ReadJob<W, R>
+where
+    W: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish) {
+        let Self { work, reply } = *self;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(tx.connection)))
+            .unwrap_or_else(|_| Err(StoreError::Io("a read panicked".to_owned())));
+        let _ = reply.send(result);
+        (true, Box::new(drop))
+    }
+
+    fn needs_savepoint(&self) -> bool {
+        false
+    }
+
+    fn fail(self: Box<Self>, error: StoreError) {
+        let _ = self.reply.send(Err(error));
+    }
+
+    fn is_read(&self) -> bool {
+        true
+    }
+}
+
 struct Inner {
     path: PathBuf,
     options: SqliteOptions,
@@ -158,6 +199,8 @@ struct Inner {
     /// One permit fewer, which a read that is not small holds too (`None` with one reader).
     long_read_permits: Option<Arc<Semaphore>>,
     replies: Replies,
+    /// What the writer thread has waiting: whether a small read may run there.
+    load: WriterLoad,
 }
 
 impl Drop for Inner {
@@ -283,6 +326,7 @@ impl SqliteStore {
                 read_permits,
                 long_read_permits,
                 replies: Replies::default(),
+                load: WriterLoad::default(),
             }),
         })
     }
@@ -322,6 +366,7 @@ impl SqliteStore {
         work: impl FnOnce(&mut Tx<'_>) -> StoreResult<R> + Send + 'static,
         savepoint: bool,
     ) -> StoreResult<R> {
+        let _in_flight = self.inner.load.write();
         let (reply, receive) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(TypedJob { work, reply, savepoint });
         self.inner.writer.as_ref().ok_or(StoreError::Closed)?.send(job).map_err(|_| StoreError::Closed)?;
@@ -336,13 +381,36 @@ impl SqliteStore {
         self.read_sized(false, work).await
     }
 
-    /// [`SqliteStore::read`]; a `small` read (one record or a handful) polls for its answer
+    /// [`SqliteStore::read`]; a `small` read (one record or a handful) runs on the writer
+    /// thread when it is free (see [`WriterLoad`]), and otherwise polls for its answer
     /// before it sleeps when no other store call is in flight (see [`Replies::read`]).
     pub(crate) async fn read_sized<R: Send + 'static>(
         &self,
         small: bool,
         work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
+        self.read_where(small, small, work).await
+    }
+
+    /// [`SqliteStore::read_sized`], on the writer thread when `on_writer` and it is free (a
+    /// short history window, which is not `small`, goes there too).
+    pub(crate) async fn read_where<R: Send + 'static>(
+        &self,
+        on_writer: bool,
+        small: bool,
+        work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    ) -> StoreResult<R> {
+        let inner = &self.inner;
+        let work = if on_writer {
+            let job = |work, reply| Box::new(ReadJob { work, reply }) as Job;
+            match handoff::read_on_writer(&inner.load, &inner.replies, inner.writer.as_ref(), work, job).await
+            {
+                Ok(result) => return result,
+                Err(work) => work,
+            }
+        } else {
+            work
+        };
         let inner = self.inner.clone();
         // The semaphores are never closed.
         let long = match inner.long_read_permits.as_ref().filter(|_| !small) {
@@ -409,6 +477,30 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
     let mut seen_version: Option<i64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
     while let Ok(batch) = gather.next_batch(jobs, None) {
+        // Reads run first, each in a transaction of its own: they come from calls that
+        // are not waiting for any write of this batch.
+        let batch = if batch.iter().any(|job| job.is_read()) {
+            let (reads, writes): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.is_read());
+            // Every batch ends its transaction; should ending one have failed, a read must
+            // not see what it left uncommitted.
+            if !connection.is_autocommit() {
+                let _ = run(connection, "ROLLBACK");
+            }
+            for read in reads {
+                if connection.is_autocommit() {
+                    let (_, reported) = read.run(&mut Tx { connection, turns: &mut turns });
+                    reported(Ok(()));
+                } else {
+                    read.fail(StoreError::Io("the writer's connection is stuck in a transaction".to_owned()));
+                }
+            }
+            if writes.is_empty() {
+                continue;
+            }
+            writes
+        } else {
+            batch
+        };
         let size = batch.len();
         // IMMEDIATE takes the write lock up front, so another process sharing the file
         // makes this wait (busy timeout) instead of failing a read-then-write.

@@ -656,7 +656,7 @@ impl MessageStore for SqliteStore {
 
     async fn history(&self, session: SessionId, query: &HistoryQuery) -> StoreResult<Vec<HistoryMessage>> {
         let query = query.clone();
-        self.read(move |connection| {
+        self.read_where(handoff::short_history(&query), false, move |connection| {
             let key = session.to_string();
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));

@@ -100,6 +100,7 @@ macro_rules! conformance_tests {
             turn_start_takes_the_lease_and_stores_the_turn_in_one_write,
             turn_start_refused_for_any_reason_changes_nothing,
             concurrent_appends_to_many_turns_keep_seq_and_positions_ordered,
+            reads_see_every_write_acknowledged_before_them_alone_or_among_others,
             history_returns_the_last_runs_messages_oldest_first,
             history_filters_roles_statuses_agents_teams_and_replayed_messages,
             history_last_messages_bound_and_the_default_bound,
@@ -1062,6 +1063,42 @@ pub async fn concurrent_appends_to_many_turns_keep_seq_and_positions_ordered(sto
         }
     }
     assert_eq!(store.feed(&FeedQuery::default(), 1000).await.unwrap().len(), 200);
+}
+
+/// A read sees every write acknowledged before it, whether it is the only call in flight
+/// (file stores may run it on their writer thread) or one of many (on a reader thread).
+pub async fn reads_see_every_write_acknowledged_before_them_alone_or_among_others(store: Arc<dyn Store>) {
+    // Alone: every call waits for the one before.
+    let session = new_session(&*store).await;
+    read_back_runs(&*store, session.id, 5).await;
+    // Among others: eight sessions' calls interleave.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let session = new_session(&*store).await;
+            read_back_runs(&*store, session.id, 10).await;
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// Writes `count` runs with a message each to a session, reading every one back (by id, as
+/// the latest run and in the history window) as soon as it is acknowledged.
+async fn read_back_runs(store: &dyn Store, session: SessionId, count: usize) {
+    let latest = RunQuery { order: Order::Desc, ..RunQuery::default() };
+    let window = HistoryQuery { last_runs: Some(3), ..HistoryQuery::default() };
+    for turn in 0..count {
+        let run = run_with_messages(store, session, &[Message::user(format!("q{turn}"))], |_| {}).await;
+        assert_eq!(store.get_run(run.id).await.unwrap(), run);
+        let listed = store.list_runs(session, &latest, &PageRequest::first(1)).await.unwrap();
+        assert_eq!(listed.items.first().map(|run| run.id), Some(run.id));
+        let history = store.history(session, &window).await.unwrap();
+        assert_eq!(texts(&history).last().map(String::as_str), Some(format!("q{turn}").as_str()));
+        assert_eq!(history.len(), (turn + 1).min(3));
+    }
 }
 
 // ---------------------------------------------------------------------------------------

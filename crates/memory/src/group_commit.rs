@@ -8,11 +8,12 @@ use crate::handoff::recv_hot;
 
 /// Collects the writes of each group commit from a writer thread's queue.
 ///
-/// A batch takes every write waiting, up to `max`. With a non-zero `linger` it also waits,
-/// at most that long, for the writers it just acknowledged to come back: after each commit
-/// the writer thread calls [`GroupCommit::committed`] *before* acknowledging, which sets
-/// aside the writes that queued during the transaction, and the next batch waits until it
-/// holds as many writes as the last batch plus those set aside. Concurrent writers that
+/// A batch takes every job waiting (writes, and reads a writer thread may run between its
+/// transactions), up to `max`. With a non-zero `linger` it also waits, at most that long,
+/// for the writers it just acknowledged to come back: after each commit the writer thread
+/// calls [`GroupCommit::committed`] *before* acknowledging, which sets aside the writes
+/// that queued during the transaction, and the next batch waits until it holds as many
+/// writes as the last batch plus those set aside. Concurrent writers that
 /// each wait for their own commit then share one batch instead of alternating between two
 /// half-size ones. A lone writer does not wait: its batch of one is complete at once
 /// (only the first write after a burst may wait out the linger, once).

@@ -89,7 +89,7 @@ pub struct Replies {
 }
 
 impl Replies {
-    /// Awaits the writer's answer to one write.
+    /// Awaits the writer's answer to one write, or to a read it runs ([`WriterLoad`]).
     ///
     /// # Errors
     /// `Closed` when the writer dropped the sender without answering (the store is
@@ -129,12 +129,17 @@ impl Replies {
 pub const SHORT_HISTORY_RUNS: usize = 64;
 
 /// Whether reading the history window `query` asks for is a short read, which may run on
-/// the writer thread ([`WriterLoad`]): one bounded by a number of runs, or of messages,
-/// that a turn's own window does not pass.
+/// the writer thread ([`WriterLoad`]): one that stops after at most [`SHORT_HISTORY_RUNS`]
+/// runs, as a turn's own window does. A window bounded only by its number of messages,
+/// or filtered by status, agent or team, may read a long way back to fill itself, and is
+/// not short. (A team session's member runs do not count towards the window unless
+/// asked for; a turn has as many of them as its team spawned.)
 #[must_use]
 pub fn short_history(query: &HistoryQuery) -> bool {
-    query.last_runs.is_some_and(|runs| runs <= SHORT_HISTORY_RUNS)
-        || query.last_messages.is_some_and(|messages| messages <= SHORT_HISTORY_RUNS * 4)
+    query.run_bound().is_some_and(|runs| runs <= SHORT_HISTORY_RUNS)
+        && query.skip_statuses.is_empty()
+        && query.agent_id.is_none()
+        && query.team_id.is_none()
 }
 
 /// The most small reads waiting on a writer thread at once (see [`WriterLoad`]).
@@ -150,6 +155,10 @@ pub const MAX_READS_ON_WRITER: usize = 2;
 /// goes to the writer only while no write is waiting there (it would wait behind the
 /// write's commit, or hold the write up) and fewer than [`MAX_READS_ON_WRITER`] reads are
 /// (many concurrent reads are served better by the reader threads, side by side).
+///
+/// The counts follow the callers' waits: a call whose caller stops waiting (its future is
+/// dropped) is no longer counted, though its job may still be queued. That costs a read
+/// sent meanwhile only time, never a wrong answer.
 #[derive(Debug, Default)]
 pub struct WriterLoad {
     writes: AtomicUsize,
@@ -233,7 +242,10 @@ mod tests {
     use futures_util::FutureExt;
     use tokio::sync::oneshot;
 
-    use super::{MAX_READS_ON_WRITER, Replies, WriterLoad, recv_hot};
+    use agentry_types::RunStatus;
+
+    use super::{MAX_READS_ON_WRITER, Replies, SHORT_HISTORY_RUNS, WriterLoad, recv_hot, short_history};
+    use crate::HistoryQuery;
     use crate::StoreError;
 
     #[test]
@@ -249,6 +261,19 @@ mod tests {
             recv_hot(&queue, Some(Duration::from_secs(60))),
             Err(mpsc::RecvTimeoutError::Disconnected)
         );
+    }
+
+    #[test]
+    fn a_history_window_is_short_only_when_few_runs_bound_it_and_nothing_filters_them() {
+        let runs = |runs| HistoryQuery { last_runs: Some(runs), ..HistoryQuery::default() };
+        assert!(short_history(&runs(50)));
+        assert!(short_history(&runs(SHORT_HISTORY_RUNS)));
+        assert!(!short_history(&runs(SHORT_HISTORY_RUNS + 1)));
+        // Bounded by messages alone, a window may read a whole session to fill itself.
+        assert!(!short_history(&HistoryQuery { last_messages: Some(20), ..HistoryQuery::default() }));
+        assert!(!short_history(&HistoryQuery { agent_id: Some("a".to_owned()), ..runs(3) }));
+        assert!(!short_history(&HistoryQuery { skip_statuses: vec![RunStatus::Error], ..runs(3) }));
+        assert!(short_history(&HistoryQuery { last_messages: Some(20), ..runs(3) }));
     }
 
     #[test]

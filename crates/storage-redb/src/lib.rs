@@ -252,7 +252,7 @@ struct Inner {
     thread: Option<JoinHandle<()>>,
     replies: Replies,
     /// What the writer thread has waiting: whether a small read may run there.
-    load: WriterLoad,
+    load: Arc<WriterLoad>,
 }
 
 impl Drop for Inner {
@@ -382,9 +382,11 @@ impl RedbStore {
         let (sender, receiver) = mpsc::channel::<Job>();
         let writer_database = database.clone();
         let writer_options = options.clone();
+        let load = Arc::new(WriterLoad::default());
+        let writer_load = load.clone();
         let thread = std::thread::Builder::new()
             .name("agentry-redb-writer".to_owned())
-            .spawn(move || write_loop(&writer_database, &receiver, &writer_options, &switch))
+            .spawn(move || write_loop(&writer_database, &receiver, &writer_options, &switch, &writer_load))
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -394,7 +396,7 @@ impl RedbStore {
                 writer: Some(sender),
                 thread: Some(thread),
                 replies: Replies::default(),
-                load: WriterLoad::default(),
+                load,
             }),
         })
     }
@@ -479,7 +481,17 @@ impl RedbStore {
 /// to come back (see [`GroupCommit`]); small next to the syncs every commit pays.
 const BATCHED_LINGER: Duration = Duration::from_micros(200);
 
-fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOptions, switch: &SyncSwitch) {
+/// The writer thread: takes the jobs waiting, runs the reads among them first (each on a
+/// snapshot of its own), then the writes in one transaction, commits, and reports to
+/// every write. Under `relaxed`, committed writes wait for a sync to disk about
+/// [`RedbOptions::relaxed_sync_interval`] at most.
+fn write_loop(
+    database: &Database,
+    jobs: &mpsc::Receiver<Job>,
+    options: &RedbOptions,
+    switch: &SyncSwitch,
+    load: &WriterLoad,
+) {
     let (max_batch, linger) = match options.durability {
         Durability::Strict => (1, Duration::ZERO),
         Durability::Batched => (options.max_batch.max(1), BATCHED_LINGER),
@@ -495,7 +507,7 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
         let batch = match gather.next_batch(jobs, Some(options.relaxed_sync_interval)) {
             Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
-                if unsynced && sync(database, switch).is_ok() {
+                if unsynced && sync_idle(database, switch, load).is_ok() {
                     unsynced = false;
                     last_sync = Instant::now();
                 }
@@ -509,6 +521,16 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
                 read.read(database);
             }
             if writes.is_empty() {
+                // No write committed: the next batch waits for no writers. Reads coming
+                // one after another must not put off the sync that is due.
+                gather.committed(0, jobs);
+                if unsynced
+                    && last_sync.elapsed() >= options.relaxed_sync_interval
+                    && sync_idle(database, switch, load).is_ok()
+                {
+                    unsynced = false;
+                    last_sync = Instant::now();
+                }
                 continue;
             }
             writes
@@ -623,6 +645,13 @@ fn write_loop(database: &Database, jobs: &mpsc::Receiver<Job>, options: &RedbOpt
     switch.set(true);
 }
 
+/// [`sync`] while no write waits: counted as one, so that no read is sent to wait
+/// behind it.
+fn sync_idle(database: &Database, switch: &SyncSwitch, load: &WriterLoad) -> StoreResult<()> {
+    let _busy = load.write();
+    sync(database, switch)
+}
+
 /// Syncs every earlier commit to disk with an empty commit whose sync goes through.
 fn sync(database: &Database, switch: &SyncSwitch) -> StoreResult<()> {
     switch.set(true);
@@ -647,4 +676,81 @@ pub(crate) fn set_counter(transaction: &WriteTransaction, name: &str, value: u64
     let mut meta = transaction.open_table(META).map_err(redb_error)?;
     meta.insert(name, value).map_err(redb_error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::mpsc;
+
+    use agentry_memory::handoff::WriterLoad;
+    use agentry_memory::{StoreError, StoreResult};
+    use redb::{Database, ReadTransaction, ReadableTableMetadata, TableDefinition};
+    use tokio::sync::oneshot;
+
+    use super::{Job, ReadJob, RedbOptions, TypedJob, prepare, write_loop};
+    use crate::backend::SyncSwitch;
+
+    const ROWS: TableDefinition<'_, u64, u64> = TableDefinition::new("test_rows");
+
+    fn count(transaction: &ReadTransaction) -> StoreResult<u64> {
+        Ok(transaction.open_table(ROWS).unwrap().len().unwrap())
+    }
+
+    fn read(jobs: &mpsc::Sender<Job>) -> oneshot::Receiver<StoreResult<u64>> {
+        let (reply, answer) = oneshot::channel();
+        jobs.send(Box::new(ReadJob { work: count, reply })).unwrap();
+        answer
+    }
+
+    fn insert(jobs: &mpsc::Sender<Job>, key: u64, refuse: bool) -> oneshot::Receiver<StoreResult<()>> {
+        let (reply, answer) = oneshot::channel();
+        let work = move |tx: &mut super::Tx<'_>| {
+            if refuse {
+                return Err(StoreError::InvalidInput("refused".to_owned()));
+            }
+            tx.open_table(ROWS).unwrap().insert(key, key).unwrap();
+            Ok(())
+        };
+        jobs.send(Box::new(TypedJob { work, reply })).unwrap();
+        answer
+    }
+
+    #[test]
+    fn reads_in_a_batch_run_first_on_their_own_snapshot_and_see_only_what_is_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::create(dir.path().join("store.redb")).unwrap();
+        prepare(&database).unwrap();
+        let write = database.begin_write().unwrap();
+        write.open_table(ROWS).unwrap().insert(0, 0).unwrap();
+        write.commit().unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        // One batch: an accepted write, a read, a refused write, a read; then a batch of
+        // reads alone. The queue is full before the loop starts, so each batch is as sent.
+        let accepted = insert(&jobs, 1, false);
+        let first = read(&jobs);
+        let refused = insert(&jobs, 2, true);
+        let second = read(&jobs);
+        let writer = std::thread::spawn(move || {
+            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
+            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+        });
+        let (accepted, first, refused, second) = (
+            accepted.blocking_recv().unwrap(),
+            first.blocking_recv().unwrap(),
+            refused.blocking_recv().unwrap(),
+            second.blocking_recv().unwrap(),
+        );
+        let alone = (read(&jobs), read(&jobs));
+        let (third, fourth) = (alone.0.blocking_recv().unwrap(), alone.1.blocking_recv().unwrap());
+        drop(jobs);
+        writer.join().unwrap();
+        assert_eq!(accepted, Ok(()));
+        assert!(matches!(refused, Err(StoreError::InvalidInput(_))));
+        // The reads ran before the batch's writes: the row of neither is seen.
+        assert_eq!((first, second), (Ok(1), Ok(1)));
+        // Later reads see the accepted write.
+        assert_eq!((third, fourth), (Ok(2), Ok(2)));
+    }
 }

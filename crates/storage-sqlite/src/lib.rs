@@ -81,8 +81,8 @@ impl Default for SqliteOptions {
     }
 }
 
-/// The writer thread's connection, inside the open transaction, and what the writer
-/// remembers between transactions. Dereferences to the connection.
+/// The writer thread's connection (inside the open transaction, for a write) and what the
+/// writer remembers between transactions. Dereferences to the connection.
 pub(crate) struct Tx<'a> {
     connection: &'a Connection,
     /// What the writer remembers about running turns.
@@ -101,7 +101,7 @@ impl Deref for Tx<'_> {
 /// outcome, `Ok` only once the enclosing transaction has committed.
 type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
-/// A write waiting for the writer thread.
+/// A job waiting for the writer thread: a write, or a short read ([`ReadJob`]).
 trait WriteJob: Send {
     /// Runs (inside a savepoint unless [`WriteJob::needs_savepoint`] says otherwise); says
     /// whether it succeeded (so the savepoint is kept or rolled back) and how to report
@@ -470,15 +470,16 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
     connection.prepare_cached(sql).map_err(sqlite)?.execute([]).map(drop).map_err(sqlite)
 }
 
-/// The writer thread: takes the jobs waiting, runs each in one immediate transaction (in a
-/// savepoint when it needs one), commits, then reports to every job.
+/// The writer thread: takes the jobs waiting, runs the reads among them first (outside
+/// any transaction), then the writes in one immediate transaction (each in a savepoint
+/// when it needs one), commits, and reports to every write.
 fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize, linger: Duration) {
     let mut turns = RememberedTurns::default();
     let mut seen_version: Option<i64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
     while let Ok(batch) = gather.next_batch(jobs, None) {
-        // Reads run first, each in a transaction of its own: they come from calls that
-        // are not waiting for any write of this batch.
+        // Reads run first, outside any transaction (each statement sees what is
+        // committed): they come from calls that wait for no write of this batch.
         let batch = if batch.iter().any(|job| job.is_read()) {
             let (reads, writes): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.is_read());
             // Every batch ends its transaction; should ending one have failed, a read must
@@ -495,6 +496,8 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 }
             }
             if writes.is_empty() {
+                // No write committed: the next batch waits for no writers.
+                gather.committed(0, jobs);
                 continue;
             }
             writes
@@ -730,7 +733,71 @@ mod tests {
 
     use std::sync::atomic::Ordering;
 
-    use super::{CheckpointState, SqliteOptions, checkpoint_pass, open_checkpointer};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use agentry_memory::{StoreError, StoreResult};
+    use tokio::sync::oneshot;
+
+    use super::{
+        CheckpointState, Job, ReadJob, SqliteOptions, TypedJob, checkpoint_pass, open_checkpointer,
+        write_loop,
+    };
+
+    fn count(connection: &Connection) -> StoreResult<i64> {
+        Ok(connection.query_row("SELECT count(*) FROM t", [], |row| row.get(0)).unwrap())
+    }
+
+    fn read(jobs: &mpsc::Sender<Job>) -> oneshot::Receiver<StoreResult<i64>> {
+        let (reply, answer) = oneshot::channel();
+        jobs.send(Box::new(ReadJob { work: count, reply })).unwrap();
+        answer
+    }
+
+    fn insert(jobs: &mpsc::Sender<Job>, refuse: bool) -> oneshot::Receiver<StoreResult<()>> {
+        let (reply, answer) = oneshot::channel();
+        let work = move |tx: &mut super::Tx<'_>| {
+            tx.execute("INSERT INTO t VALUES (1)", []).unwrap();
+            if refuse { Err(StoreError::InvalidInput("refused".to_owned())) } else { Ok(()) }
+        };
+        jobs.send(Box::new(TypedJob { work, reply, savepoint: true })).unwrap();
+        answer
+    }
+
+    #[test]
+    fn reads_in_a_batch_run_first_outside_its_transaction_and_see_only_what_is_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let connection = Connection::open(dir.path().join("store.db")).unwrap();
+        connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        // One batch: an accepted write, a read, a refused write, a read; then a batch of
+        // reads alone. The queue is full before the loop starts, so each batch is as sent.
+        let accepted = insert(&jobs, false);
+        let first = read(&jobs);
+        let refused = insert(&jobs, true);
+        let second = read(&jobs);
+        let writer = std::thread::spawn(move || {
+            write_loop(&connection, &queue, 4, Duration::ZERO);
+            connection
+        });
+        let (accepted, first, refused, second) = (
+            accepted.blocking_recv().unwrap(),
+            first.blocking_recv().unwrap(),
+            refused.blocking_recv().unwrap(),
+            second.blocking_recv().unwrap(),
+        );
+        let alone = (read(&jobs), read(&jobs));
+        let (third, fourth) = (alone.0.blocking_recv().unwrap(), alone.1.blocking_recv().unwrap());
+        drop(jobs);
+        let connection = writer.join().unwrap();
+        assert_eq!(accepted, Ok(()));
+        assert!(matches!(refused, Err(StoreError::InvalidInput(_))));
+        // The reads ran before the batch's writes: the row of neither is seen.
+        assert_eq!((first, second), (Ok(1), Ok(1)));
+        // Later reads see the accepted write, and nothing of the refused one.
+        assert_eq!((third, fourth), (Ok(2), Ok(2)));
+        assert!(connection.is_autocommit());
+    }
 
     #[test]
     fn only_a_pass_over_the_same_log_counts_as_copied() {

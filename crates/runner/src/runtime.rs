@@ -320,12 +320,13 @@ impl Runtime {
     /// about to exit with turns still running: their leases are no longer renewed and are
     /// made to expire now, so a recovery pass ([`Runtime::recover`]) on the same store takes
     /// them over without waiting out the lease time. Each lease is then replaced by one of a
-    /// new token, lapsed as it is granted, so the turn's engine here finds its next durable
-    /// write refused and stops without ending the turn (a tool call it has not journaled
-    /// never starts; one under way is in doubt, as after a crash). From then on the runtime
-    /// takes no new turns
-    /// ([`RunnerError::HandedOver`]) and recovers none. Returns how many turns were handed
-    /// over.
+    /// new token, lapsed as it is granted, so the turn's engine here finds its durable
+    /// writes refused, and the engine is cancelled: it stops at once (a model reply it is
+    /// streaming is dropped, running tools get the cancellation grace) without ending the
+    /// turn, its end being one of the refused writes. A tool call it has not journaled never
+    /// starts; one under way is in doubt, as after a crash. From then on the runtime takes no
+    /// new turns ([`RunnerError::HandedOver`]) and recovers none. Returns how many turns
+    /// were handed over.
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
         // A keeper round under way ends first; the next one sees the flag and stops.
@@ -339,11 +340,16 @@ impl Runtime {
                 // finds its next write refused and stops there (a tool call it has not
                 // journaled never starts), and recovery passes still find the session.
                 let now = Timestamp::now();
-                if let Err(error) =
-                    store.acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now).await
-                    && !matches!(error, StoreError::Conflict(_))
-                {
-                    tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
+                match store.acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now).await {
+                    // Fenced (by this lease, or by one another process took meanwhile): the
+                    // end a cancelled engine writes is refused, so cancelling only stops it
+                    // sooner than its next write would.
+                    Ok(_) | Err(StoreError::Conflict(_)) => {
+                        turn.request_cancel(CancellationReason::Abandoned)
+                    }
+                    Err(error) => {
+                        tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
+                    }
                 }
             }
         }

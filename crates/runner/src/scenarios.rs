@@ -1275,7 +1275,7 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
 /// once, without waiting out the lease time (30 s here); the first takes no new turns and
 /// recovers none, and the turn ends once, in the second.
 pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness: Harness) {
-    let (held, gate) = GatedModel::new("held back");
+    let (held, _gate) = GatedModel::new("held back");
     let first = runtime(&harness, Agent::builder("held", held).build());
     let session = session_for(&first, "held").await;
     let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
@@ -1291,10 +1291,12 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     assert!(matches!(refused, Err(RunnerError::HandedOver)), "{:?}", refused.map(|turn| turn.id()));
     assert!(first.recover().await.unwrap().is_empty(), "its own turns are for another process");
 
-    // The first engine, let go, finds its next write refused and stops without ending the
-    // turn: the stored turn is still running, with nothing of its model's message.
-    gate.add_permits(1);
-    assert!(matches!(turn.wait().await.unwrap(), TurnState::Running), "the handed-over turn ended here");
+    // The first engine stops at once, its model's reply still held back, without ending the
+    // turn (its end is refused): the stored turn is still running, with nothing of its
+    // model's message.
+    let stopped = tokio::time::timeout(Duration::from_secs(30), turn.wait()).await;
+    let state = stopped.expect("the handed-over engine stops while its model's reply is held back").unwrap();
+    assert!(matches!(state, TurnState::Running), "the handed-over turn ended here");
     assert!(
         turn.events(Order::Asc).await.unwrap().iter().all(|event| event.payload.kind() == "turn.created")
     );

@@ -325,7 +325,9 @@ impl Runtime {
     /// streaming is dropped, running tools get the cancellation grace) without ending the
     /// turn, its end being one of the refused writes. A tool call it has not journaled never
     /// starts; one under way is in doubt, as after a crash. From then on the runtime takes no
-    /// new turns ([`RunnerError::HandedOver`]) and recovers none. Returns how many turns
+    /// new turns ([`RunnerError::HandedOver`]) and recovers none. A turn whose start was
+    /// under way has its lease expire at once too, but is neither fenced nor cancelled: it
+    /// runs on until a recovery pass elsewhere takes its lease over. Returns how many turns
     /// were handed over.
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
@@ -337,19 +339,31 @@ impl Runtime {
             if give_back(store, turn.session_id, turn.lease_token).await {
                 handed += 1;
                 // A lease of a new token, lapsed as it is granted: the turn's engine here
-                // finds its next write refused and stops there (a tool call it has not
-                // journaled never starts), and recovery passes still find the session.
+                // finds its writes refused (a tool call it has not journaled never starts),
+                // and recovery passes still find the session.
                 let now = Timestamp::now();
-                match store.acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now).await {
-                    // Fenced (by this lease, or by one another process took meanwhile): the
-                    // end a cancelled engine writes is refused, so cancelling only stops it
-                    // sooner than its next write would.
-                    Ok(_) | Err(StoreError::Conflict(_)) => {
-                        turn.request_cancel(CancellationReason::Abandoned)
-                    }
+                let fenced = match store
+                    .acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now)
+                    .await
+                {
+                    Ok(_) => true,
+                    // Held: by another process that took the lease meanwhile (which fences
+                    // this engine too), or still by this one, should the clock have stepped
+                    // back since the give-back.
+                    Err(StoreError::Conflict(_)) => store
+                        .lease(turn.session_id)
+                        .await
+                        .is_ok_and(|lease| lease.is_none_or(|lease| lease.token != turn.lease_token)),
                     Err(error) => {
                         tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
+                        false
                     }
+                };
+                // Fenced, the engine's end is refused: cancelled, it stops now (a model reply
+                // it is streaming is dropped) instead of at its next write, and the turn is
+                // left for recovery. Unfenced, its end would stand: it runs on.
+                if fenced {
+                    turn.request_cancel(CancellationReason::Abandoned);
                 }
             }
         }

@@ -1270,8 +1270,8 @@ pub async fn recovery_passes_beside_live_turns_leave_them_alone(harness: Harness
     }
 }
 
-/// Scenario: a runtime about to stop hands its running turn over. Its engine stops at its
-/// next write without ending the turn; another runtime on the same store recovers it at
+/// Scenario: a runtime about to stop hands its running turn over. Its engine stops at once,
+/// while its model's reply is held back, without ending the turn; another runtime on the same store recovers it at
 /// once, without waiting out the lease time (30 s here); the first takes no new turns and
 /// recovers none, and the turn ends once, in the second.
 pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness: Harness) {

@@ -189,20 +189,21 @@ impl WriterLoad {
     }
 }
 
-/// Runs a read on a writer thread when `load` allows: sends `job(work, reply)` to its
-/// queue and awaits the answer, waiting as [`Replies::wait`] does. Gives `work` back when
-/// the read should go to a reader thread instead.
+/// Runs a read on a writer thread when it is `wanted` there and `load` allows: sends
+/// `job(work, reply)` to its queue and awaits the answer, waiting as [`Replies::wait`]
+/// does. Gives `work` back when the read should go to a reader thread instead.
 ///
 /// # Errors
 /// Inside the `Ok`: the read's own error, or `Closed` when the writer is gone.
 pub async fn read_on_writer<J, W, R>(
+    wanted: bool,
     load: &WriterLoad,
     replies: &Replies,
     writer: Option<&Sender<J>>,
     work: W,
     job: impl FnOnce(W, oneshot::Sender<StoreResult<R>>) -> J,
 ) -> Result<StoreResult<R>, W> {
-    let Some(_in_flight) = load.read() else { return Err(work) };
+    let Some(_in_flight) = wanted.then(|| load.read()).flatten() else { return Err(work) };
     let Some(writer) = writer else { return Ok(Err(StoreError::Closed)) };
     let (reply, answer) = oneshot::channel();
     if writer.send(job(work, reply)).is_err() {

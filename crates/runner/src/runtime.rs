@@ -336,38 +336,41 @@ impl Runtime {
         let store = self.inner.store.as_ref();
         let mut handed = 0;
         for turn in self.inner.running_turns() {
-            if give_back(store, turn.session_id, turn.lease_token).await {
-                handed += 1;
-                // A lease of a new token, lapsed as it is granted: the turn's engine here
-                // finds its writes refused (a tool call it has not journaled never starts),
-                // and recovery passes still find the session.
-                let now = Timestamp::now();
-                let fenced = match store
-                    .acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now)
-                    .await
-                {
-                    Ok(_) => true,
-                    // Held: by another process that took the lease meanwhile (which fences
-                    // this engine too), or still by this one, should the clock have stepped
-                    // back since the give-back.
-                    Err(StoreError::Conflict(_)) => store
-                        .lease(turn.session_id)
-                        .await
-                        .is_ok_and(|lease| lease.is_none_or(|lease| lease.token != turn.lease_token)),
-                    Err(error) => {
-                        tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
-                        false
-                    }
-                };
-                // Fenced, the engine's end is refused: cancelled, it stops now (a model reply
-                // it is streaming is dropped) instead of at its next write, and the turn is
-                // left for recovery. Unfenced, its end would stand: it runs on.
-                if fenced {
-                    turn.request_cancel(CancellationReason::Abandoned);
-                }
+            if !give_back(store, turn.session_id, turn.lease_token).await {
+                continue;
+            }
+            handed += 1;
+            // Fenced, the engine's end is refused: cancelled, it stops now (a model reply it
+            // is streaming is dropped) instead of at its next write, and the turn is left for
+            // recovery. Unfenced, its end would stand: it runs on.
+            if self.fence_out(&turn).await {
+                turn.request_cancel(CancellationReason::Abandoned);
             }
         }
         handed
+    }
+
+    /// Takes a lease of a new token, lapsed as it is granted, over a handed-over turn's
+    /// session: the turn's engine here finds its writes refused (a tool call it has not
+    /// journaled never starts), and recovery passes still find the session. Returns whether
+    /// the turn's own token no longer holds the lease.
+    async fn fence_out(&self, turn: &LiveTurn) -> bool {
+        let store = self.inner.store.as_ref();
+        let now = Timestamp::now();
+        match store.acquire_lease(turn.session_id, &self.inner.owner, Duration::ZERO, now).await {
+            Ok(_) => true,
+            // Held: by another process that took the lease meanwhile (which fences this
+            // engine too), or still by this one, should the clock have stepped back since the
+            // give-back.
+            Err(StoreError::Conflict(_)) => store
+                .lease(turn.session_id)
+                .await
+                .is_ok_and(|lease| lease.is_none_or(|lease| lease.token != turn.lease_token)),
+            Err(error) => {
+                tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
+                false
+            }
+        }
     }
 
     /// Resumes the turns that a dead process left running: for every running turn whose

@@ -99,6 +99,15 @@ fn kinds(events: &[Arc<EventEnvelope>]) -> Vec<&'static str> {
     events.iter().map(|event| event.payload.kind()).filter(|kind| *kind != "model.message.delta").collect()
 }
 
+/// Reads `stream` up to its first `model.message.delta`: the model is streaming.
+async fn until_first_delta(stream: &mut EventStream) {
+    while let Some(event) = stream.next().await {
+        if event.unwrap().payload.kind() == "model.message.delta" {
+            break;
+        }
+    }
+}
+
 fn answer_text(state: &TurnState) -> Option<String> {
     match state {
         TurnState::Done { output, .. } => output.as_ref().and_then(|output| output.message.content.clone()),
@@ -428,12 +437,8 @@ pub async fn cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_
     let session = session_for(&runtime, "slow").await;
     let turn = session.create_turn(TurnRequest::message("Take your time")).await.unwrap();
     let mut stream = turn.stream(None);
-    // Wait for the first delta: the model is streaming.
-    while let Some(event) = stream.next().await {
-        if event.unwrap().payload.kind() == "model.message.delta" {
-            break;
-        }
-    }
+    // The model is streaming.
+    until_first_delta(&mut stream).await;
     turn.cancel().await.unwrap();
     turn.cancel().await.unwrap(); // idempotent
     let state = turn.state().await.unwrap();
@@ -1280,11 +1285,7 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     let session = session_for(&first, "held").await;
     let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
     let mut live = turn.stream(None);
-    while let Some(event) = live.next().await {
-        if event.unwrap().payload.kind() == "model.message.delta" {
-            break;
-        }
-    }
+    until_first_delta(&mut live).await;
     assert!(first.recover().await.unwrap().is_empty(), "the lease is live: nothing to recover");
     assert_eq!(first.hand_over().await, 1);
     let refused = session.create_turn(TurnRequest::message("again")).await;

@@ -453,17 +453,13 @@ impl RedbStore {
         small: bool,
         work: impl FnOnce(&ReadTransaction) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
-        let inner = &self.inner;
-        let work = if on_writer {
-            let job = |work, reply| Box::new(ReadJob { work, reply }) as Job;
-            match handoff::read_on_writer(&inner.load, &inner.replies, inner.writer.as_ref(), work, job).await
-            {
+        let (inner, job) = (&self.inner, |work, reply| Box::new(ReadJob { work, reply }) as Job);
+        let writer = inner.writer.as_ref();
+        let work =
+            match handoff::read_on_writer(on_writer, &inner.load, &inner.replies, writer, work, job).await {
                 Ok(result) => return result,
                 Err(work) => work,
-            }
-        } else {
-            work
-        };
+            };
         let database = self.inner.database.clone();
         let read = tokio::task::spawn_blocking(move || {
             let transaction = database.begin_read().map_err(redb_error)?;

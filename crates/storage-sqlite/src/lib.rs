@@ -400,17 +400,13 @@ impl SqliteStore {
         small: bool,
         work: impl FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     ) -> StoreResult<R> {
-        let inner = &self.inner;
-        let work = if on_writer {
-            let job = |work, reply| Box::new(ReadJob { work, reply }) as Job;
-            match handoff::read_on_writer(&inner.load, &inner.replies, inner.writer.as_ref(), work, job).await
-            {
+        let (inner, job) = (&self.inner, |work, reply| Box::new(ReadJob { work, reply }) as Job);
+        let writer = inner.writer.as_ref();
+        let work =
+            match handoff::read_on_writer(on_writer, &inner.load, &inner.replies, writer, work, job).await {
                 Ok(result) => return result,
                 Err(work) => work,
-            }
-        } else {
-            work
-        };
+            };
         let inner = self.inner.clone();
         // The semaphores are never closed.
         let long = match inner.long_read_permits.as_ref().filter(|_| !small) {

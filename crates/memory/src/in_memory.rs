@@ -162,6 +162,7 @@ impl SessionStore for InMemoryStore {
         let mut state = self.state();
         let mut session =
             state.sessions.get(&id).cloned().ok_or_else(|| StoreError::not_found("session", id))?;
+        rules::check_fence(id, state.leases.get(&id), update.fence)?;
         update.apply(&mut session, Timestamp::now());
         rules::check_size("session", &session)?;
         state.sessions.insert(id, session.clone());

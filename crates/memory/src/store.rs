@@ -82,6 +82,11 @@ pub struct SessionUpdate {
     pub state: Option<Map<String, Value>>,
     /// A new summary.
     pub summary: Option<SessionSummary>,
+    /// Made on behalf of a running turn: refused with
+    /// [`Conflict::StaleFence`](crate::Conflict::StaleFence), changing nothing, once the
+    /// session's lease is no longer held under the fence's token (another process took the
+    /// turn over, or the turn ended). `InvalidInput` when the fence is another session's.
+    pub fence: Option<Fence>,
 }
 
 impl SessionUpdate {
@@ -259,7 +264,7 @@ pub trait SessionStore: Send + Sync {
     async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord>;
 
     /// Applies an update atomically and returns the updated session. `NotFound` when it
-    /// does not exist.
+    /// does not exist; `Conflict::StaleFence` when the update's fence no longer holds.
     async fn update_session(&self, id: SessionId, update: &SessionUpdate) -> StoreResult<SessionRecord>;
 
     /// Deletes a session with its runs, events, messages, journal, lease and budget ledgers

@@ -16,7 +16,7 @@ use agentry_types::{
 // Keyed by turn and session ids this process made, and agent names: nothing a client
 // picks to collide.
 use foldhash::HashMap;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::agent::Agent;
 use crate::engine::{CancelWatch, Start, TurnEngine, TurnSink, first_step};
@@ -1059,8 +1059,7 @@ impl Session {
         let store = &self.runtime.inner.store;
         let session = store.get_session(self.id()).await?;
         if session.state.get(CANCELLED_KEY) != Some(&Value::Bool(true)) {
-            let mut state = session.state.clone();
-            state.insert(CANCELLED_KEY.to_owned(), Value::Bool(true));
+            let state = Map::from_iter([(CANCELLED_KEY.to_owned(), Value::Bool(true))]);
             store
                 .update_session(self.id(), &SessionUpdate { state: Some(state), ..SessionUpdate::default() })
                 .await?;
@@ -1277,9 +1276,7 @@ impl TurnHandle {
         if store.get_run(self.id()).await?.state.is_terminal() {
             return Ok(());
         }
-        let session = store.get_session(self.session_id()).await?;
-        let mut state = session.state;
-        state.insert(CANCEL_REQUEST_KEY.to_owned(), Value::String(self.id().to_string()));
+        let state = Map::from_iter([(CANCEL_REQUEST_KEY.to_owned(), Value::String(self.id().to_string()))]);
         store
             .update_session(
                 self.session_id(),

@@ -195,6 +195,7 @@ impl SessionStore for RedbStore {
             let mut sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             let mut session: SessionRecord = get_json(&sessions, session_key(id), "session")?
                 .ok_or_else(|| StoreError::not_found("session", id))?;
+            check_fence(transaction, id, update.fence)?;
             update.apply(&mut session, Timestamp::now());
             let body = rules::encode("session", &session)?;
             sessions.insert(session_key(id), body.as_slice()).map_err(redb_error)?;

@@ -109,6 +109,7 @@ impl SessionStore for SqliteStore {
             let key = id.to_string();
             let mut session =
                 session_row(connection, &key)?.ok_or_else(|| StoreError::not_found("session", id))?;
+            check_fence(connection, id, update.fence)?;
             update.apply(&mut session, Timestamp::now());
             let body = rules::encode("session", &session)?;
             connection

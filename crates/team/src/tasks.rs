@@ -115,16 +115,22 @@ impl Board {
     }
 
     /// Writes the session's list through to its state (best effort: the list in memory is
-    /// the one in use).
+    /// the one in use). Only the list's key is written, so other keys of the state are left
+    /// as they are, and under the turn's fence: a process whose turn was taken over cannot
+    /// overwrite the list of the process that now runs it.
     async fn save(&self, context: &ToolContext) {
         let Some(store) = context.store() else { return };
         let _saving = self.saving.lock().await;
         let tasks = self.with(context.session_id, |tasks| tasks.clone());
-        let Ok(session) = store.get_session(context.session_id).await else { return };
-        let mut state = session.state;
-        state.insert(STATE_KEY.to_owned(), serde_json::to_value(tasks).unwrap_or_default());
-        let update =
-            agentry_memory::SessionUpdate { state: Some(state), ..agentry_memory::SessionUpdate::default() };
+        let state = serde_json::Map::from_iter([(
+            STATE_KEY.to_owned(),
+            serde_json::to_value(tasks).unwrap_or_default(),
+        )]);
+        let update = agentry_memory::SessionUpdate {
+            state: Some(state),
+            fence: context.fence(),
+            ..agentry_memory::SessionUpdate::default()
+        };
         if let Err(error) = store.update_session(context.session_id, &update).await {
             tracing::warn!(%error, "saving the task list failed");
         }

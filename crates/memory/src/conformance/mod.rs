@@ -130,6 +130,7 @@ macro_rules! conformance_tests {
             lease_of_an_unknown_session_is_not_found,
             leases_are_listed_by_session_in_pages,
             fence_of_another_session_is_invalid_input,
+            session_update_with_a_stale_fence_is_refused_and_changes_nothing,
             oversized_records_are_refused_and_change_nothing,
         );
     };
@@ -323,6 +324,7 @@ pub async fn session_update_merges_metadata_and_state_and_null_removes_keys(stor
         metadata: Some(metadata),
         state: Some(state),
         summary: Some(SessionSummary { summary: "short".into(), topics: None, updated_at: Some(5) }),
+        fence: None,
     };
     let updated = store.update_session(session.id, &update).await.unwrap();
     assert_eq!(updated.title.as_deref(), Some("Renamed"));
@@ -1733,6 +1735,62 @@ pub async fn fence_of_another_session_is_invalid_input(store: Arc<dyn Store>) {
     let run = new_run(&*store, first.id).await;
     let lease = store.acquire_lease(second.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
     assert_invalid(store.append_events(run.id, &[event(&run, 1)], Some(lease.fence())).await);
+}
+
+/// A session update made for a turn holds only while the turn's lease does: after a
+/// takeover (or with no lease at all) it is refused and changes nothing, and the update
+/// under the current token stands.
+pub async fn session_update_with_a_stale_fence_is_refused_and_changes_nothing(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let other = new_session(&*store).await;
+    let keyed = |value: serde_json::Value| SessionUpdate {
+        state: Some(serde_json::Map::from_iter([("tasks".to_owned(), value)])),
+        ..SessionUpdate::default()
+    };
+    let old = store.acquire_lease(session.id, "p1", Duration::from_secs(5), at(0)).await.unwrap();
+    let held = SessionUpdate { fence: Some(old.fence()), ..keyed(json!(["first"])) };
+    assert_eq!(
+        store.update_session(session.id, &held).await.unwrap().state.get("tasks"),
+        Some(&json!(["first"]))
+    );
+    // Recovery takes the expired lease over: the first holder's updates are refused.
+    let new = store.acquire_lease(session.id, "p2", Duration::from_secs(5), at(10)).await.unwrap();
+    let stale =
+        SessionUpdate { fence: Some(old.fence()), title: Some("stale".into()), ..keyed(json!(["stale"])) };
+    let refused = store.update_session(session.id, &stale).await;
+    assert!(matches!(refused, Err(StoreError::Conflict(Conflict::StaleFence { .. }))), "{refused:?}");
+    let stored = store.get_session(session.id).await.unwrap();
+    assert_eq!(stored.state.get("tasks"), Some(&json!(["first"])));
+    assert_eq!(stored.title, session.title);
+    let current = SessionUpdate { fence: Some(new.fence()), ..keyed(json!(["second"])) };
+    assert_eq!(
+        store.update_session(session.id, &current).await.unwrap().state.get("tasks"),
+        Some(&json!(["second"]))
+    );
+    // A released lease fences out its holder too; an update without a fence still goes through.
+    store.release_lease(session.id, new.token).await.unwrap();
+    let released = SessionUpdate { fence: Some(new.fence()), ..keyed(json!(["late"])) };
+    let refused = store.update_session(session.id, &released).await;
+    assert!(matches!(refused, Err(StoreError::Conflict(Conflict::StaleFence { .. }))), "{refused:?}");
+    assert_eq!(
+        store.update_session(session.id, &keyed(json!([]))).await.unwrap().state.get("tasks"),
+        Some(&json!([]))
+    );
+    // A fence guards its own session only, and an unknown session is still not found.
+    let lease = store.acquire_lease(other.id, "p3", Duration::from_secs(5), at(20)).await.unwrap();
+    assert_invalid(
+        store
+            .update_session(session.id, &SessionUpdate { fence: Some(lease.fence()), ..keyed(json!(1)) })
+            .await,
+    );
+    assert_not_found(
+        store
+            .update_session(
+                SessionId::new(),
+                &SessionUpdate { fence: Some(lease.fence()), ..keyed(json!(1)) },
+            )
+            .await,
+    );
 }
 
 /// A step's journal entries are written as `journal_start` and `journal_complete` write

@@ -229,3 +229,56 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
     assert_eq!(stored[0]["status"], "done", "{stored}");
     assert_eq!(stored[0]["result"], "Report filed.");
 }
+
+/// A member model that answers nothing: it says when it is asked, then holds its reply
+/// back until the request is dropped.
+#[derive(Debug)]
+struct Stalled {
+    asked: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl agentry_model::Model for Stalled {
+    fn info(&self) -> agentry_model::ModelInfo {
+        agentry_model::ModelInfo { id: "stalled".to_owned(), provider: "test".to_owned() }
+    }
+
+    async fn stream(
+        &self,
+        _request: ModelRequest,
+    ) -> Result<agentry_model::ModelStream, agentry_model::ModelError> {
+        self.asked.notify_one();
+        Ok(Box::pin(futures_util::stream::pending()))
+    }
+}
+
+/// Scenario: a task list is saved under the turn's lease. A turn handed over while a task
+/// runs stops here, and what its engine does on the way out (marking the cancelled task
+/// failed) is not saved: the process that takes the turn over finds the list as it was.
+pub async fn a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder(harness: Harness) {
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let clerk = Agent::builder("clerk", Arc::new(Stalled { asked: asked.clone() })).build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
+        0 => ScriptedResponse::tool_call(
+            "create_task",
+            &json!({"title": "Report", "description": "File the report.", "assignee": "clerk"}),
+        ),
+        1 => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-1"})),
+        _ => ScriptedResponse::text("unreachable"),
+    }));
+    let team = Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build();
+    let (runtime, session, turn) = super::start(&harness, team, "File the report.").await;
+    asked.notified().await;
+    let stored =
+        || async { harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone() };
+    assert_eq!(stored().await[0]["status"], "pending");
+
+    assert_eq!(runtime.hand_over().await, 1);
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(30), turn.wait()).await;
+    let state = stopped.expect("the handed-over engine stops while its member's model holds back").unwrap();
+    assert!(matches!(state, TurnState::Running), "the handed-over turn ended here: {state:?}");
+    // The cancelled task ended failed in this process's list, and its save was refused.
+    let tasks = stored().await;
+    assert_eq!(tasks[0]["status"], "pending", "{tasks}");
+    assert!(tasks[0].get("result").is_none_or(serde_json::Value::is_null), "{tasks}");
+}

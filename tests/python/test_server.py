@@ -590,8 +590,8 @@ class Chat(unittest.TestCase):
 
 
 class Cli(unittest.TestCase):
-    def agentry(self, *args, stdin=None, stdout=subprocess.PIPE):
-        env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")
+    def agentry(self, *args, stdin=None, stdout=subprocess.PIPE, **extra_env):
+        env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1", **extra_env)
         return subprocess.run(
             [os.environ["AGENTRY_BIN"], *args, "--url", SERVER["url"]],
             input=stdin, stdout=stdout, stderr=subprocess.PIPE, env=env, text=True, timeout=60,
@@ -608,6 +608,17 @@ class Cli(unittest.TestCase):
         finally:
             os.close(write)
         self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("panicked", done.stderr)
+
+    def test_a_refused_request_is_reported_without_a_backtrace(self):
+        # A session id that does not exist: the server answers 404. A backtrace is for
+        # crashes, not for refused requests, also with RUST_BACKTRACE set.
+        missing = "00000000-0000-7000-8000-000000000000"
+        done = self.agentry("turns", "list", missing, RUST_BACKTRACE="1")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertTrue(done.stderr.startswith("error: "), done.stderr)
+        self.assertIn(missing, done.stderr)
+        self.assertNotIn("backtrace", done.stderr.lower())
         self.assertNotIn("panicked", done.stderr)
 
     def test_chat_refuses_a_session_of_another_agent(self):

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Debug, clap::Args)]
 struct Remote {
     /// The server's base URL.
-    #[arg(long, env = "AGENTRY_URL", default_value = "http://127.0.0.1:8787")]
+    #[arg(long, env = "AGENTRY_URL", hide_env_values = true, default_value = "http://127.0.0.1:8787")]
     url: String,
     /// A bearer API key (not needed for a server without keys).
     #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true)]
@@ -109,18 +109,42 @@ enum TurnsCommand {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let result = runtime.block_on(run(cli));
-    // A read of the terminal may still be blocked (the user left with Ctrl-C at a prompt):
-    // do not wait for it.
-    runtime.shutdown_background();
+    let result =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Into::into).and_then(
+            |runtime| {
+                let result = runtime.block_on(run(cli));
+                // A read of the terminal may still be blocked (the user left with Ctrl-C at a
+                // prompt): do not wait for it.
+                runtime.shutdown_background();
+                result
+            },
+        );
     match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader of the output went away (`| head`): it took what it wanted.
-        Err(error) if error.is::<OutputClosed>() => Ok(()),
-        other => other,
+        Err(error) if error.is::<OutputClosed>() => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            report(&error);
+            std::process::ExitCode::FAILURE
+        }
     }
+}
+
+/// Prints an error and its causes for a person, without the backtrace `anyhow` would add
+/// under `RUST_BACKTRACE` (a refused request is not a crash).
+fn report(error: &anyhow::Error) {
+    let mut text = format!("error: {error}");
+    let causes: Vec<String> = error.chain().skip(1).map(ToString::to_string).collect();
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:");
+        for cause in causes {
+            text.push_str("\n    ");
+            text.push_str(&cause);
+        }
+    }
+    eprintln!("{text}");
 }
 
 /// The reader of a listing's output closed it.

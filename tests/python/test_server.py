@@ -116,6 +116,8 @@ def start_server(workdir, config):
 
 def tearDownModule():
     try:
+        for http_client in OPENED:
+            http_client.close()
         stop_shared_server()
     finally:
         # AGENTRY_KEEP_TEST_DIRS keeps the servers' stores and logs for a look afterwards.
@@ -139,12 +141,28 @@ def stop_shared_server():
             raise AssertionError(f"the server exited with {code} after SIGTERM; its log:\n{f.read()}")
 
 
+# Every HTTP client the tests open, closed by ``tearDownModule`` (left to the garbage
+# collector, each open connection would be reported as a ResourceWarning).
+OPENED = []
+
+
+def opened(http_client):
+    OPENED.append(http_client)
+    return http_client
+
+
+def sdk(url, key):
+    """The SDK's client on a connection pool of our own, so that it can be closed."""
+    pool = opened(httpx.Client(timeout=60, follow_redirects=True))
+    return AgentSessionClient(base_url=url, api_key=key, timeout=60, httpx_client=pool)
+
+
 def client(key=ALICE):
-    return AgentSessionClient(base_url=SERVER["url"], api_key=key, timeout=60)
+    return sdk(SERVER["url"], key)
 
 
 def http(key=ALICE):
-    return httpx.Client(base_url=SERVER["url"], headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    return opened(httpx.Client(base_url=SERVER["url"], headers={"Authorization": f"Bearer {key}"}, timeout=60))
 
 
 def message(text):
@@ -383,7 +401,7 @@ class Lifecycle(unittest.TestCase):
 def stream_a_turn(url, text, count):
     """Starts a turn of ``text`` on a new demo session and reads its first ``count``
     events; returns (session, turn id, the events, the open stream)."""
-    alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+    alice = sdk(url, "unused")
     session = alice.create_session(agent_name="demo")
     prepared = session.prepare_turn(input=message(text))
     stream = prepared.execute()
@@ -415,7 +433,7 @@ class Durable(unittest.TestCase):
         stream.close()
         second, url, log = start_server(workdir, config)
         try:
-            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+            alice = sdk(url, "unused")
             session = alice.get_session(session.id)
             turn = session.get_turn(turn_id)
             self.assertEqual(turn.state.status, "running")
@@ -468,7 +486,7 @@ class Durable(unittest.TestCase):
         stream.close()
         second, url, log = start_server(workdir, config)
         try:
-            alice = AgentSessionClient(base_url=url, api_key="unused", timeout=60)
+            alice = sdk(url, "unused")
             turn = alice.get_session(session.id).get_turn(turn_id)
             # Read with a deadline far under the lease time: a turn whose lease was not
             # handed over would still be waiting when it passes.

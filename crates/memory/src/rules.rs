@@ -260,16 +260,25 @@ fn pack<T: Serialize>(bytes: &mut Vec<u8>, value: &T) -> StoreResult<()> {
         .map_err(|error| StoreError::InvalidInput(format!("event cannot be serialized: {error}")))
 }
 
-/// Reads a value [`pack`] wrote; anything else means corruption.
+/// Reads a value [`pack`] wrote, which must fill `bytes`; anything else means corruption.
 ///
-/// MessagePack frames itself: a value cut short fails, but bytes after a whole value are
-/// not noticed (the format has no end marker, and the decoder does not say where it
-/// stopped). The header's lengths frame the team context; the payload is the rest.
+/// MessagePack frames itself: a value cut short fails. Bytes after a whole value are
+/// found by reading on: the decoder does not say where it stopped, but a second read
+/// that meets the end at once proves there is nothing more. The header's lengths frame
+/// the team context; the payload is the rest.
 fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
     let mut deserializer = rmp_serde::Deserializer::from_read_ref(bytes).with_human_readable();
     deserializer.set_max_depth(MAX_DEPTH);
-    T::deserialize(&mut deserializer)
-        .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
+    let value = T::deserialize(&mut deserializer)
+        .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))?;
+    match <serde::de::IgnoredAny as serde::Deserialize>::deserialize(&mut deserializer) {
+        Err(rmp_serde::decode::Error::InvalidMarkerRead(error))
+            if error.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Ok(value)
+        }
+        _ => Err(StoreError::Corrupt(format!("a stored {what} has bytes after its end"))),
+    }
 }
 
 /// Decodes a stored event written by [`encode_event`], in either format; anything else

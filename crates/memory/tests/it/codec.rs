@@ -44,6 +44,16 @@ fn a_truncated_or_unknown_event_is_reported_as_corruption() {
     damaged[HEADER] = 0xc1;
     let error = rules::decode_event(&damaged).unwrap_err();
     assert!(matches!(error, StoreError::Corrupt(ref message) if message.contains("payload")), "{error:?}");
+    // Bytes after a whole payload (a record that kept another's tail) are damage too.
+    for tail in [&[0x00][..], &[0xc0], &[0x92, 0x01, 0x02], &[0xc1]] {
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(tail);
+        let error = rules::decode_event(&longer).unwrap_err();
+        assert!(
+            matches!(error, StoreError::Corrupt(ref message) if message.contains("after its end")),
+            "{error:?}"
+        );
+    }
     let mut unknown = bytes.clone();
     unknown[0] = 99;
     let error = rules::decode_event(&unknown).unwrap_err();

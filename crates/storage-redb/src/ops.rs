@@ -838,8 +838,11 @@ impl UserStore for RedbStore {
         self.read(move |transaction| {
             let index = transaction.open_table(MEMORY_INDEX).map_err(redb_error)?;
             let memories = transaction.open_table(MEMORIES).map_err(redb_error)?;
+            // Every key of `user` sorts before the first key of the next possible user id,
+            // `user` followed by a NUL.
+            let after = format!("{user}\0");
             let range = index
-                .range((user.as_str(), i64::MIN, "")..=(user.as_str(), i64::MAX, "\u{10FFFF}"))
+                .range((user.as_str(), i64::MIN, "")..(after.as_str(), i64::MIN, ""))
                 .map_err(redb_error)?;
             let mut found = Vec::new();
             for entry in range.rev().take(limit) {

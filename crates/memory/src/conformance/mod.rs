@@ -1254,8 +1254,14 @@ pub async fn memories_list_newest_first_and_delete(store: Arc<dyn Store>) {
         store.add_memory(&memory("u1", id, seconds)).await.unwrap();
     }
     store.add_memory(&memory("u2", "m9", 9)).await.unwrap();
+    // User ids that extend another's, or sort right after it, keep their own memories.
+    for (user, id) in [("u", "short"), ("u1\0", "nul"), ("u10", "longer"), ("u1\u{10FFFF}", "max")] {
+        store.add_memory(&memory(user, id, 5)).await.unwrap();
+    }
     let ids = |memories: Vec<UserMemory>| memories.into_iter().map(|m| m.id).collect::<Vec<_>>();
     assert_eq!(ids(store.memories("u1", 10).await.unwrap()), ["m2", "m3", "m1"]);
+    assert_eq!(ids(store.memories("u1\0", 10).await.unwrap()), ["nul"]);
+    assert_eq!(ids(store.memories("u", 10).await.unwrap()), ["short"]);
     assert_eq!(ids(store.memories("u1", 2).await.unwrap()), ["m2", "m3"]);
     store.delete_memory("u1", "m3").await.unwrap();
     assert_eq!(ids(store.memories("u1", 10).await.unwrap()), ["m2", "m1"]);

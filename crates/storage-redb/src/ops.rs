@@ -208,9 +208,17 @@ impl SessionStore for RedbStore {
         self.write(move |transaction| {
             transaction.turns.forget_all();
             let key = session_key(id);
-            let session: SessionRecord = {
+            // The record is read only for its creation time, the key of its listing entry. A
+            // record that no longer reads (nested too deeply by a build before the nesting
+            // limit, or damaged) must still be deletable: its entry is then looked for.
+            let created: Option<i64> = {
                 let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
-                get_json(&sessions, key, "session")?.ok_or_else(|| StoreError::not_found("session", id))?
+                match get_json::<SessionRecord, _>(&sessions, key, "session") {
+                    Ok(Some(session)) => Some(session.created_at.unix_micros()),
+                    Ok(None) => return Err(StoreError::not_found("session", id)),
+                    Err(StoreError::Corrupt(_)) => None,
+                    Err(error) => return Err(error),
+                }
             };
             let runs: Vec<u128> = {
                 let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
@@ -227,11 +235,14 @@ impl SessionStore for RedbStore {
                     .collect::<StoreResult<_>>()?
             };
             transaction.open_table(SESSIONS).map_err(redb_error)?.remove(key).map_err(redb_error)?;
-            transaction
-                .open_table(SESSION_INDEX)
-                .map_err(redb_error)?
-                .remove((session.created_at.unix_micros(), key))
-                .map_err(redb_error)?;
+            let mut index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
+            match created {
+                Some(created) => {
+                    index.remove((created, key)).map_err(redb_error)?;
+                }
+                None => index.retain(|(_, session), ()| session != key).map_err(redb_error)?,
+            }
+            drop(index);
             transaction.open_table(LEASES).map_err(redb_error)?.remove(key).map_err(redb_error)?;
             transaction
                 .open_table(SESSION_RUNS)

@@ -251,6 +251,45 @@ pub async fn check_format_1_turn(store: &dyn Store, session: &SessionRecord, run
     assert_eq!(feed.into_iter().map(|stored| stored.event).collect::<Vec<_>>(), all);
 }
 
+/// Two sessions for [`check_damaged_session_deleted_whole`], stored in `store`: the first,
+/// with a run, to be damaged by the caller (its record overwritten with
+/// [`too_deep_session_json`]); the second, to be kept.
+pub async fn sessions_to_damage(store: &dyn Store) -> (SessionRecord, SessionRecord) {
+    let damaged = session_named("damaged");
+    let kept = session_named("kept");
+    for session in [&damaged, &kept] {
+        store.create_session(session).await.unwrap();
+    }
+    new_run(store, damaged.id).await;
+    (damaged, kept)
+}
+
+/// `session` as JSON, its metadata nested more deeply than records are read back (what a
+/// build before the nesting limit could store).
+#[must_use]
+pub fn too_deep_session_json(session: &SessionRecord) -> Vec<u8> {
+    let mut body = serde_json::to_value(session).unwrap();
+    body["metadata"]["deep"] = (0..300).fold(json!(1), |inner, _| json!([inner]));
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// Checks a store whose `damaged` session record no longer reads: reading it is
+/// `Corrupt`, deleting it succeeds, and afterwards it and its runs are gone while `kept`
+/// is still listed.
+pub async fn check_damaged_session_deleted_whole(
+    store: &dyn Store,
+    damaged: &SessionRecord,
+    kept: &SessionRecord,
+) {
+    let error = store.get_session(damaged.id).await.unwrap_err();
+    assert!(matches!(error, StoreError::Corrupt(ref message) if message.contains("session")), "{error:?}");
+    store.delete_session(damaged.id).await.unwrap();
+    assert_not_found(store.get_session(damaged.id).await);
+    let listed = store.list_sessions(&SessionQuery::default(), &PageRequest::first(10)).await.unwrap();
+    assert_eq!(listed.items.iter().map(|session| session.id).collect::<Vec<_>>(), [kept.id]);
+    assert_not_found(store.list_runs(damaged.id, &RunQuery::default(), &PageRequest::first(10)).await);
+}
+
 fn seqs(events: &[crate::store::StoredEvent]) -> Vec<u64> {
     events.iter().map(|stored| stored.event.seq).collect()
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use agentry_memory::{RunStore, SessionStore, StoreError};
+use agentry_memory::{RunStore, SessionStore, StoreError, conformance};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_types::{RunRecord, SessionRecord, SessionType, Subject, TurnInputItem};
 
@@ -126,4 +126,25 @@ async fn a_store_reopens_with_everything_it_acknowledged() {
     }
     let store = open(&path).unwrap();
     assert_eq!(store.get_session(session.id).await.unwrap(), session);
+}
+
+/// A session record nested more deeply than records are read (one a build before the
+/// nesting limit could write) is reported as damaged, and can still be deleted whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_record_that_no_longer_reads_can_still_be_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (damaged, kept) = conformance::sessions_to_damage(&open(&path).unwrap()).await;
+    {
+        let database = redb::Database::create(&path).unwrap();
+        let write = database.begin_write().unwrap();
+        {
+            let sessions = redb::TableDefinition::<u128, &[u8]>::new("sessions");
+            let mut sessions = write.open_table(sessions).unwrap();
+            let bytes = conformance::too_deep_session_json(&damaged);
+            sessions.insert(damaged.id.as_uuid().as_u128(), bytes.as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+    }
+    conformance::check_damaged_session_deleted_whole(&open(&path).unwrap(), &damaged, &kept).await;
 }

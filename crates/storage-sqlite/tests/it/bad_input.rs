@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use agentry_memory::{RunStore, SessionStore, StoreError};
+use agentry_memory::{RunStore, SessionStore, StoreError, conformance};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
 use agentry_types::{RunRecord, SessionRecord, SessionType, Subject, TurnInputItem};
 
@@ -127,4 +127,24 @@ async fn a_store_reopens_with_everything_it_acknowledged() {
     }
     let store = open(&path).unwrap();
     assert_eq!(store.get_session(session.id).await.unwrap(), session);
+}
+
+/// A session record nested more deeply than records are read (one a build before the
+/// nesting limit could write) is reported as damaged, and can still be deleted whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_record_that_no_longer_reads_can_still_be_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let (damaged, kept) = conformance::sessions_to_damage(&open(&path).unwrap()).await;
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let body = conformance::too_deep_session_json(&damaged);
+    let changed = connection
+        .execute(
+            "UPDATE sessions SET body = ?2 WHERE id = ?1",
+            rusqlite::params![damaged.id.to_string(), body],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(connection);
+    conformance::check_damaged_session_deleted_whole(&open(&path).unwrap(), &damaged, &kept).await;
 }

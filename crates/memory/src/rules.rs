@@ -262,22 +262,45 @@ fn pack<T: Serialize>(bytes: &mut Vec<u8>, value: &T) -> StoreResult<()> {
 
 /// Reads a value [`pack`] wrote, which must fill `bytes`; anything else means corruption.
 ///
-/// MessagePack frames itself: a value cut short fails. Bytes after a whole value are
-/// found by reading on: the decoder does not say where it stopped, but a second read
-/// that meets the end at once proves there is nothing more. The header's lengths frame
-/// the team context; the payload is the rest.
+/// MessagePack frames itself: a value cut short fails. The decoder does not say where it
+/// stopped, so bytes after a whole value are found by asking it for one more value (see
+/// [`NothingAfter`]). The header's lengths frame the team context; the payload is the rest.
 fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
     let mut deserializer = rmp_serde::Deserializer::from_read_ref(bytes).with_human_readable();
     deserializer.set_max_depth(MAX_DEPTH);
     let value = T::deserialize(&mut deserializer)
         .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))?;
-    match <serde::de::IgnoredAny as serde::Deserialize>::deserialize(&mut deserializer) {
+    match serde::Deserializer::deserialize_any(&mut deserializer, NothingAfter) {
         Err(rmp_serde::decode::Error::InvalidMarkerRead(error))
             if error.kind() == std::io::ErrorKind::UnexpectedEof =>
         {
             Ok(value)
         }
         _ => Err(StoreError::Corrupt(format!("a stored {what} has bytes after its end"))),
+    }
+}
+
+/// Reads what follows a whole value, to prove there is nothing: the decoder fails with
+/// `InvalidMarkerRead` of an unexpected end only when the next marker is missing. Every
+/// read after a marker that is there fails otherwise (a missing length or datum is an
+/// `InvalidDataRead`), or reaches this visitor, which refuses any value. An array or a map
+/// is refused before its first item is read, so that an item cut short (whose marker read
+/// would fail the same way) cannot pass for the end.
+struct NothingAfter;
+
+impl<'de> serde::de::Visitor<'de> for NothingAfter {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("nothing")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(serde::de::Error::custom("an array"))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(serde::de::Error::custom("a map"))
     }
 }
 

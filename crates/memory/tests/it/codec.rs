@@ -45,7 +45,17 @@ fn a_truncated_or_unknown_event_is_reported_as_corruption() {
     let error = rules::decode_event(&damaged).unwrap_err();
     assert!(matches!(error, StoreError::Corrupt(ref message) if message.contains("payload")), "{error:?}");
     // Bytes after a whole payload (a record that kept another's tail) are damage too.
-    for tail in [&[0x00][..], &[0xc0], &[0x92, 0x01, 0x02], &[0xc1]] {
+    let tails: [&[u8]; 8] = [
+        &[0x00],
+        &[0xc0],
+        &[0x92, 0x01, 0x02],
+        &[0xc1],
+        &[0x91],
+        &[0x81],
+        &[0xdc, 0x00, 0x05],
+        &[0xde, 0x00, 0x01],
+    ];
+    for tail in tails {
         let mut longer = bytes.clone();
         longer.extend_from_slice(tail);
         let error = rules::decode_event(&longer).unwrap_err();
@@ -152,5 +162,50 @@ proptest! {
             framed.extend(&bytes);
             let _ = rules::decode_event(&framed);
         }
+    }
+
+    #[test]
+    fn any_json_data_round_trips_and_fills_its_record_exactly(data in json_value()) {
+        let event = activity(data);
+        let stored = rules::encode_event(&event).unwrap();
+        prop_assert_eq!(rules::decode_event(&stored).unwrap(), event);
+        let mut longer = stored;
+        longer.push(0xc0);
+        prop_assert!(rules::decode_event(&longer).is_err());
+    }
+}
+
+/// JSON values of every MessagePack width this side of the huge: small and large integers
+/// of both signs, floats, strings up to 300 bytes, arrays and objects a few levels deep.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_filter("finite", |x| x.is_finite()).prop_map(Value::from),
+        "[a-z\\u{e9}\\u{1F600}]{0,300}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 64, 20, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..20).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z]{0,20}", inner, 0..20)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+#[test]
+fn the_widest_strings_arrays_and_maps_round_trip() {
+    let wide: serde_json::Map<String, serde_json::Value> =
+        (0..70_000).map(|at| (format!("k{at}"), serde_json::json!(at))).collect();
+    for data in [
+        serde_json::json!("x".repeat(70_000)),
+        serde_json::Value::Array(vec![serde_json::json!(1); 70_000]),
+        serde_json::Value::Object(wide),
+    ] {
+        let event = activity(data);
+        assert_eq!(rules::decode_event(&rules::encode_event(&event).unwrap()).unwrap(), event);
     }
 }

@@ -1,11 +1,13 @@
 //! Tasks mode: the coordinator's task list and its tools. Each session has one list, kept in
 //! process memory (the latest 1,024 sessions') and written through to the session's state
-//! (`agentry.tasks`), from which it is read again by a process that does not have it. Every
+//! (`agentry.tasks`), from which each turn reads it again when it first uses it: the turn
+//! before may have run in another process, or this process's last saves may have been
+//! refused (its turn was taken over). Every
 //! task a member runs is a sub-agent thread with a stored member run; a task whose member
 //! paused for a person pauses the team turn and resumes with the next turn's answers, and a
 //! finished task gives its result again without running.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_runner::{FunctionTool, Tool, ToolContext, ToolError};
@@ -56,7 +58,14 @@ struct Board {
     /// Saves run one at a time, each writing the list as it is when it starts: the last
     /// save stored holds every change made before it.
     saving: Arc<tokio::sync::Mutex<()>>,
+    /// Held while a turn reads its list from the store, so that no call of the turn
+    /// changes the list before it is read.
+    loading: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// The boards (by the address of their lists) whose list a turn has read from the store.
+#[derive(Default)]
+struct BoardsLoaded(Mutex<HashSet<usize>>);
 
 impl Board {
     fn with<T>(&self, turn: SessionId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
@@ -91,27 +100,37 @@ impl Board {
         })
     }
 
-    /// The list of a session, loaded from its state when this process does not have it.
+    /// The list of a session, read from its state by the first call of each turn that uses
+    /// it (outside a turn: when this process does not have it). The stored list replaces
+    /// the one in memory; when it cannot be read, the one in memory stays in use.
     async fn load(&self, context: &ToolContext) {
-        let known = self
-            .lists
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .by_turn
-            .contains_key(&context.session_id);
-        if known {
+        let _loading = self.loading.lock().await;
+        let board = Arc::as_ptr(&self.lists) as usize;
+        let first = match context.turn_local::<BoardsLoaded>() {
+            Some(loaded) => loaded.0.lock().unwrap_or_else(PoisonError::into_inner).insert(board),
+            None => !self
+                .lists
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .by_turn
+                .contains_key(&context.session_id),
+        };
+        if !first {
             return;
         }
         let Some(store) = context.store() else { return };
         let Ok(session) = store.get_session(context.session_id).await else { return };
-        let Some(stored) = session.state.get(STATE_KEY) else { return };
-        if let Ok(tasks) = serde_json::from_value::<Vec<Task>>(stored.clone()) {
-            self.with(context.session_id, |list| {
-                if list.is_empty() {
-                    *list = tasks;
+        let tasks = match session.state.get(STATE_KEY) {
+            None => Vec::new(),
+            Some(stored) => match serde_json::from_value::<Vec<Task>>(stored.clone()) {
+                Ok(tasks) => tasks,
+                Err(error) => {
+                    tracing::warn!(%error, "the stored task list does not read; the one in memory stays");
+                    return;
                 }
-            });
-        }
+            },
+        };
+        self.with(context.session_id, |list| *list = tasks);
     }
 
     /// Writes the session's list through to its state (best effort: the list in memory is

@@ -282,3 +282,45 @@ pub async fn a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder(h
     assert_eq!(tasks[0]["status"], "pending", "{tasks}");
     assert!(tasks[0].get("result").is_none_or(serde_json::Value::is_null), "{tasks}");
 }
+
+/// A tasks-mode coordinator that adds one task named after the user's message, then
+/// answers.
+fn adding_coordinator() -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(|request| match request.messages.last().map(|message| message.role) {
+        Some(agentry_types::Role::Tool) => ScriptedResponse::text("Added."),
+        _ => ScriptedResponse::tool_call(
+            "create_task",
+            &json!({
+                "title": request.last_user_text().unwrap_or_default(),
+                "description": "Do it.",
+                "assignee": "clerk",
+            }),
+        ),
+    }))
+}
+
+/// Scenario: two processes take turns on one session of a tasks-mode team; each turn
+/// works from the list the turn before stored, whichever process ran it, not from a list
+/// it kept from an earlier turn of its own.
+pub async fn each_turn_works_from_the_stored_task_list_whichever_process_ran_the_last(harness: Harness) {
+    let team =
+        || Team::builder("desk", adding_coordinator()).mode(TeamMode::Tasks).member(echoing("clerk")).build();
+    let (first, second) = (Runtime::new(harness.store.clone()), Runtime::new(harness.store.clone()));
+    first.register(team());
+    second.register(team());
+    let session = first.create_session("desk", None).await.unwrap();
+    for (runtime, title) in [(&first, "One"), (&second, "Two"), (&first, "Three")] {
+        let here = runtime.get_session(session.id()).await.unwrap();
+        let state = here.create_turn(TurnRequest::message(title)).await.unwrap().wait().await.unwrap();
+        assert!(matches!(state, TurnState::Done { .. }), "{state:?}");
+    }
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    let listed: Vec<(String, String)> = stored
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| (task["id"].as_str().unwrap().to_owned(), task["title"].as_str().unwrap().to_owned()))
+        .collect();
+    let expected = [("task-1", "One"), ("task-2", "Two"), ("task-3", "Three")];
+    assert_eq!(listed, expected.map(|(id, title)| (id.to_owned(), title.to_owned())), "{stored}");
+}

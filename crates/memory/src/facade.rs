@@ -14,8 +14,8 @@ use std::sync::Arc;
 use agentry_model::{Model, ModelError, ModelRequest};
 use agentry_types::agno::{MemberResponse, SessionSummary};
 use agentry_types::{
-    Message, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject, Timestamp, TurnId,
-    TurnState, UserProfile,
+    Fence, Message, Role, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject, Timestamp,
+    TurnId, TurnState, UserProfile,
 };
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
@@ -389,7 +389,7 @@ impl Memory {
         if self.config.full_session_memory && !facts.messages.is_empty() {
             self.store.append_messages(run.id, facts.messages, None).await?;
         }
-        if let Err(reason) = self.process_memory(session_id, facts.messages).await {
+        if let Err(reason) = self.process_memory(session_id, facts.messages, None).await {
             return Err(MemoryError::MemoryUpdate { run_id: run.id, reason });
         }
         Ok(run)
@@ -402,7 +402,23 @@ impl Memory {
     /// Errors: `MemoryUpdate` naming the run and what failed (the model, its answer, the
     /// store).
     pub async fn update_memory(&self, run_id: TurnId, messages: &[Message]) -> Result<(), MemoryError> {
-        self.process_memory(self.session_id, messages)
+        self.update_memory_under(run_id, messages, None).await
+    }
+
+    /// [`Memory::update_memory`] for a turn running under `fence`: the summary is written
+    /// only while the turn's lease is still held under it, so a turn that was handed over
+    /// or taken over while its summary was being written cannot replace the one its next
+    /// holder wrote (the update then fails with `MemoryUpdate`, saying the fence is stale).
+    /// The user profile belongs to the user, not the session, and is written either way.
+    ///
+    /// Errors: as [`Memory::update_memory`].
+    pub async fn update_memory_under(
+        &self,
+        run_id: TurnId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), MemoryError> {
+        self.process_memory(self.session_id, messages, fence)
             .await
             .map_err(|reason| MemoryError::MemoryUpdate { run_id, reason })
     }
@@ -413,7 +429,12 @@ impl Memory {
         self.config.summary_memory || self.config.user_analysis_memory
     }
 
-    async fn process_memory(&self, session_id: SessionId, messages: &[Message]) -> Result<(), String> {
+    async fn process_memory(
+        &self,
+        session_id: SessionId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), String> {
         let Some(model) = &self.model else { return Ok(()) };
         let transcript = self.transcript(messages);
         if self.config.summary_memory {
@@ -429,6 +450,7 @@ impl Memory {
                     topics: None,
                     updated_at: Some(Timestamp::now().unix_seconds()),
                 }),
+                fence,
                 ..SessionUpdate::default()
             };
             self.store.update_session(session_id, &update).await.map_err(|e| e.to_string())?;

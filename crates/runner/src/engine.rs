@@ -1327,7 +1327,7 @@ impl TurnEngine {
         }
         self.emit(EventPayload::MemoryUpdateStarted {}).await?;
         let messages = self.context[self.own_start..].to_vec();
-        if let Err(error) = memory.update_memory(self.turn_id(), &messages).await {
+        if let Err(error) = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)).await {
             tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
         }
         self.emit(EventPayload::MemoryUpdateCompleted {}).await?;

@@ -1315,6 +1315,32 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     assert!(next.is_ok(), "the session takes turns again in the second runtime");
 }
 
+/// Scenario: a turn handed over while its memory update asks for a summary does not
+/// store that summary: the session is the next holder's, and so is its summary.
+pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone(harness: Harness) {
+    let (analysis, gate) = GatedModel::new("A summary from the old holder.");
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
+    let config =
+        agentry_memory::MemoryConfig { summary_memory: true, ..agentry_memory::MemoryConfig::default() };
+    let first = runtime(&harness, Agent::builder("remember", model).memory(config, Some(analysis)).build());
+    let session = session_for(&first, "remember").await;
+    let turn = session.create_turn(TurnRequest::message("I like tea.")).await.unwrap();
+    let mut live = turn.stream(None);
+    while let Some(event) = live.next().await {
+        if event.unwrap().payload.kind() == "memory.update.started" {
+            break;
+        }
+    }
+    assert_eq!(first.hand_over().await, 1);
+    // The summary's model answers only now, after the turn's lease was fenced.
+    gate.add_permits(1);
+    let stopped = tokio::time::timeout(Duration::from_secs(30), turn.wait()).await;
+    let state = stopped.expect("the handed-over engine stops").unwrap();
+    assert!(matches!(state, TurnState::Running), "the handed-over turn ended here: {state:?}");
+    let stored = harness.store.get_session(session.id()).await.unwrap();
+    assert_eq!(stored.summary, None, "the old holder stored its summary");
+}
+
 /// Scenario: a recovery pass resumes the turns left running under lapsed leases and only
 /// those: it looks at the sessions with a lease, so neither the many finished sessions nor
 /// a run an application stored as running without a lease are its business. A start that
@@ -1595,6 +1621,7 @@ macro_rules! runner_scenarios {
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
+            a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,
             turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

@@ -144,7 +144,8 @@ fn report(error: &anyhow::Error) {
             text.push_str(&cause);
         }
     }
-    eprintln!("{text}");
+    // A closed stderr leaves nothing to report to (eprintln! would panic).
+    let _ = writeln!(std::io::stderr(), "{text}");
 }
 
 /// The reader of a listing's output closed it.

@@ -326,28 +326,34 @@ impl Runtime {
     /// turn, its end being one of the refused writes. A tool call it has not journaled never
     /// starts; one under way is in doubt, as after a crash. From then on the runtime takes no
     /// new turns ([`RunnerError::HandedOver`]) and recovers none. A turn whose start was
-    /// under way has its lease expire at once too, but is neither fenced nor cancelled: it
-    /// runs on until a recovery pass elsewhere takes its lease over. Returns how many turns
-    /// were handed over.
+    /// under way is handed over the same way as soon as it is running (it is not counted).
+    /// Returns how many turns were handed over.
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
         // A keeper round under way ends first; the next one sees the flag and stops.
         let _round = self.inner.keeper_round.lock().await;
-        let store = self.inner.store.as_ref();
         let mut handed = 0;
         for turn in self.inner.running_turns() {
-            if !give_back(store, turn.session_id, turn.lease_token).await {
-                continue;
-            }
-            handed += 1;
-            // Fenced, the engine's end is refused: cancelled, it stops now (a model reply it
-            // is streaming is dropped) instead of at its next write, and the turn is left for
-            // recovery. Unfenced, its end would stand: it runs on.
-            if self.fence_out(&turn).await {
-                turn.request_cancel(CancellationReason::Abandoned);
+            if self.hand_over_one(&turn).await {
+                handed += 1;
             }
         }
         handed
+    }
+
+    /// Hands one running turn over (see [`Runtime::hand_over`]); returns whether its lease
+    /// was given back.
+    async fn hand_over_one(&self, turn: &LiveTurn) -> bool {
+        if !give_back(self.inner.store.as_ref(), turn.session_id, turn.lease_token).await {
+            return false;
+        }
+        // Fenced, the engine's end is refused: cancelled, it stops now (a model reply it is
+        // streaming is dropped) instead of at its next write, and the turn is left for
+        // recovery. Unfenced, its end would stand: it runs on.
+        if self.fence_out(turn).await {
+            turn.request_cancel(CancellationReason::Abandoned);
+        }
+        true
     }
 
     /// Takes a lease of a new token, lapsed as it is granted, over a handed-over turn's
@@ -710,11 +716,9 @@ impl Runtime {
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).insert(run.id, live.clone());
         let store = self.inner.store.clone();
         // A start that was under way when the runtime handed its turns over (whose snapshot
-        // of the live turns came before this one) hands this turn over too.
-        if self.inner.handed_over.load(Ordering::Acquire) {
-            let (store, live) = (store.clone(), live.clone());
-            tokio::spawn(async move { give_back(store.as_ref(), live.session_id, live.lease_token).await });
-        }
+        // of the live turns came before this one) hands this turn over too, as `hand_over`
+        // does its own: fenced out and cancelled, before its engine writes anything.
+        let hand_over_first = self.inner.handed_over.load(Ordering::Acquire);
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(
             store.clone(),
@@ -731,6 +735,9 @@ impl Runtime {
         // Boxed: the turn's future is large, and tokio would otherwise copy it several times
         // on the way into its task and again when the task completes.
         tokio::spawn(Box::pin(async move {
+            if hand_over_first {
+                runtime.hand_over_one(&live).await;
+            }
             // A panic in the engine (a model, a tool, a bug) ends the turn with an error
             // instead of leaving it running with its lease renewed for ever.
             let finished = match futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(

@@ -1315,6 +1315,38 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     assert!(next.is_ok(), "the session takes turns again in the second runtime");
 }
 
+/// Scenario: `hand_over` racing `create_turn`, at every point of the start: the start is
+/// refused, or the turn it starts is handed over too (its model is held back until after
+/// `hand_over`, so only a turn left running here could end).
+pub async fn a_turn_starting_while_its_runtime_hands_over_is_handed_over_too(harness: Harness) {
+    let mut started = 0;
+    for yields in 0..24 {
+        let (held, gate) = GatedModel::new("held back");
+        let runtime = runtime(&harness, Agent::builder("held", held).build());
+        let session = session_for(&runtime, "held").await;
+        let creating = tokio::spawn(async move { session.create_turn(TurnRequest::message("go")).await });
+        for _ in 0..yields {
+            tokio::task::yield_now().await;
+        }
+        runtime.hand_over().await;
+        gate.add_permits(1);
+        match creating.await.unwrap() {
+            Err(RunnerError::HandedOver) => {}
+            Err(error) => panic!("{error:?}"),
+            Ok(turn) => {
+                started += 1;
+                let stopped = tokio::time::timeout(Duration::from_secs(30), turn.wait()).await;
+                let state = stopped.expect("a handed-over engine stops").unwrap();
+                assert!(
+                    matches!(state, TurnState::Running),
+                    "after {yields} yields the turn ended here: {state:?}"
+                );
+            }
+        }
+    }
+    assert!(started > 0, "every start was refused: no turn raced the hand-over");
+}
+
 /// Scenario: a turn handed over while its memory update asks for a summary does not
 /// store that summary: the session is the next holder's, and so is its summary.
 pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone(harness: Harness) {
@@ -1622,6 +1654,7 @@ macro_rules! runner_scenarios {
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,
+            a_turn_starting_while_its_runtime_hands_over_is_handed_over_too,
             turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

@@ -7,7 +7,7 @@
 //! paused for a person pauses the team turn and resumes with the next turn's answers, and a
 //! finished task gives its result again without running.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_runner::{FunctionTool, Tool, ToolContext, ToolError};
@@ -58,14 +58,13 @@ struct Board {
     /// Saves run one at a time, each writing the list as it is when it starts: the last
     /// save stored holds every change made before it.
     saving: Arc<tokio::sync::Mutex<()>>,
-    /// Held while a turn reads its list from the store, so that no call of the turn
-    /// changes the list before it is read.
-    loading: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// The boards (by the address of their lists) whose list a turn has read from the store.
+/// Per board (by the address of its lists), whether the turn has read its list from the
+/// store: set once a read succeeds, and awaited by the turn's other calls meanwhile, so
+/// that none of them changes the list before it is read.
 #[derive(Default)]
-struct BoardsLoaded(Mutex<HashSet<usize>>);
+struct BoardsLoaded(Mutex<HashMap<usize, Arc<tokio::sync::OnceCell<()>>>>);
 
 impl Board {
     fn with<T>(&self, turn: SessionId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
@@ -102,35 +101,48 @@ impl Board {
 
     /// The list of a session, read from its state by the first call of each turn that uses
     /// it (outside a turn: when this process does not have it). The stored list replaces
-    /// the one in memory; when it cannot be read, the one in memory stays in use.
+    /// the one in memory, its running tasks made pending again: no call of this turn runs
+    /// them yet, and a task stored as running was left so by a process that stopped (or
+    /// whose turn was taken over) before it could save how the task ended. When the list
+    /// cannot be read, the one in memory stays in use and the turn's next call tries again.
     async fn load(&self, context: &ToolContext) {
-        let _loading = self.loading.lock().await;
-        let board = Arc::as_ptr(&self.lists) as usize;
-        let first = match context.turn_local::<BoardsLoaded>() {
-            Some(loaded) => loaded.0.lock().unwrap_or_else(PoisonError::into_inner).insert(board),
-            None => !self
+        let Some(loaded) = context.turn_local::<BoardsLoaded>() else {
+            let known = self
                 .lists
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .by_turn
-                .contains_key(&context.session_id),
-        };
-        if !first {
+                .contains_key(&context.session_id);
+            if !known {
+                let _ = self.read_stored(context).await;
+            }
             return;
-        }
-        let Some(store) = context.store() else { return };
-        let Ok(session) = store.get_session(context.session_id).await else { return };
-        let tasks = match session.state.get(STATE_KEY) {
-            None => Vec::new(),
-            Some(stored) => match serde_json::from_value::<Vec<Task>>(stored.clone()) {
-                Ok(tasks) => tasks,
-                Err(error) => {
-                    tracing::warn!(%error, "the stored task list does not read; the one in memory stays");
-                    return;
-                }
-            },
         };
+        let board = Arc::as_ptr(&self.lists) as usize;
+        let once = loaded.0.lock().unwrap_or_else(PoisonError::into_inner).entry(board).or_default().clone();
+        let _ = once.get_or_try_init(|| self.read_stored(context)).await;
+    }
+
+    /// Replaces the session's list in memory with the stored one; `Err` when it cannot be
+    /// read.
+    async fn read_stored(&self, context: &ToolContext) -> Result<(), ()> {
+        let Some(store) = context.store() else { return Ok(()) };
+        let session = store.get_session(context.session_id).await.map_err(|error| {
+            tracing::warn!(%error, "reading the stored task list failed; the one in memory stays for now");
+        })?;
+        let mut tasks = match session.state.get(STATE_KEY) {
+            None => Vec::new(),
+            Some(stored) => serde_json::from_value::<Vec<Task>>(stored.clone()).map_err(|error| {
+                tracing::warn!(%error, "the stored task list does not read; the one in memory stays");
+            })?,
+        };
+        for task in &mut tasks {
+            if task.status == Status::Running {
+                task.status = Status::Pending;
+            }
+        }
         self.with(context.session_id, |list| *list = tasks);
+        Ok(())
     }
 
     /// Writes the session's list through to its state (best effort: the list in memory is

@@ -235,6 +235,16 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
 #[derive(Debug)]
 struct Stalled {
     asked: Arc<tokio::sync::Notify>,
+    /// Holds back only tasks whose text has this word; answers the others once a task is
+    /// held back.
+    only_when: Option<&'static str>,
+    held: Arc<tokio::sync::Semaphore>,
+}
+
+impl Stalled {
+    fn new(asked: &Arc<tokio::sync::Notify>, only_when: Option<&'static str>) -> Arc<Self> {
+        Arc::new(Self { asked: asked.clone(), only_when, held: Arc::new(tokio::sync::Semaphore::new(0)) })
+    }
 }
 
 #[async_trait::async_trait]
@@ -245,8 +255,19 @@ impl agentry_model::Model for Stalled {
 
     async fn stream(
         &self,
-        _request: ModelRequest,
+        request: ModelRequest,
     ) -> Result<agentry_model::ModelStream, agentry_model::ModelError> {
+        let task = request.last_user_text().unwrap_or_default();
+        if self.only_when.is_some_and(|word| !task.contains(word)) {
+            let deltas = ScriptedResponse::text(format!("Done: {task}")).deltas(1, &request);
+            let held = self.held.clone();
+            let answer = futures_util::stream::once(async move {
+                let _held = held.acquire().await;
+                futures_util::stream::iter(deltas.into_iter().map(Ok))
+            });
+            return Ok(Box::pin(answer.flatten()));
+        }
+        self.held.add_permits(1);
         self.asked.notify_one();
         Ok(Box::pin(futures_util::stream::pending()))
     }
@@ -257,7 +278,7 @@ impl agentry_model::Model for Stalled {
 /// failed) is not saved: the process that takes the turn over finds the list as it was.
 pub async fn a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder(harness: Harness) {
     let asked = Arc::new(tokio::sync::Notify::new());
-    let clerk = Agent::builder("clerk", Arc::new(Stalled { asked: asked.clone() })).build();
+    let clerk = Agent::builder("clerk", Stalled::new(&asked, None)).build();
     let coordinator = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
         0 => ScriptedResponse::tool_call(
             "create_task",
@@ -323,4 +344,69 @@ pub async fn each_turn_works_from_the_stored_task_list_whichever_process_ran_the
         .collect();
     let expected = [("task-1", "One"), ("task-2", "Two"), ("task-3", "Three")];
     assert_eq!(listed, expected.map(|(id, title)| (id.to_owned(), title.to_owned())), "{stored}");
+}
+
+/// The tool results a request carries after its last user message (this turn's).
+fn this_turns_results(request: &ModelRequest) -> Vec<String> {
+    let last_user = request.messages.iter().rposition(|message| message.role == agentry_types::Role::User);
+    request.messages[last_user.map_or(0, |at| at + 1)..]
+        .iter()
+        .filter(|message| message.role == agentry_types::Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect()
+}
+
+/// Scenario: a task left running by a turn that was handed over (one of two run at once:
+/// the other's end was saved, with the list as it stood) runs again in the next turn, in
+/// another process: it is pending there, not running for ever.
+pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harness: Harness) {
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        let results = this_turns_results(request);
+        let task = |title: &str, description: &str| {
+            ScriptedResponse::tool_call(
+                "create_task",
+                &json!({"title": title, "description": description, "assignee": "clerk"}),
+            )
+        };
+        match (request.last_user_text().as_deref(), results.len()) {
+            (Some("Plan."), 0) => task("One", "Be quick."),
+            (Some("Plan."), 1) => task("Two", "Please stall."),
+            (Some("Plan."), 2) => {
+                ScriptedResponse::tool_call("run_tasks", &json!({"task_ids": ["task-1", "task-2"]}))
+            }
+            (Some("Again."), 0) => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-2"})),
+            _ => ScriptedResponse::text(format!("Finished: {}", results.last().cloned().unwrap_or_default())),
+        }
+    }));
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let clerk = Agent::builder("clerk", Stalled::new(&asked, Some("stall"))).build();
+    let team = Team::builder("desk", coordinator.clone()).mode(TeamMode::Tasks).member(clerk).build();
+    let (first, session, turn) = super::start(&harness, team, "Plan.").await;
+    asked.notified().await;
+    // The quick task's end is saved while the other still runs (a save writes the list as
+    // it is): wait for it without sleeping.
+    let stored =
+        || async { harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone() };
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while stored().await[0]["status"] != "done" {
+            tokio::task::yield_now().await;
+        }
+    });
+    waited.await.expect("the quick task's end is saved");
+    assert_eq!(stored().await[1]["status"], "running");
+    assert_eq!(first.hand_over().await, 1);
+    let state = tokio::time::timeout(std::time::Duration::from_secs(30), turn.wait()).await.unwrap().unwrap();
+    assert!(matches!(state, TurnState::Running), "{state:?}");
+
+    // Another process: its clerk answers every task.
+    let second = Runtime::new(harness.store.clone());
+    second
+        .register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(echoing("clerk")).build());
+    let again = second.get_session(session.id()).await.unwrap();
+    let state = again.create_turn(TurnRequest::message("Again.")).await.unwrap().wait().await.unwrap();
+    let TurnState::Done { output: Some(output), .. } = &state else { panic!("{state:?}") };
+    let answer = output.message.content.clone().unwrap_or_default();
+    assert!(answer.contains("clerk says: Please stall."), "{answer}");
+    let tasks = stored().await;
+    assert_eq!(tasks[1]["status"], "done", "{tasks}");
 }

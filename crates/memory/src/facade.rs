@@ -437,13 +437,27 @@ impl Memory {
     ) -> Result<(), String> {
         let Some(model) = &self.model else { return Ok(()) };
         let transcript = self.transcript(messages);
+        // The profile is the user's: a summary that fails (or is refused by a stale fence)
+        // does not keep it from being written.
+        let summarized = self.summarize(model.as_ref(), session_id, &transcript, fence).await;
+        let profiled = self.analyze_user(model.as_ref(), &transcript).await;
+        summarized.and(profiled)
+    }
+
+    async fn summarize(
+        &self,
+        model: &dyn Model,
+        session_id: SessionId,
+        transcript: &str,
+        fence: Option<Fence>,
+    ) -> Result<(), String> {
         if self.config.summary_memory {
             let session = self.store.get_session(session_id).await.map_err(|e| e.to_string())?;
             let previous = session.summary.as_ref().map_or("(none)", |summary| summary.summary.as_str());
             let prompt = format!(
                 "Update the summary of this conversation. Previous summary: {previous}\n\nNew messages:\n{transcript}\n\nAnswer with the new summary only."
             );
-            let summary = complete(model.as_ref(), &prompt).await.map_err(|e| e.to_string())?;
+            let summary = complete(model, &prompt).await.map_err(|e| e.to_string())?;
             let update = SessionUpdate {
                 summary: Some(SessionSummary {
                     summary: summary.trim().to_owned(),
@@ -455,6 +469,10 @@ impl Memory {
             };
             self.store.update_session(session_id, &update).await.map_err(|e| e.to_string())?;
         }
+        Ok(())
+    }
+
+    async fn analyze_user(&self, model: &dyn Model, transcript: &str) -> Result<(), String> {
         if self.config.user_analysis_memory {
             let current = self.store.profile(&self.user_id).await.map_err(|e| e.to_string())?;
             let current_profile = current.as_ref().map_or(Value::Object(Map::new()), |p| p.profile.clone());
@@ -467,7 +485,7 @@ impl Memory {
             let prompt = format!(
                 "Extract what this conversation tells about the user as one JSON object.{schema}\nCurrent profile: {current_profile}\n\nConversation:\n{transcript}\n\nAnswer with the JSON object only."
             );
-            let answer = complete(model.as_ref(), &prompt).await.map_err(|e| e.to_string())?;
+            let answer = complete(model, &prompt).await.map_err(|e| e.to_string())?;
             let extracted = parse_json_object(&answer)?;
             let extracted = self.fit_to_schema(extracted)?;
             let profile = match (self.config.user_memory_mode, current_profile) {

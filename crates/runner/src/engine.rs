@@ -948,6 +948,11 @@ impl TurnEngine {
             self.prepare_resumes(previous).await?;
         }
         let memory = self.prepare_memory().await?;
+        // A turn recovered after its answer was stored may not have updated its memory: its
+        // process stopped (or handed the turn over) first, or its summary was refused.
+        let memory_updated = recovered.as_ref().is_some_and(|stored| {
+            stored.iter().any(|event| matches!(event.payload, EventPayload::MemoryUpdateCompleted {}))
+        });
         if let Some(stored) = recovered {
             self.reconcile(&stored).await?;
         }
@@ -960,6 +965,9 @@ impl TurnEngine {
         if let Some((index, unanswered)) = self.unanswered_calls() {
             let answer = self.context[index].tool_calls.is_empty();
             if answer && index >= self.own_start {
+                if let Some(memory) = memory.as_ref().filter(|_| !memory_updated) {
+                    self.update_memory(memory).await?;
+                }
                 return Ok(Outcome::Answered(self.recovered_output.take()));
             }
             if !unanswered.is_empty()

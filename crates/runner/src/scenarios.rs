@@ -1348,13 +1348,29 @@ pub async fn a_turn_starting_while_its_runtime_hands_over_is_handed_over_too(har
 }
 
 /// Scenario: a turn handed over while its memory update asks for a summary does not
-/// store that summary: the session is the next holder's, and so is its summary.
+/// store that summary (the session is the next holder's, and so is its summary), but
+/// still the user's profile; the process that recovers the turn updates the summary.
 pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone(harness: Harness) {
-    let (analysis, gate) = GatedModel::new("A summary from the old holder.");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let analysis = Arc::new(ScriptedModel::responder(|request| {
+        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
+        if prompt.starts_with("Update the summary") {
+            ScriptedResponse::text("A summary from the old holder.")
+        } else {
+            ScriptedResponse::text(r#"{"likes": "tea"}"#)
+        }
+    }));
+    let held = Arc::new(HeldSummaries { inner: analysis, gate: gate.clone() });
     let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
-    let config =
-        agentry_memory::MemoryConfig { summary_memory: true, ..agentry_memory::MemoryConfig::default() };
-    let first = runtime(&harness, Agent::builder("remember", model).memory(config, Some(analysis)).build());
+    let config = agentry_memory::MemoryConfig {
+        summary_memory: true,
+        user_analysis_memory: true,
+        ..agentry_memory::MemoryConfig::default()
+    };
+    let agent = |analysis: Arc<dyn Model>| {
+        Agent::builder("remember", model.clone()).memory(config.clone(), Some(analysis)).build()
+    };
+    let first = runtime(&harness, agent(held));
     let session = session_for(&first, "remember").await;
     let turn = session.create_turn(TurnRequest::message("I like tea.")).await.unwrap();
     let mut live = turn.stream(None);
@@ -1371,6 +1387,38 @@ pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_
     assert!(matches!(state, TurnState::Running), "the handed-over turn ended here: {state:?}");
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary, None, "the old holder stored its summary");
+    let profile = harness.store.profile("local").await.unwrap().expect("the profile is the user's");
+    assert_eq!(profile.profile["likes"], "tea");
+
+    let analysis = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Recovered summary.")));
+    let second = runtime(&harness, agent(analysis));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("Noted."));
+    let stored = harness.store.get_session(session.id()).await.unwrap();
+    assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Recovered summary."));
+}
+
+/// An analysis model whose summaries wait for a permit of `gate`.
+#[derive(Debug)]
+struct HeldSummaries {
+    inner: Arc<ScriptedModel>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Model for HeldSummaries {
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
+        if prompt.starts_with("Update the summary") {
+            let _permit = self.gate.acquire().await.map_err(|_| ModelError::Disconnected)?;
+        }
+        self.inner.stream(request).await
+    }
 }
 
 /// Scenario: a recovery pass resumes the turns left running under lapsed leases and only

@@ -326,8 +326,9 @@ impl Runtime {
     /// turn, its end being one of the refused writes. A tool call it has not journaled never
     /// starts; one under way is in doubt, as after a crash. From then on the runtime takes no
     /// new turns ([`RunnerError::HandedOver`]) and recovers none. A turn whose start was
-    /// under way is handed over the same way as soon as it is running (it is not counted).
-    /// Returns how many turns were handed over.
+    /// under way is handed over the same way as soon as it is running. Returns how many of
+    /// the turns running when it was called were handed over (a start under way may or may
+    /// not be among them).
     pub async fn hand_over(&self) -> usize {
         self.inner.handed_over.store(true, Ordering::Release);
         // A keeper round under way ends first; the next one sees the flag and stops.

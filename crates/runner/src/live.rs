@@ -161,37 +161,50 @@ enum Source {
     Stored,
 }
 
+/// Looks the turn up among the turns live in this process.
+pub(crate) type FindLive = Box<dyn Fn() -> Option<Arc<LiveTurn>> + Send + Sync>;
+
 struct Subscription {
     store: Arc<dyn Store>,
     turn_id: TurnId,
     source: Source,
+    /// For a turn followed through the store: whether it has become live here since (a
+    /// recovery pass of this process took it over), to follow it live from then on.
+    find_live: FindLive,
     /// The last `seq` handed out.
     cursor: u64,
     buffer: VecDeque<Arc<EventEnvelope>>,
     finished: bool,
 }
 
-/// Subscribes to a turn after `after`: live when the turn is live here, else from the store.
+/// Subscribes to a turn after `after`: live when the turn is live here, else from the store
+/// until it becomes live here (`find_live`).
 pub(crate) fn subscribe(
     store: Arc<dyn Store>,
     turn_id: TurnId,
-    live: Option<Arc<LiveTurn>>,
+    find_live: FindLive,
     after: u64,
 ) -> EventStream {
-    let source = match live {
-        Some(turn) => {
-            // Subscribe to changes before the first read so no push is missed.
-            let changed = turn.changed.subscribe();
-            Source::Live { turn, changed }
-        }
-        None => Source::Stored,
+    let source = find_live().map_or(Source::Stored, live_source);
+    let subscription = Subscription {
+        store,
+        turn_id,
+        source,
+        find_live,
+        cursor: after,
+        buffer: VecDeque::new(),
+        finished: false,
     };
-    let subscription =
-        Subscription { store, turn_id, source, cursor: after, buffer: VecDeque::new(), finished: false };
     Box::pin(futures_util::stream::unfold(subscription, |mut subscription| async move {
         let next = subscription.next().await;
         next.map(|item| (item, subscription))
     }))
+}
+
+fn live_source(turn: Arc<LiveTurn>) -> Source {
+    // Subscribe to changes before the first read so no push is missed.
+    let changed = turn.changed.subscribe();
+    Source::Live { turn, changed }
 }
 
 impl Subscription {
@@ -246,6 +259,12 @@ impl Subscription {
                     }
                 }
                 Source::Stored => {
+                    // Running elsewhere, or not yet taken over by this process's recovery:
+                    // once it runs here, its live log has what the store lacks (deltas).
+                    if let Some(turn) = (self.find_live)() {
+                        self.source = live_source(turn);
+                        continue;
+                    }
                     self.read_store(None).await?;
                     if !self.buffer.is_empty() {
                         return Ok(());

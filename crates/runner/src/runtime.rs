@@ -720,6 +720,9 @@ impl Runtime {
         // of the live turns came before this one) hands this turn over too, as `hand_over`
         // does its own: fenced out and cancelled, before its engine writes anything.
         let hand_over_first = self.inner.handed_over.load(Ordering::Acquire);
+        // A recovered turn may have been cancelled while no process ran it (the request is
+        // stored in its session): it acts on that at once, not at the lease keeper's round.
+        let recovered = matches!(start, Start::Recovered { .. });
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(
             store.clone(),
@@ -738,6 +741,8 @@ impl Runtime {
         tokio::spawn(Box::pin(async move {
             if hand_over_first {
                 runtime.hand_over_one(&live).await;
+            } else if recovered {
+                cancel_if_requested(store.as_ref(), &live).await;
             }
             // A panic in the engine (a model, a tool, a bug) ends the turn with an error
             // instead of leaving it running with its lease renewed for ever.
@@ -802,13 +807,7 @@ impl Runtime {
                         continue;
                     }
                     // A cancellation asked for by another process sharing the store.
-                    if let Ok(session) = store.get_session(turn.session_id).await {
-                        let requested = session.state.get(CANCEL_REQUEST_KEY).and_then(Value::as_str)
-                            == Some(turn.turn_id.to_string().as_str());
-                        if requested || session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
-                            turn.request_cancel(CancellationReason::ClientCancelled);
-                        }
-                    }
+                    cancel_if_requested(store.as_ref(), &turn).await;
                 }
             }
         });
@@ -1082,6 +1081,18 @@ impl Session {
     }
 }
 
+/// Cancels a turn running here when its session asks for it: the session is cancelled, or
+/// the cancellation of this turn was stored (by a process where it was not running).
+async fn cancel_if_requested(store: &dyn Store, turn: &LiveTurn) {
+    if let Ok(session) = store.get_session(turn.session_id).await {
+        let requested = session.state.get(CANCEL_REQUEST_KEY).and_then(Value::as_str)
+            == Some(turn.turn_id.to_string().as_str());
+        if requested || session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
+            turn.request_cancel(CancellationReason::ClientCancelled);
+        }
+    }
+}
+
 /// Gives back a lease that a turn start or a recovery pass took and will not use, by
 /// letting it lapse at once rather than deleting it: the lease may have replaced the lapsed
 /// one of a dead process whose turn is still running, and recovery passes find such turns
@@ -1252,11 +1263,17 @@ impl TurnHandle {
 
     /// Its events after `after_seq` (all with `None`), live while it runs, ending after
     /// `turn.done`. A turn finished longer ago than the live retention is served from the
-    /// stored log (no deltas).
+    /// stored log (no deltas), and so is a turn running in another process; one that a
+    /// recovery pass of this runtime takes over meanwhile is followed live from then on.
     #[must_use]
     pub fn stream(&self, after_seq: Option<u64>) -> EventStream {
-        let live = self.runtime.live_turn(self.id());
-        subscribe(self.runtime.inner.store.clone(), self.id(), live, after_seq.unwrap_or(0))
+        // A weak reference: a stream does not keep a dropped runtime alive.
+        let (runtime, id) = (Arc::downgrade(&self.runtime.inner), self.id());
+        let find_live = Box::new(move || {
+            let inner = runtime.upgrade()?;
+            inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
+        });
+        subscribe(self.runtime.inner.store.clone(), id, find_live, after_seq.unwrap_or(0))
     }
 
     /// A snapshot of its stored events (no deltas: messages are complete), in `order`.
@@ -1291,6 +1308,12 @@ impl TurnHandle {
                 &SessionUpdate { state: Some(state), ..SessionUpdate::default() },
             )
             .await?;
+        // A recovery pass here may have taken the turn over meanwhile, after it looked for
+        // the request: cancel it here too.
+        if let Some(live) = self.runtime.live_turn(self.id()) {
+            live.request_cancel(CancellationReason::ClientCancelled);
+            live.wait_done().await;
+        }
         Ok(())
     }
 }

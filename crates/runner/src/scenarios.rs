@@ -1347,6 +1347,68 @@ pub async fn a_turn_starting_while_its_runtime_hands_over_is_handed_over_too(har
     assert!(started > 0, "every start was refused: no turn raced the hand-over");
 }
 
+/// Scenario: a client of a restarted server reaches it before its recovery pass took the
+/// turns over (the server serves while the pass runs). A stream opened then follows the
+/// stored log, and switches to the live log once the pass runs the turn here (it gets the
+/// recovered turn's deltas); a cancellation asked for then is stored, and the recovered
+/// turn acts on it at once rather than at its lease keeper's round (minutes away here).
+pub async fn a_turn_followed_or_cancelled_before_this_process_recovers_it_is_then_live_here(
+    harness: Harness,
+) {
+    let (held, _gate) = GatedModel::new("held back");
+    let options = RuntimeOptions {
+        lease_ttl: Duration::from_secs(600),
+        live_retention: Duration::from_secs(600),
+        ..RuntimeOptions::default()
+    };
+    let first = Runtime::with_options(harness.store.clone(), options.clone());
+    first.register(Agent::builder("held", held.clone()).build());
+    let (followed, cancelled) = (session_for(&first, "held").await, session_for(&first, "held").await);
+    let mut turns = Vec::new();
+    for session in [&followed, &cancelled] {
+        let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+        until_first_delta(&mut turn.stream(None)).await;
+        turns.push(turn);
+    }
+    assert_eq!(first.hand_over().await, 2);
+    for turn in &turns {
+        assert!(matches!(turn.wait().await.unwrap(), TurnState::Running));
+    }
+
+    // The restarted process, before its recovery pass.
+    let second = Runtime::with_options(harness.store.clone(), options);
+    let streamed = ScriptedResponse { chunk_chars: Some(2), ..ScriptedResponse::text("recovered here") };
+    second.register(Agent::builder("held", Arc::new(ScriptedModel::new(vec![streamed]))).build());
+    let here = second.get_turn(turns[0].id()).await.unwrap();
+    let stored_seq = here.events(Order::Asc).await.unwrap().last().unwrap().seq;
+    let following = tokio::spawn(collect(here.stream(Some(stored_seq))));
+    second.get_turn(turns[1].id()).await.unwrap().cancel().await.unwrap();
+    tokio::task::yield_now().await;
+
+    let mut resumed = second.recover().await.unwrap();
+    resumed.sort_by_key(|turn| turns.iter().position(|mine| mine.id() == turn.id()));
+    assert_eq!(
+        resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(),
+        turns.iter().map(TurnHandle::id).collect::<Vec<_>>()
+    );
+    let within = Duration::from_secs(30);
+    let events = tokio::time::timeout(within, following)
+        .await
+        .expect("the stream ends with the recovered turn")
+        .unwrap();
+    let deltas = events.iter().filter(|event| event.payload.kind() == "model.message.delta").count();
+    assert!(deltas > 0, "followed from the store only: {:?}", kinds(&events));
+    assert_eq!(kinds(&events).last(), Some(&"turn.done"));
+    let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+    assert!(seqs.first().is_some_and(|first| *first > stored_seq), "{seqs:?}");
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "{seqs:?}");
+    assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("recovered here"));
+
+    let state = tokio::time::timeout(within, resumed[1].wait()).await;
+    let state = state.expect("the stored cancellation is acted on at once").unwrap();
+    assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+}
+
 /// Scenario: a turn handed over while its memory update asks for a summary does not
 /// store that summary (the session is the next holder's, and so is its summary), but
 /// still the user's profile; the process that recovers the turn updates the summary.
@@ -1703,6 +1765,7 @@ macro_rules! runner_scenarios {
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,
             a_turn_starting_while_its_runtime_hands_over_is_handed_over_too,
+            a_turn_followed_or_cancelled_before_this_process_recovers_it_is_then_live_here,
             turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn);
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

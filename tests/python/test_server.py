@@ -694,6 +694,24 @@ class BadInput(unittest.TestCase):
             self.assertEqual(h.get("/readyz").status_code, 200)
             self.assertEqual(h.get(f"/v1/agents/sessions/{sid}").status_code, 200)
 
+    def test_page_tokens_belong_to_their_listing(self):
+        with http() as h:
+            for _ in range(2):
+                h.post("/v1/agents/sessions", json={"agent_name": "demo"})
+            listed = h.get("/v1/agents/sessions", params={"agent_name": "demo", "limit": 1}).json()
+            token = listed["pagination"]["next_page_token"]
+            same = h.get("/v1/agents/sessions", params={"agent_name": "demo", "limit": 1, "page_token": token})
+            self.assertEqual(same.status_code, 200, same.text)
+            for other in [{"agent_name": "demo-team"}, {"agent_name": "demo", "order": "asc"}]:
+                self.assert_error(h.get("/v1/agents/sessions", params={**other, "page_token": token}), 400)
+            session = client().create_session(agent_name="demo")
+            run(session, message("calculate 6 * 7"))
+            sid, tid = session.id, next(iter(session.list_turns())).id
+            events = h.get(f"/v1/agents/sessions/{sid}/turns/{tid}/events", params={"limit": 1}).json()
+            token = events["pagination"]["next_page_token"]
+            self.assertTrue(token, events)
+            self.assert_error(h.get(f"/v1/agents/sessions/{sid}/events", params={"page_token": token}), 400)
+
     def test_sse_hygiene_headers(self):
         with http() as h:
             sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]

@@ -139,8 +139,6 @@ impl InMemoryStore {
     }
 }
 
-const SESSIONS: &str = "sessions";
-
 #[async_trait]
 impl SessionStore for InMemoryStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
@@ -200,7 +198,7 @@ impl SessionStore for InMemoryStore {
     ) -> StoreResult<Page<SessionRecord>> {
         let limit = page.effective_limit();
         let after = match &page.token {
-            Some(token) => Some(session_key(&decode_token(SESSIONS, token)?, token)?),
+            Some(token) => Some(session_key(&decode_token(&query.page_kind(), token)?, token)?),
             None => None,
         };
         let state = self.state();
@@ -218,7 +216,7 @@ impl SessionStore for InMemoryStore {
             .take(limit + 1)
             .cloned()
             .collect();
-        Ok(Page::from_lookahead(items, limit, SESSIONS, |s| {
+        Ok(Page::from_lookahead(items, limit, &query.page_kind(), |s| {
             format!("{}:{}", s.created_at.unix_micros(), s.id)
         }))
     }

@@ -57,6 +57,23 @@ pub struct SessionQuery {
 }
 
 impl SessionQuery {
+    /// The listing kind of this query's pages (see [`crate::encode_token`]): a token from
+    /// a listing with other filters, or in the other order, is refused by this one, where
+    /// it would continue from a position of another listing.
+    #[must_use]
+    pub fn page_kind(&self) -> String {
+        let fields = serde_json::json!([
+            self.session_type.map(|kind| serde_json::to_value(kind).unwrap_or_default()),
+            self.name,
+            self.owner,
+            self.user_id,
+            self.created_from.map(Timestamp::unix_micros),
+            self.created_until.map(Timestamp::unix_micros),
+            self.oldest_first,
+        ]);
+        format!("sessions:{fields}")
+    }
+
     /// Whether a session matches.
     #[must_use]
     pub fn matches(&self, session: &SessionRecord) -> bool {

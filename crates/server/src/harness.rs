@@ -482,6 +482,10 @@ async fn list_session_events(
     let session = caller.session(&state, &session_id).await?;
     let store = state.runtime.store();
     let (mut next_turn, mut before): (Option<RunRecord>, Option<u64>) = if let Some(cursor) = cursor {
+        // A turn's own listing writes its order into its tokens; this one writes none.
+        if cursor.order.is_some() {
+            return Err(ApiError::bad_param("page_token", "the page_token belongs to another listing"));
+        }
         let id: TurnId =
             cursor.turn_id.parse().map_err(|_| ApiError::bad_param("page_token", "invalid page_token"))?;
         let run =

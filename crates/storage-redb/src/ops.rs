@@ -38,8 +38,6 @@ mod uuid_bits {
     }
 }
 
-const SESSIONS_KIND: &str = "sessions";
-
 /// Creates every table, so that reads of a new store find them.
 pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     fn touch<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -303,7 +301,7 @@ impl SessionStore for RedbStore {
         let limit = page.effective_limit();
         let after = match &page.token {
             Some(token) => {
-                let key = decode_token(SESSIONS_KIND, token)?;
+                let key = decode_token(&query.page_kind(), token)?;
                 let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
                 let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
                 let micros: i64 = micros.parse().map_err(|_| invalid())?;
@@ -339,7 +337,7 @@ impl SessionStore for RedbStore {
                     }
                 }
             }
-            Ok(Page::from_lookahead(items, limit, SESSIONS_KIND, |s| {
+            Ok(Page::from_lookahead(items, limit, &query.page_kind(), |s| {
                 format!("{}:{}", s.created_at.unix_micros(), s.id)
             }))
         })

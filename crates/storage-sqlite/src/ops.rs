@@ -22,8 +22,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::sqlite;
 use crate::{SqliteStore, Tx};
 
-const SESSIONS: &str = "sessions";
-
 fn session_exists(connection: &Connection, id: &str) -> StoreResult<bool> {
     connection
         .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
@@ -159,7 +157,7 @@ impl SessionStore for SqliteStore {
         let limit = page.effective_limit();
         let after = match &page.token {
             Some(token) => {
-                let key = decode_token(SESSIONS, token)?;
+                let key = decode_token(&query.page_kind(), token)?;
                 let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
                 let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
                 let micros: i64 = micros.parse().map_err(|_| invalid())?;
@@ -193,7 +191,7 @@ impl SessionStore for SqliteStore {
                     }
                 }
             }
-            Ok(Page::from_lookahead(items, limit, SESSIONS, |s| {
+            Ok(Page::from_lookahead(items, limit, &query.page_kind(), |s| {
                 format!("{}:{}", s.created_at.unix_micros(), s.id)
             }))
         })

@@ -522,6 +522,19 @@ pub async fn sessions_list_refuses_a_garbage_or_foreign_page_token(store: Arc<dy
     assert_invalid(
         store.list_runs(session.id, &RunQuery::default(), &PageRequest::after("bm9wZQ", 10)).await,
     );
+    // A token is its listing's: not another filter's, nor the other order's.
+    new_session(&*store).await;
+    let named = SessionQuery { name: Some("agent".into()), ..SessionQuery::default() };
+    let token = store.list_sessions(&named, &PageRequest::first(1)).await.unwrap().next_token.unwrap();
+    assert!(store.list_sessions(&named, &PageRequest::after(token.clone(), 10)).await.is_ok());
+    for other in [
+        SessionQuery { name: Some("other".into()), ..SessionQuery::default() },
+        SessionQuery { oldest_first: true, ..named.clone() },
+        SessionQuery { user_id: Some("u".into()), ..named.clone() },
+        SessionQuery::default(),
+    ] {
+        assert_invalid(store.list_sessions(&other, &PageRequest::after(token.clone(), 10)).await);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -180,6 +180,14 @@ def run(session, input):
     return [item.event for item in items], [item.sequence_number for item in items]
 
 
+def wait_until_idle(h, turns):
+    """Waits for the session's latest turn to end, by following its stream to the end."""
+    latest = h.get(turns, params={"limit": 1}).json()["data"][0]["id"]
+    with h.stream("POST", f"{turns}/{latest}/subscribe", json={}) as stream:
+        for _ in stream.iter_lines():
+            pass
+
+
 def merged_text(events, thread="main"):
     final = [e for e in events if isinstance(e, ModelMessageEvent) and e.thread_id == thread]
     return final[-1].content if final else None
@@ -690,6 +698,16 @@ class BadInput(unittest.TestCase):
             self.assert_error(h.post(subscribe, json={}, headers={"Last-Event-ID": "abc"}), 400)
             self.assert_error(h.post(subscribe, json={"after_sequence_number": "x"}), 400)
             self.assert_error(h.get(f"{turns}/{tid}/events", params={"page_token": "@@"}), 400)
+            self.assert_error(h.put("/v1/agents/sessions"), 405)
+            # Turns chain in a line: naming a turn that is not the latest is refused, and the
+            # error names the parameter.
+            again = {"input": [{"type": "user.message", "content": "again"}], "stream": False}
+            self.assertEqual(h.post(turns, json=again).status_code, 200)
+            wait_until_idle(h, turns)
+            stale = {"input": [{"type": "user.message", "content": "x"}], "previous_turn_id": tid, "stream": False}
+            refused = h.post(turns, json=stale)
+            self.assert_error(refused, 400)
+            self.assertEqual(refused.json()["error"].get("param"), "previous_turn_id", refused.text)
             self.assertEqual(h.get("/healthz").status_code, 200)
             self.assertEqual(h.get("/readyz").status_code, 200)
             self.assertEqual(h.get(f"/v1/agents/sessions/{sid}").status_code, 200)

@@ -31,6 +31,13 @@ pub enum RunnerError {
     /// The request breaks an input rule (seed 002); nothing was changed.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The turn a new turn names as its previous one is not the session's latest: turns
+    /// chain in a line, so only the latest can be continued. Nothing was changed.
+    #[error("turn {turn_id} is not the session's latest turn; a new turn chains on the latest")]
+    NotLatestTurn {
+        /// The turn named.
+        turn_id: TurnId,
+    },
     /// A turn's stored events were asked for while it is still running.
     #[error("turn {turn_id} is still running; stream it instead")]
     TurnStillRunning {

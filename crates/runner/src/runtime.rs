@@ -963,9 +963,7 @@ impl Session {
                 // is answered twice.
                 let latest = store.list_runs(self.id(), &query, &PageRequest::first(1)).await?.items;
                 if latest.first().is_some_and(|latest| latest.id != id) {
-                    return Err(RunnerError::InvalidInput(format!(
-                        "turn {id} is not the session's latest turn; a new turn chains on the latest"
-                    )));
+                    return Err(RunnerError::NotLatestTurn { turn_id: id });
                 }
                 Ok(Some(run))
             }

@@ -1055,7 +1055,10 @@ pub async fn a_new_turn_chains_only_on_the_latest_turn(harness: Harness) {
         ..TurnRequest::message("three")
     };
     let refused = session.create_turn(stale).await;
-    assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(RunnerError::NotLatestTurn { turn_id }) if turn_id == first.id()),
+        "{refused:?}"
+    );
     let latest = TurnRequest {
         previous_turn_id: crate::PreviousTurn::Turn(second.id()),
         ..TurnRequest::message("three")

@@ -113,6 +113,7 @@ impl From<RunnerError> for ApiError {
             }
             RunnerError::TurnStillRunning { .. } => Self::precondition("turn_running", error.to_string()),
             RunnerError::InvalidInput(message) => Self::bad_param("input", message),
+            RunnerError::NotLatestTurn { .. } => Self::bad_param("previous_turn_id", error.to_string()),
             RunnerError::HandedOver => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", error.to_string())
             }

@@ -396,6 +396,10 @@ fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .merge(team_routes::routes())
         .merge(agui::routes())
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            let message = format!("this route does not take {method}");
+            ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
         .with_state(state)

@@ -779,6 +779,31 @@ def feed_frames(h, path, count=None, until=None, headers=None, connected=None):
 
 
 class Feeds(unittest.TestCase):
+    def test_a_cursor_past_the_newest_event_follows_from_the_live_edge(self):
+        # A Last-Event-ID kept from a store since recreated is far past this store's events:
+        # the feed follows from its newest event rather than waiting to reach the cursor.
+        session = client().create_session(agent_name="demo")
+        connected = threading.Event()
+        frames = []
+
+        def listen():
+            with http() as h:
+                path = f"/event?session_id={session.id}"
+                until = lambda f: f["type"] == "turn.done"  # noqa: E731
+                headers = {"Last-Event-ID": "99999999999"}
+                frames.extend(feed_frames(h, path, until=until, connected=connected, headers=headers))
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        self.assertTrue(connected.wait(timeout=30), "the feed connected")
+        run(session, message("hello there"))
+        listener.join(timeout=30)
+        self.assertFalse(listener.is_alive(), "the feed delivered the turn")
+        kinds = [f["type"] for _, f in frames]
+        self.assertEqual(kinds[0], "server.connected")
+        self.assertIn("turn.created", kinds)
+        self.assertIn("turn.done", kinds)
+
     def test_global_feed_carries_a_spawn_and_resumes_without_gaps(self):
         alice = client()
         session = alice.create_session(agent_name="demo-team")

@@ -71,7 +71,12 @@ impl SessionQuery {
             self.created_until.map(Timestamp::unix_micros),
             self.oldest_first,
         ]);
-        format!("sessions:{fields}")
+        // Hashed: the filters may hold any character (a subject `auth0|123`), and tokens stay
+        // short. FNV-1a, fixed here, so tokens survive an upgrade of the toolchain.
+        let hash = fields.to_string().bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("sessions:{hash:016x}")
     }
 
     /// Whether a session matches.

@@ -108,6 +108,13 @@ impl LiveTurn {
         self.log().done
     }
 
+    /// Whether the log was closed without a terminal event: the turn was handed over or
+    /// lost its lease, and goes on (if at all) in another process or a later recovery.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        let log = self.log();
+        log.done && !log.events.last().is_some_and(|event| event.payload.is_terminal())
+    }
+
     /// Asks the turn to stop. Idempotent: the first reason wins.
     pub(crate) fn request_cancel(&self, reason: CancellationReason) {
         self.cancel.send_if_modified(|current| {
@@ -250,6 +257,11 @@ impl Subscription {
                         return Ok(());
                     }
                     if complete {
+                        if turn.is_abandoned() {
+                            // Handed over or lost here: its end is for whoever runs it now.
+                            self.source = Source::Stored;
+                            continue;
+                        }
                         self.finished = true;
                         return Ok(());
                     }

@@ -306,6 +306,13 @@ impl Runtime {
         self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
     }
 
+    /// [`Runtime::live_turn`], unless its log was abandoned here (the turn was handed over
+    /// or lost its lease): such a turn is followed, and cancelled, through the store.
+    fn running_here(inner: &RuntimeInner, id: TurnId) -> Option<Arc<LiveTurn>> {
+        let live = inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned();
+        live.filter(|live| !live.is_abandoned())
+    }
+
     fn running_turn_of(&self, session: SessionId) -> Option<Arc<LiveTurn>> {
         self.inner
             .live
@@ -1267,10 +1274,7 @@ impl TurnHandle {
     pub fn stream(&self, after_seq: Option<u64>) -> EventStream {
         // A weak reference: a stream does not keep a dropped runtime alive.
         let (runtime, id) = (Arc::downgrade(&self.runtime.inner), self.id());
-        let find_live = Box::new(move || {
-            let inner = runtime.upgrade()?;
-            inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
-        });
+        let find_live = Box::new(move || Runtime::running_here(&*runtime.upgrade()?, id));
         subscribe(self.runtime.inner.store.clone(), id, find_live, after_seq.unwrap_or(0))
     }
 
@@ -1290,7 +1294,7 @@ impl TurnHandle {
     /// Errors: `NotFound` when the turn or its session was deleted; `Store` when the request
     /// cannot be stored.
     pub async fn cancel(&self) -> RuntimeResult<()> {
-        if let Some(live) = self.runtime.live_turn(self.id()) {
+        if let Some(live) = Runtime::running_here(&self.runtime.inner, self.id()) {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
             return Ok(());
@@ -1308,7 +1312,7 @@ impl TurnHandle {
             .await?;
         // A recovery pass here may have taken the turn over meanwhile, after it looked for
         // the request: cancel it here too.
-        if let Some(live) = self.runtime.live_turn(self.id()) {
+        if let Some(live) = Runtime::running_here(&self.runtime.inner, self.id()) {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
         }

@@ -1310,6 +1310,10 @@ pub async fn a_handed_over_turn_is_recovered_at_once_by_another_runtime(harness:
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("recovered"));
+    // The stream opened on the first runtime did not end with the hand-over: it followed
+    // the turn through the store to the end the second runtime gave it.
+    let rest = tokio::time::timeout(Duration::from_secs(30), collect(live)).await.expect("the stream ends");
+    assert_eq!(kinds(&rest).last(), Some(&"turn.done"), "{:?}", kinds(&rest));
     let events = turn.events(Order::Asc).await.unwrap();
     assert_eq!(events.iter().filter(|event| event.payload.kind() == "turn.done").count(), 1);
     assert_eq!(events.iter().filter(|event| event.payload.kind() == "model.message").count(), 1);
@@ -1385,7 +1389,9 @@ pub async fn a_turn_followed_or_cancelled_before_this_process_recovers_it_is_the
     let here = second.get_turn(turns[0].id()).await.unwrap();
     let stored_seq = here.events(Order::Asc).await.unwrap().last().unwrap().seq;
     let following = tokio::spawn(collect(here.stream(Some(stored_seq))));
-    second.get_turn(turns[1].id()).await.unwrap().cancel().await.unwrap();
+    // Cancelled through the first runtime's handle: the turn is no longer its to cancel,
+    // so the request is stored for whoever recovers it.
+    turns[1].cancel().await.unwrap();
     tokio::task::yield_now().await;
 
     let mut resumed = second.recover().await.unwrap();

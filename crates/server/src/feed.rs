@@ -191,20 +191,25 @@ fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<I
         // newest event (one kept from a store since recreated) starts there too: waiting
         // for it to be reached would deliver nothing, perhaps for ever. (Positions are never
         // reused, so a cursor past events deleted since loses nothing this way.)
+        // A store that cannot say where its newest event is ends the connection (the client
+        // reconnects) rather than replaying everything from the start.
         let newest = |session| {
             let store = store.clone();
             async move {
                 let newest = FeedQuery { session_id: session, order: Order::Desc, after: None };
-                store.feed(&newest, 1).await.ok().and_then(|events| events.first().map(|e| e.position))
+                let events = store.feed(&newest, 1).await.map_err(|error| {
+                    tracing::warn!(%error, "a feed could not read the store's newest event; closing it");
+                })?;
+                Ok::<_, ()>(events.first().map(|event| event.position))
             }
         };
         let mut last = match after {
-            Some(position) => match newest(None).await {
+            Some(position) => match newest(None).await? {
                 Some(newest) if position > newest => Some(newest),
                 Some(_) => Some(position),
                 None => None,
             },
-            None => newest(session).await,
+            None => newest(session).await?,
         };
         // Connected once the start is fixed: every event stored from now on is delivered.
         yield_frame.send(ephemeral("server.connected")).await.map_err(drop)?;

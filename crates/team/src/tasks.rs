@@ -104,7 +104,7 @@ impl Board {
     /// the one in memory, its running tasks made pending again: no call of this turn runs
     /// them yet, and a task stored as running was left so by a process that stopped (or
     /// whose turn was taken over) before it could save how the task ended. When the list
-    /// cannot be read, the one in memory stays in use and the turn's next call tries again.
+    /// cannot be read, the one in memory stays in use for the turn.
     async fn load(&self, context: &ToolContext) {
         let Some(loaded) = context.turn_local::<BoardsLoaded>() else {
             let known = self
@@ -120,7 +120,13 @@ impl Board {
         };
         let board = Arc::as_ptr(&self.lists) as usize;
         let once = loaded.0.lock().unwrap_or_else(PoisonError::into_inner).entry(board).or_default().clone();
-        let _ = once.get_or_try_init(|| self.read_stored(context)).await;
+        // Settled by the first read that finishes, even unsuccessfully: a later read must
+        // not replace a list the turn's calls have already worked on (a task one of them
+        // started would be pending again). A read dropped with its call settles nothing.
+        once.get_or_init(|| async {
+            let _ = self.read_stored(context).await;
+        })
+        .await;
     }
 
     /// Replaces the session's list in memory with the stored one; `Err` when it cannot be

@@ -522,9 +522,20 @@ pub async fn sessions_list_refuses_a_garbage_or_foreign_page_token(store: Arc<dy
     assert_invalid(
         store.list_runs(session.id, &RunQuery::default(), &PageRequest::after("bm9wZQ", 10)).await,
     );
-    // A token is its listing's: not another filter's, nor the other order's.
+    // A token is its listing's: not another filter's, nor the other order's. Filters may
+    // hold any character.
     new_session(&*store).await;
-    let named = SessionQuery { name: Some("agent".into()), ..SessionQuery::default() };
+    let named =
+        SessionQuery { name: Some("agent".into()), owner: Some("alice".into()), ..SessionQuery::default() };
+    let mut odd = session_named("agent");
+    odd.owner = Subject::user("auth0|1:2");
+    for _ in 0..2 {
+        store.create_session(&SessionRecord { id: SessionId::new(), ..odd.clone() }).await.unwrap();
+    }
+    let piped = SessionQuery { owner: Some("auth0|1:2".into()), ..SessionQuery::default() };
+    let page = store.list_sessions(&piped, &PageRequest::first(1)).await.unwrap();
+    let next = store.list_sessions(&piped, &PageRequest::after(page.next_token.unwrap(), 10)).await.unwrap();
+    assert_eq!(page.items.len() + next.items.len(), 2);
     let token = store.list_sessions(&named, &PageRequest::first(1)).await.unwrap().next_token.unwrap();
     assert!(store.list_sessions(&named, &PageRequest::after(token.clone(), 10)).await.is_ok());
     for other in [

@@ -2,10 +2,10 @@
 //! process memory (the latest 1,024 sessions') and written through to the session's state
 //! (`agentry.tasks`), from which each turn reads it again when it first uses it: the turn
 //! before may have run in another process, or this process's last saves may have been
-//! refused (its turn was taken over). Every
-//! task a member runs is a sub-agent thread with a stored member run; a task whose member
-//! paused for a person pauses the team turn and resumes with the next turn's answers, and a
-//! finished task gives its result again without running.
+//! refused (its turn was taken over). Every task a member runs is a sub-agent thread with a
+//! stored member run; a task whose member paused for a person pauses the team turn and
+//! resumes with the next turn's answers, and a finished task gives its result again
+//! without running.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -61,7 +61,7 @@ struct Board {
 }
 
 /// Per board (by the address of its lists), whether the turn has read its list from the
-/// store: set once a read succeeds, and awaited by the turn's other calls meanwhile, so
+/// store: set once a read finishes, and awaited by the turn's other calls meanwhile, so
 /// that none of them changes the list before it is read.
 #[derive(Default)]
 struct BoardsLoaded(Mutex<HashMap<usize, Arc<tokio::sync::OnceCell<()>>>>);
@@ -114,7 +114,7 @@ impl Board {
                 .by_turn
                 .contains_key(&context.session_id);
             if !known {
-                let _ = self.read_stored(context).await;
+                self.read_stored(context).await;
             }
             return;
         };
@@ -123,24 +123,27 @@ impl Board {
         // Settled by the first read that finishes, even unsuccessfully: a later read must
         // not replace a list the turn's calls have already worked on (a task one of them
         // started would be pending again). A read dropped with its call settles nothing.
-        once.get_or_init(|| async {
-            let _ = self.read_stored(context).await;
-        })
-        .await;
+        once.get_or_init(|| self.read_stored(context)).await;
     }
 
-    /// Replaces the session's list in memory with the stored one; `Err` when it cannot be
-    /// read.
-    async fn read_stored(&self, context: &ToolContext) -> Result<(), ()> {
-        let Some(store) = context.store() else { return Ok(()) };
-        let session = store.get_session(context.session_id).await.map_err(|error| {
-            tracing::warn!(%error, "reading the stored task list failed; the one in memory stays for now");
-        })?;
-        let mut tasks = match session.state.get(STATE_KEY) {
+    /// Replaces the session's list in memory with the stored one; when it cannot be read,
+    /// leaves the one in memory (and says so in the log).
+    async fn read_stored(&self, context: &ToolContext) {
+        let Some(store) = context.store() else { return };
+        let session = match store.get_session(context.session_id).await {
+            Ok(session) => session,
+            Err(error) => {
+                tracing::warn!(%error, "reading the stored task list failed; the one in memory stays in use");
+                return;
+            }
+        };
+        let mut tasks = match session.state.get(STATE_KEY).map(Vec::<Task>::deserialize) {
             None => Vec::new(),
-            Some(stored) => serde_json::from_value::<Vec<Task>>(stored.clone()).map_err(|error| {
-                tracing::warn!(%error, "the stored task list does not read; the one in memory stays");
-            })?,
+            Some(Ok(tasks)) => tasks,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "the stored task list does not read; the one in memory stays in use");
+                return;
+            }
         };
         for task in &mut tasks {
             if task.status == Status::Running {
@@ -148,7 +151,6 @@ impl Board {
             }
         }
         self.with(context.session_id, |list| *list = tasks);
-        Ok(())
     }
 
     /// Writes the session's list through to its state (best effort: the list in memory is

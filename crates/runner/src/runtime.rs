@@ -1247,7 +1247,10 @@ impl TurnHandle {
         Ok(self.runtime.inner.store.get_run(self.id()).await?.state)
     }
 
-    /// Waits for the turn to end and returns its terminal state.
+    /// Waits for the turn to end and returns its terminal state. A turn this runtime handed
+    /// over, or whose lease it lost, stops here without ending: for it this returns the
+    /// stored state as it then is (still running; another process ends the turn), so that
+    /// a process handing its turns over is not held up by them.
     ///
     /// Errors: `NotFound` when deleted; `Store` when the store fails.
     pub async fn wait(&self) -> RuntimeResult<TurnState> {
@@ -1297,7 +1300,11 @@ impl TurnHandle {
         if let Some(live) = Runtime::running_here(&self.runtime.inner, self.id()) {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
-            return Ok(());
+            // Handed over (or its lease lost) before it could end here: the turn goes on
+            // elsewhere, and the request is stored for whoever runs it.
+            if !live.is_abandoned() {
+                return Ok(());
+            }
         }
         let store = &self.runtime.inner.store;
         if store.get_run(self.id()).await?.state.is_terminal() {

@@ -197,8 +197,10 @@ impl SessionStore for InMemoryStore {
         page: &PageRequest,
     ) -> StoreResult<Page<SessionRecord>> {
         let limit = page.effective_limit();
+        // Once per call: the kind serializes and hashes the query.
+        let kind = query.page_kind();
         let after = match &page.token {
-            Some(token) => Some(session_key(&decode_token(&query.page_kind(), token)?, token)?),
+            Some(token) => Some(session_key(&decode_token(&kind, token)?, token)?),
             None => None,
         };
         let state = self.state();
@@ -216,9 +218,7 @@ impl SessionStore for InMemoryStore {
             .take(limit + 1)
             .cloned()
             .collect();
-        Ok(Page::from_lookahead(items, limit, &query.page_kind(), |s| {
-            format!("{}:{}", s.created_at.unix_micros(), s.id)
-        }))
+        Ok(Page::from_lookahead(items, limit, &kind, |s| format!("{}:{}", s.created_at.unix_micros(), s.id)))
     }
 }
 

@@ -107,6 +107,11 @@ struct RuntimeInner {
 
 impl RuntimeInner {
     /// This runtime's turns that have not ended.
+    /// The turn's live log in this process, if it has one.
+    fn live_turn(&self, id: TurnId) -> Option<Arc<LiveTurn>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
+    }
+
     fn running_turns(&self) -> Vec<Arc<LiveTurn>> {
         self.live
             .lock()
@@ -303,14 +308,13 @@ impl Runtime {
     }
 
     fn live_turn(&self, id: TurnId) -> Option<Arc<LiveTurn>> {
-        self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
+        self.inner.live_turn(id)
     }
 
     /// [`Runtime::live_turn`], unless its log was abandoned here (the turn was handed over
     /// or lost its lease): such a turn is followed, and cancelled, through the store.
     fn running_here(inner: &RuntimeInner, id: TurnId) -> Option<Arc<LiveTurn>> {
-        let live = inner.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned();
-        live.filter(|live| !live.is_abandoned())
+        inner.live_turn(id).filter(|live| !live.is_abandoned())
     }
 
     fn running_turn_of(&self, session: SessionId) -> Option<Arc<LiveTurn>> {

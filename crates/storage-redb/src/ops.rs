@@ -299,9 +299,11 @@ impl SessionStore for RedbStore {
         page: &PageRequest,
     ) -> StoreResult<Page<SessionRecord>> {
         let limit = page.effective_limit();
+        // Once per call: the kind serializes and hashes the query.
+        let kind = query.page_kind();
         let after = match &page.token {
             Some(token) => {
-                let key = decode_token(&query.page_kind(), token)?;
+                let key = decode_token(&kind, token)?;
                 let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
                 let (micros, id) = key.split_once(':').ok_or_else(invalid)?;
                 let micros: i64 = micros.parse().map_err(|_| invalid())?;
@@ -337,7 +339,7 @@ impl SessionStore for RedbStore {
                     }
                 }
             }
-            Ok(Page::from_lookahead(items, limit, &query.page_kind(), |s| {
+            Ok(Page::from_lookahead(items, limit, &kind, |s| {
                 format!("{}:{}", s.created_at.unix_micros(), s.id)
             }))
         })

@@ -113,6 +113,15 @@ impl ScriptedResponse {
     /// The deltas this response streams as call number `call` (from 1) of a model.
     #[must_use]
     pub fn deltas(&self, call: usize, request: &ModelRequest) -> Vec<ModelMessageDelta> {
+        self.delta_iter(call, request).collect()
+    }
+
+    /// [`ScriptedResponse::deltas`], made one at a time as they are taken.
+    fn delta_iter(
+        &self,
+        call: usize,
+        request: &ModelRequest,
+    ) -> impl Iterator<Item = ModelMessageDelta> + Send + 'static {
         let finish_reason = self.finish_reason.clone().unwrap_or(if self.tool_calls.is_empty() {
             FinishReason::Stop
         } else {
@@ -134,7 +143,7 @@ impl ScriptedResponse {
             usage: Some(self.usage.unwrap_or_else(|| self.estimated_usage(request))),
             ..ModelMessage::default()
         };
-        message.to_deltas(self.chunk_chars.unwrap_or(8))
+        message.into_deltas(self.chunk_chars.unwrap_or(8))
     }
 
     /// Usage estimated at four characters a token, for responses without exact usage.
@@ -287,12 +296,13 @@ impl Model for ScriptedModel {
         if let Some(error) = response.error.clone() {
             return Err(error);
         }
-        let mut items: Vec<Result<ModelMessageDelta, ModelError>> =
-            response.deltas(call, &request).into_iter().map(Ok).collect();
-        if let Some((after, error)) = response.fail_after.clone() {
-            items.truncate(after);
-            items.push(Err(error));
-        }
+        // Made as they are taken: a long reply never exists as all of its deltas at once.
+        let deltas = response.delta_iter(call, &request).map(Ok);
+        let items: Box<dyn Iterator<Item = Result<ModelMessageDelta, ModelError>> + Send> =
+            match response.fail_after.clone() {
+                Some((after, error)) => Box::new(deltas.take(after).chain(std::iter::once(Err(error)))),
+                None => Box::new(deltas),
+            };
         let stream = futures_util::stream::iter(items);
         Ok(match response.delay {
             Some(delay) => stream

@@ -512,62 +512,63 @@ impl ModelMessage {
     /// (its `name` aside, which deltas do not carry).
     #[must_use]
     pub fn to_deltas(&self, chunk: usize) -> Vec<ModelMessageDelta> {
+        self.clone().into_deltas(chunk).collect()
+    }
+
+    /// [`ModelMessage::to_deltas`], made one at a time as they are taken: a long message
+    /// never exists as all of its deltas at once.
+    pub fn into_deltas(self, chunk: usize) -> impl Iterator<Item = ModelMessageDelta> + Send + 'static {
         let chunk = chunk.max(1);
-        // Pieces of `chunk` characters each, cut at character boundaries.
-        let pieces = |text: &str| -> Vec<String> {
-            let mut pieces = Vec::with_capacity(text.len().div_ceil(chunk));
-            let mut rest = text;
-            while !rest.is_empty() {
-                let end = rest.char_indices().nth(chunk).map_or(rest.len(), |(at, _)| at);
-                let (piece, tail) = rest.split_at(end);
-                pieces.push(piece.to_owned());
-                rest = tail;
-            }
-            pieces
-        };
-        let mut deltas = Vec::new();
-        for piece in pieces(self.reasoning_content.as_deref().unwrap_or_default()) {
-            deltas.push(ModelMessageDelta { reasoning_content: Some(piece), ..ModelMessageDelta::default() });
-        }
-        for piece in pieces(self.content.as_deref().unwrap_or_default()) {
-            deltas.push(ModelMessageDelta::text(piece));
-        }
-        for piece in pieces(self.refusal.as_deref().unwrap_or_default()) {
-            deltas.push(ModelMessageDelta { refusal: Some(piece), ..ModelMessageDelta::default() });
-        }
-        for (index, call) in self.tool_calls.iter().enumerate() {
+        let Self { content, reasoning_content, refusal, tool_calls, finish_reason, usage, name: _ } = self;
+        let reasoning = pieces(reasoning_content, chunk).map(|piece| ModelMessageDelta {
+            reasoning_content: Some(piece),
+            ..ModelMessageDelta::default()
+        });
+        let text = pieces(content, chunk).map(ModelMessageDelta::text);
+        let refusal = pieces(refusal, chunk)
+            .map(|piece| ModelMessageDelta { refusal: Some(piece), ..ModelMessageDelta::default() });
+        let calls = tool_calls.into_iter().enumerate().flat_map(move |(index, call)| {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
-            deltas.push(ModelMessageDelta {
+            let ToolCall { id, kind, function, tool_info } = call;
+            let opening = ModelMessageDelta {
                 tool_calls: vec![ToolCallDelta {
                     index,
-                    id: Some(call.id.clone()),
-                    kind: Some(call.kind),
+                    id: Some(id),
+                    kind: Some(kind),
                     function: Some(crate::tool::FunctionCallDelta {
-                        name: Some(call.function.name.clone()),
+                        name: Some(function.name),
                         arguments: None,
                     }),
-                    tool_info: call.tool_info.clone(),
+                    tool_info,
+                }],
+                ..ModelMessageDelta::default()
+            };
+            let arguments = pieces(Some(function.arguments), chunk).map(move |piece| ModelMessageDelta {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    function: Some(crate::tool::FunctionCallDelta { name: None, arguments: Some(piece) }),
+                    ..ToolCallDelta::default()
                 }],
                 ..ModelMessageDelta::default()
             });
-            for piece in pieces(&call.function.arguments) {
-                deltas.push(ModelMessageDelta {
-                    tool_calls: vec![ToolCallDelta {
-                        index,
-                        function: Some(crate::tool::FunctionCallDelta { name: None, arguments: Some(piece) }),
-                        ..ToolCallDelta::default()
-                    }],
-                    ..ModelMessageDelta::default()
-                });
-            }
-        }
-        deltas.push(ModelMessageDelta {
-            finish_reason: self.finish_reason.clone(),
-            usage: self.usage,
-            ..ModelMessageDelta::default()
+            std::iter::once(opening).chain(arguments)
         });
-        deltas
+        let last = ModelMessageDelta { finish_reason, usage, ..ModelMessageDelta::default() };
+        reasoning.chain(text).chain(refusal).chain(calls).chain(std::iter::once(last))
     }
+}
+
+/// The pieces of `chunk` characters (the last one shorter) of a text, cut at character
+/// boundaries as they are taken.
+fn pieces(text: Option<String>, chunk: usize) -> impl Iterator<Item = String> + Send + 'static {
+    let text = text.unwrap_or_default();
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let rest = text.get(at..).filter(|rest| !rest.is_empty())?;
+        let end = rest.char_indices().nth(chunk).map_or(rest.len(), |(end, _)| end);
+        at += end;
+        rest.get(..end).map(str::to_owned)
+    })
 }
 
 /// An increment of a [`ModelMessage`] as a model streams it.

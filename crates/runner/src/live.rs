@@ -2,6 +2,14 @@
 //! live log; subscribers read it from their cursor and wait for more, so a slow subscriber
 //! is never skipped. Events before the log's first `seq` (a turn recovered by this process)
 //! and turns not live here are read from the store.
+//!
+//! A delta costs the log a few hundred bytes beside its text, so once a turn's deltas pass
+//! [`RuntimeOptions::live_delta_budget`](crate::RuntimeOptions::live_delta_budget) the log
+//! merges each run of adjacent text deltas (one message, one kind of text, consecutive
+//! `seq`s) into one entry holding the text and where each delta ended in it: four bytes a
+//! delta. A reader behind gets such a run as one delta numbered like its last, carrying the
+//! text of the deltas after its cursor; no text is lost or repeated, and every other event
+//! stays as it was.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -9,7 +17,9 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::{Order, Store};
-use agentry_types::{CancellationReason, SessionId, TurnId, TurnState};
+use agentry_types::{
+    CancellationReason, FunctionCallDelta, ModelMessageDelta, SessionId, ToolCallDelta, TurnId, TurnState,
+};
 use futures_core::Stream;
 use tokio::sync::{Notify, watch};
 
@@ -19,6 +29,12 @@ use crate::error::RuntimeResult;
 const STORE_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Events read from the store per page.
 const STORE_PAGE: usize = 256;
+/// The most text one merged run of deltas holds: a reader far behind gets a long message
+/// in pieces of at most this many bytes (more only when one delta alone is longer).
+const MERGED_TEXT_MAX: usize = 64 * 1024;
+/// What a delta kept whole costs the log beside its text, counted against the budget: the
+/// envelope, its `Arc` and the allocator's overhead of each allocation.
+const DELTA_OVERHEAD: usize = std::mem::size_of::<EventEnvelope>() + 96;
 
 /// One running (or recently finished) turn of this process.
 #[derive(Debug)]
@@ -39,19 +55,251 @@ pub(crate) struct LiveTurn {
 
 #[derive(Debug)]
 struct LiveLog {
-    /// The `seq` of `events[0]`: 1, or above the high-water mark for a recovered turn.
+    /// The `seq` of the first event: 1, or above the high-water mark for a recovered turn.
     first_seq: u64,
-    events: Vec<Arc<EventEnvelope>>,
+    /// In `seq` order.
+    entries: Vec<Entry>,
     done: bool,
+    /// Bytes of the deltas pushed since the last merge (see [`DELTA_OVERHEAD`]).
+    loose_delta_bytes: usize,
+    /// Past this many loose delta bytes, the log merges its deltas.
+    delta_budget: usize,
+    /// Where the next merge starts: entries before it were merged already or kept whole.
+    merged_upto: usize,
+}
+
+/// One entry of a live log.
+#[derive(Debug)]
+enum Entry {
+    /// An event as it was pushed.
+    Event(Arc<EventEnvelope>),
+    /// A run of text deltas merged into one.
+    Merged(Box<MergedDeltas>),
+}
+
+impl Entry {
+    /// The `seq` of the last event it holds.
+    fn last_seq(&self) -> u64 {
+        match self {
+            Self::Event(event) => event.seq,
+            Self::Merged(merged) => merged.last.seq,
+        }
+    }
+
+    /// What a reader whose cursor is `after` gets of it.
+    fn after(&self, after: u64) -> Arc<EventEnvelope> {
+        match self {
+            Self::Event(event) => event.clone(),
+            Self::Merged(merged) => merged.after(after),
+        }
+    }
+
+    fn as_event(&self) -> Option<&EventEnvelope> {
+        match self {
+            Self::Event(event) => Some(event),
+            Self::Merged(_) => None,
+        }
+    }
+}
+
+/// Which text of a message a mergeable delta extends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextKind {
+    Content,
+    Reasoning,
+    Refusal,
+    /// The arguments of the tool call at this index.
+    Arguments(u32),
+}
+
+impl TextKind {
+    /// The kind and text of a delta that carries one piece of text and nothing else.
+    fn of(delta: &ModelMessageDelta) -> Option<(Self, &str)> {
+        if delta.finish_reason.is_some() || delta.usage.is_some() {
+            return None;
+        }
+        match (&delta.content, &delta.reasoning_content, &delta.refusal, delta.tool_calls.as_slice()) {
+            (Some(text), None, None, []) => Some((Self::Content, text)),
+            (None, Some(text), None, []) => Some((Self::Reasoning, text)),
+            (None, None, Some(text), []) => Some((Self::Refusal, text)),
+            (None, None, None, [chunk])
+                if chunk.id.is_none() && chunk.kind.is_none() && chunk.tool_info.is_none() =>
+            {
+                match &chunk.function {
+                    Some(FunctionCallDelta { name: None, arguments: Some(text) }) => {
+                        Some((Self::Arguments(chunk.index), text))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// A delta carrying `text` of this kind.
+    fn delta(self, text: String) -> ModelMessageDelta {
+        match self {
+            Self::Content => ModelMessageDelta { content: Some(text), ..ModelMessageDelta::default() },
+            Self::Reasoning => {
+                ModelMessageDelta { reasoning_content: Some(text), ..ModelMessageDelta::default() }
+            }
+            Self::Refusal => ModelMessageDelta { refusal: Some(text), ..ModelMessageDelta::default() },
+            Self::Arguments(index) => ModelMessageDelta {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: Some(FunctionCallDelta { name: None, arguments: Some(text) }),
+                    tool_info: None,
+                }],
+                ..ModelMessageDelta::default()
+            },
+        }
+    }
+}
+
+/// A run of text deltas of one message, of one kind, with consecutive `seq`s.
+#[derive(Debug)]
+struct MergedDeltas {
+    /// The last delta's envelope (its `seq`, ids, thread and time) without its text.
+    last: EventEnvelope,
+    kind: TextKind,
+    text: String,
+    /// Where each delta's text ends in `text`, in order: the i-th has `seq`
+    /// `last.seq + 1 - ends.len() + i`.
+    ends: Vec<u32>,
+}
+
+impl MergedDeltas {
+    /// A run of one delta, if the event is a delta that can be merged.
+    fn start(event: &EventEnvelope) -> Option<Self> {
+        let EventPayload::ModelMessageDelta(delta) = &event.payload else { return None };
+        let (kind, text) = TextKind::of(delta)?;
+        let end = u32::try_from(text.len()).ok()?;
+        let last = EventEnvelope {
+            payload: EventPayload::ModelMessageDelta(ModelMessageDelta::default()),
+            thread_id: event.thread_id.clone(),
+            team: event.team.clone(),
+            ..*event
+        };
+        Some(Self { last, kind, text: text.to_owned(), ends: vec![end] })
+    }
+
+    /// Takes the event in when it continues the run; says whether it did.
+    fn extend(&mut self, event: &EventEnvelope) -> bool {
+        let EventPayload::ModelMessageDelta(delta) = &event.payload else { return false };
+        let Some((kind, text)) = TextKind::of(delta) else { return false };
+        let fits = self.text.len() + text.len() <= MERGED_TEXT_MAX;
+        if !(fits
+            && kind == self.kind
+            && event.seq == self.last.seq + 1
+            && event.event_id == self.last.event_id
+            && event.thread_id == self.last.thread_id
+            && event.team == self.last.team)
+        {
+            return false;
+        }
+        self.text.push_str(text);
+        // Within `MERGED_TEXT_MAX`, so within `u32`.
+        self.ends.push(u32::try_from(self.text.len()).unwrap_or(u32::MAX));
+        self.last.seq = event.seq;
+        self.last.created_at = event.created_at;
+        true
+    }
+
+    /// The text of the deltas after `after`, as one delta numbered like the last.
+    fn after(&self, after: u64) -> Arc<EventEnvelope> {
+        let first = self.last.seq + 1 - self.ends.len() as u64;
+        let start = after
+            .checked_sub(first)
+            .and_then(|read| usize::try_from(read).ok())
+            .and_then(|read| self.ends.get(read))
+            .map_or(0, |&end| end as usize);
+        let text = self.text.get(start..).unwrap_or_default().to_owned();
+        let mut event = self.last.clone();
+        event.payload = EventPayload::ModelMessageDelta(self.kind.delta(text));
+        Arc::new(event)
+    }
+}
+
+impl LiveLog {
+    fn push(&mut self, event: Arc<EventEnvelope>) {
+        debug_assert!(
+            self.entries.last().is_none_or(|last| last.last_seq() < event.seq),
+            "pushed out of order"
+        );
+        self.done |= event.payload.is_terminal();
+        if let EventPayload::ModelMessageDelta(delta) = &event.payload {
+            self.loose_delta_bytes += DELTA_OVERHEAD + delta_text_bytes(delta);
+        }
+        self.entries.push(Entry::Event(event));
+        if self.loose_delta_bytes > self.delta_budget {
+            self.merge_deltas();
+        }
+    }
+
+    /// Merges the runs of text deltas pushed since the last merge (the last merged run may
+    /// go on), leaving every other event as it was.
+    fn merge_deltas(&mut self) {
+        let pushed = self.entries.split_off(self.merged_upto.min(self.entries.len()));
+        self.entries.reserve(pushed.len());
+        for entry in pushed {
+            let event = match entry {
+                Entry::Event(event) => event,
+                merged @ Entry::Merged(_) => {
+                    self.entries.push(merged);
+                    continue;
+                }
+            };
+            if let Some(Entry::Merged(run)) = self.entries.last_mut()
+                && run.extend(&event)
+            {
+                continue;
+            }
+            self.entries.push(
+                MergedDeltas::start(&event).map_or(Entry::Event(event), |run| Entry::Merged(Box::new(run))),
+            );
+        }
+        self.entries.shrink_to(self.entries.len() * 2);
+        // The last entry may still grow: the next merge starts at it.
+        self.merged_upto = self.entries.len().saturating_sub(1);
+        self.loose_delta_bytes = 0;
+    }
+}
+
+/// The bytes of text a delta carries.
+fn delta_text_bytes(delta: &ModelMessageDelta) -> usize {
+    let text = |text: &Option<String>| text.as_ref().map_or(0, String::len);
+    let calls: usize = delta
+        .tool_calls
+        .iter()
+        .map(|chunk| {
+            chunk.function.as_ref().map_or(0, |function| text(&function.name) + text(&function.arguments))
+        })
+        .sum();
+    text(&delta.content) + text(&delta.reasoning_content) + text(&delta.refusal) + calls
 }
 
 impl LiveTurn {
-    pub(crate) fn new(session_id: SessionId, turn_id: TurnId, lease_token: u64, first_seq: u64) -> Self {
+    pub(crate) fn new(
+        session_id: SessionId,
+        turn_id: TurnId,
+        lease_token: u64,
+        first_seq: u64,
+        delta_budget: usize,
+    ) -> Self {
         Self {
             session_id,
             turn_id,
             lease_token,
-            log: Mutex::new(LiveLog { first_seq, events: Vec::new(), done: false }),
+            log: Mutex::new(LiveLog {
+                first_seq,
+                entries: Vec::new(),
+                done: false,
+                loose_delta_bytes: 0,
+                delta_budget,
+                merged_upto: 0,
+            }),
             changed: watch::channel(0).0,
             ended: Notify::new(),
             cancel: watch::channel(None).0,
@@ -68,12 +316,7 @@ impl LiveTurn {
     /// sequencer) pushes in `seq` order.
     pub(crate) fn push(&self, event: Arc<EventEnvelope>) {
         let done = event.payload.is_terminal();
-        {
-            let mut log = self.log();
-            debug_assert!(log.events.last().is_none_or(|last| last.seq < event.seq), "pushed out of order");
-            log.events.push(event);
-            log.done |= done;
-        }
+        self.log().push(event);
         self.announce();
         if done {
             self.ended.notify_waiters();
@@ -97,7 +340,7 @@ impl LiveTurn {
 
     /// The state the terminal event carries, once it was pushed.
     pub(crate) fn terminal_state(&self) -> Option<TurnState> {
-        match self.log().events.last().map(|event| &event.payload) {
+        match self.log().entries.last().and_then(Entry::as_event).map(|event| &event.payload) {
             Some(EventPayload::TurnDone { state }) => Some(state.clone()),
             _ => None,
         }
@@ -112,7 +355,8 @@ impl LiveTurn {
     /// lost its lease, and goes on (if at all) in another process or a later recovery.
     pub(crate) fn is_abandoned(&self) -> bool {
         let log = self.log();
-        log.done && !log.events.last().is_some_and(|event| event.payload.is_terminal())
+        log.done
+            && !log.entries.last().and_then(Entry::as_event).is_some_and(|event| event.payload.is_terminal())
     }
 
     /// Asks the turn to stop. Idempotent: the first reason wins.
@@ -149,11 +393,11 @@ impl LiveTurn {
         let log = self.log();
         // By `seq`, not by offset: a number missing from the log (a step that could not be
         // kept) must not shift what every later reader gets.
-        let start = log.events.partition_point(|event| event.seq <= after);
-        if let Some(slice) = log.events.get(start..) {
-            into.extend(slice.iter().take(max).cloned());
+        let start = log.entries.partition_point(|entry| entry.last_seq() <= after);
+        if let Some(slice) = log.entries.get(start..) {
+            into.extend(slice.iter().take(max).map(|entry| entry.after(after)));
         }
-        let complete = log.done && start.saturating_add(max) >= log.events.len();
+        let complete = log.done && start.saturating_add(max) >= log.entries.len();
         (log.first_seq, complete)
     }
 }
@@ -332,5 +576,178 @@ pub(crate) async fn stored_events(
 impl std::fmt::Debug for Subscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subscription").field("turn_id", &self.turn_id).field("cursor", &self.cursor).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentry_events::{TurnEmitter, TurnSequencer};
+    use agentry_types::{EventId, FinishReason, ThreadId, ToolCallKind, Usage};
+
+    use super::*;
+
+    fn chunk(index: u32, name: Option<&str>, arguments: &str) -> ModelMessageDelta {
+        ModelMessageDelta {
+            tool_calls: vec![ToolCallDelta {
+                index,
+                id: name.map(|name| format!("call-{name}")),
+                kind: name.map(|_| ToolCallKind::Function),
+                function: Some(FunctionCallDelta {
+                    name: name.map(str::to_owned),
+                    arguments: Some(arguments.to_owned()),
+                }),
+                tool_info: None,
+            }],
+            ..ModelMessageDelta::default()
+        }
+    }
+
+    /// A turn's events: two threads streaming at once (their deltas interleaved), each kind
+    /// of text, tool calls with their first chunks, a last delta with usage, and other events
+    /// in between.
+    fn turn_events() -> Vec<Arc<EventEnvelope>> {
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
+        let (main, sub) = (ThreadId::main(), ThreadId::new_sub_thread());
+        let (first, second) = (EventId::new(), EventId::new());
+        let mut events = vec![emitter.emit(None, EventPayload::ReasoningStarted {})];
+        let mut delta = |emitter: &mut TurnEmitter, thread: &ThreadId, id, delta| {
+            let emission = emitter.delta(thread.clone(), id, delta).unwrap();
+            events.push(emission.delta);
+            events.extend(emission.message);
+        };
+        for piece in ["Let", " me", " think", "é…"] {
+            delta(
+                &mut emitter,
+                &main,
+                first,
+                ModelMessageDelta {
+                    reasoning_content: Some(piece.to_owned()),
+                    ..ModelMessageDelta::default()
+                },
+            );
+        }
+        for (at, piece) in ["Hel", "lo,", " wo", "rld", "!"].into_iter().enumerate() {
+            delta(&mut emitter, &main, first, ModelMessageDelta::text(piece));
+            if at % 2 == 1 {
+                delta(&mut emitter, &sub, second, ModelMessageDelta::text(format!("sub {at} ")));
+            }
+        }
+        delta(&mut emitter, &main, first, chunk(0, Some("add"), ""));
+        for piece in ["{\"a\"", ": 1,", " \"b\": 2}"] {
+            delta(&mut emitter, &main, first, chunk(0, None, piece));
+        }
+        delta(&mut emitter, &main, first, chunk(1, Some("echo"), "{"));
+        delta(&mut emitter, &main, first, chunk(1, None, "}"));
+        delta(
+            &mut emitter,
+            &sub,
+            second,
+            ModelMessageDelta { refusal: Some("no".to_owned()), ..ModelMessageDelta::default() },
+        );
+        let end = |reason| ModelMessageDelta {
+            finish_reason: Some(reason),
+            usage: Some(Usage { input_tokens: 3, output_tokens: 5, ..Usage::default() }),
+            ..ModelMessageDelta::default()
+        };
+        delta(&mut emitter, &main, first, end(FinishReason::ToolCalls));
+        delta(&mut emitter, &sub, second, end(FinishReason::Stop));
+        events.push(emitter.emit(None, EventPayload::ReasoningCompleted {}));
+        events.into_iter().map(Arc::new).collect()
+    }
+
+    fn log_of(events: &[Arc<EventEnvelope>], budget: usize) -> LiveTurn {
+        let turn = LiveTurn::new(events[0].session_id, events[0].turn_id, 1, 1, budget);
+        for event in events {
+            turn.push(event.clone());
+        }
+        turn
+    }
+
+    fn read(turn: &LiveTurn, after: u64) -> Vec<Arc<EventEnvelope>> {
+        let mut into = VecDeque::new();
+        turn.read_after(after, usize::MAX, &mut into);
+        into.into()
+    }
+
+    /// What a client makes of a stream: adjacent text deltas of one message and one kind
+    /// joined, every other event as it is (in JSON, `seq` left out of joined runs).
+    fn as_client_sees(events: &[Arc<EventEnvelope>]) -> Vec<String> {
+        let mut seen: Vec<(Option<(EventId, TextKind)>, String)> = Vec::new();
+        for event in events {
+            let text = match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => TextKind::of(delta),
+                _ => None,
+            };
+            match (text, seen.last_mut()) {
+                (Some((kind, text)), Some((Some(last), joined))) if *last == (event.event_id, kind) => {
+                    joined.push_str(text);
+                }
+                (Some((kind, text)), _) => seen.push((Some((event.event_id, kind)), text.to_owned())),
+                (None, _) => seen.push((None, serde_json::to_string(event.as_ref()).unwrap())),
+            }
+        }
+        seen.into_iter().map(|(_, item)| item).collect()
+    }
+
+    #[test]
+    fn a_merged_log_gives_every_reader_the_same_text_and_events_as_the_whole_one() {
+        let events = turn_events();
+        let whole = log_of(&events, usize::MAX);
+        let last = events.last().unwrap().seq;
+        assert_eq!(read(&whole, 0).len(), events.len(), "the whole log keeps every delta");
+        for budget in [0, 1_000, 2_500] {
+            let merged = log_of(&events, budget);
+            assert!(merged.log().entries.len() < events.len(), "budget {budget}: nothing merged");
+            for after in 0..=last {
+                let (expected, got) = (read(&whole, after), read(&merged, after));
+                assert!(got.iter().all(|event| event.seq > after), "budget {budget}, after {after}");
+                assert!(
+                    got.windows(2).all(|pair| pair[0].seq < pair[1].seq),
+                    "budget {budget}, after {after}"
+                );
+                assert_eq!(got.last().map(|event| event.seq), expected.last().map(|event| event.seq));
+                assert_eq!(as_client_sees(&got), as_client_sees(&expected), "budget {budget}, after {after}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_reply_costs_its_text_not_an_envelope_a_delta() {
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
+        let message = EventId::new();
+        let turn =
+            LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 1, 64 * 1024);
+        let mut text = String::new();
+        for at in 0..200_000 {
+            let piece = format!("{} ", at % 10);
+            text.push_str(&piece);
+            turn.push(Arc::new(
+                emitter.delta(ThreadId::main(), message, ModelMessageDelta::text(piece)).unwrap().delta,
+            ));
+        }
+        let entries = turn.log().entries.len();
+        // 400 KB of text in runs of at most 64 KiB, and what came after the last merge.
+        assert!(entries < 400, "{entries} entries for 200,000 deltas");
+        let got = read(&turn, 0);
+        assert_eq!(got.last().unwrap().seq, 200_000);
+        let EventPayload::ModelMessageDelta(first) = &got[0].payload else { panic!("not a delta") };
+        assert!(first.content.as_ref().is_some_and(|content| content.len() <= MERGED_TEXT_MAX));
+        let joined: String = got
+            .iter()
+            .map(|event| match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => delta.content.clone().unwrap(),
+                _ => panic!("not a delta"),
+            })
+            .collect();
+        assert_eq!(joined, text);
+        // A reader in the middle of a run gets the rest of it.
+        let from_middle: String = read(&turn, 150_001)
+            .iter()
+            .map(|event| match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => delta.content.clone().unwrap(),
+                _ => panic!("not a delta"),
+            })
+            .collect();
+        assert_eq!(from_middle, text[150_001 * 2..]);
     }
 }

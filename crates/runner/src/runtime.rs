@@ -40,6 +40,12 @@ pub struct RuntimeOptions {
     /// How long a finished turn's live log (deltas included) stays in memory for
     /// subscribers; afterwards the stored log serves them.
     pub live_retention: Duration,
+    /// About how many bytes of a turn's deltas its live log keeps one by one. Past it, the
+    /// log merges each run of adjacent text deltas into one entry (four bytes a delta beside
+    /// the text), so a long reply costs about its text rather than a few hundred bytes a
+    /// delta; a subscriber behind then gets such a run as one delta with the same text. The
+    /// default, 8 MiB, keeps every delta of ordinary turns (about 20,000 of them).
+    pub live_delta_budget: usize,
     /// Who creates sessions and turns when the caller does not say.
     pub default_subject: Subject,
 }
@@ -49,6 +55,7 @@ impl Default for RuntimeOptions {
         Self {
             lease_ttl: Duration::from_secs(30),
             live_retention: Duration::from_secs(60),
+            live_delta_budget: 8 * 1024 * 1024,
             default_subject: Subject {
                 subject_id: "local".to_owned(),
                 subject_type: "user".to_owned(),
@@ -720,7 +727,13 @@ impl Runtime {
             Start::New { created, .. } => created.seq,
             Start::Recovered { .. } => emitter.sequencer().last_seq() + 1,
         };
-        let live = Arc::new(LiveTurn::new(run.session_id, run.id, lease.token, first_seq));
+        let live = Arc::new(LiveTurn::new(
+            run.session_id,
+            run.id,
+            lease.token,
+            first_seq,
+            self.inner.options.live_delta_budget,
+        ));
         if let Start::New { created, .. } = &start {
             // Stored with the run: published before anyone can subscribe.
             live.push(created.clone());

@@ -624,6 +624,61 @@ pub async fn a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_i
 }
 
 /// Scenario.
+pub async fn past_its_delta_budget_a_live_log_merges_deltas_and_every_reader_still_gets_the_whole_text(
+    harness: Harness,
+) {
+    // The clock is paused: the 50 ms reads cost no wall time, and the turn runs far ahead.
+    tokio::time::pause();
+    let reply: String = (0..3000).map(|at| char::from(b'a' + (at * 7 % 26) as u8)).collect();
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse {
+        chunk_chars: Some(1),
+        ..ScriptedResponse::text(reply.clone())
+    }]));
+    // Merge at every delta: the smallest budget.
+    let options = RuntimeOptions {
+        live_retention: Duration::from_secs(600),
+        live_delta_budget: 0,
+        ..Default::default()
+    };
+    let runtime = Runtime::with_options(harness.store.clone(), options);
+    runtime.register(Agent::builder("a", model).build());
+    let session = session_for(&runtime, "a").await;
+    let turn = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    let mut stream = turn.stream(None);
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        events.push(event.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text_of = |events: &[Arc<EventEnvelope>]| -> String {
+        events
+            .iter()
+            .filter_map(|event| match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => delta.content.clone(),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(events.windows(2).all(|pair| pair[0].seq < pair[1].seq));
+    assert_eq!(kinds(&events), ["turn.created", "model.message", "step.completed", "turn.done"]);
+    assert!(events.len() < 3000, "nothing merged: {} events", events.len());
+    assert_eq!(text_of(&events), reply);
+    let message = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ModelMessage(message) => message.content.clone(),
+        _ => None,
+    });
+    assert_eq!(message.as_deref(), Some(reply.as_str()));
+    // The finished turn, from positions among its deltas (the i-th carries character i):
+    // the rest of the text.
+    let first_delta = events[0].seq + 1;
+    for read in (0..3000).step_by(97).chain([2999]) {
+        let rest = collect(turn.stream(Some(first_delta + read))).await;
+        assert_eq!(text_of(&rest), reply[read as usize + 1..], "after {read} deltas");
+        assert_eq!(rest.last().map(|event| event.payload.kind()), Some("turn.done"));
+    }
+}
+
+/// Scenario.
 pub async fn unknown_agents_sessions_and_turns_are_not_found(harness: Harness) {
     let model = Arc::new(ScriptedModel::new(vec![]));
     let runtime = runtime(&harness, Agent::builder("a", model).build());
@@ -1761,6 +1816,7 @@ macro_rules! runner_scenarios {
             after_the_live_log_expires_a_stream_is_served_from_the_stored_log,
             tools_get_a_stable_idempotency_key_and_the_journal_records_each_call,
             a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_in_order,
+            past_its_delta_budget_a_live_log_merges_deltas_and_every_reader_still_gets_the_whole_text,
             unknown_agents_sessions_and_turns_are_not_found,
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,

@@ -46,6 +46,7 @@
 //! [runtime]
 //! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
 //! live_retention_secs = 60         # finished turns' live logs (with deltas) kept this long
+//! live_delta_budget_bytes = 8388608 # a turn's deltas kept one by one; past it, merged runs
 //! ```
 //!
 //! Every section and key is optional; unknown keys are errors.
@@ -58,7 +59,9 @@ use std::time::Duration;
 
 use agentry_memory::Durability;
 use agentry_model::{Model, OpenAiCompatibleModel, OpenAiConfig, ScriptedModel, ScriptedResponse};
-use agentry_runner::{Agent, AgentLimits, FunctionTool, McpConnection, McpServerConfig, ToolError};
+use agentry_runner::{
+    Agent, AgentLimits, FunctionTool, McpConnection, McpServerConfig, RuntimeOptions, ToolError,
+};
 use agentry_team::{SpawnApprovals, SpawnPolicy, Team, TeamControl};
 use agentry_types::Subject;
 use serde::Deserialize;
@@ -134,11 +137,19 @@ pub struct RuntimeConfig {
     /// Seconds a finished turn's live log (with deltas) stays in memory for subscribers.
     #[serde(default = "default_retention")]
     pub live_retention_secs: u64,
+    /// About how many bytes of a turn's deltas its live log keeps one by one; past it, runs
+    /// of text deltas are merged (see `RuntimeOptions::live_delta_budget`).
+    #[serde(default = "default_delta_budget")]
+    pub live_delta_budget_bytes: usize,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        Self { lease_ttl_secs: default_lease(), live_retention_secs: default_retention() }
+        Self {
+            lease_ttl_secs: default_lease(),
+            live_retention_secs: default_retention(),
+            live_delta_budget_bytes: default_delta_budget(),
+        }
     }
 }
 
@@ -346,6 +357,10 @@ const fn default_lease() -> u64 {
 }
 const fn default_retention() -> u64 {
     60
+}
+
+fn default_delta_budget() -> usize {
+    RuntimeOptions::default().live_delta_budget
 }
 
 impl Default for Config {

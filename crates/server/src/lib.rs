@@ -300,6 +300,7 @@ impl Ready {
         let options = RuntimeOptions {
             lease_ttl: Duration::from_secs(config.runtime.lease_ttl_secs),
             live_retention: Duration::from_secs(config.runtime.live_retention_secs),
+            live_delta_budget: config.runtime.live_delta_budget_bytes,
             ..RuntimeOptions::default()
         };
         let approvals = SpawnApprovals::new();

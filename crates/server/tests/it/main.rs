@@ -163,6 +163,51 @@ async fn the_redb_backend_serves_turns_and_keeps_them_across_a_restart() {
     tokio::time::timeout(Duration::from_secs(10), serving).await.unwrap().unwrap();
 }
 
+/// The text of the `model.message.delta` events of an SSE body from [`request`], and how many
+/// there were.
+fn delta_text(events: &str) -> (String, usize) {
+    let deltas: Vec<Value> = events
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|event| event["type"] == "model.message.delta")
+        .collect();
+    (deltas.iter().filter_map(|delta| delta["content"].as_str()).collect(), deltas.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_configured_delta_budget_a_replay_gets_fewer_deltas_with_the_same_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        Config::parse("listen = \"127.0.0.1:0\"\n[runtime]\nlive_delta_budget_bytes = 0\n", None).unwrap();
+    assert_eq!(config.runtime.live_delta_budget_bytes, 0);
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let message = "y".repeat(400);
+    let turn = json!({"input": [{"type": "user.message", "content": message}], "stream": true});
+    let (status, live) =
+        request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
+    assert_eq!(status, 200, "{live}");
+    let turn_id = serde_json::from_str::<Value>(live.lines().next().unwrap()).unwrap()["turn_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let subscribe = format!("/v1/agents/sessions/{session}/turns/{turn_id}/subscribe");
+    let (status, replay) = request(address, "POST", &subscribe, &json!({"after_sequence_number": 0})).await;
+    assert_eq!(status, 200, "{replay}");
+    // The demo streams its echo in deltas of 4 characters: 102 of them here. With the
+    // smallest budget, a reader that is behind (even the turn's own stream) gets them merged.
+    let ((live_text, _), (replay_text, replay_deltas)) = (delta_text(&live), delta_text(&replay));
+    assert_eq!(live_text, format!("Echo: {message}"));
+    assert_eq!(replay_text, live_text);
+    assert!(replay_deltas < 10, "{replay_deltas} deltas replayed");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn without_keys_only_loopback_is_served() {
     let dir = tempfile::tempdir().unwrap();

@@ -250,6 +250,7 @@ impl TeamBuilder {
         // The coordinator carries out operators' spawn requests (`TeamControl::request_spawn`).
         let model: Arc<dyn Model> =
             Arc::new(directed::Directed { inner: self.model.clone(), control: members.control.clone() });
+        let name = self.name.clone();
         let builder = Agent::builder(self.name, model)
             .instructions(instructions)
             .limits(self.limits)
@@ -277,7 +278,7 @@ impl TeamBuilder {
                 .tool(delegate_to_members(members))
                 .first_tool_choice(ToolChoice::Function("delegate_task_to_members".to_owned()))
                 .build(),
-            TeamMode::Tasks => builder.tools(tasks::tools(members)).build(),
+            TeamMode::Tasks => builder.tools(tasks::tools(&name, members)).build(),
         }
     }
 }

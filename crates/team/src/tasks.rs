@@ -1,6 +1,7 @@
-//! Tasks mode: the coordinator's task list and its tools. Each session has one list, kept in
-//! process memory (the latest 1,024 sessions') and written through to the session's state
-//! (`agentry.tasks`), from which each turn reads it again when it first uses it: the turn
+//! Tasks mode: the coordinator's task list and its tools. Each session has one list per
+//! tasks-mode team, kept in process memory (the latest 1,024 sessions') and written through
+//! to the session's state (`agentry.tasks.<team name>`, so a tasks team inside another keeps
+//! its own), from which each turn reads it again when it first uses it: the turn
 //! before may have run in another process, or this process's last saves may have been
 //! refused (its turn was taken over). Every task a member runs is a sub-agent thread with a
 //! stored member run; a task whose member paused for a person pauses the team turn and
@@ -20,8 +21,8 @@ use crate::{Crew, run_member, title};
 /// How many sessions' task lists are kept in memory.
 const KEPT_TURNS: usize = 1024;
 
-/// The session-state key of the task list.
-const STATE_KEY: &str = "agentry.tasks";
+/// The session-state key of a team's task list: this, a dot and the team's name.
+const STATE_KEY_PREFIX: &str = "agentry.tasks";
 
 /// Where a task is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,8 +53,12 @@ struct Lists {
     order: VecDeque<SessionId>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Board {
+    /// The team whose list it is.
+    team: Arc<str>,
+    /// The session-state key its list is stored under.
+    key: Arc<str>,
     lists: Arc<Mutex<Lists>>,
     /// Saves run one at a time, each writing the list as it is when it starts: the last
     /// save stored holds every change made before it.
@@ -67,6 +72,15 @@ struct Board {
 struct BoardsLoaded(Mutex<HashMap<usize, Arc<tokio::sync::OnceCell<()>>>>);
 
 impl Board {
+    fn new(team: &str) -> Self {
+        Self {
+            team: Arc::from(team),
+            key: Arc::from(format!("{STATE_KEY_PREFIX}.{team}")),
+            lists: Arc::default(),
+            saving: Arc::default(),
+        }
+    }
+
     fn with<T>(&self, turn: SessionId, change: impl FnOnce(&mut Vec<Task>) -> T) -> T {
         let mut lists = self.lists.lock().unwrap_or_else(PoisonError::into_inner);
         if !lists.by_turn.contains_key(&turn) {
@@ -137,7 +151,12 @@ impl Board {
                 return;
             }
         };
-        let mut tasks = match session.state.get(STATE_KEY).map(Vec::<Task>::deserialize) {
+        // Stored before lists had a key per team: under the bare prefix, by the session's
+        // own team.
+        let stored = session.state.get(self.key.as_ref()).or_else(|| {
+            (session.name == self.team.as_ref()).then(|| session.state.get(STATE_KEY_PREFIX)).flatten()
+        });
+        let mut tasks = match stored.map(Vec::<Task>::deserialize) {
             None => Vec::new(),
             Some(Ok(tasks)) => tasks,
             Some(Err(error)) => {
@@ -162,7 +181,7 @@ impl Board {
         let _saving = self.saving.lock().await;
         let tasks = self.with(context.session_id, |tasks| tasks.clone());
         let state = serde_json::Map::from_iter([(
-            STATE_KEY.to_owned(),
+            self.key.as_ref().to_owned(),
             serde_json::to_value(tasks).unwrap_or_default(),
         )]);
         let update = agentry_memory::SessionUpdate {
@@ -252,9 +271,9 @@ async fn run_one(
     outcome
 }
 
-/// The task-list tools over one board.
-pub(crate) fn tools(members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
-    let board = Board::default();
+/// The task-list tools of team `team`, over its board.
+pub(crate) fn tools(team: &str, members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
+    let board = Board::new(team);
     let create = {
         let (board, members) = (board.clone(), members.clone());
         FunctionTool::new(

@@ -85,6 +85,8 @@ macro_rules! team_scenarios {
             modes::a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder,
             modes::each_turn_works_from_the_stored_task_list_whichever_process_ran_the_last,
             modes::a_task_left_running_by_a_handed_over_turn_runs_again_next_turn,
+            modes::a_tasks_team_inside_a_tasks_team_keeps_its_own_task_list,
+            modes::a_task_list_stored_under_the_earlier_key_is_read_by_the_sessions_team,
             policy::a_member_calling_a_tool_outside_its_capabilities_is_refused_and_nothing_happens,
             policy::cancelling_a_team_turn_cancels_every_running_member_with_instance_events,
             policy::a_finished_member_reports_its_instance_started_and_completed_with_the_mission,

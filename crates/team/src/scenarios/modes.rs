@@ -218,14 +218,14 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
     let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
         panic!("{record:?}")
     };
-    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone();
     assert_eq!(stored[0]["status"], "paused", "{stored}");
 
     let approve = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
     let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
     let state = second.wait().await.unwrap();
     assert_eq!(answer(&state).unwrap().1, "Done: Report filed.");
-    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone();
     assert_eq!(stored[0]["status"], "done", "{stored}");
     assert_eq!(stored[0]["result"], "Report filed.");
 }
@@ -290,8 +290,9 @@ pub async fn a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder(h
     let team = Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build();
     let (runtime, session, turn) = super::start(&harness, team, "File the report.").await;
     asked.notified().await;
-    let stored =
-        || async { harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone() };
+    let stored = || async {
+        harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone()
+    };
     assert_eq!(stored().await[0]["status"], "pending");
 
     assert_eq!(runtime.hand_over().await, 1);
@@ -335,7 +336,7 @@ pub async fn each_turn_works_from_the_stored_task_list_whichever_process_ran_the
         let state = here.create_turn(TurnRequest::message(title)).await.unwrap().wait().await.unwrap();
         assert!(matches!(state, TurnState::Done { .. }), "{state:?}");
     }
-    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone();
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone();
     let listed: Vec<(String, String)> = stored
         .as_array()
         .unwrap()
@@ -385,8 +386,9 @@ pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harn
     asked.notified().await;
     // The quick task's end is saved while the other still runs (a save writes the list as
     // it is): wait for it without sleeping.
-    let stored =
-        || async { harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks"].clone() };
+    let stored = || async {
+        harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone()
+    };
     let waited = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while stored().await[0]["status"] != "done" {
             tokio::task::yield_now().await;
@@ -409,4 +411,96 @@ pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harn
     assert!(answer.contains("clerk says: Please stall."), "{answer}");
     let tasks = stored().await;
     assert_eq!(tasks[1]["status"], "done", "{tasks}");
+}
+
+/// A tasks-mode coordinator that makes one task of each request for `assignee`, runs it and
+/// answers with its result, prefixed with `name`.
+fn one_task_coordinator(name: &'static str, assignee: &'static str) -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(move |request| {
+        let results = this_turns_results(request);
+        let asked = request.last_user_text().unwrap_or_default();
+        match results.as_slice() {
+            [] => ScriptedResponse::tool_call(
+                "create_task",
+                &json!({"title": asked, "description": format!("Handle: {asked}"), "assignee": assignee}),
+            ),
+            [created] => ScriptedResponse::tool_call(
+                "run_task",
+                &json!({"task_id": created.trim_start_matches("created ")}),
+            ),
+            [.., result] => ScriptedResponse::text(format!("{name}: {result}")),
+        }
+    }))
+}
+
+/// The (id, title, assignee, status) of each task of a stored list.
+fn tasks_of(list: &serde_json::Value) -> Vec<[String; 4]> {
+    let field = |task: &serde_json::Value, name: &str| task[name].as_str().unwrap_or_default().to_owned();
+    list.as_array()
+        .map(|tasks| {
+            tasks
+                .iter()
+                .map(|task| {
+                    [field(task, "id"), field(task, "title"), field(task, "assignee"), field(task, "status")]
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Scenario: a tasks-mode team inside a tasks-mode team keeps a task list of its own, turn
+/// after turn: neither list overwrites the other in the session's state.
+pub async fn a_tasks_team_inside_a_tasks_team_keeps_its_own_task_list(harness: Harness) {
+    let inner = Team::builder("inner", one_task_coordinator("Inner", "leaf"))
+        .mode(TeamMode::Tasks)
+        .member(echoing("leaf"))
+        .build();
+    let outer = Team::builder("outer", one_task_coordinator("Outer", "inner"))
+        .mode(TeamMode::Tasks)
+        .member(inner)
+        .build();
+    let (runtime, session, turn) = super::start(&harness, outer, "One").await;
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Outer: Inner: leaf says: Handle: Handle: One");
+    let state = session.create_turn(TurnRequest::message("Two")).await.unwrap().wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Outer: Inner: leaf says: Handle: Handle: Two");
+    let stored = runtime.store().get_session(session.id()).await.unwrap().state;
+    let task = |id: &str, title: &str, assignee: &str| [id, title, assignee, "done"].map(str::to_owned);
+    assert_eq!(
+        tasks_of(&stored["agentry.tasks.outer"]),
+        [task("task-1", "One", "inner"), task("task-2", "Two", "inner")],
+        "{stored:?}"
+    );
+    assert_eq!(
+        tasks_of(&stored["agentry.tasks.inner"]),
+        [task("task-1", "Handle: One", "leaf"), task("task-2", "Handle: Two", "leaf")],
+        "{stored:?}"
+    );
+}
+
+/// Scenario: a task list stored under the key of earlier versions (`agentry.tasks`, one per
+/// session) is the session's team's list; it is saved back under the team's own key.
+pub async fn a_task_list_stored_under_the_earlier_key_is_read_by_the_sessions_team(harness: Harness) {
+    let coordinator =
+        Arc::new(ScriptedModel::responder(|request| match this_turns_results(request).as_slice() {
+            [] => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-1"})),
+            [.., result] => ScriptedResponse::text(format!("Ran: {result}")),
+        }));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime
+        .register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(echoing("clerk")).build());
+    let session = runtime.create_session("desk", None).await.unwrap();
+    let earlier = json!([{"id": "task-1", "title": "Old", "description": "Kept.", "assignee": "clerk", "status": "pending"}]);
+    let update = agentry_memory::SessionUpdate {
+        state: Some(serde_json::Map::from_iter([("agentry.tasks".to_owned(), earlier)])),
+        ..agentry_memory::SessionUpdate::default()
+    };
+    harness.store.update_session(session.id(), &update).await.unwrap();
+    let state = session.create_turn(TurnRequest::message("Go.")).await.unwrap().wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Ran: clerk says: Kept.");
+    let stored = harness.store.get_session(session.id()).await.unwrap().state;
+    assert_eq!(
+        tasks_of(&stored["agentry.tasks.desk"]),
+        [["task-1", "Old", "clerk", "done"].map(str::to_owned)]
+    );
 }

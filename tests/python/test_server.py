@@ -636,6 +636,15 @@ class Cli(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertNotIn("panicked", done.stderr)
 
+    def test_a_listing_limit_must_be_at_least_one(self):
+        done = self.agentry("sessions", "list", "--agent", "demo", "--limit", "0")
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("invalid value '0' for '--limit <LIMIT>'", done.stderr)
+        self.assertEqual(done.stdout, "")
+        listed = self.agentry("sessions", "list", "--agent", "demo", "--limit", "1")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertLessEqual(len(listed.stdout.splitlines()), 1)
+
     def test_a_refused_request_is_reported_without_a_backtrace(self):
         # A session id that does not exist: the server answers 404. A backtrace is for
         # crashes, not for refused requests, also with RUST_BACKTRACE set.

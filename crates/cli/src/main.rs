@@ -90,9 +90,9 @@ enum SessionsCommand {
         /// The agent.
         #[arg(long, default_value = "demo")]
         agent: String,
-        /// At most this many.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
         #[command(flatten)]
         remote: Remote,
     },

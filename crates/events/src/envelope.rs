@@ -44,9 +44,10 @@ pub struct TeamContext {
 /// One event of a turn.
 ///
 /// `seq` numbers every event of a turn, durable and delta alike, from 1, strictly
-/// increasing and dense within one live stream; the stored log keeps the `seq` of each
-/// durable event, so it has gaps where deltas were. Deltas share `event_id` with the
-/// `model.message` they build.
+/// increasing; a live stream that keeps up has every number, the stored log keeps the
+/// `seq` of each durable event (so it has gaps where deltas were), and a live stream
+/// reading far behind a long reply may get adjacent deltas merged into one numbered like
+/// the last of them. Deltas share `event_id` with the `model.message` they build.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EventEnvelope {
     /// The event's id.

@@ -9,7 +9,8 @@
 //! `seq`s) into one entry holding the text and where each delta ended in it: four bytes a
 //! delta. A reader behind gets such a run as one delta numbered like its last, carrying the
 //! text of the deltas after its cursor; no text is lost or repeated, and every other event
-//! stays as it was.
+//! stays as it was. A lone delta (threads streaming at once interleave theirs) stays as it
+//! is.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -32,6 +33,8 @@ const STORE_PAGE: usize = 256;
 /// The most text one merged run of deltas holds: a reader far behind gets a long message
 /// in pieces of at most this many bytes (more only when one delta alone is longer).
 const MERGED_TEXT_MAX: usize = 64 * 1024;
+/// About the most merged text one read copies for a reader (it takes one run at least).
+const READ_TEXT_MAX: usize = 4 * MERGED_TEXT_MAX;
 /// What a delta kept whole costs the log beside its text, counted against the budget: the
 /// envelope, its `Arc` and the allocator's overhead of each allocation.
 const DELTA_OVERHEAD: usize = std::mem::size_of::<EventEnvelope>() + 96;
@@ -171,7 +174,7 @@ struct MergedDeltas {
 }
 
 impl MergedDeltas {
-    /// A run of one delta, if the event is a delta that can be merged.
+    /// A run of one delta (to be extended), if the event is a delta that can be merged.
     fn start(event: &EventEnvelope) -> Option<Self> {
         let EventPayload::ModelMessageDelta(delta) = &event.payload else { return None };
         let (kind, text) = TextKind::of(delta)?;
@@ -207,8 +210,10 @@ impl MergedDeltas {
         true
     }
 
-    /// The text of the deltas after `after`, as one delta numbered like the last.
+    /// The text of the deltas after `after` (before the last), as one delta numbered like
+    /// the last.
     fn after(&self, after: u64) -> Arc<EventEnvelope> {
+        debug_assert!(after < self.last.seq, "a run read from its end");
         let first = self.last.seq + 1 - self.ends.len() as u64;
         let start = after
             .checked_sub(first)
@@ -256,9 +261,15 @@ impl LiveLog {
             {
                 continue;
             }
-            self.entries.push(
-                MergedDeltas::start(&event).map_or(Entry::Event(event), |run| Entry::Merged(Box::new(run))),
-            );
+            // A run starts with two deltas: one alone would cost more merged.
+            if let Some(last @ Entry::Event(_)) = self.entries.last_mut()
+                && let Some(mut run) = last.as_event().and_then(MergedDeltas::start)
+                && run.extend(&event)
+            {
+                *last = Entry::Merged(Box::new(run));
+                continue;
+            }
+            self.entries.push(Entry::Event(event));
         }
         self.entries.shrink_to(self.entries.len() * 2);
         // The last entry may still grow: the next merge starts at it.
@@ -388,16 +399,32 @@ impl LiveTurn {
     }
 
     /// Copies the events after `after` (up to `max`), the `seq` the log starts at, and
-    /// whether the log is complete.
+    /// whether the log is complete. Copies nothing when `after` is before the log's start:
+    /// those events are read from the store first.
     fn read_after(&self, after: u64, max: usize, into: &mut VecDeque<Arc<EventEnvelope>>) -> (u64, bool) {
         let log = self.log();
+        if after.saturating_add(1) < log.first_seq {
+            return (log.first_seq, false);
+        }
         // By `seq`, not by offset: a number missing from the log (a step that could not be
         // kept) must not shift what every later reader gets.
         let start = log.entries.partition_point(|entry| entry.last_seq() <= after);
-        if let Some(slice) = log.entries.get(start..) {
-            into.extend(slice.iter().take(max).map(|entry| entry.after(after)));
+        // Merged runs are copied for the reader under the lock: a few at a time, so a reader
+        // far behind does not hold up the turn's pushes.
+        let mut copied = 0;
+        let mut taken = 0;
+        for entry in log.entries.get(start..).unwrap_or_default().iter().take(max) {
+            if copied >= READ_TEXT_MAX {
+                break;
+            }
+            let event = entry.after(after);
+            if let (Entry::Merged(_), EventPayload::ModelMessageDelta(delta)) = (entry, &event.payload) {
+                copied += delta_text_bytes(delta);
+            }
+            into.push_back(event);
+            taken += 1;
         }
-        let complete = log.done && start.saturating_add(max) >= log.entries.len();
+        let complete = log.done && start.saturating_add(taken) >= log.entries.len();
         (log.first_seq, complete)
     }
 }
@@ -489,7 +516,6 @@ impl Subscription {
                     if self.cursor.saturating_add(1) < first_seq {
                         // Events numbered before this process took the turn over: stored
                         // events only (the deltas of a dead process are gone).
-                        self.buffer.clear();
                         let limit = first_seq - 1;
                         self.read_store(Some(limit)).await?;
                         if self.buffer.is_empty() {
@@ -663,10 +689,19 @@ mod tests {
         turn
     }
 
+    /// Everything after `after`, read as a subscriber does: from the last `seq` it got, until
+    /// nothing is left.
     fn read(turn: &LiveTurn, after: u64) -> Vec<Arc<EventEnvelope>> {
-        let mut into = VecDeque::new();
-        turn.read_after(after, usize::MAX, &mut into);
-        into.into()
+        let mut events: Vec<Arc<EventEnvelope>> = Vec::new();
+        loop {
+            let mut into = VecDeque::new();
+            let cursor = events.last().map_or(after, |event| event.seq);
+            turn.read_after(cursor, usize::MAX, &mut into);
+            if into.is_empty() {
+                return events;
+            }
+            events.extend(into);
+        }
     }
 
     /// What a client makes of a stream: adjacent text deltas of one message and one kind
@@ -698,6 +733,8 @@ mod tests {
         for budget in [0, 1_000, 2_500] {
             let merged = log_of(&events, budget);
             assert!(merged.log().entries.len() < events.len(), "budget {budget}: nothing merged");
+            let lone = |entry: &Entry| matches!(entry, Entry::Merged(run) if run.ends.len() < 2);
+            assert!(!merged.log().entries.iter().any(lone), "budget {budget}: a run of one delta");
             for after in 0..=last {
                 let (expected, got) = (read(&whole, after), read(&merged, after));
                 assert!(got.iter().all(|event| event.seq > after), "budget {budget}, after {after}");
@@ -709,6 +746,25 @@ mod tests {
                 assert_eq!(as_client_sees(&got), as_client_sees(&expected), "budget {budget}, after {after}");
             }
         }
+    }
+
+    #[test]
+    fn a_reader_before_a_recovered_logs_start_gets_nothing_from_it() {
+        let sequencer = TurnSequencer::resuming_after(SessionId::new(), TurnId::new(), 9);
+        let mut emitter = TurnEmitter::new(sequencer);
+        let turn = LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 10, 0);
+        let message = EventId::new();
+        for piece in ["a", "b", "c"] {
+            turn.push(Arc::new(
+                emitter.delta(ThreadId::main(), message, ModelMessageDelta::text(piece)).unwrap().delta,
+            ));
+        }
+        let mut into = VecDeque::new();
+        assert_eq!(turn.read_after(3, 1024, &mut into), (10, false));
+        assert!(into.is_empty(), "{into:?}");
+        assert_eq!(turn.read_after(9, 1024, &mut into), (10, false));
+        assert_eq!(into.len(), 1, "one merged run");
+        assert_eq!(into[0].seq, 12);
     }
 
     #[test]
@@ -728,6 +784,17 @@ mod tests {
         let entries = turn.log().entries.len();
         // 400 KB of text in runs of at most 64 KiB, and what came after the last merge.
         assert!(entries < 400, "{entries} entries for 200,000 deltas");
+        // One read copies a bounded amount of the text, however far behind its reader is.
+        let mut first_read = VecDeque::new();
+        turn.read_after(0, usize::MAX, &mut first_read);
+        let copied: usize = first_read
+            .iter()
+            .map(|event| match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => delta_text_bytes(delta),
+                _ => 0,
+            })
+            .sum();
+        assert!(copied <= READ_TEXT_MAX + MERGED_TEXT_MAX, "{copied} bytes copied in one read");
         let got = read(&turn, 0);
         assert_eq!(got.last().unwrap().seq, 200_000);
         let EventPayload::ModelMessageDelta(first) = &got[0].payload else { panic!("not a delta") };

@@ -44,7 +44,7 @@ pub struct RuntimeOptions {
     /// log merges each run of adjacent text deltas into one entry (four bytes a delta beside
     /// the text), so a long reply costs about its text rather than a few hundred bytes a
     /// delta; a subscriber behind then gets such a run as one delta with the same text. The
-    /// default, 8 MiB, keeps every delta of ordinary turns (about 20,000 of them).
+    /// default, 8 MiB, keeps every delta of ordinary turns (about 15,000 of them).
     pub live_delta_budget: usize,
     /// Who creates sessions and turns when the caller does not say.
     pub default_subject: Subject,

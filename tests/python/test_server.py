@@ -1022,6 +1022,50 @@ class AgUi(unittest.TestCase):
         text = "".join(e.delta for e in events if (e.type.value if hasattr(e.type, "value") else e.type) == "TEXT_MESSAGE_CONTENT")
         self.assertEqual(text, "Echo: hi from ag-ui")
 
+    def test_agui_resumes_answer_only_with_payloads_that_match_the_interrupt(self):
+        def ask(h, thread, text):
+            asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [
+                {"id": "m1", "role": "user", "content": text}]})
+            return asked[-1].outcome.interrupts[0].id
+
+        def resume(h, thread, entry):
+            return h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [], "resume": [entry]})
+
+        def answered(h, thread, entry):
+            events = agui_run(h, {"threadId": thread, "runId": "r3", "messages": [], "resume": [entry]})
+            return "".join(e.delta for e in events if kind(e) == "TEXT_MESSAGE_CONTENT")
+
+        with http() as h:
+            approval = ask(h, "agui-strict-approval", "email the team")
+            refused = [
+                {"status": "resolved", "payload": False},
+                {"status": "resolved", "payload": "no"},
+                {"status": "resolved", "payload": None},
+                {"status": "resolved", "payload": {}},
+                {"status": "resolved", "payload": {"approved": "false"}},
+                {"status": "resolved", "payload": {"approved": 0}},
+                {"status": "resolved"},
+                {"status": "maybe", "payload": {"approved": True}},
+            ]
+            for entry in refused:
+                response = resume(h, "agui-strict-approval", {"interruptId": approval, **entry})
+                self.assertEqual(response.status_code, 400, (entry, response.text))
+                self.assertEqual(response.json()["error"]["param"], "resume")
+            # Nothing was decided: the interrupt is still there to answer.
+            denied = {"interruptId": approval, "status": "resolved", "payload": {"approved": False, "reason": "not today"}}
+            self.assertEqual(answered(h, "agui-strict-approval", denied), "Email not sent: not today.")
+
+            approval = ask(h, "agui-strict-approve", "email the team")
+            allowed = {"interruptId": approval, "status": "resolved", "payload": {"approved": True}}
+            self.assertEqual(answered(h, "agui-strict-approve", allowed), "Email sent.")
+
+            question = ask(h, "agui-strict-question", "ask me")
+            for entry in ({"status": "resolved"}, {"status": "resolved", "payload": {"colour": "red"}}):
+                response = resume(h, "agui-strict-question", {"interruptId": question, **entry})
+                self.assertEqual(response.status_code, 400, (entry, response.text))
+            content = {"interruptId": question, "status": "resolved", "payload": {"content": "green"}}
+            self.assertEqual(answered(h, "agui-strict-question", content), "You chose green.")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,7 +1,11 @@
 //! `POST /agui/{agent_name}`: the AG-UI protocol 1.x over HTTP + SSE. The body is a
 //! `RunAgentInput`; the answer streams AG-UI events (`RUN_STARTED`, text and tool-call
 //! frames, sub-agent frames, `RUN_FINISHED` with an interrupt outcome when the turn waits
-//! for approvals or answers). A `resume` list answers those interrupts on the next run.
+//! for approvals or answers). A `resume` list answers those interrupts on the next run:
+//! status `resolved` with the payload the interrupt's `responseSchema` asks for (an
+//! approval `{"approved": bool, "reason"?: string}`; an answer as a string or
+//! `{"content": string}`), or `cancelled`. Anything else is refused (400) before anything
+//! is decided. A run with `resume` does not read `messages`.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
 //! the agent, titled with the thread id, under an id derived from the caller, the agent and
@@ -188,7 +192,7 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
     let latest = crate::harness::latest_turn(session).await?;
     let actions = latest.map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
     let mut input = Vec::new();
-    for entry in resume {
+    for (at, entry) in resume.iter().enumerate() {
         let found = actions.iter().find_map(|record| match &record.action {
             RequiredAction::ToolApproval { thread_id, tool_calls } => tool_calls
                 .iter()
@@ -209,31 +213,62 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
                 format!("interrupt {} is not pending on this thread", entry.interrupt_id),
             ));
         };
-        let resolved = entry.status == "resolved";
+        let resolved = match entry.status.as_str() {
+            "resolved" => true,
+            "cancelled" => false,
+            other => {
+                return Err(ApiError::bad_param(
+                    "resume",
+                    format!("resume[{at}].status is {other:?}; it must be \"resolved\" or \"cancelled\""),
+                ));
+            }
+        };
         let payload = entry.payload.as_ref();
         input.push(if approval {
-            let approved =
-                resolved && payload.and_then(|p| p.get("approved")).and_then(Value::as_bool).unwrap_or(true);
-            if approved {
-                TurnInputItem::allow(thread, call)
+            let reason = |payload: Option<&Value>| {
+                payload.and_then(|p| p.get("reason")).and_then(Value::as_str).map(str::to_owned)
+            };
+            if !resolved {
+                TurnInputItem::deny(thread, call, reason(payload).or_else(|| Some("cancelled".to_owned())))
             } else {
-                let reason = payload.and_then(|p| p.get("reason")).and_then(Value::as_str).map(str::to_owned);
-                TurnInputItem::deny(
-                    thread,
-                    call,
-                    reason.or_else(|| (!resolved).then(|| "cancelled".to_owned())),
-                )
+                match payload.and_then(|p| p.get("approved")).map(Value::as_bool) {
+                    Some(Some(true)) => TurnInputItem::allow(thread, call),
+                    Some(Some(false)) => TurnInputItem::deny(thread, call, reason(payload)),
+                    _ => {
+                        return Err(ApiError::bad_param(
+                            "resume",
+                            format!(
+                                "resume[{at}].payload must be {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"…\"}} \
+                                 to answer the approval {}",
+                                entry.interrupt_id
+                            ),
+                        ));
+                    }
+                }
             }
         } else {
             let content = match payload {
                 _ if !resolved => "The user cancelled the question.".to_owned(),
                 Some(Value::String(text)) => text.clone(),
-                Some(value) => value
-                    .get("answer")
-                    .or_else(|| value.get("content"))
-                    .and_then(Value::as_str)
-                    .map_or_else(|| value.to_string(), str::to_owned),
-                None => String::new(),
+                Some(value) => match value.get("content").or_else(|| value.get("answer")).and_then(Value::as_str) {
+                    Some(text) => text.to_owned(),
+                    None => {
+                        return Err(ApiError::bad_param(
+                            "resume",
+                            format!(
+                                "resume[{at}].payload must be the answer, as a string or {{\"content\": \"…\"}}, \
+                                 to answer {}",
+                                entry.interrupt_id
+                            ),
+                        ));
+                    }
+                },
+                None => {
+                    return Err(ApiError::bad_param(
+                        "resume",
+                        format!("resume[{at}].payload is missing: it is the answer to {}", entry.interrupt_id),
+                    ));
+                }
             };
             TurnInputItem::respond(thread, call, content)
         });

@@ -609,7 +609,8 @@ impl CancelWatch {
     ) -> Self {
         Self {
             receivers: vec![receiver],
-            deadline: timeout.map(|timeout| tokio::time::Instant::now() + timeout),
+            // A deadline past the clock's range is none.
+            deadline: timeout.and_then(|timeout| tokio::time::Instant::now().checked_add(timeout)),
         }
     }
 

@@ -678,6 +678,24 @@ pub async fn past_its_delta_budget_a_live_log_merges_deltas_and_every_reader_sti
     }
 }
 
+/// Scenario: durations past the clock's range (an agent's turn timeout, the lease time) mean
+/// no limit: turns run and end, and what they store reads back.
+pub async fn durations_past_the_clocks_range_mean_no_limit(harness: Harness) {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("one"), ScriptedResponse::text("two")]));
+    let limits = AgentLimits { timeout: Some(Duration::MAX), ..AgentLimits::default() };
+    let options = RuntimeOptions { lease_ttl: Duration::MAX, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(harness.store.clone(), options);
+    runtime.register(Agent::builder("a", model).limits(limits).build());
+    let session = session_for(&runtime, "a").await;
+    for expected in ["one", "two"] {
+        let state = session.create_turn(TurnRequest::message("hi")).await.unwrap().wait().await.unwrap();
+        let TurnState::Done { output: Some(output), .. } = &state else { panic!("{state:?}") };
+        assert_eq!(output.message.content.as_deref(), Some(expected));
+    }
+    assert!(runtime.recover().await.unwrap().is_empty(), "nothing left to recover");
+}
+
 /// Scenario.
 pub async fn unknown_agents_sessions_and_turns_are_not_found(harness: Harness) {
     let model = Arc::new(ScriptedModel::new(vec![]));
@@ -1817,6 +1835,7 @@ macro_rules! runner_scenarios {
             tools_get_a_stable_idempotency_key_and_the_journal_records_each_call,
             a_subscriber_reading_one_event_per_50_ms_still_receives_thousands_in_order,
             past_its_delta_budget_a_live_log_merges_deltas_and_every_reader_still_gets_the_whole_text,
+            durations_past_the_clocks_range_mean_no_limit,
             unknown_agents_sessions_and_turns_are_not_found,
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,

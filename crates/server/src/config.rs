@@ -49,7 +49,12 @@
 //! live_delta_budget_bytes = 8388608 # a turn's deltas kept one by one; past it, merged runs
 //! ```
 //!
-//! Every section and key is optional; unknown keys are errors.
+//! Every section and key is optional; unknown keys are errors. Durations (`*_secs`) are at
+//! most a year ([`MAX_SECS`]); `lease_ttl_secs`, `heartbeat_secs` and timeouts at least a
+//! second. An agent with `model = "demo"` runs the demo agent's rules with its own tools
+//! and instructions: it takes `max_iterations` and `timeout_secs`, and refuses `tools`,
+//! `requires_approval`, `ask_user_question`, `mcp` and `instructions`. Every provider is
+//! built at start, also one no agent uses, and two subjects cannot share an API key.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -349,6 +354,10 @@ const fn default_body_bytes() -> usize {
 const fn default_heartbeat() -> u64 {
     15
 }
+/// The longest duration a `*_secs` key takes: a year. Longer ones overflow clocks and
+/// stored timestamps.
+pub const MAX_SECS: u64 = 365 * 24 * 60 * 60;
+
 const fn default_grace() -> u64 {
     10
 }
@@ -412,11 +421,54 @@ impl Config {
     /// Parses a configuration; `path` is named in errors.
     ///
     /// Errors: `Parse` with the line of the first problem.
+    ///
+    /// Errors: `Parse` when it is not valid TOML of this shape; `Invalid` when a value is out
+    /// of its range (see [`Config::validate`]).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|error| ConfigError::Parse {
+        let config: Self = toml::from_str(text).map_err(|error| ConfigError::Parse {
             path: path.map(Path::to_path_buf),
             message: error.to_string(),
-        })
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what the file's shape cannot: every duration is at most a year
+    /// ([`MAX_SECS`]), the lease time and the heartbeat are at least a second, and agent
+    /// and team names are not empty.
+    ///
+    /// Errors: `Invalid` naming the key and its allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let within = |key: String, value: u64, least: u64| {
+            if (least..=MAX_SECS).contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{key} is {value}; it must be between {least} and {MAX_SECS} (a year)"
+                )))
+            }
+        };
+        within("runtime.lease_ttl_secs".to_owned(), self.runtime.lease_ttl_secs, 1)?;
+        within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
+        within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 1)?;
+        within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
+        for (name, provider) in &self.providers {
+            if let Some(secs) = provider.timeout_secs {
+                within(format!("providers.{name}.timeout_secs"), secs, 1)?;
+            }
+        }
+        for agent in &self.agents {
+            if agent.name.trim().is_empty() {
+                return Err(ConfigError::Invalid("an agent's name must not be empty".to_owned()));
+            }
+            if let Some(secs) = agent.timeout_secs {
+                within(format!("agent {:?}: timeout_secs", agent.name), secs, 1)?;
+            }
+        }
+        if self.teams.iter().any(|team| team.name.trim().is_empty()) {
+            return Err(ConfigError::Invalid("a team's name must not be empty".to_owned()));
+        }
+        Ok(())
     }
 
     /// Reads and parses a configuration file.
@@ -457,7 +509,18 @@ impl Config {
                 }
                 Ok((key, subject(&entry.subject)))
             })
-            .collect()
+            .collect::<Result<Vec<_>, ConfigError>>()
+            .and_then(|keys| {
+                for (at, (key, subject)) in keys.iter().enumerate() {
+                    if let Some((_, other)) = keys[..at].iter().find(|(earlier, _)| earlier == key) {
+                        return Err(ConfigError::Invalid(format!(
+                            "subjects {:?} and {:?} have the same API key",
+                            other.subject_id, subject.subject_id
+                        )));
+                    }
+                }
+                Ok(keys)
+            })
     }
 
     /// Builds every configured agent and team (connecting to MCP servers), the demo ones
@@ -470,6 +533,10 @@ impl Config {
         approvals: &SpawnApprovals,
         control: &TeamControl,
     ) -> Result<BuiltAgents, ConfigError> {
+        // Every provider is checked, also one no agent uses yet.
+        for (name, provider) in &self.providers {
+            self.model(name, &format!("using provider {}", provider.model))?;
+        }
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();
         if self.demo_agents {
@@ -509,6 +576,13 @@ impl Config {
             if let Some(path) = &team.spawn_policy {
                 let policy = SpawnPolicy::load(path)
                     .map_err(|error| ConfigError::Invalid(format!("team {:?}: {error}", team.name)))?;
+                if policy.is_none() {
+                    tracing::warn!(
+                        team = %team.name,
+                        path = %path.display(),
+                        "the spawn policy file does not exist: every spawn is denied (spawn_policy_missing)"
+                    );
+                }
                 if let Some(policy) = &policy {
                     policies.push((team.name.clone(), policy.clone()));
                 }
@@ -550,8 +624,31 @@ impl Config {
     }
 
     async fn build_agent(&self, config: &AgentConfig) -> Result<Agent, ConfigError> {
+        let mut limits = AgentLimits::default();
+        if let Some(max) = config.max_iterations {
+            limits.max_iterations = max;
+        }
+        limits.timeout = config.timeout_secs.map(Duration::from_secs);
         if config.model == "demo" {
-            return Ok(demo::demo_agent_named(&config.name));
+            let given: Vec<&str> = [
+                ("instructions", config.instructions.is_some()),
+                ("tools", !config.tools.is_empty()),
+                ("requires_approval", !config.requires_approval.is_empty()),
+                ("ask_user_question", config.ask_user_question),
+                ("mcp", !config.mcp.is_empty()),
+            ]
+            .into_iter()
+            .filter_map(|(key, set)| set.then_some(key))
+            .collect();
+            if !given.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: model `demo` runs the demo agent's rules with its own tools and instructions, \
+                     so it takes no {} (use a provider for an agent of your own)",
+                    config.name,
+                    given.join(", ")
+                )));
+            }
+            return Ok(demo::demo_agent_with(&config.name, limits));
         }
         let model = self.model(&config.model, &config.name)?;
         let mut builder = Agent::builder(config.name.clone(), model);
@@ -572,11 +669,6 @@ impl Config {
         if config.ask_user_question {
             builder = builder.ask_user_question();
         }
-        let mut limits = AgentLimits::default();
-        if let Some(max) = config.max_iterations {
-            limits.max_iterations = max;
-        }
-        limits.timeout = config.timeout_secs.map(Duration::from_secs);
         builder = builder.limits(limits);
         for server in &config.mcp {
             let transport = match (&server.command, &server.url) {

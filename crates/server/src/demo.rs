@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
-use agentry_runner::{Agent, FunctionTool, Tool, ToolError};
+use agentry_runner::{Agent, AgentLimits, FunctionTool, Tool, ToolError};
 use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team, TeamControl};
 use agentry_types::{Message, Role, ToolCall};
 use serde_json::json;
@@ -257,6 +257,12 @@ pub fn demo_agent() -> Agent {
 /// The demo agent's rules under another name.
 #[must_use]
 pub fn demo_agent_named(name: &str) -> Agent {
+    demo_agent_with(name, AgentLimits::default())
+}
+
+/// The demo agent's rules under another name, with these limits.
+#[must_use]
+pub fn demo_agent_with(name: &str, limits: AgentLimits) -> Agent {
     let model = ScriptedModel::responder(demo_response).named("demo-rules").without_request_log();
     Agent::builder(name, Arc::new(model))
         .instructions("You are Agentry's demo agent.")
@@ -264,6 +270,7 @@ pub fn demo_agent_named(name: &str) -> Agent {
         .tool(send_email_tool())
         .requires_approval("send_email")
         .ask_user_question()
+        .limits(limits)
         .build()
 }
 

@@ -294,9 +294,7 @@ struct Ready {
 impl Ready {
     async fn new(config: &Config) -> Result<Self, ServerError> {
         let keys = Keys::new(config.api_keys()?);
-        if config.runtime.lease_ttl_secs == 0 {
-            return Err(ConfigError::Invalid("runtime.lease_ttl_secs must be at least 1".to_owned()).into());
-        }
+        config.validate()?;
         let options = RuntimeOptions {
             lease_ttl: Duration::from_secs(config.runtime.lease_ttl_secs),
             live_retention: Duration::from_secs(config.runtime.live_retention_secs),

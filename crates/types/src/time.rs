@@ -64,10 +64,15 @@ impl Timestamp {
         self.0.div_euclid(1_000_000)
     }
 
-    /// This instant plus a duration, saturating.
+    /// The latest instant RFC 3339 can write: `9999-12-31T23:59:59.999999Z`.
+    pub const MAX: Self = Self(253_402_300_799_999_999);
+
+    /// This instant plus a duration, saturating at [`Timestamp::MAX`] (so that what is
+    /// written can be read back).
     #[must_use]
     pub fn saturating_add(self, duration: Duration) -> Self {
-        Self(self.0.saturating_add(i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)))
+        let sum = self.0.saturating_add(i64::try_from(duration.as_micros()).unwrap_or(i64::MAX));
+        Self(sum.min(Self::MAX.0).max(self.0))
     }
 
     /// The RFC 3339 form in UTC with six fractional digits, such as

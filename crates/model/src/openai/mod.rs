@@ -226,7 +226,8 @@ impl OpenAiCompatibleModel {
     /// One attempt: the response if its status is a success.
     async fn attempt(&self, body: Vec<u8>) -> Result<reqwest::Response, AttemptError> {
         let timeout = self.config.request_timeout;
-        let deadline = Instant::now() + timeout;
+        // A timeout past the clock's range waits a century instead.
+        let deadline = Instant::now() + timeout.min(Duration::from_secs(100 * 365 * 24 * 60 * 60));
         let send = self
             .client
             .post(self.url.clone())

@@ -102,6 +102,80 @@ fn configuration_errors_name_the_problem() {
     assert!(parsed.demo_agents, "the demo agents are on unless switched off");
 }
 
+#[test]
+fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
+    for (text, named) in [
+        ("[runtime]\nlease_ttl_secs = 1000000000000\n", "runtime.lease_ttl_secs is 1000000000000"),
+        ("[runtime]\nlease_ttl_secs = 0\n", "runtime.lease_ttl_secs is 0"),
+        ("[runtime]\nlive_retention_secs = 31536001\n", "runtime.live_retention_secs"),
+        ("[limits]\nheartbeat_secs = 18446744073709551615\n", "limits.heartbeat_secs"),
+        ("[limits]\nshutdown_grace_secs = 99999999999\n", "limits.shutdown_grace_secs"),
+        ("[providers.p]\nmodel = \"m\"\ntimeout_secs = 18446744073709551615\n", "providers.p.timeout_secs"),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\ntimeout_secs = 18446744073709551615\n",
+            "agent \"a\": timeout_secs",
+        ),
+        ("[[agents]]\nname = \" \"\nmodel = \"demo\"\n", "an agent's name must not be empty"),
+        ("[[teams]]\nname = \"\"\nmodel = \"demo\"\n", "a team's name must not be empty"),
+    ] {
+        let error = Config::parse(text, None).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid(_)), "{text}: {error}");
+        assert!(error.to_string().contains(named), "{text}: {error}");
+    }
+    let longest = Config::parse("[runtime]\nlease_ttl_secs = 31536000\n", None).unwrap();
+    assert_eq!(longest.runtime.lease_ttl_secs, agentry_server::config::MAX_SECS);
+}
+
+#[test]
+fn two_subjects_with_one_api_key_are_refused() {
+    let text = "[[keys]]\nkey = \"same\"\nsubject = \"alice\"\n[[keys]]\nkey = \"same\"\nsubject = \"bob\"\n";
+    let error = Config::parse(text, None).unwrap().api_keys().unwrap_err();
+    assert!(error.to_string().contains("subjects \"alice\" and \"bob\" have the same API key"), "{error}");
+}
+
+#[tokio::test]
+async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |text: &str| {
+        let mut config = Config::parse(&format!("listen = \"127.0.0.1:0\"\n{text}"), None).unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        Server::start(config)
+    };
+    let error = start(
+        "[[agents]]\nname = \"calc\"\nmodel = \"demo\"\ntools = [\"calculator\"]\nask_user_question = true\n",
+    )
+    .await
+    .unwrap_err();
+    assert!(error.to_string().contains("agent \"calc\": model `demo`"), "{error}");
+    assert!(error.to_string().contains("takes no tools, ask_user_question"), "{error}");
+    let error = start("[providers.spare]\nmodel = \"m\"\nbase_url = \"not a url\"\n").await.unwrap_err();
+    assert!(error.to_string().contains("provider \"spare\": "), "{error}");
+    assert!(error.to_string().contains("invalid base URL"), "{error}");
+    assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
+    // A demo agent's limits apply: no model call is allowed, so its turn fails at once.
+    let (address, stop, serving) = serve({
+        let mut config = Config::parse(
+            "listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"stuck\"\nmodel = \"demo\"\nmax_iterations = 0\n",
+            None,
+        )
+        .unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        config
+    })
+    .await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "stuck"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": "hello"}], "stream": true});
+    let (status, events) =
+        request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
+    assert_eq!(status, 200, "{events}");
+    assert!(events.contains("limit of 0 model calls"), "{events}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unknown_member_or_provider_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

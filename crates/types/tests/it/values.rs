@@ -48,6 +48,17 @@ fn a_message_splits_into_deltas_of_whole_characters() {
 }
 
 #[test]
+fn adding_a_duration_stops_at_the_latest_instant_that_reads_back() {
+    let now = Timestamp::now();
+    let far = now.saturating_add(std::time::Duration::MAX);
+    assert_eq!(far, Timestamp::MAX);
+    assert_eq!(far.to_rfc3339(), "9999-12-31T23:59:59.999999Z");
+    assert_eq!(far.to_rfc3339().parse::<Timestamp>().unwrap(), far);
+    let year = now.saturating_add(std::time::Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(year.unix_seconds() - now.unix_seconds(), 365 * 24 * 3600);
+}
+
+#[test]
 fn timestamps_render_in_each_vocabulary_unit() {
     let at = Timestamp::from_unix_micros(1_739_850_000_123_456);
     assert_eq!(at.to_rfc3339(), "2025-02-18T03:40:00.123456Z");

@@ -996,6 +996,25 @@ class Cancel(unittest.TestCase):
                 self.assertEqual(frames[-1][1]["properties"]["instanceID"], instance)
                 self.assertEqual(h.post(f"/v1/agent-team/instances/{instance}/cancel").status_code, 404, "it has ended")
 
+    def test_cancelling_a_mission_ends_its_turn_and_withdraws_its_pending_approval(self):
+        session = client().create_session(agent_name="demo-team")
+        with http() as h:
+            body = {"session_id": session.id, "role": "auditor", "task": "audit the books"}
+            spawned = h.post("/v1/agent-team/spawn", json=body).json()
+            pending = h.get("/v1/agent-team/approvals", params={"wait_secs": 30}).json()["data"]
+            ours = [p["approvalID"] for p in pending if p["missionID"] == spawned["missionID"]]
+            self.assertEqual(len(ours), 1, pending)
+            cancelled = h.post(f"/v1/agent-team/missions/{spawned['missionID']}/cancel")
+            self.assertEqual(cancelled.status_code, 200, cancelled.text)
+            self.assertEqual(session.get_turn(spawned["turnID"]).state.status, "cancelled")
+            left = [p["approvalID"] for p in h.get("/v1/agent-team/approvals").json()["data"]]
+            self.assertNotIn(ours[0], left)
+            self.assertEqual(h.post(f"/v1/agent-team/approvals/{ours[0]}/approve").status_code, 404)
+        # The session takes new turns at once.
+        events, _ = run(session, message("hello team"))
+        self.assertIsInstance(events[-1], TurnDoneEvent)
+        self.assertEqual(events[-1].state.status, "done")
+
 
 class AgUi(unittest.TestCase):
     def test_agui_run_streams_protocol_events(self):

@@ -420,5 +420,12 @@ async fn cancel_mission(
         return Err(ApiError::not_found("mission", &mission_id));
     }
     let cancelled = state.control.cancel_mission(&mission_id);
+    // The mission is its team turn: the coordinator stops too, and with it a spawn still
+    // waiting for a person's approval (which is withdrawn). Returns once the turn has ended.
+    if let Some(turn) = mission_turn(&mission_id) {
+        let run = state.runtime.store().get_run(turn).await?;
+        let session = state.runtime.get_session(run.session_id).await?;
+        session.get_turn(turn).await?.cancel().await?;
+    }
     Ok(Json(json!({"missionID": mission_id, "cancelledInstances": cancelled})).into_response())
 }

@@ -1085,6 +1085,14 @@ class AgUi(unittest.TestCase):
             content = {"interruptId": question, "status": "resolved", "payload": {"content": "green"}}
             self.assertEqual(answered(h, "agui-strict-question", content), "You chose green.")
 
+    def test_an_agui_run_without_a_user_message_is_refused_naming_messages(self):
+        with http() as h:
+            for messages in ([], [{"id": "s", "role": "system", "content": "be brief"}], [{"id": "u", "role": "user", "content": ""}]):
+                body = {"threadId": "agui-no-message", "runId": "r1", "messages": messages}
+                response = h.post("/agui/demo", json=body)
+                self.assertEqual(response.status_code, 400, response.text)
+                self.assertEqual(response.json()["error"]["param"], "messages")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -296,6 +296,13 @@ async fn run(
                 .find(|message| message.role == "user")
                 .map(|message| text_of(message.content.as_ref()))
                 .unwrap_or_default();
+            if text.is_empty() {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    "a run needs a user message with text in `messages` (its last one is answered), or `resume` \
+                     answers to the thread's interrupts",
+                ));
+            }
             vec![TurnInputItem::message(text)]
         }
     };

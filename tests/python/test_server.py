@@ -1014,6 +1014,12 @@ class Cancel(unittest.TestCase):
         events, _ = run(session, message("hello team"))
         self.assertIsInstance(events[-1], TurnDoneEvent)
         self.assertEqual(events[-1].state.status, "done")
+        # A turn of an agent session is no mission.
+        agent = client().create_session(agent_name="demo")
+        run(agent, message("hi"))
+        turn = next(iter(agent.list_turns())).id
+        with http() as h:
+            self.assertEqual(h.post(f"/v1/agent-team/missions/mis_{turn}/cancel").status_code, 404)
 
 
 class AgUi(unittest.TestCase):
@@ -1079,7 +1085,7 @@ class AgUi(unittest.TestCase):
             self.assertEqual(answered(h, "agui-strict-approve", allowed), "Email sent.")
 
             question = ask(h, "agui-strict-question", "ask me")
-            for entry in ({"status": "resolved"}, {"status": "resolved", "payload": {"colour": "red"}}):
+            for entry in ({"status": "resolved"}, {"status": "answered", "payload": "red"}):
                 response = resume(h, "agui-strict-question", {"interruptId": question, **entry})
                 self.assertEqual(response.status_code, 400, (entry, response.text))
             content = {"interruptId": question, "status": "resolved", "payload": {"content": "green"}}

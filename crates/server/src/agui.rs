@@ -3,9 +3,10 @@
 //! frames, sub-agent frames, `RUN_FINISHED` with an interrupt outcome when the turn waits
 //! for approvals or answers). A `resume` list answers those interrupts on the next run:
 //! status `resolved` with the payload the interrupt's `responseSchema` asks for (an
-//! approval `{"approved": bool, "reason"?: string}`; an answer as a string or
-//! `{"content": string}`), or `cancelled`. Anything else is refused (400) before anything
-//! is decided. A run with `resume` does not read `messages`.
+//! approval `{"approved": bool, "reason"?: string}`; an answer as a string,
+//! `{"content": string}`, or any other JSON value, passed on as JSON), or `cancelled`.
+//! Anything else is refused (400) before anything is decided. A run with `resume` does not
+//! read `messages`.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
 //! the agent, titled with the thread id, under an id derived from the caller, the agent and
@@ -204,15 +205,6 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
                 .map(|call| (false, thread_id.clone(), call.id.clone())),
             RequiredAction::McpAuth { .. } => None,
         });
-        let Some((approval, thread, call)) = found else {
-            if entry.interrupt_id.starts_with("mcp:") {
-                continue; // Authorization happened elsewhere; the resumed turn retries.
-            }
-            return Err(ApiError::bad_param(
-                "resume",
-                format!("interrupt {} is not pending on this thread", entry.interrupt_id),
-            ));
-        };
         let resolved = match entry.status.as_str() {
             "resolved" => true,
             "cancelled" => false,
@@ -222,6 +214,15 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
                     format!("resume[{at}].status is {other:?}; it must be \"resolved\" or \"cancelled\""),
                 ));
             }
+        };
+        let Some((approval, thread, call)) = found else {
+            if entry.interrupt_id.starts_with("mcp:") {
+                continue; // Authorization happened elsewhere; the resumed turn retries.
+            }
+            return Err(ApiError::bad_param(
+                "resume",
+                format!("interrupt {} is not pending on this thread", entry.interrupt_id),
+            ));
         };
         let payload = entry.payload.as_ref();
         input.push(if approval {
@@ -250,19 +251,12 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
             let content = match payload {
                 _ if !resolved => "The user cancelled the question.".to_owned(),
                 Some(Value::String(text)) => text.clone(),
-                Some(value) => match value.get("content").or_else(|| value.get("answer")).and_then(Value::as_str) {
-                    Some(text) => text.to_owned(),
-                    None => {
-                        return Err(ApiError::bad_param(
-                            "resume",
-                            format!(
-                                "resume[{at}].payload must be the answer, as a string or {{\"content\": \"…\"}}, \
-                                 to answer {}",
-                                entry.interrupt_id
-                            ),
-                        ));
-                    }
-                },
+                // A structured result of a client tool is passed on as JSON.
+                Some(value) => value
+                    .get("content")
+                    .or_else(|| value.get("answer"))
+                    .and_then(Value::as_str)
+                    .map_or_else(|| value.to_string(), str::to_owned),
                 None => {
                     return Err(ApiError::bad_param(
                         "resume",

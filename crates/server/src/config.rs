@@ -50,8 +50,8 @@
 //! ```
 //!
 //! Every section and key is optional; unknown keys are errors. Durations (`*_secs`) are at
-//! most a year ([`MAX_SECS`]); `lease_ttl_secs`, `heartbeat_secs` and timeouts at least a
-//! second. An agent with `model = "demo"` runs the demo agent's rules with its own tools
+//! most a year ([`MAX_SECS`]); `lease_ttl_secs` and timeouts at least a second
+//! (`heartbeat_secs = 0` means 1). An agent with `model = "demo"` runs the demo agent's rules with its own tools
 //! and instructions: it takes `max_iterations` and `timeout_secs`, and refuses `tools`,
 //! `requires_approval`, `ask_user_question`, `mcp` and `instructions`. Every provider is
 //! built at start, also one no agent uses, and two subjects cannot share an API key.
@@ -429,13 +429,18 @@ impl Config {
             path: path.map(Path::to_path_buf),
             message: error.to_string(),
         })?;
-        config.validate()?;
+        config.validate().map_err(|error| match (error, path) {
+            (ConfigError::Invalid(message), Some(path)) => {
+                ConfigError::Invalid(format!("{}: {message}", path.display()))
+            }
+            (error, _) => error,
+        })?;
         Ok(config)
     }
 
     /// Checks what the file's shape cannot: every duration is at most a year
-    /// ([`MAX_SECS`]), the lease time and the heartbeat are at least a second, and agent
-    /// and team names are not empty.
+    /// ([`MAX_SECS`]), the lease time and timeouts are at least a second, and agent and
+    /// team names are not empty.
     ///
     /// Errors: `Invalid` naming the key and its allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -450,7 +455,7 @@ impl Config {
         };
         within("runtime.lease_ttl_secs".to_owned(), self.runtime.lease_ttl_secs, 1)?;
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
-        within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 1)?;
+        within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 0)?;
         within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
         for (name, provider) in &self.providers {
             if let Some(secs) = provider.timeout_secs {
@@ -512,7 +517,9 @@ impl Config {
             .collect::<Result<Vec<_>, ConfigError>>()
             .and_then(|keys| {
                 for (at, (key, subject)) in keys.iter().enumerate() {
-                    if let Some((_, other)) = keys[..at].iter().find(|(earlier, _)| earlier == key) {
+                    let shared =
+                        keys[..at].iter().find(|(earlier, other)| earlier == key && other != subject);
+                    if let Some((_, other)) = shared {
                         return Err(ConfigError::Invalid(format!(
                             "subjects {:?} and {:?} have the same API key",
                             other.subject_id, subject.subject_id
@@ -533,9 +540,10 @@ impl Config {
         approvals: &SpawnApprovals,
         control: &TeamControl,
     ) -> Result<BuiltAgents, ConfigError> {
-        // Every provider is checked, also one no agent uses yet.
-        for (name, provider) in &self.providers {
-            self.model(name, &format!("using provider {}", provider.model))?;
+        // Every provider's address and settings are checked, also one no agent uses yet (its
+        // key may be missing: it is read when an agent uses the provider).
+        for name in self.providers.keys() {
+            self.provider(name, "", false)?;
         }
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();
@@ -598,6 +606,12 @@ impl Config {
             let model = ScriptedModel::responder(|_| ScriptedResponse::text("Hello from the demo model."));
             return Ok(Arc::new(model.without_request_log()));
         }
+        self.provider(name, agent, true)
+    }
+
+    /// The provider `name` as a model for `agent`; `with_key` reads its API key (an unset
+    /// variable is an error then).
+    fn provider(&self, name: &str, agent: &str, with_key: bool) -> Result<Arc<dyn Model>, ConfigError> {
         let provider = self.providers.get(name).ok_or_else(|| {
             ConfigError::Invalid(format!(
                 "agent {agent:?}: model {name:?} is neither `demo` nor a configured provider"
@@ -607,7 +621,7 @@ impl Config {
         if let Some(url) = &provider.base_url {
             config = config.with_base_url(url.clone());
         }
-        if let Some(var) = &provider.api_key_env {
+        if let Some(var) = provider.api_key_env.as_ref().filter(|_| with_key) {
             let key = std::env::var(var).map_err(|_| {
                 ConfigError::Invalid(format!(
                     "provider {name:?} reads its API key from ${var}, which is not set"

@@ -79,10 +79,15 @@ fn mission_turn(mission_id: &str) -> Option<TurnId> {
 }
 
 /// Whether the caller owns the session a mission runs in.
+/// Whether the caller owns the team session a mission runs in (a turn of another kind of
+/// session is no mission).
 async fn owns_mission(state: &AppState, caller: &Caller, mission_id: &str) -> bool {
     let Some(turn) = mission_turn(mission_id) else { return false };
     let Ok(run) = state.runtime.store().get_run(turn).await else { return false };
-    caller.session(state, &run.session_id.to_string()).await.is_ok()
+    caller
+        .session(state, &run.session_id.to_string())
+        .await
+        .is_ok_and(|session| session.record().session_type == SessionType::Team)
 }
 
 /// The team sessions whose events a listing reads: the caller's newest.

@@ -131,6 +131,29 @@ fn two_subjects_with_one_api_key_are_refused() {
     let text = "[[keys]]\nkey = \"same\"\nsubject = \"alice\"\n[[keys]]\nkey = \"same\"\nsubject = \"bob\"\n";
     let error = Config::parse(text, None).unwrap().api_keys().unwrap_err();
     assert!(error.to_string().contains("subjects \"alice\" and \"bob\" have the same API key"), "{error}");
+    let twice = "[[keys]]\nkey = \"k\"\nsubject = \"alice\"\n[[keys]]\nkey = \"k\"\nsubject = \"alice\"\n";
+    assert_eq!(Config::parse(twice, None).unwrap().api_keys().unwrap().len(), 2, "one subject listed twice");
+}
+
+#[test]
+fn a_value_out_of_range_in_a_file_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.toml");
+    std::fs::write(&path, "[runtime]\nlease_ttl_secs = 0\n").unwrap();
+    let error = Config::load(&path).unwrap_err();
+    assert!(error.to_string().contains(&path.display().to_string()), "{error}");
+    assert!(error.to_string().contains("runtime.lease_ttl_secs is 0"), "{error}");
+    // A heartbeat of 0 keeps meaning one second.
+    assert_eq!(Config::parse("[limits]\nheartbeat_secs = 0\n", None).unwrap().limits.heartbeat_secs, 0);
+}
+
+#[tokio::test]
+async fn a_provider_no_agent_uses_may_lack_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "listen = \"127.0.0.1:0\"\n[providers.spare]\nmodel = \"m\"\napi_key_env = \"AGENTRY_TEST_SURELY_UNSET\"\n";
+    let mut config = Config::parse(text, None).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    Server::start(config).await.unwrap();
 }
 
 #[tokio::test]

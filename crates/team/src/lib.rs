@@ -44,7 +44,8 @@ pub use budget::Price;
 pub use directed::SpawnRequest;
 pub use output::team_run_output;
 pub use spawn::{
-    PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog, SpawnPolicy, Template,
+    DEFAULT_APPROVAL_TIMEOUT, PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog,
+    SpawnPolicy, Template,
 };
 
 /// How a team works.

@@ -16,6 +16,7 @@
 //! [roles.worker]
 //! require_justification = true
 //! require_approval = false
+//! approval_timeout_secs = 3600       # a gated spawn undecided this long is denied (default an hour)
 //! max_instances = 4                  # per mission
 //! max_depth = 1                      # spawned by the coordinator: depth 1
 //! budget = { max_tokens = 8000, max_tool_calls = 10 }
@@ -36,6 +37,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// How long a gated spawn waits for a decision when its role does not say.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
 use agentry_events::{EventSource, TeamContext};
 use agentry_model::Model;
@@ -120,6 +125,10 @@ pub struct Role {
     /// Whether a spawn of this role waits for a person's approval.
     #[serde(default)]
     pub require_approval: bool,
+    /// How long a gated spawn waits for a decision before it is denied
+    /// (`approval_denied`); [`DEFAULT_APPROVAL_TIMEOUT`] when absent. Its turn runs, and
+    /// its session takes no other turn, while it waits.
+    pub approval_timeout_secs: Option<u64>,
     /// Instances of this role per mission.
     pub max_instances: Option<u32>,
     /// How deep in the spawn tree an instance of this role may be (the coordinator is 0).
@@ -161,6 +170,11 @@ impl SpawnPolicy {
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
         let policy: Self = toml::from_str(text).map_err(|error| PolicyError::Invalid(error.to_string()))?;
         for (name, role) in &policy.roles {
+            if role.approval_timeout_secs == Some(0) {
+                return Err(PolicyError::Invalid(format!(
+                    "role {name:?}: approval_timeout_secs must be at least 1"
+                )));
+            }
             if let Some(unknown) = role.can_spawn.iter().find(|target| !policy.roles.contains_key(*target)) {
                 return Err(PolicyError::Invalid(format!(
                     "role {name:?} can spawn {unknown:?}, which is not defined"
@@ -527,14 +541,21 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             task: args.task.clone(),
             justification: args.justification.clone(),
         });
-        let decided = context.until_cancelled(decision).await;
+        let wait = role.approval_timeout_secs.map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
+        let decided = context.until_cancelled(tokio::time::timeout(wait, decision)).await;
         match decided {
-            Some(Ok(Decision::Approve)) => approval_id = Some(id),
-            Some(Ok(Decision::Deny(reason))) => {
+            Some(Ok(Ok(Decision::Approve))) => approval_id = Some(id),
+            Some(Ok(Ok(Decision::Deny(reason)))) => {
                 uncount();
                 return deny("approval_denied", reason).await;
             }
-            Some(Err(_)) | None => {
+            Some(Err(_elapsed)) => {
+                spawner.approvals.forget(&id);
+                uncount();
+                let waited = wait.as_secs();
+                return deny("approval_denied", format!("no one decided the spawn within {waited} s")).await;
+            }
+            Some(Ok(Err(_))) | None => {
                 spawner.approvals.forget(&id);
                 uncount();
                 return deny("approval_denied", "the spawn was not decided before the turn ended".to_owned())

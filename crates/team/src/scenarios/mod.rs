@@ -94,6 +94,7 @@ macro_rules! team_scenarios {
             spawn::each_refusal_of_the_policy_has_its_own_code,
             spawn::a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied,
             spawn::a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once,
+            spawn::an_undecided_gated_spawn_is_denied_when_its_wait_ends,
             spawn::an_invalid_policy_is_refused_with_the_problem_named);
     };
     (@cases $factory:expr; $($module:ident :: $name:ident),* $(,)?) => {

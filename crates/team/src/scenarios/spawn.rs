@@ -189,6 +189,33 @@ pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_
     assert!(skill_hash.starts_with("sha256:") && skill_hash.len() == 7 + 64, "{skill_hash}");
 }
 
+/// Scenario: a gated spawn no one decides within its role's `approval_timeout_secs` is
+/// denied, its approval withdrawn, and the turn goes on to its answer.
+pub async fn an_undecided_gated_spawn_is_denied_when_its_wait_ends(harness: Harness) {
+    let policy = SpawnPolicy::parse(&POLICY.replace(
+        "[roles.auditor]\nrequire_approval = true\n",
+        "[roles.auditor]\nrequire_approval = true\napproval_timeout_secs = 1\n",
+    ))
+    .unwrap();
+    assert_eq!(policy.roles["auditor"].approval_timeout_secs, Some(1));
+    let approvals = SpawnApprovals::new();
+    let audit = json!({"role": "auditor", "task": "Audit the books."});
+    let (events, answer) = run(&harness, Some(policy), approvals.clone(), vec![audit]).await;
+    assert_eq!(lifecycle(&events), pairs(&[("requested", "auditor"), ("denied", "approval_denied")]));
+    assert!(answer.contains("no one decided the spawn within 1 s"), "{answer}");
+    assert!(approvals.pending().is_empty(), "the approval was withdrawn");
+    let zero = POLICY.replace(
+        "[roles.auditor]\nrequire_approval = true\n",
+        "[roles.auditor]\napproval_timeout_secs = 0\n",
+    );
+    assert!(
+        SpawnPolicy::parse(&zero)
+            .unwrap_err()
+            .to_string()
+            .contains("approval_timeout_secs must be at least 1")
+    );
+}
+
 /// Scenario.
 pub async fn a_gated_spawn_waits_for_approval_and_is_approved_once_and_denied_once(harness: Harness) {
     let policy = SpawnPolicy::parse(POLICY).unwrap();

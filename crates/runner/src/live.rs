@@ -174,18 +174,20 @@ struct MergedDeltas {
 }
 
 impl MergedDeltas {
-    /// A run of one delta (to be extended), if the event is a delta that can be merged.
-    fn start(event: &EventEnvelope) -> Option<Self> {
-        let EventPayload::ModelMessageDelta(delta) = &event.payload else { return None };
+    /// A run of two deltas, if `second` continues `first` (one alone would cost more
+    /// merged than kept).
+    fn pair(first: &EventEnvelope, second: &EventEnvelope) -> Option<Self> {
+        let EventPayload::ModelMessageDelta(delta) = &first.payload else { return None };
         let (kind, text) = TextKind::of(delta)?;
         let end = u32::try_from(text.len()).ok()?;
         let last = EventEnvelope {
             payload: EventPayload::ModelMessageDelta(ModelMessageDelta::default()),
-            thread_id: event.thread_id.clone(),
-            team: event.team.clone(),
-            ..*event
+            thread_id: first.thread_id.clone(),
+            team: first.team.clone(),
+            ..*first
         };
-        Some(Self { last, kind, text: text.to_owned(), ends: vec![end] })
+        let mut run = Self { last, kind, text: text.to_owned(), ends: vec![end] };
+        run.extend(second).then_some(run)
     }
 
     /// Takes the event in when it continues the run; says whether it did.
@@ -261,10 +263,8 @@ impl LiveLog {
             {
                 continue;
             }
-            // A run starts with two deltas: one alone would cost more merged.
             if let Some(last @ Entry::Event(_)) = self.entries.last_mut()
-                && let Some(mut run) = last.as_event().and_then(MergedDeltas::start)
-                && run.extend(&event)
+                && let Some(run) = last.as_event().and_then(|first| MergedDeltas::pair(first, &event))
             {
                 *last = Entry::Merged(Box::new(run));
                 continue;

@@ -937,18 +937,25 @@ pub async fn a_cancelled_adalflow_result_reports_the_cancellation_as_its_error(h
     assert!(outcome.answer.is_none());
 }
 
+/// Whether a memory-analysis request asks for the session's summary (else the profile).
+fn asks_for_a_summary(request: &ModelRequest) -> bool {
+    let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
+    prompt.starts_with("Update the summary")
+}
+
+/// A memory-analysis model answering `summary` to summary requests and `profile` to
+/// profile requests.
+fn analysis_model(summary: &'static str, profile: &'static str) -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::responder(move |request| {
+        ScriptedResponse::text(if asks_for_a_summary(request) { summary } else { profile })
+    }))
+}
+
 /// Scenario.
 pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next(
     harness: Harness,
 ) {
-    let analysis = Arc::new(ScriptedModel::responder(|request| {
-        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
-        if prompt.starts_with("Update the summary") {
-            ScriptedResponse::text("Ada asked about tea.")
-        } else {
-            ScriptedResponse::text(r#"{"name": "Ada"}"#)
-        }
-    }));
+    let analysis = analysis_model("Ada asked about tea.", r#"{"name": "Ada"}"#);
     let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
     let config = agentry_memory::MemoryConfig {
         summary_memory: true,
@@ -1496,14 +1503,7 @@ pub async fn a_turn_followed_or_cancelled_before_this_process_recovers_it_is_the
 /// still the user's profile; the process that recovers the turn updates the summary.
 pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone(harness: Harness) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let analysis = Arc::new(ScriptedModel::responder(|request| {
-        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
-        if prompt.starts_with("Update the summary") {
-            ScriptedResponse::text("A summary from the old holder.")
-        } else {
-            ScriptedResponse::text(r#"{"likes": "tea"}"#)
-        }
-    }));
+    let analysis = analysis_model("A summary from the old holder.", r#"{"likes": "tea"}"#);
     let held = Arc::new(HeldSummaries { inner: analysis, gate: gate.clone() });
     let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
     let config = agentry_memory::MemoryConfig {
@@ -1557,8 +1557,7 @@ impl Model for HeldSummaries {
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
-        if prompt.starts_with("Update the summary") {
+        if asks_for_a_summary(&request) {
             let _permit = self.gate.acquire().await.map_err(|_| ModelError::Disconnected)?;
         }
         self.inner.stream(request).await

@@ -229,22 +229,21 @@ async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Ve
             let reason = |payload: Option<&Value>| {
                 payload.and_then(|p| p.get("reason")).and_then(Value::as_str).map(str::to_owned)
             };
-            if !resolved {
-                TurnInputItem::deny(thread, call, reason(payload).or_else(|| Some("cancelled".to_owned())))
-            } else {
-                match payload.and_then(|p| p.get("approved")).map(Value::as_bool) {
-                    Some(Some(true)) => TurnInputItem::allow(thread, call),
-                    Some(Some(false)) => TurnInputItem::deny(thread, call, reason(payload)),
-                    _ => {
-                        return Err(ApiError::bad_param(
-                            "resume",
-                            format!(
-                                "resume[{at}].payload must be {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"…\"}} \
-                                 to answer the approval {}",
-                                entry.interrupt_id
-                            ),
-                        ));
-                    }
+            match (resolved, payload.and_then(|p| p.get("approved")).and_then(Value::as_bool)) {
+                (false, _) => {
+                    TurnInputItem::deny(thread, call, reason(payload).or_else(|| Some("cancelled".to_owned())))
+                }
+                (true, Some(true)) => TurnInputItem::allow(thread, call),
+                (true, Some(false)) => TurnInputItem::deny(thread, call, reason(payload)),
+                (true, None) => {
+                    return Err(ApiError::bad_param(
+                        "resume",
+                        format!(
+                            "resume[{at}].payload must be {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"…\"}} \
+                             to answer the approval {}",
+                            entry.interrupt_id
+                        ),
+                    ));
                 }
             }
         } else {

@@ -251,13 +251,7 @@ pub fn send_email_tool() -> Arc<dyn Tool> {
 /// The `demo` agent.
 #[must_use]
 pub fn demo_agent() -> Agent {
-    demo_agent_named(DEMO_AGENT)
-}
-
-/// The demo agent's rules under another name.
-#[must_use]
-pub fn demo_agent_named(name: &str) -> Agent {
-    demo_agent_with(name, AgentLimits::default())
+    demo_agent_with(DEMO_AGENT, AgentLimits::default())
 }
 
 /// The demo agent's rules under another name, with these limits.

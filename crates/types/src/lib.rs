@@ -53,7 +53,7 @@ pub use record::{
 pub use status::{
     CancellationReason, McpServerAuth, RequiredAction, RequiredActionRecord, RunStatus, Subject, TurnState,
 };
-pub use time::{InvalidTimestamp, Timestamp};
+pub use time::{InvalidTimestamp, LONGEST_WAIT, Timestamp};
 pub use tool::{
     FunctionCall, FunctionCallDelta, McpServerRef, PendingToolCall, ToolCall, ToolCallDelta, ToolCallKind,
     ToolInfo, ToolSpec,

@@ -11,6 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// The longest a timeout waits: longer ones (up to `Duration::MAX`) overflow the clocks
+/// they are added to, so they wait this long, a century, instead.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// A UTC instant, microseconds since the Unix epoch.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(i64);

@@ -226,8 +226,7 @@ impl OpenAiCompatibleModel {
     /// One attempt: the response if its status is a success.
     async fn attempt(&self, body: Vec<u8>) -> Result<reqwest::Response, AttemptError> {
         let timeout = self.config.request_timeout;
-        // A timeout past the clock's range waits a century instead.
-        let deadline = Instant::now() + timeout.min(Duration::from_secs(100 * 365 * 24 * 60 * 60));
+        let deadline = Instant::now() + timeout.min(agentry_types::LONGEST_WAIT);
         let send = self
             .client
             .post(self.url.clone())

@@ -90,9 +90,7 @@ impl McpConnection {
     /// connecting takes longer than the connect timeout. A process started before a failure
     /// is shut down.
     pub async fn connect(config: McpServerConfig) -> Result<Self, McpError> {
-        // A timeout past the clock's range waits a century instead.
-        let deadline =
-            Instant::now() + config.connect_timeout.min(Duration::from_secs(100 * 365 * 24 * 60 * 60));
+        let deadline = Instant::now() + config.connect_timeout.min(agentry_types::LONGEST_WAIT);
         match &config.transport {
             McpServerTransport::Stdio { command, args, env, cwd } => {
                 Self::connect_stdio(&config, deadline, command, args, env, cwd.as_deref()).await

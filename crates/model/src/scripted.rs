@@ -140,39 +140,11 @@ impl ScriptedResponse {
                 })
                 .collect(),
             finish_reason: Some(finish_reason),
-            usage: Some(self.usage.unwrap_or_else(|| self.estimated_usage(request))),
             ..ModelMessage::default()
         };
+        let usage = self.usage.unwrap_or_else(|| Usage::estimate(&request.messages, &message));
+        let message = ModelMessage { usage: Some(usage), ..message };
         message.into_deltas(self.chunk_chars.unwrap_or(8))
-    }
-
-    /// Usage estimated at four characters a token, for responses without exact usage.
-    fn estimated_usage(&self, request: &ModelRequest) -> Usage {
-        let tokens = |chars: usize| u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX);
-        let input: usize = request.messages.iter().map(message_chars).sum();
-        let output = self.text.as_deref().map_or(0, |text| text.chars().count())
-            + self.reasoning.as_deref().map_or(0, |text| text.chars().count())
-            + self
-                .tool_calls
-                .iter()
-                .map(|call| call.name.len() + call.arguments.chars().count())
-                .sum::<usize>();
-        Usage::new(tokens(input), tokens(output))
-    }
-}
-
-/// The characters of a message's text, counted without building it.
-fn message_chars(message: &agentry_types::Message) -> usize {
-    match &message.content {
-        None => 0,
-        Some(agentry_types::MessageContent::Text(text)) => text.chars().count(),
-        Some(agentry_types::MessageContent::Parts(parts)) => parts
-            .iter()
-            .map(|part| match part {
-                agentry_types::ContentPart::Text { text } => text.chars().count() + 1,
-                _ => 0,
-            })
-            .sum(),
     }
 }
 

@@ -25,7 +25,7 @@ use agentry_types::{
     ApprovalDecision, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message,
     ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId,
     SessionType, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem,
-    TurnMetrics, TurnState,
+    TurnMetrics, TurnState, Usage,
 };
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, Either};
@@ -785,6 +785,10 @@ pub(crate) struct TurnEngine {
     /// The model message whose tool calls are running (their `message_id`).
     calling_message: std::sync::Mutex<Option<EventId>>,
     model_calls: u32,
+    /// What the last model call is charged to the budget: the provider's usage, an
+    /// estimate when it reported none or its stream stopped after it began, or nothing when
+    /// it stopped before its first delta.
+    charged: Option<Usage>,
 }
 
 impl TurnEngine {
@@ -818,6 +822,7 @@ impl TurnEngine {
             recovered_output: None,
             steps: 0,
             model_calls: 0,
+            charged: None,
         }
     }
 
@@ -993,21 +998,15 @@ impl TurnEngine {
             }
             let reservation = self.reserve(Step::Model).await?;
             let called = self.call_model().await;
+            let charged = self.charged.take();
             if let Some(reservation) = reservation {
-                let spent = match &called {
-                    Ok(ThreadMessage { message, .. }) => Spent {
-                        usage: BudgetUsage {
-                            tokens_used: message
-                                .usage
-                                .map_or(0, |usage| usage.input_tokens + usage.output_tokens),
-                            steps_used: 1,
-                            ..BudgetUsage::default()
-                        },
-                        model: message.usage.map(|usage| (self.agent.model().info().id, usage)),
+                let spent = Spent {
+                    usage: BudgetUsage {
+                        tokens_used: charged.map_or(0, |usage| usage.total_tokens()),
+                        steps_used: 1,
+                        ..BudgetUsage::default()
                     },
-                    Err(_) => {
-                        Spent { usage: BudgetUsage { steps_used: 1, ..BudgetUsage::default() }, model: None }
-                    }
+                    model: charged.map(|usage| (self.agent.model().info().id, usage)),
                 };
                 self.settle(&reservation, spent).await?;
             }
@@ -1479,6 +1478,9 @@ impl TurnEngine {
             request.tool_choice = self.agent.first_tool_choice().cloned();
         }
         self.model_calls += 1;
+        self.charged = None;
+        // The prompt stays the context's first `sent` messages: the call only appends.
+        let sent = self.context.len();
         let model = self.agent.model().clone();
         let mut cancel = self.cancel.clone();
         // One watch for the whole call, not a new one per delta.
@@ -1496,7 +1498,7 @@ impl TurnEngine {
                 reason = &mut cancelled => {
                     // Dropping the stream closes the provider's request at once.
                     drop(stream);
-                    self.adopt_partial().await?;
+                    self.adopt_partial(sent).await?;
                     return Err(Stop::Cancelled(reason));
                 }
             };
@@ -1522,12 +1524,12 @@ impl TurnEngine {
                 }
                 Some(Err(error)) => {
                     drop(stream);
-                    self.adopt_partial().await?;
+                    self.adopt_partial(sent).await?;
                     return Err(Stop::Failed(format!("model: {error}")));
                 }
                 None => {
                     drop(stream);
-                    self.adopt_partial().await?;
+                    self.adopt_partial(sent).await?;
                     return Err(Stop::Failed(
                         "model: the stream ended before the message was complete".to_owned(),
                     ));
@@ -1542,6 +1544,7 @@ impl TurnEngine {
         if let Some(usage) = &message.usage {
             self.metrics.add(usage);
         }
+        self.charged = Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
@@ -1558,11 +1561,17 @@ impl TurnEngine {
         Ok(output)
     }
 
-    /// Keeps what a stopped model stream produced: stored as an event and in the history.
-    async fn adopt_partial(&mut self) -> Result<(), Stop> {
+    /// Keeps what a stopped model stream produced: stored as an event and in the history,
+    /// and charged to the budget (estimated unless its usage came) with the prompt, the
+    /// context's first `sent` messages. The provider has read the prompt and generated
+    /// that much; a stream that stopped before its first delta produced nothing to keep
+    /// and is charged nothing.
+    async fn adopt_partial(&mut self, sent: usize) -> Result<(), Stop> {
         if let Some(event) = self.sink.finish_partial(&self.thread.clone()).await?
             && let EventPayload::ModelMessage(message) = &event.payload
         {
+            self.charged =
+                Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
             let mut message = Message::from_model(message);
             // A cut-off message cannot carry tool calls: they have no results.
             message.tool_calls.clear();

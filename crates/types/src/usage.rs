@@ -3,6 +3,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::{ContentPart, Message, MessageContent, ModelMessage, ToolCall};
+
 /// Where the input tokens of a model call went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InputTokensBreakdown {
@@ -58,6 +60,61 @@ impl Usage {
     pub const fn total_tokens(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
     }
+
+    /// An estimate, at four characters a token, of a call that sent `prompt` and produced
+    /// `output`: for a provider that reports no usage, or a stream cut short before its
+    /// usage came. Text, reasoning, refusals, tool names and arguments count; images and
+    /// files do not.
+    ///
+    /// ```
+    /// use agentry_types::{Message, ModelMessage, Usage};
+    ///
+    /// let prompt = [Message::user("What is 6 * 7?")]; // 14 characters
+    /// let output = ModelMessage { content: Some("42".to_owned()), ..ModelMessage::default() };
+    /// assert_eq!(Usage::estimate(&prompt, &output), Usage::new(4, 1));
+    /// ```
+    #[must_use]
+    pub fn estimate(prompt: &[Message], output: &ModelMessage) -> Self {
+        let input: usize = prompt.iter().map(message_chars).sum();
+        let output_chars = [&output.content, &output.reasoning_content, &output.refusal]
+            .into_iter()
+            .map(|text| text.as_deref().map_or(0, |text| text.chars().count()))
+            .sum::<usize>()
+            + calls_chars(&output.tool_calls);
+        Self::new(tokens(input), tokens(output_chars))
+    }
+}
+
+/// Tokens for `chars` characters, at four a token, rounded up.
+fn tokens(chars: usize) -> u64 {
+    u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX)
+}
+
+/// The characters of a message's text, reasoning and tool calls, counted without building
+/// them.
+fn message_chars(message: &Message) -> usize {
+    let content = match &message.content {
+        None => 0,
+        Some(MessageContent::Text(text)) => text.chars().count(),
+        Some(MessageContent::Parts(parts)) => parts
+            .iter()
+            .map(|part| match part {
+                ContentPart::Text { text } => text.chars().count() + 1,
+                _ => 0,
+            })
+            .sum(),
+    };
+    content
+        + message.reasoning_content.as_deref().map_or(0, |text| text.chars().count())
+        + calls_chars(&message.tool_calls)
+}
+
+/// The characters of tool calls' names and arguments.
+fn calls_chars(calls: &[ToolCall]) -> usize {
+    calls
+        .iter()
+        .map(|call| call.function.name.chars().count() + call.function.arguments.chars().count())
+        .sum()
 }
 
 /// Usage summed over every model call of a turn, and its cost.

@@ -39,7 +39,7 @@
 //! spawn_policy = "spawn-policy.toml"
 //!
 //! [limits]
-//! body_bytes = 8388608             # the largest request body (413 above it)
+//! body_bytes = 8388608             # the largest request body (413 above it; at least 1024)
 //! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
 //! shutdown_grace_secs = 10         # how long SIGTERM waits for running turns
 //!
@@ -129,6 +129,9 @@ pub struct Config {
     /// How turns are run.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// The file it was read from, named in its errors (`None` for text parsed without one).
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
 }
 
 /// How turns are run.
@@ -358,6 +361,9 @@ const fn default_heartbeat() -> u64 {
 /// stored timestamps.
 pub const MAX_SECS: u64 = 365 * 24 * 60 * 60;
 
+/// The smallest `limits.body_bytes` allowed: below it even a short request is refused.
+pub const MIN_BODY_BYTES: usize = 1024;
+
 const fn default_grace() -> u64 {
     10
 }
@@ -387,6 +393,7 @@ impl Default for Config {
             teams: Vec::new(),
             limits: LimitsConfig::default(),
             runtime: RuntimeConfig::default(),
+            path: None,
         };
         if std::env::var_os("OPENAI_API_KEY").is_some_and(|key| !key.is_empty()) {
             config.providers.insert(
@@ -418,24 +425,29 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses a configuration; `path` is named in errors.
+    /// Parses a configuration; `path` is named in errors, also in those of
+    /// [`Config::build_agents`].
     ///
-    /// Errors: `Parse` with the line of the first problem.
-    ///
-    /// Errors: `Parse` when it is not valid TOML of this shape; `Invalid` when a value is out
-    /// of its range (see [`Config::validate`]).
+    /// Errors: `Parse` with the line of the first problem when it is not valid TOML of this
+    /// shape; `Invalid` when a value is out of its range (see [`Config::validate`]).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
-        let config: Self = toml::from_str(text).map_err(|error| ConfigError::Parse {
+        let mut config: Self = toml::from_str(text).map_err(|error| ConfigError::Parse {
             path: path.map(Path::to_path_buf),
             message: error.to_string(),
         })?;
-        config.validate().map_err(|error| match (error, path) {
+        config.path = path.map(Path::to_path_buf);
+        config.validate().map_err(|error| config.in_file(error))?;
+        Ok(config)
+    }
+
+    /// `error`, naming the file the configuration came from.
+    fn in_file(&self, error: ConfigError) -> ConfigError {
+        match (error, &self.path) {
             (ConfigError::Invalid(message), Some(path)) => {
                 ConfigError::Invalid(format!("{}: {message}", path.display()))
             }
             (error, _) => error,
-        })?;
-        Ok(config)
+        }
     }
 
     /// Checks what the file's shape cannot: every duration is at most a year
@@ -457,6 +469,12 @@ impl Config {
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
         within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 0)?;
         within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
+        if self.limits.body_bytes < MIN_BODY_BYTES {
+            return Err(ConfigError::Invalid(format!(
+                "limits.body_bytes is {}; it must be at least {MIN_BODY_BYTES} (every request with a body would be refused)",
+                self.limits.body_bytes
+            )));
+        }
         for (name, provider) in &self.providers {
             if let Some(secs) = provider.timeout_secs {
                 within(format!("providers.{name}.timeout_secs"), secs, 1)?;
@@ -536,6 +554,14 @@ impl Config {
     /// Errors: `Invalid` naming the agent and what is wrong (an unknown provider, tool or
     /// member, an MCP server that cannot be reached, a bad spawn policy).
     pub async fn build_agents(
+        &self,
+        approvals: &SpawnApprovals,
+        control: &TeamControl,
+    ) -> Result<BuiltAgents, ConfigError> {
+        self.build_all(approvals, control).await.map_err(|error| self.in_file(error))
+    }
+
+    async fn build_all(
         &self,
         approvals: &SpawnApprovals,
         control: &TeamControl,
@@ -672,7 +698,7 @@ impl Config {
         for tool in &config.tools {
             builder = builder.tool(builtin_tool(tool).ok_or_else(|| {
                 ConfigError::Invalid(format!(
-                    "agent {:?}: unknown tool {tool:?} (built-in tools: calculator, send_email)",
+                    "agent {:?}: unknown tool {tool:?} (built-in tools: calculator, echo, send_email)",
                     config.name
                 ))
             })?);
@@ -717,7 +743,21 @@ impl Config {
             })?;
             builder = builder.mcp(Arc::new(connection));
         }
-        Ok(builder.build())
+        let agent = builder.build();
+        // A name that matches no tool would gate nothing: a typo must not turn the
+        // approval off silently.
+        let specs = agent.tool_specs();
+        if let Some(unknown) =
+            config.requires_approval.iter().find(|gated| !specs.iter().any(|spec| spec.name == **gated))
+        {
+            let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
+            return Err(ConfigError::Invalid(format!(
+                "agent {:?}: requires_approval names {unknown:?}, which is none of its tools ({})",
+                config.name,
+                if names.is_empty() { "it has none".to_owned() } else { names.join(", ") }
+            )));
+        }
+        Ok(agent)
     }
 }
 

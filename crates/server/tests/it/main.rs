@@ -110,6 +110,7 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ("[runtime]\nlive_retention_secs = 31536001\n", "runtime.live_retention_secs"),
         ("[limits]\nheartbeat_secs = 18446744073709551615\n", "limits.heartbeat_secs"),
         ("[limits]\nshutdown_grace_secs = 99999999999\n", "limits.shutdown_grace_secs"),
+        ("[limits]\nbody_bytes = 0\n", "limits.body_bytes is 0; it must be at least 1024"),
         ("[providers.p]\nmodel = \"m\"\ntimeout_secs = 18446744073709551615\n", "providers.p.timeout_secs"),
         (
             "[[agents]]\nname = \"a\"\nmodel = \"demo\"\ntimeout_secs = 18446744073709551615\n",
@@ -135,8 +136,8 @@ fn two_subjects_with_one_api_key_are_refused() {
     assert_eq!(Config::parse(twice, None).unwrap().api_keys().unwrap().len(), 2, "one subject listed twice");
 }
 
-#[test]
-fn a_value_out_of_range_in_a_file_names_the_file() {
+#[tokio::test]
+async fn a_value_out_of_range_or_an_agent_that_cannot_be_built_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("agentry.toml");
     std::fs::write(&path, "[runtime]\nlease_ttl_secs = 0\n").unwrap();
@@ -145,6 +146,12 @@ fn a_value_out_of_range_in_a_file_names_the_file() {
     assert!(error.to_string().contains("runtime.lease_ttl_secs is 0"), "{error}");
     // A heartbeat of 0 keeps meaning one second.
     assert_eq!(Config::parse("[limits]\nheartbeat_secs = 0\n", None).unwrap().limits.heartbeat_secs, 0);
+    std::fs::write(&path, "listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"a\"\nmodel = \"nowhere\"\n")
+        .unwrap();
+    let mut config = Config::load(&path).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config).await.unwrap_err();
+    assert!(error.to_string().contains(&format!("{}: agent \"a\"", path.display())), "{error}");
 }
 
 #[tokio::test]
@@ -200,7 +207,7 @@ async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_ar
 }
 
 #[tokio::test]
-async fn an_unknown_member_or_provider_is_refused_at_start() {
+async fn an_unknown_member_provider_or_gated_tool_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::parse(
         "listen = \"127.0.0.1:0\"\n[[teams]]\nname = \"crew\"\nmodel = \"demo\"\nmembers = [\"ghost\"]\n",
@@ -216,6 +223,21 @@ async fn an_unknown_member_or_provider_is_refused_at_start() {
     config.storage.path = dir.path().join("agentry.db");
     let error = Server::start(config).await.unwrap_err();
     assert!(error.to_string().contains("neither `demo` nor a configured provider"), "{error}");
+    // A misspelt gated tool would gate nothing: the tool would run without approval.
+    let mut config = Config::parse(
+        "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"mailer\"\nmodel = \"p\"\n\
+         tools = [\"send_email\"]\nrequires_approval = [\"send-email\"]\n",
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config).await.unwrap_err();
+    assert!(
+        error.to_string().contains(
+            "agent \"mailer\": requires_approval names \"send-email\", which is none of its tools (send_email)"
+        ),
+        "{error}"
+    );
     assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
 }
 

@@ -64,4 +64,4 @@ pub use tool::{
 #[cfg(feature = "mcp")]
 mod mcp;
 #[cfg(feature = "mcp")]
-pub use mcp::{McpConnection, McpError, McpServerConfig, McpServerTransport, McpTool};
+pub use mcp::{MCP_INHERITED_ENV, McpConnection, McpError, McpServerConfig, McpServerTransport, McpTool};

@@ -13,7 +13,7 @@ mod error;
 mod http;
 mod tool;
 
-pub use config::{McpServerConfig, McpServerTransport};
+pub use config::{MCP_INHERITED_ENV, McpServerConfig, McpServerTransport};
 pub use connection::McpConnection;
 pub use error::McpError;
 pub use tool::McpTool;

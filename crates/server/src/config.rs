@@ -31,6 +31,8 @@
 //! name = "everything"
 //! command = "npx"                  # stdio; or `url = "http://…/mcp"` for streamable HTTP
 //! args = ["-y", "@modelcontextprotocol/server-everything"]
+//! env = { LOG_LEVEL = "info" }     # stdio: variables to set (it inherits only PATH, HOME, …)
+//! inherit_env = ["GITHUB_TOKEN"]   # stdio: variables of the server's own to pass on
 //!
 //! [[teams]]
 //! name = "crew"
@@ -265,6 +267,15 @@ pub struct McpConfig {
     /// The environment variable holding a bearer token for an HTTP server.
     #[serde(default)]
     pub bearer_token_env: Option<String>,
+    /// Variables set for a stdio server. It gets no other variable of the server's
+    /// environment than `PATH`, `HOME` and the like (`agentry_runner::MCP_INHERITED_ENV`)
+    /// and those named in `inherit_env`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Variables of the server's own environment passed on to a stdio server (each must be
+    /// set), for example the token it needs.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
 }
 
 /// An agent.
@@ -713,7 +724,27 @@ impl Config {
         for server in &config.mcp {
             let transport = match (&server.command, &server.url) {
                 (Some(command), None) => {
-                    McpServerConfig::stdio(server.name.clone(), command.clone()).args(server.args.clone())
+                    let mut stdio = McpServerConfig::stdio(server.name.clone(), command.clone())
+                        .args(server.args.clone());
+                    for name in &server.inherit_env {
+                        let value = std::env::var(name).map_err(|_| {
+                            ConfigError::Invalid(format!(
+                                "agent {:?}: MCP server {:?} inherits ${name}, which is not set",
+                                config.name, server.name
+                            ))
+                        })?;
+                        stdio = stdio.env(name.clone(), value);
+                    }
+                    for (name, value) in &server.env {
+                        stdio = stdio.env(name.clone(), value.clone());
+                    }
+                    stdio
+                }
+                (None, Some(_)) if !server.env.is_empty() || !server.inherit_env.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {:?}: `env` and `inherit_env` apply to stdio servers (`command`) only",
+                        config.name, server.name
+                    )));
                 }
                 (None, Some(url)) => {
                     let mut http = McpServerConfig::streamable_http(server.name.clone(), url.clone());

@@ -11,6 +11,14 @@ pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one request (such as a `tools/call`) may take by default.
 pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The variables a stdio server gets from this process's environment, when set: what a
+/// program needs to run (its search path, home, user, shell, terminal, locale, time zone
+/// and temporary directory) and nothing that usually holds a secret. Anything else it
+/// needs is given by name with [`McpServerConfig::env`]. (The official MCP SDKs hand a
+/// server a similar short list.)
+pub const MCP_INHERITED_ENV: &[&str] =
+    &["HOME", "LANG", "LC_ALL", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ", "USER"];
+
 /// How an MCP server is reached.
 ///
 /// `Debug` shows environment variable and header names but never their values, which
@@ -27,7 +35,9 @@ pub enum McpServerTransport {
         command: String,
         /// Its arguments.
         args: Vec<String>,
-        /// Environment variables set for it, on top of the ones it inherits.
+        /// Its environment variables besides the [`MCP_INHERITED_ENV`] ones, which these
+        /// override. It gets no other variable of this process: API keys and other secrets
+        /// in the server's environment stay out of a third-party program's reach.
         env: BTreeMap<String, String>,
         /// Its working directory; the current one when absent.
         cwd: Option<PathBuf>,
@@ -116,7 +126,8 @@ impl McpServerConfig {
     }
 
     /// A server started as the child process `command` (no arguments yet) that speaks MCP
-    /// over stdio.
+    /// over stdio. It gets only the [`MCP_INHERITED_ENV`] variables of this process's
+    /// environment, and those set with [`McpServerConfig::env`].
     #[must_use]
     pub fn stdio(name: impl Into<String>, command: impl Into<String>) -> Self {
         Self::new(
@@ -156,7 +167,8 @@ impl McpServerConfig {
         self
     }
 
-    /// Sets an environment variable of a stdio server; no effect on other transports.
+    /// Sets an environment variable of a stdio server (also one of [`MCP_INHERITED_ENV`], which
+    /// it then overrides); no effect on other transports.
     #[must_use]
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         if let McpServerTransport::Stdio { env, .. } = &mut self.transport {

@@ -110,7 +110,13 @@ impl McpConnection {
         cwd: Option<&Path>,
     ) -> Result<Self, McpError> {
         let mut process = tokio::process::Command::new(command);
-        process.args(args).envs(env);
+        process.args(args).env_clear();
+        for name in super::config::MCP_INHERITED_ENV {
+            if let Some(value) = std::env::var_os(name) {
+                process.env(name, value);
+            }
+        }
+        process.envs(env);
         if let Some(cwd) = cwd {
             process.current_dir(cwd);
         }

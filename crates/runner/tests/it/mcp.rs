@@ -10,7 +10,8 @@ use agentry_events::{EventPayload, McpTransport};
 use agentry_memory::InMemoryStore;
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_runner::{
-    Agent, McpConnection, McpError, McpServerConfig, Runtime, Tool, ToolContext, ToolError, TurnRequest,
+    Agent, MCP_INHERITED_ENV, McpConnection, McpError, McpServerConfig, Runtime, Tool, ToolContext,
+    ToolError, TurnRequest,
 };
 use agentry_types::{SessionId, ThreadId, TurnId};
 use futures_util::StreamExt;
@@ -108,6 +109,28 @@ async fn calling_get_sum_returns_the_sum() {
     let sum = tool(&connection, "get-sum");
     let result = sum.call(json!({"a": 2, "b": 3.5}), context()).await;
     assert_eq!(result, Ok("The sum of 2 and 3.5 is 5.5.".to_owned()));
+    connection.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_stdio_server_gets_only_the_inherited_variables_and_those_it_is_given() {
+    // Cargo sets this for the test process; it stands for any secret in the environment.
+    let secret = "CARGO_MANIFEST_DIR";
+    assert!(std::env::var_os(secret).is_some(), "the test process has {secret}");
+    let connection = McpConnection::connect(stdio_config().env("AGENTRY_GIVEN", "given value"))
+        .await
+        .expect("the stdio server starts");
+    let printed = tool(&connection, "get-env").call(json!({}), context()).await.expect("get-env answers");
+    let env: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&printed).expect("get-env prints a JSON object");
+    assert_eq!(env.get("AGENTRY_GIVEN"), Some(&json!("given value")));
+    assert!(env.contains_key("PATH"), "PATH is inherited: {printed}");
+    assert!(!env.contains_key(secret), "{secret} leaked to the server: {printed}");
+    let unexpected: Vec<&String> = env
+        .keys()
+        .filter(|name| !MCP_INHERITED_ENV.contains(&name.as_str()) && *name != "AGENTRY_GIVEN")
+        .collect();
+    assert!(unexpected.is_empty(), "variables the server was not given: {unexpected:?}");
     connection.close().await.expect("closes");
 }
 

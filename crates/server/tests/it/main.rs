@@ -242,6 +242,31 @@ async fn an_unknown_member_provider_or_gated_tool_is_refused_at_start() {
 }
 
 #[tokio::test]
+async fn an_mcp_server_inheriting_an_unset_variable_or_an_http_one_given_variables_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (server, named) in [
+        (
+            "command = \"node\"\ninherit_env = [\"AGENTRY_TEST_SURELY_UNSET\"]\n",
+            "MCP server \"tools\" inherits $AGENTRY_TEST_SURELY_UNSET, which is not set",
+        ),
+        (
+            "url = \"http://127.0.0.1:9/mcp\"\nenv = { A = \"b\" }\n",
+            "`env` and `inherit_env` apply to stdio servers (`command`) only",
+        ),
+    ] {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
+             [[agents.mcp]]\nname = \"tools\"\n{server}"
+        );
+        let mut config = Config::parse(&text, None).unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        let error = Server::start(config).await.unwrap_err();
+        assert!(error.to_string().contains(named), "{error}");
+    }
+    assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
+}
+
+#[tokio::test]
 async fn a_taken_address_is_refused_before_the_store_is_created() {
     let dir = tempfile::tempdir().unwrap();
     let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -105,6 +105,9 @@ pub enum ModelError {
     /// The provider did not answer in time.
     #[error("the model provider did not answer within {0:?}")]
     Timeout(Duration),
+    /// A streaming response sent nothing (not even a keep-alive comment) for this long.
+    #[error("the model provider sent nothing for {0:?} in the middle of its response")]
+    Stalled(Duration),
     /// A streamed chunk could not be understood.
     #[error("malformed chunk from the model provider: {0}")]
     MalformedChunk(String),

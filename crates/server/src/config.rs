@@ -17,6 +17,8 @@
 //! base_url = "https://api.openai.com/v1"
 //! api_key_env = "OPENAI_API_KEY"
 //! model = "gpt-4o-mini"
+//! timeout_secs = 60                # until the response's headers arrive
+//! stream_idle_timeout_secs = 300   # the longest silence inside a streamed answer
 //!
 //! [[agents]]
 //! name = "helper"
@@ -244,9 +246,13 @@ pub struct ProviderConfig {
     pub api_key_env: Option<String>,
     /// The model id.
     pub model: String,
-    /// Seconds a request may take.
+    /// Seconds a request may take to be answered (its status and headers; default 60).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Seconds a streamed answer may send nothing before the call fails as stalled
+    /// (default 300).
+    #[serde(default)]
+    pub stream_idle_timeout_secs: Option<u64>,
 }
 
 /// An MCP server an agent uses.
@@ -417,6 +423,7 @@ impl Default for Config {
                         .filter(|model| !model.is_empty())
                         .unwrap_or_else(|| "gpt-4o-mini".to_owned()),
                     timeout_secs: None,
+                    stream_idle_timeout_secs: None,
                 },
             );
             config.agents.push(AgentConfig {
@@ -489,6 +496,9 @@ impl Config {
         for (name, provider) in &self.providers {
             if let Some(secs) = provider.timeout_secs {
                 within(format!("providers.{name}.timeout_secs"), secs, 1)?;
+            }
+            if let Some(secs) = provider.stream_idle_timeout_secs {
+                within(format!("providers.{name}.stream_idle_timeout_secs"), secs, 1)?;
             }
         }
         for agent in &self.agents {
@@ -668,6 +678,9 @@ impl Config {
         }
         if let Some(secs) = provider.timeout_secs {
             config.request_timeout = Duration::from_secs(secs);
+        }
+        if let Some(secs) = provider.stream_idle_timeout_secs {
+            config.stream_idle_timeout = Duration::from_secs(secs);
         }
         let model = OpenAiCompatibleModel::new(config)
             .map_err(|error| ConfigError::Invalid(format!("provider {name:?}: {error}")))?;

@@ -35,6 +35,9 @@ use wire::{ChatRequest, StreamEvent};
 /// The most bytes of an error response's body that are read for its message.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
+/// [`OpenAiConfig::stream_idle_timeout`] by default.
+pub(crate) const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The most chunks read after a complete response while looking for the body's end.
 const MAX_DRAINED_CHUNKS: usize = 16;
 
@@ -54,8 +57,14 @@ pub struct OpenAiConfig {
     /// How long one attempt may take to connect, send the request and receive the
     /// response's status and headers (and, for an error status, its body). It does not
     /// bound the streamed body, which can rightly take minutes: a caller gives up on a
-    /// stream by dropping it. Default 60 seconds.
+    /// stream by dropping it (see `stream_idle_timeout`). Default 60 seconds.
     pub request_timeout: Duration,
+    /// How long a streamed body may send nothing at all (no chunk, no keep-alive comment)
+    /// before the stream ends with [`ModelError::Stalled`] and its connection is closed: a
+    /// provider whose connection hangs must not hold its turn, and its session, for ever.
+    /// Long enough for a reasoning model that thinks before its first token. Default 5
+    /// minutes.
+    pub stream_idle_timeout: Duration,
     /// How many times a request is retried after a 429, a 5xx status or a failure to
     /// connect. Retries happen only before the response is accepted, never once deltas
     /// have been streamed. Default 3.
@@ -80,6 +89,7 @@ impl OpenAiConfig {
             api_key: None,
             model: model.into(),
             request_timeout: Duration::from_secs(60),
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             max_retries: 3,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(20),
@@ -105,6 +115,14 @@ impl OpenAiConfig {
     #[must_use]
     pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// The same configuration with another stream idle timeout
+    /// ([`OpenAiConfig::stream_idle_timeout`]).
+    #[must_use]
+    pub const fn with_stream_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.stream_idle_timeout = timeout;
         self
     }
 
@@ -146,6 +164,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
             .field("model", &self.model)
             .field("request_timeout", &self.request_timeout)
+            .field("stream_idle_timeout", &self.stream_idle_timeout)
             .field("max_retries", &self.max_retries)
             .field("initial_backoff", &self.initial_backoff)
             .field("max_backoff", &self.max_backoff)
@@ -285,7 +304,8 @@ impl Model for OpenAiCompatibleModel {
     /// is not JSON of the expected shape; [`ModelError::Http`] for an error object sent as
     /// a chunk (status from its `code` when that is an HTTP error status, else 0);
     /// [`ModelError::Disconnected`] when the body breaks off or ends without a finish
-    /// reason or `[DONE]`. Once a finish reason has arrived the response is complete, so
+    /// reason or `[DONE]`; [`ModelError::Stalled`] when it sends nothing for
+    /// [`OpenAiConfig::stream_idle_timeout`]. Once a finish reason has arrived the response is complete, so
     /// a failure after it ends the stream normally (only the usage can be missing). A
     /// stream ended by `[DONE]` without any finish reason ends normally, without one.
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
@@ -297,7 +317,7 @@ impl Model for OpenAiCompatibleModel {
         let mut retry = 0;
         loop {
             match self.attempt(body.clone()).await {
-                Ok(response) => return Ok(delta_stream(response)),
+                Ok(response) => return Ok(delta_stream(response, self.config.stream_idle_timeout)),
                 Err(AttemptError { retry: Some(retry_after), .. }) if retry < self.config.max_retries => {
                     tokio::time::sleep(self.config.backoff(retry, retry_after)).await;
                     retry += 1;
@@ -377,8 +397,19 @@ fn describe(error: &reqwest::Error) -> String {
 
 /// The deltas of a response body. The body is owned by the stream, so dropping the
 /// stream drops the response and closes its connection.
-fn delta_stream(response: reqwest::Response) -> ModelStream {
-    sse_deltas(Box::pin(response.bytes_stream()))
+fn delta_stream(response: reqwest::Response, idle: Duration) -> ModelStream {
+    let idle = idle.min(agentry_types::LONGEST_WAIT);
+    let body = futures_util::stream::unfold(Some(response), move |response| async move {
+        let mut response = response?;
+        match tokio::time::timeout(idle, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => Some((Ok(bytes), Some(response))),
+            Ok(Ok(None)) => None,
+            Ok(Err(_)) => Some((Err(ModelError::Disconnected), None)),
+            // Dropping the response closes its connection.
+            Err(_elapsed) => Some((Err(ModelError::Stalled(idle)), None)),
+        }
+    });
+    deltas_of(Box::pin(body), |error| error)
 }
 
 /// The deltas of an OpenAI-compatible chat-completions response body (server-sent
@@ -415,9 +446,21 @@ pub fn sse_deltas<S, B, E>(body: S) -> ModelStream
 where
     S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
     B: AsRef<[u8]>,
+    E: 'static,
+{
+    deltas_of(body, |_| ModelError::Disconnected)
+}
+
+/// [`sse_deltas`], a broken body ending the stream with `explain(error)`.
+fn deltas_of<S, B, E>(body: S, explain: fn(E) -> ModelError) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
+    B: AsRef<[u8]>,
+    E: 'static,
 {
     let state = DeltaStream {
         body,
+        explain,
         parser: SseParser::default(),
         ready: VecDeque::new(),
         finishing: None,
@@ -436,8 +479,10 @@ where
 /// The delta with the finish reason is held back until a later chunk brings the usage
 /// (OpenAI's trailing `choices: []` chunk), `[DONE]` arrives or the body ends, and is
 /// then sent with the usage folded in, as the last delta.
-struct DeltaStream<S> {
+struct DeltaStream<S, E> {
     body: S,
+    /// The error a broken body ends the stream with.
+    explain: fn(E) -> ModelError,
     parser: SseParser,
     /// Items to hand out before reading more.
     ready: VecDeque<Result<ModelMessageDelta, ModelError>>,
@@ -450,7 +495,7 @@ struct DeltaStream<S> {
     ended: bool,
 }
 
-impl<S, B, E> DeltaStream<S>
+impl<S, B, E> DeltaStream<S, E>
 where
     S: Stream<Item = Result<B, E>> + Unpin,
     B: AsRef<[u8]>,
@@ -479,7 +524,10 @@ where
                     }
                     self.handle(events);
                 }
-                Some(Err(_)) => self.end_of_body(),
+                Some(Err(error)) => {
+                    let error = (self.explain)(error);
+                    self.fail(error);
+                }
                 None => {
                     self.parser.finish(&mut events);
                     self.handle(events);

@@ -726,6 +726,33 @@ async fn dropping_the_stream_closes_the_connection() {
     assert_eq!(read_after_drop, 0, "nothing more was sent");
 }
 
+#[tokio::test]
+async fn a_stream_that_sends_nothing_for_the_idle_timeout_stalls_and_its_connection_is_closed() {
+    let (closed_tx, closed_rx) = oneshot::channel();
+    let partial = fixture("disconnect_mid_stream.sse");
+    let server = TestServer::start(vec![Reply::SseUntilClosed { body: partial, closed: closed_tx }]).await;
+    let idle = Duration::from_millis(200);
+    let model = OpenAiCompatibleModel::new(server.config().with_stream_idle_timeout(idle)).unwrap();
+    let mut stream = model.stream(hello()).await.unwrap();
+    let mut text = String::new();
+    let error = loop {
+        match stream.next().await.expect("the stream ends with an error, not silently") {
+            Ok(delta) => text.push_str(delta.content.as_deref().unwrap_or_default()),
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(text, "Once upon a time");
+    assert_eq!(error, ModelError::Stalled(idle));
+    assert_eq!(error.to_string(), "the model provider sent nothing for 200ms in the middle of its response");
+    // The stream is still held: the stall itself closed the connection.
+    let read_after_stall = tokio::time::timeout(Duration::from_secs(10), closed_rx)
+        .await
+        .expect("the server saw the connection close")
+        .unwrap();
+    assert_eq!(read_after_stall, 0, "nothing more was sent");
+    assert!(stream.next().await.is_none(), "an error ends the stream");
+}
+
 #[test]
 fn the_config_debug_output_hides_the_key_and_header_values_and_info_names_the_provider() {
     let config =

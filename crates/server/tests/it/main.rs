@@ -113,6 +113,10 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ("[limits]\nbody_bytes = 0\n", "limits.body_bytes is 0; it must be at least 1024"),
         ("[providers.p]\nmodel = \"m\"\ntimeout_secs = 18446744073709551615\n", "providers.p.timeout_secs"),
         (
+            "[providers.p]\nmodel = \"m\"\nstream_idle_timeout_secs = 0\n",
+            "providers.p.stream_idle_timeout_secs is 0",
+        ),
+        (
             "[[agents]]\nname = \"a\"\nmodel = \"demo\"\ntimeout_secs = 18446744073709551615\n",
             "agent \"a\": timeout_secs",
         ),

@@ -41,6 +41,16 @@ use crate::tool::{ThreadInstance, ToolContext, ToolError};
 const HIGH_WATER_BLOCK: u64 = 256;
 
 /// Why a turn stopped before answering.
+/// Why an engine stopped without its turn's end stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unfinished {
+    /// The turn goes on in another process: its lease was taken over or handed over.
+    Elsewhere,
+    /// Its end could not be stored (the store failed): the turn is left for the next start
+    /// or recovery pass.
+    Unstored,
+}
+
 #[derive(Debug)]
 pub(crate) enum Stop {
     Cancelled(CancellationReason),
@@ -894,7 +904,7 @@ impl TurnEngine {
     /// `None` when the lease was lost (another process owns the turn now).
     /// The terminal event is stored but not yet published: the caller releases the lease
     /// first, so whoever sees `turn.done` can start the next turn at once.
-    pub(crate) async fn drive(mut self, start: Start) -> Option<Arc<EventEnvelope>> {
+    pub(crate) async fn drive(mut self, start: Start) -> Result<Arc<EventEnvelope>, Unfinished> {
         let outcome = self.run_loop(start).await;
         self.close_unanswered(&outcome).await;
         let completed_at = Timestamp::now();
@@ -911,9 +921,52 @@ impl TurnEngine {
             }
             Err(Stop::Cancelled(reason)) => TurnState::Cancelled { reason, completed_at, metrics },
             Err(Stop::Failed(message)) => TurnState::Error { message, completed_at, metrics },
-            Err(Stop::LeaseLost) => return None,
+            Err(Stop::LeaseLost) => {
+                tracing::info!(session = %self.run.session_id, turn = %self.run.id,
+                    "the turn's lease went to another process, which goes on with the turn");
+                return Err(Unfinished::Elsewhere);
+            }
         };
-        self.finish(state).await.ok()
+        let (session, turn) = (self.run.session_id, self.run.id);
+        match &state {
+            TurnState::Error { message, .. } => {
+                tracing::warn!(%session, %turn, error = %message, "a turn failed")
+            }
+            TurnState::Cancelled { reason, .. } => {
+                tracing::info!(%session, %turn, reason = reason.as_str(), "a turn was cancelled");
+            }
+            _ => {}
+        }
+        let mut finished = self.finish(state).await;
+        if finished.is_err()
+            && let Err(error) = rules::check_size("run", &self.run)
+        {
+            // The end state itself is too large to keep (an input and an answer near the
+            // record limit together): resumed, the turn would fail the same way for ever. It
+            // ends with an error instead, its answer kept in its events.
+            let message = format!(
+                "the turn's end is too large to keep with its input ({error}); its answer is in its events"
+            );
+            tracing::warn!(%session, %turn, error = %message, "a turn failed");
+            finished = self.finish(TurnState::Error { message, completed_at, metrics }).await;
+        }
+        match finished {
+            Ok(done) => Ok(done),
+            Err(Stop::LeaseLost) => {
+                tracing::info!(%session, %turn, "the turn's lease went to another process before its end was stored");
+                Err(Unfinished::Elsewhere)
+            }
+            Err(stop) => {
+                let error = match stop {
+                    Stop::Failed(error) => error,
+                    Stop::Cancelled(reason) => format!("cancelled ({})", reason.as_str()),
+                    Stop::LeaseLost => String::new(),
+                };
+                tracing::warn!(%session, %turn, %error,
+                    "the turn's end could not be stored: its lease is given back, and the next start or recovery pass resumes it");
+                Err(Unfinished::Unstored)
+            }
+        }
     }
 
     /// Stores the terminal state with `turn.done` (returned unpublished) and the lease's
@@ -2049,6 +2102,48 @@ fn arguments_hash(arguments: &str) -> String {
     format!("{hash:016x}")
 }
 
+/// Ends a turn no engine runs (left by a dead process) with `state`, under `fence`, the
+/// session's lease just taken: its running member runs end the same way, and its
+/// `turn.done` is stored with its end state and the lease's release, numbered above every
+/// `seq` the dead process may have sent, so that a client following the turn sees it end.
+pub(crate) async fn end_left_turn(
+    store: &dyn Store,
+    mut run: RunRecord,
+    state: TurnState,
+    fence: Fence,
+) -> Result<(), StoreError> {
+    end_running_members(store, &run, &state, fence).await;
+    let high_water = store.high_water(run.id).await?;
+    let mut emitter =
+        TurnEmitter::new(agentry_events::TurnSequencer::resuming_after(run.session_id, run.id, high_water));
+    let done = emitter.emit(None, EventPayload::TurnDone { state: state.clone() });
+    run.set_state(state);
+    let step = TurnStep {
+        high_water: Some(done.seq),
+        events: vec![Arc::new(done)],
+        run: Some(run.clone()),
+        release_lease: true,
+        ..TurnStep::default()
+    };
+    store.write_step(run.id, &step, Some(fence)).await.map(drop)
+}
+
+/// Ends the running member runs of `run` with `state` (best effort: one that fails stays
+/// running under a run that is over).
+async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnState, fence: Fence) {
+    let members = RunQuery {
+        parent: ParentFilter::Of(run.id),
+        statuses: vec![agentry_types::RunStatus::Running],
+        ..RunQuery::default()
+    };
+    if let Ok(page) = store.list_runs(run.session_id, &members, &PageRequest::first(MAX_PAGE)).await {
+        for mut member in page.items {
+            member.set_state(state.clone());
+            let _stored = store.put_run(&member, Some(fence)).await;
+        }
+    }
+}
+
 /// Ends a turn whose engine panicked: stores an error state and `turn.done` (returned
 /// unpublished, like [`TurnEngine::drive`]'s); `None` when the store refuses (the lease was
 /// lost, or the store failed), in which case recovery ends the turn later.
@@ -2064,17 +2159,7 @@ pub(crate) async fn fail_after_panic(
         metrics: None,
     };
     // Member runs on the turn's threads unwound with it: they end with the same error.
-    let members = RunQuery {
-        parent: ParentFilter::Of(run.id),
-        statuses: vec![agentry_types::RunStatus::Running],
-        ..RunQuery::default()
-    };
-    if let Ok(page) = store.list_runs(run.session_id, &members, &PageRequest::first(MAX_PAGE)).await {
-        for mut member in page.items {
-            member.set_state(state.clone());
-            let _stored = store.put_run(&member, Some(fence)).await;
-        }
-    }
+    end_running_members(store, &run, &state, fence).await;
     run.set_state(state.clone());
     sink.finish(run, EventPayload::TurnDone { state }).await.ok()
 }

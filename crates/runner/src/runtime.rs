@@ -565,18 +565,32 @@ impl Runtime {
                 };
             }
         };
+        self.resume_under(session, run, lease).await
+    }
+
+    /// Resumes `run`, left running by a dead process, under `lease`, the session's lease
+    /// just taken. Without the session's agent in this process the turn ends with an
+    /// error, its `turn.done` stored, and the lease is released.
+    async fn resume_under(
+        &self,
+        session: &SessionRecord,
+        run: RunRecord,
+        lease: Lease,
+    ) -> RuntimeResult<Option<TurnHandle>> {
+        let store = &self.inner.store;
         let Some(agent) = self.agent(&session.name) else {
-            let mut run = run;
-            run.set_state(TurnState::Error {
+            let state = TurnState::Error {
                 message: format!(
                     "agent {} is not registered in the process that recovered the turn",
                     session.name
                 ),
                 completed_at: Timestamp::now(),
                 metrics: None,
-            });
-            let ended = store.put_run(&run, Some(lease.fence())).await;
-            give_back(store.as_ref(), session.id, lease.token).await;
+            };
+            let ended = crate::engine::end_left_turn(store.as_ref(), run, state, lease.fence()).await;
+            if ended.is_err() {
+                give_back(store.as_ref(), session.id, lease.token).await;
+            }
             ended?;
             return Ok(None);
         };
@@ -778,7 +792,9 @@ impl Runtime {
                 Ok(finished) => finished,
                 Err(_) => {
                     tracing::error!(turn = %live.turn_id, "the turn's engine panicked; the turn ends with an error");
-                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink).await
+                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink)
+                        .await
+                        .ok_or(crate::engine::Unfinished::Unstored)
                 }
             };
             // The sink goes before anyone sees the end: what tools kept for the turn
@@ -788,12 +804,25 @@ impl Runtime {
             // live log is retired before `turn.done` is published: whoever sees the end of the
             // turn can start the next one at once, and a subscriber arriving after it (with
             // no retention) reads the stored log.
-            if let Some(done) = finished {
-                runtime.retire(live.turn_id);
-                live.push(done);
-            } else {
-                runtime.retire(live.turn_id);
-                live.close();
+            match finished {
+                Ok(done) => {
+                    runtime.retire(live.turn_id);
+                    live.push(done);
+                }
+                // The turn goes on in another process (its lease was taken over or handed
+                // over): the closed log stays for the retention time, telling this
+                // process's callers so.
+                Err(crate::engine::Unfinished::Elsewhere) => {
+                    runtime.retire(live.turn_id);
+                    live.close();
+                }
+                // Its end could not be stored: it is left for the next start or recovery
+                // pass at once, not after the live log's retention and the lease's expiry.
+                Err(crate::engine::Unfinished::Unstored) => {
+                    runtime.inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&live.turn_id);
+                    live.close();
+                    give_back(store.as_ref(), live.session_id, live.lease_token).await;
+                }
             }
         }));
     }
@@ -882,7 +911,8 @@ impl Session {
     /// Creates a turn and starts it; returns once the turn is stored and running.
     ///
     /// Errors: `TurnRunning` when the session has a running turn (here or in another
-    /// process sharing the store); `SessionCancelled`; `InvalidInput` for input that breaks
+    /// process sharing the store; one a dead process left is resumed by the call);
+    /// `SessionCancelled`; `InvalidInput` for input that breaks
     /// seed 002's rules (no turn is stored then; a lease the call took is left lapsed, see
     /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
@@ -904,8 +934,8 @@ impl Session {
         // A turn usually starts with one write: it is built on the latest turn as read, and
         // the store takes the lease and stores the turn's first step together, refusing
         // the start if another turn was stored meanwhile. The turn is prepared again under
-        // the lease when the latest turn was left running by a dead process (it is ended
-        // first), when the start lost such a race, and when the request does not fit the
+        // the lease when the latest turn was left running by a dead process (it is resumed,
+        // and the caller told `TurnRunning`), when the start lost such a race, and when the request does not fit the
         // latest turn as read (under the lease a running turn wins: `TurnRunning`, which a
         // caller may retry).
         let prepared = async {
@@ -942,15 +972,19 @@ impl Session {
             token: lease.token,
             pending: None,
         };
-        let prepared = match self.prepare_leased(&request, &lease).await {
-            Ok(prepared) => prepared,
+        let (run, previous) = match self.prepare_leased(&session, &request, &lease).await {
+            Ok(Leased::New(prepared)) => *prepared,
+            Ok(Leased::Resumed) => {
+                // The lease went with the resumed turn.
+                guard.disarm();
+                return Err(RunnerError::TurnRunning { session_id: session.id });
+            }
             Err(error) => {
                 guard.disarm();
                 give_back(store.as_ref(), session.id, lease.token).await;
                 return Err(error);
             }
         };
-        let (run, previous) = prepared;
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
         let (step, pending) = PendingStart::new(runtime, agent, run, previous);
@@ -995,7 +1029,7 @@ impl Session {
     }
 
     /// Builds a new turn chained on `chained_on`, checking the input against `finished`
-    /// (the turn it chains on when that turn finished; `None` for one ended as abandoned).
+    /// (the turn it chains on when that turn finished; `None` for the session's first).
     fn new_run(
         &self,
         request: &TurnRequest,
@@ -1015,29 +1049,36 @@ impl Session {
         Ok(run)
     }
 
-    /// Under the lease: resolves the previous turn (ending one left running), checks the
-    /// input against it, builds the new turn (stored with its first event by the caller).
+    /// Under the lease: resolves the previous turn, checks the input against it, builds
+    /// the new turn (stored with its first event by the caller). A previous turn left
+    /// running by a dead process (its lease lapsed before a recovery pass found it) is
+    /// resumed under the lease instead, as a recovery pass would: its work is not thrown
+    /// away, and the caller gets `TurnRunning`, to retry once it is done.
     async fn prepare_leased(
         &self,
+        session: &SessionRecord,
         request: &TurnRequest,
         lease: &Lease,
-    ) -> RuntimeResult<(RunRecord, Option<RunRecord>)> {
+    ) -> RuntimeResult<Leased> {
         let previous = self.previous_turn(request).await?;
-        // The input is checked first: a refused request leaves the previous turn as it is.
-        let finished = previous.as_ref().filter(|run| run.state.is_terminal());
-        let run = self.new_run(request, finished, previous.as_ref().map(|run| run.id))?;
-        if let Some(previous) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
-            // Left running by a process that died before recovery ran: it cannot be
-            // resumed once a new turn chains on it, so it is ended as abandoned.
-            let mut abandoned = previous.clone();
-            abandoned.set_state(TurnState::Cancelled {
-                reason: CancellationReason::Abandoned,
-                completed_at: Timestamp::now(),
-                metrics: None,
-            });
-            self.runtime.inner.store.put_run(&abandoned, Some(lease.fence())).await?;
+        if let Some(running) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
+            let live = self
+                .runtime
+                .inner
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&running.id);
+            if live {
+                // Its engine runs here, with its lease lapsed (a stalled keeper): it still
+                // owns the turn.
+                return Err(RunnerError::TurnRunning { session_id: session.id });
+            }
+            self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
+            return Ok(Leased::Resumed);
         }
-        Ok((run, previous))
+        let run = self.new_run(request, previous.as_ref(), previous.as_ref().map(|run| run.id))?;
+        Ok(Leased::New(Box::new((run, previous))))
     }
 
     /// Creates a turn and streams its events from `turn.created` to `turn.done`.
@@ -1152,6 +1193,15 @@ impl Drop for LeaseAnswer {
             tokio.spawn(async move { give_back(store.as_ref(), lease.session_id, lease.token).await });
         }
     }
+}
+
+/// What [`Session::prepare_leased`] did under the lease.
+enum Leased {
+    /// The new turn to store, and the turn it chains on.
+    New(Box<(RunRecord, Option<RunRecord>)>),
+    /// The previous turn was left running by a dead process: it was resumed, and the lease
+    /// went with it.
+    Resumed,
 }
 
 /// Armed while [`Session::create_turn`] holds the session's lease and its engine has not

@@ -1218,14 +1218,15 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
 /// to its end. The future is dropped after 1, 2, … 256 polls, so the drop lands at each of
 /// its waits on the store (on the in-memory store it finishes on its first poll), each
 /// time over an expired lease a dead process left, and every other time over a turn it
-/// left running too (which the start ends under the lease before it chains on it).
+/// left running too (which a start resumes under the lease, answering `TurnRunning`).
 pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end(harness: Harness) {
-    let model = Arc::new(ScriptedModel::new((0..80).map(|_| ScriptedResponse::text("done")).collect()));
+    let model = Arc::new(ScriptedModel::new((0..120).map(|_| ScriptedResponse::text("done")).collect()));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
     let session = session_for(&runtime, "quick").await;
     let drop_points = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256];
+    let mut left = Vec::new();
     for (index, polls) in drop_points.into_iter().enumerate() {
-        let left_running = leave_a_dead_process(&harness, &session, index % 2 == 1).await;
+        left.extend(leave_a_dead_process(&harness, &session, index % 2 == 1).await);
         let mut creating = Box::pin(session.create_turn(TurnRequest::message(format!("dropped {polls}"))));
         for _ in 0..polls {
             if futures_util::poll!(creating.as_mut()).is_ready() {
@@ -1240,11 +1241,12 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
                 match session.create_turn(TurnRequest::message(format!("after {polls}"))).await {
                     Ok(turn) => return turn,
                     Err(RunnerError::TurnRunning { .. }) => {
-                        // No engine runs the turn the dead process left: only a new
-                        // start ends it.
+                        // A dropped start's turn, or the dead process's, which a start
+                        // resumed, runs to its end. A resumption the drop cut short left the
+                        // dead process's turn to the next start: the wait is bounded.
                         let running = session.list_turns(Order::Desc, &PageRequest::first(1)).await.unwrap();
-                        for turn in running.items.iter().filter(|turn| Some(turn.id()) != left_running) {
-                            turn.wait().await.unwrap();
+                        for turn in &running.items {
+                            let _ = tokio::time::timeout(Duration::from_millis(100), turn.wait()).await;
                         }
                         tokio::task::yield_now().await;
                     }
@@ -1261,11 +1263,18 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
     // Dropped the moment its first step is stored, before it hears so: the turn runs. Each
     // time the call waits, the turns are watched for a while without polling the call: once
     // its first step is on its way to the store, the step is seen stored before the call can
-    // hear so. Half the rounds start over a turn the dead process left running.
+    // hear so. Half the rounds start after a turn the dead process left running, which a
+    // first start resumes (and is told `TurnRunning`).
     let (mut waited, mut in_window) = (0, [0, 0]);
     for round in 0..8 {
         let over_a_running_turn = round % 2 == 1;
-        leave_a_dead_process(&harness, &session, over_a_running_turn).await;
+        if let Some(dead) = leave_a_dead_process(&harness, &session, over_a_running_turn).await {
+            let refused = session.create_turn(TurnRequest::message("too early")).await;
+            assert!(matches!(refused, Err(RunnerError::TurnRunning { .. })), "{refused:?}");
+            let state = runtime.get_turn(dead).await.unwrap().wait().await.unwrap();
+            assert_eq!(answer_text(&state).as_deref(), Some("done"), "the resumed turn ran: {state:?}");
+            left.push(dead);
+        }
         let stored =
             || async { session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items.len() };
         let before = stored().await;
@@ -1291,26 +1300,22 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
     if waited > 0 {
         assert!(in_window.iter().all(|rounds| *rounds > 0), "calls dropped once stored: {in_window:?}");
     }
-    // No turn is left running, and every stored turn's log ends with its `turn.done`, but
-    // for those the dead process left, which were ended as abandoned; the turns chain in a
-    // line, through the abandoned ones.
+    // No turn is left running, every stored turn answered and its log ends with its
+    // `turn.done`, those the dead process left too (resumed, none thrown away), and the
+    // turns chain in a line.
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap().items;
     assert!(turns.len() >= drop_points.len(), "{} turns", turns.len());
     for pair in turns.windows(2) {
         assert_eq!(pair[1].previous_turn_id(), Some(pair[0].id()), "{:?}", pair[1].record());
     }
-    let mut abandoned = 0;
     for turn in &turns {
         let state = turn.wait().await.unwrap();
-        if matches!(state, TurnState::Cancelled { reason: CancellationReason::Abandoned, .. }) {
-            abandoned += 1;
-            continue;
-        }
         assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
         let events = turn.events(Order::Asc).await.unwrap();
         assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
     }
-    assert_eq!(abandoned, drop_points.len() / 2 + 4, "each turn the dead process left is ended once");
+    assert_eq!(left.len(), drop_points.len() / 2 + 4);
+    assert!(left.iter().all(|dead| turns.iter().any(|turn| turn.id() == *dead)), "every left turn is kept");
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
@@ -1585,11 +1590,17 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     let mut wrong = TurnRequest::message("chained wrong");
     wrong.previous_turn_id = crate::PreviousTurn::Turn(agentry_types::TurnId::new());
     assert!(refused_over.create_turn(wrong).await.is_err());
-    // An input the dead turn does not allow (an approval, with nothing pending) is refused
-    // before the dead turn is ended as abandoned: it stays for recovery.
+    // A start over a turn a dead process left running resumes it, whatever its input, and
+    // is told `TurnRunning`: the turn is not thrown away, and the pass has nothing to do.
+    let resumed_by_start = session_for(&runtime, "quick").await;
+    let left_under_start = leave_a_dead_process(&harness, &resumed_by_start, true).await.unwrap();
     let approval = vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "x")];
-    let refused = refused_over.create_turn(TurnRequest::input(approval)).await;
-    assert!(matches!(refused, Err(RunnerError::InvalidInput(_))), "{refused:?}");
+    let refused = resumed_by_start.create_turn(TurnRequest::input(approval)).await;
+    assert!(matches!(refused, Err(RunnerError::TurnRunning { .. })), "{refused:?}");
+    let state = runtime.get_turn(left_under_start).await.unwrap().wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
+    let events = runtime.get_turn(left_under_start).await.unwrap().events(Order::Asc).await.unwrap();
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
     let lapsed = session_for(&runtime, "quick").await;
     leave_a_dead_process(&harness, &lapsed, false).await;
     let unleased = session_for(&runtime, "quick").await;
@@ -1608,7 +1619,7 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
         let state = turn.wait().await.unwrap();
         assert!(!matches!(state, TurnState::Running), "{state:?}");
     }
-    for session in [&crashed, &refused_over, &lapsed] {
+    for session in [&crashed, &refused_over, &resumed_by_start, &lapsed] {
         assert_eq!(harness.store.lease(session.id()).await.unwrap(), None, "every lease was given back");
     }
     assert_eq!(harness.store.get_run(outside.id).await.unwrap().status, agentry_types::RunStatus::Running);
@@ -1617,6 +1628,80 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
         let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
         assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
     }
+}
+
+/// Scenario: a recovery pass in a process without the session's agent ends the turn a dead
+/// process left with an error and stores its `turn.done`, numbered above every `seq` the
+/// dead process reserved: a client following the turn sees it end, and the session goes on.
+pub async fn a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("done")]));
+    let runtime = runtime(&harness, Agent::builder("quick", model).build());
+    let session = session_for(&runtime, "quick").await;
+    let left = leave_a_dead_process(&harness, &session, true).await.unwrap();
+    let reserved = harness.store.high_water(left).await.unwrap();
+    let stranger = Runtime::new(harness.store.clone());
+    assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
+    let turn = runtime.get_turn(left).await.unwrap();
+    let state = turn.wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. } if message.contains("agent quick is not registered")),
+        "{state:?}"
+    );
+    let events = turn.events(Order::Asc).await.unwrap();
+    let done = events.last().expect("the turn has events");
+    assert_eq!(done.payload.kind(), "turn.done");
+    assert!(done.seq > reserved, "turn.done is numbered {} after {reserved} reserved", done.seq);
+    let followed = collect(turn.stream(None)).await;
+    assert_eq!(
+        followed.last().map(|event| event.payload.kind()),
+        Some("turn.done"),
+        "a follower sees the end"
+    );
+    assert_eq!(harness.store.lease(session.id()).await.unwrap(), None, "the lease was released");
+    let next = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+}
+
+/// Scenario: an input and an answer each under the record limit but over it together (the
+/// turn's end state holds both) end the turn with an error, stored with its `turn.done`
+/// and the answer in its events, instead of leaving the turn for recovery passes that
+/// would call the model again and fail the same way for ever.
+pub async fn an_end_too_large_to_keep_with_its_input_fails_the_turn_once(harness: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let echo = {
+        let calls = calls.clone();
+        Arc::new(ScriptedModel::responder(move |request| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let said = request
+                .messages
+                .last()
+                .and_then(|message| message.content.as_ref())
+                .map(|content| content.text());
+            ScriptedResponse {
+                chunk_chars: Some(1 << 20),
+                ..ScriptedResponse::text(said.unwrap_or_default())
+            }
+        }))
+    };
+    let runtime = runtime(&harness, Agent::builder("echo", echo).build());
+    let session = session_for(&runtime, "echo").await;
+    let text = "y".repeat(agentry_memory::MAX_RECORD_BYTES / 2 + 1024);
+    let turn = session.create_turn(TurnRequest::message(text.clone())).await.unwrap();
+    let state = turn.wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. } if message.contains("too large to keep with its input")),
+        "{state:?}"
+    );
+    let events = turn.events(Order::Asc).await.unwrap();
+    assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
+    let answer = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ModelMessage(message) => message.content.clone(),
+        _ => None,
+    });
+    assert_eq!(answer.map(|answer| answer.len()), Some(text.len()), "the answer is kept in the events");
+    assert!(runtime.recover().await.unwrap().is_empty(), "nothing is left for recovery");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the model was called once");
+    assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
 /// Leaves what a dead process left behind: its expired lease on the session and, with
@@ -1845,6 +1930,8 @@ macro_rules! runner_scenarios {
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
+            a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done,
+            an_end_too_large_to_keep_with_its_input_fails_the_turn_once,
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,
             a_turn_starting_while_its_runtime_hands_over_is_handed_over_too,

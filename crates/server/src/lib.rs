@@ -192,10 +192,11 @@ impl Server {
             agui_threads: agui::Threads::default(),
         });
         // Turns a dead process left running are finished in the background; the server
-        // serves meanwhile (their sessions refuse new turns until then). A turn whose lease
-        // has not expired yet (a restart within the lease time) is taken by the pass after
-        // one lease time; later passes pick up turns of other dead processes sharing the
-        // store.
+        // serves meanwhile (their sessions refuse new turns until then; a start on such a
+        // session resumes its turn at once). A turn whose lease has not expired yet (a
+        // restart within the lease time) is taken by the pass after one lease time; later
+        // passes, every half lease time, pick up turns of other dead processes sharing the
+        // store (or handed over by one that stopped) within that of their lease's expiry.
         let recovering = Arc::clone(&state);
         let stopped = state.stopped();
         tokio::spawn(async move {
@@ -214,7 +215,11 @@ impl Server {
                         Ok(_) => {}
                         Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),
                     }
-                    wait = if wait.is_zero() { lease_ttl + Duration::from_secs(1) } else { lease_ttl * 10 };
+                    wait = if wait.is_zero() {
+                        lease_ttl + Duration::from_secs(1)
+                    } else {
+                        (lease_ttl / 2).max(Duration::from_secs(1))
+                    };
                 }
             };
             tokio::select! {

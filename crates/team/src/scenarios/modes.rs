@@ -358,8 +358,10 @@ fn this_turns_results(request: &ModelRequest) -> Vec<String> {
 }
 
 /// Scenario: a task left running by a turn that was handed over (one of two run at once:
-/// the other's end was saved, with the list as it stood) runs again in the next turn, in
-/// another process: it is pending there, not running for ever.
+/// the other's end was saved, with the list as it stood) runs again in another process:
+/// a start there resumes the turn, which cannot know whether its `run_tasks` call ran and
+/// asks to allow a retry; allowed, the task runs again (it is pending there, not running
+/// for ever).
 pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harness: Harness) {
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
         let results = this_turns_results(request);
@@ -375,7 +377,6 @@ pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harn
             (Some("Plan."), 2) => {
                 ScriptedResponse::tool_call("run_tasks", &json!({"task_ids": ["task-1", "task-2"]}))
             }
-            (Some("Again."), 0) => ScriptedResponse::tool_call("run_task", &json!({"task_id": "task-2"})),
             _ => ScriptedResponse::text(format!("Finished: {}", results.last().cloned().unwrap_or_default())),
         }
     }));
@@ -405,7 +406,22 @@ pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harn
     second
         .register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(echoing("clerk")).build());
     let again = second.get_session(session.id()).await.unwrap();
-    let state = again.create_turn(TurnRequest::message("Again.")).await.unwrap().wait().await.unwrap();
+    let refused = again.create_turn(TurnRequest::message("Again.")).await;
+    assert!(matches!(refused, Err(agentry_runner::RunnerError::TurnRunning { .. })), "{refused:?}");
+    let resumed = second.get_turn(turn.id()).await.unwrap().wait().await.unwrap();
+    let TurnState::Done { required_actions, .. } = &resumed else { panic!("{resumed:?}") };
+    let in_doubt = match required_actions.as_slice() {
+        [
+            agentry_types::RequiredActionRecord {
+                action: agentry_types::RequiredAction::ToolApproval { tool_calls, .. },
+                ..
+            },
+        ] => tool_calls[0].clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(in_doubt.name, "run_tasks");
+    let retry = vec![agentry_types::TurnInputItem::allow(agentry_types::ThreadId::main(), in_doubt.id)];
+    let state = again.create_turn(TurnRequest::input(retry)).await.unwrap().wait().await.unwrap();
     let TurnState::Done { output: Some(output), .. } = &state else { panic!("{state:?}") };
     let answer = output.message.content.clone().unwrap_or_default();
     assert!(answer.contains("clerk says: Please stall."), "{answer}");

@@ -299,11 +299,11 @@ async fn list_turns(
 ) -> ApiResult<Response> {
     let session = caller.session(&state, &session_id).await?;
     let limit = params.limit(10, 25)?;
+    // Not an SDK parameter (the SDK lists newest first), honoured like the other listings'.
+    let order = params.order(Order::Desc)?;
     let page = PageRequest { token: params.text("page_token").map(str::to_owned), limit };
-    let turns = session
-        .list_turns(Order::Desc, &page)
-        .await
-        .map_err(|error| token_error(error.into(), "page_token"))?;
+    let turns =
+        session.list_turns(order, &page).await.map_err(|error| token_error(error.into(), "page_token"))?;
     let data: Vec<_> = turns.items.iter().map(|turn| harness::turn(turn.record())).collect();
     Ok(Json(json!({"data": data, "pagination": pagination(turns.next_token, limit)})).into_response())
 }

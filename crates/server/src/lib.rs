@@ -405,8 +405,33 @@ fn router(state: Arc<AppState>, body_limit: usize) -> Router {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
         .with_state(state)
+}
+
+/// Error responses axum's extractors make themselves (a path segment that is not UTF-8, a
+/// query that does not parse) are plain text: they become `RequestErrorResponse` bodies
+/// like every other error, with the same status and message.
+async fn json_errors(response: axum::response::Response) -> axum::response::Response {
+    let plain = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/plain"));
+    let status = response.status();
+    if !(plain && (status.is_client_error() || status.is_server_error())) {
+        return response;
+    }
+    let text = match axum::body::to_bytes(response.into_body(), 64 * 1024).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let message =
+        if text.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { text };
+    let code =
+        if status == axum::http::StatusCode::BAD_REQUEST { "invalid_request" } else { "request_error" };
+    ApiError::new(status, code, message).into_response()
 }
 
 async fn health() -> impl IntoResponse {

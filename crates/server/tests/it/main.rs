@@ -356,6 +356,49 @@ async fn past_the_configured_delta_budget_a_replay_gets_fewer_deltas_with_the_sa
     serving.await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turns_listing_takes_an_order_and_bad_paths_get_json_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (address, stop, serving) = serve(config_at(&dir.path().join("agentry.db"), "")).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    for text in ["one", "two", "three"] {
+        let turn = json!({"input": [{"type": "user.message", "content": text}], "stream": true});
+        let (status, events) =
+            request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
+        assert_eq!(status, 200, "{events}");
+    }
+    let listed = |order: &'static str| {
+        let path = format!("/v1/agents/sessions/{session}/turns?order={order}");
+        async move {
+            let (status, body) = request(address, "GET", &path, &json!({})).await;
+            let body: Value = serde_json::from_str(&body).unwrap();
+            let ids: Vec<String> = body["data"]
+                .as_array()
+                .map(|turns| turns.iter().map(|turn| turn["id"].as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default();
+            (status, ids, body)
+        }
+    };
+    let (status, newest_first, _) = listed("desc").await;
+    assert_eq!((status, newest_first.len()), (200, 3));
+    let (status, mut oldest_first, _) = listed("asc").await;
+    assert_eq!(status, 200);
+    oldest_first.reverse();
+    assert_eq!(oldest_first, newest_first);
+    let (status, _, body) = listed("sideways").await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("order")), "{body}");
+    // A path segment that is not UTF-8 is refused by axum itself: still a JSON error body.
+    let (status, body) = request(address, "GET", "/v1/agents/sessions/%FF%FE/turns", &json!({})).await;
+    let body: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|message| message.contains("UTF-8")), "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn without_keys_only_loopback_is_served() {
     let dir = tempfile::tempdir().unwrap();

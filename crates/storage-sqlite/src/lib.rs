@@ -289,6 +289,16 @@ impl SqliteStore {
         let mut writer = Connection::open_with_flags(&path, flags)
             .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
         configure(&writer, &options)?;
+        // SQLite falls back to reading a file it may not write (another user's, or one that
+        // is immutable): a store that acknowledged nothing but reads would serve as ready
+        // and fail every write.
+        if writer.is_readonly(rusqlite::MAIN_DB).map_err(sqlite)? {
+            return Err(StoreError::Io(format!(
+                "{} cannot be written (SQLite could open it only for reading): check the owner and \
+                 permissions of the file and of its directory",
+                path.display()
+            )));
+        }
         // Validate before changing anything in the file.
         schema::migrate(&mut writer)?;
         writer.pragma_update(None, "journal_mode", "WAL").map_err(sqlite)?;

@@ -116,6 +116,30 @@ fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     );
 }
 
+/// A file SQLite may only read (here immutable, which binds root too) is refused at open,
+/// not served as a store whose every write fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_cannot_be_written_is_refused_naming_it_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    populated(&path).await;
+    let before = std::fs::read(&path).unwrap();
+    let chattr = |flag: &str| {
+        let status = std::process::Command::new("chattr").arg(flag).arg(&path).status();
+        assert!(status.is_ok_and(|status| status.success()), "chattr {flag} failed on {}", path.display());
+    };
+    chattr("+i");
+    let opened = open(&path);
+    chattr("-i");
+    let Err(error) = opened else { panic!("a read-only file is refused") };
+    assert!(
+        matches!(error, StoreError::Io(ref message) if message.contains("cannot be written")
+            && message.contains(&path.display().to_string())),
+        "{error}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "the file is left as it was");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_reopens_with_everything_it_acknowledged() {
     let dir = tempfile::tempdir().unwrap();

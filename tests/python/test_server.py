@@ -706,6 +706,12 @@ class BadInput(unittest.TestCase):
             subscribe = f"{turns}/{tid}/subscribe"
             self.assert_error(h.post(subscribe, json={}, headers={"Last-Event-ID": "abc"}), 400)
             self.assert_error(h.post(subscribe, json={"after_sequence_number": "x"}), 400)
+            # A body error inside one field names it.
+            negative = h.post(subscribe, json={"after_sequence_number": -1})
+            self.assert_error(negative, 400)
+            self.assertEqual(negative.json()["error"].get("param"), "after_sequence_number", negative.text)
+            bad_part = h.post(turns, json={"input": [{"type": "user.message", "content": [bad_file]}]})
+            self.assertTrue(bad_part.json()["error"].get("param", "").startswith("input[0]"), bad_part.text)
             self.assert_error(h.get(f"{turns}/{tid}/events", params={"page_token": "@@"}), 400)
             self.assert_error(h.put("/v1/agents/sessions"), 405)
             # Turns chain in a line: naming a turn that is not the latest is refused, and the

@@ -64,9 +64,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             other => ApiError::bad_request(format!("cannot read the request body: {other}")),
         })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
-        serde_json::from_slice(text)
-            .map(Self)
-            .map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
+        let mut json = serde_json::Deserializer::from_slice(text);
+        let value = serde_path_to_error::deserialize(&mut json).map_err(|error| {
+            // The field at fault, when the error is inside one (`input[0].content`).
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            if path.is_empty() || path == "." || path == "?" {
+                ApiError::bad_request(format!("invalid JSON body: {inner}"))
+            } else {
+                ApiError::bad_param(&path, format!("invalid JSON body at `{path}`: {inner}"))
+            }
+        })?;
+        json.end().map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))?;
+        Ok(Self(value))
     }
 }
 

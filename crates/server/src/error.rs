@@ -96,7 +96,14 @@ impl IntoResponse for ApiError {
                 param: self.param.as_deref(),
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 9110: a 401 names the scheme the client must use.
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 

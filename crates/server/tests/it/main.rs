@@ -421,6 +421,15 @@ async fn a_key_is_required_when_keys_are_configured() {
     assert_eq!(status, 401);
     let error: Value = serde_json::from_str(&body).unwrap();
     assert!(error["error"]["message"].as_str().unwrap().contains("missing API key"));
+    // The 401 names the scheme (RFC 9110).
+    let mut raw = TcpStream::connect(address).await.unwrap();
+    raw.write_all(b"GET /v1/agents/sessions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).await.unwrap();
+    let head = answer.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 401") && head.contains("\r\nwww-authenticate: bearer"), "{head}");
     let (status, _) = request(address, "GET", "/healthz", &json!({})).await;
     assert_eq!(status, 200, "health needs no key");
     stop.send(()).unwrap();

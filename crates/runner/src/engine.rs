@@ -40,7 +40,6 @@ use crate::tool::{ThreadInstance, ToolContext, ToolError};
 /// `seq` numbers reserved durably ahead of use (design §8a).
 const HIGH_WATER_BLOCK: u64 = 256;
 
-/// Why a turn stopped before answering.
 /// Why an engine stopped without its turn's end stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unfinished {
@@ -51,6 +50,7 @@ pub(crate) enum Unfinished {
     Unstored,
 }
 
+/// Why a turn stopped before answering.
 #[derive(Debug)]
 pub(crate) enum Stop {
     Cancelled(CancellationReason),
@@ -900,8 +900,8 @@ impl TurnEngine {
         self.run.id
     }
 
-    /// Runs the turn to its end and records the end. Returns the stored `turn.done`, or
-    /// `None` when the lease was lost (another process owns the turn now).
+    /// Runs the turn to its end and records the end. Returns the stored `turn.done`, or why
+    /// the end is not stored: the turn goes on in another process, or the store failed.
     /// The terminal event is stored but not yet published: the caller releases the lease
     /// first, so whoever sees `turn.done` can start the next turn at once.
     pub(crate) async fn drive(mut self, start: Start) -> Result<Arc<EventEnvelope>, Unfinished> {
@@ -943,12 +943,13 @@ impl TurnEngine {
         {
             // The end state itself is too large to keep (an input and an answer near the
             // record limit together): resumed, the turn would fail the same way for ever. It
-            // ends with an error instead, its answer kept in its events.
-            let message = format!(
-                "the turn's end is too large to keep with its input ({error}); its answer is in its events"
-            );
-            tracing::warn!(%session, %turn, error = %message, "a turn failed");
-            finished = self.finish(TurnState::Error { message, completed_at, metrics }).await;
+            // ends with an error instead, as small as an end state gets (its answer is kept
+            // in its events); only an input within bytes of the limit leaves no room for it.
+            tracing::warn!(%session, %turn, %error, "a turn's end is too large to keep with its input");
+            let message = "the turn's end is too large to keep with its input; its answer is in its events";
+            finished = self
+                .finish(TurnState::Error { message: message.to_owned(), completed_at, metrics: None })
+                .await;
         }
         match finished {
             Ok(done) => Ok(done),
@@ -2146,7 +2147,8 @@ async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnSta
 
 /// Ends a turn whose engine panicked: stores an error state and `turn.done` (returned
 /// unpublished, like [`TurnEngine::drive`]'s); `None` when the store refuses (the lease was
-/// lost, or the store failed), in which case recovery ends the turn later.
+/// lost, or the store failed), in which case a start or recovery pass ends the turn later
+/// (the caller gives back the lease it may still hold).
 pub(crate) async fn fail_after_panic(
     store: &dyn Store,
     mut run: RunRecord,

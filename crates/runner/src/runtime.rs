@@ -334,6 +334,27 @@ impl Runtime {
             .cloned()
     }
 
+    /// How many turns this runtime runs now: started, resumed or recovered here.
+    #[must_use]
+    pub fn running_count(&self) -> usize {
+        self.inner.running_turns().len()
+    }
+
+    /// Waits until this runtime runs no turn (those started, resumed or recovered here,
+    /// whoever asked), as a process about to stop does before it hands the rest over
+    /// ([`Runtime::hand_over`]).
+    pub async fn idle(&self) {
+        loop {
+            let running = self.inner.running_turns();
+            if running.is_empty() {
+                return;
+            }
+            for turn in running {
+                turn.wait_done().await;
+            }
+        }
+    }
+
     /// Lets the next process recover this runtime's running turns at once, for a process
     /// about to exit with turns still running: their leases are no longer renewed and are
     /// made to expire now, so a recovery pass ([`Runtime::recover`]) on the same store takes
@@ -529,10 +550,16 @@ impl Runtime {
     ) -> RuntimeResult<Option<TurnHandle>> {
         let store = &self.inner.store;
         // A turn this runtime runs, or is starting, is not abandoned, whatever its lease
-        // says. Starts first: a start leaves that set only once its turn is live.
-        if self.is_starting(session.id)
-            || self.inner.live.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&run.id)
-        {
+        // says. Starts first: a start leaves that set only once its turn is live. A log left
+        // by an engine that stopped here without its end does not count.
+        let running_here = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&run.id)
+            .is_some_and(|live| !live.is_abandoned());
+        if self.is_starting(session.id) || running_here {
             return Ok(None);
         }
         // The listing may be older than the turn's end: a turn that ended since is left as
@@ -806,14 +833,14 @@ impl Runtime {
             // no retention) reads the stored log.
             match finished {
                 Ok(done) => {
-                    runtime.retire(live.turn_id);
+                    runtime.retire(&live);
                     live.push(done);
                 }
                 // The turn goes on in another process (its lease was taken over or handed
                 // over): the closed log stays for the retention time, telling this
                 // process's callers so.
                 Err(crate::engine::Unfinished::Elsewhere) => {
-                    runtime.retire(live.turn_id);
+                    runtime.retire(&live);
                     live.close();
                 }
                 // Its end could not be stored: it is left for the next start or recovery
@@ -867,14 +894,19 @@ impl Runtime {
     }
 
     /// Drops a finished turn's live log after the retention time.
-    fn retire(&self, turn: TurnId) {
+    fn retire(&self, live: &Arc<LiveTurn>) {
         let retention = self.inner.options.live_retention;
-        // A weak reference: a retiring log does not keep a dropped runtime (and its agents'
-        // connections) alive.
+        // Weak references: a retiring log does not keep a dropped runtime (and its agents'
+        // connections) alive. Only this log goes: the turn may have been resumed here
+        // meanwhile, under a log of its own.
         let runtime = Arc::downgrade(&self.inner);
+        let (turn, log) = (live.turn_id, Arc::downgrade(live));
         let remove = move || {
             if let Some(inner) = runtime.upgrade() {
-                inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&turn);
+                let mut live = inner.live.lock().unwrap_or_else(PoisonError::into_inner);
+                if live.get(&turn).is_some_and(|current| std::ptr::eq(Arc::as_ptr(current), log.as_ptr())) {
+                    live.remove(&turn);
+                }
             }
         };
         if retention.is_zero() {
@@ -959,6 +991,11 @@ impl Session {
         // leave the session's lease held nor a stored turn that never runs: the lease is
         // taken by a call that finishes even if this future does not, and a guard hands
         // what follows to a task of its own.
+        // A turn this runtime runs keeps its session even when its lease lapsed (a keeper
+        // that could not renew it for a while): taking the lease would fence its engine out.
+        if runtime.running_turn_of(session.id).is_some() {
+            return Err(RunnerError::TurnRunning { session_id: session.id });
+        }
         let lease = match runtime.take_lease(session.id).await {
             Ok(lease) => lease,
             Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
@@ -1062,18 +1099,8 @@ impl Session {
     ) -> RuntimeResult<Leased> {
         let previous = self.previous_turn(request).await?;
         if let Some(running) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
-            let live = self
-                .runtime
-                .inner
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains_key(&running.id);
-            if live {
-                // Its engine runs here, with its lease lapsed (a stalled keeper): it still
-                // owns the turn.
-                return Err(RunnerError::TurnRunning { session_id: session.id });
-            }
+            // No engine runs it here: that was checked before the lease was taken (a log
+            // left by an engine that stopped without its end does not count).
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
             return Ok(Leased::Resumed);
         }
@@ -1315,9 +1342,10 @@ impl TurnHandle {
     }
 
     /// Waits for the turn to end and returns its terminal state. A turn this runtime handed
-    /// over, or whose lease it lost, stops here without ending: for it this returns the
-    /// stored state as it then is (still running; another process ends the turn), so that
-    /// a process handing its turns over is not held up by them.
+    /// over, or whose lease it lost, or whose end the store failed to take, stops here
+    /// without ending: for it this returns the stored state as it then is (still running;
+    /// another process, or the session's next start or recovery pass, resumes and ends the
+    /// turn), so that a process handing its turns over is not held up by them.
     ///
     /// Errors: `NotFound` when deleted; `Store` when the store fails.
     pub async fn wait(&self) -> RuntimeResult<TurnState> {

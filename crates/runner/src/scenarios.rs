@@ -1704,6 +1704,28 @@ pub async fn an_end_too_large_to_keep_with_its_input_fails_the_turn_once(harness
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
+/// Scenario: a start on a session whose turn runs here under a lapsed lease (a keeper that
+/// could not renew it for a while) is refused without taking the lease: the running turn
+/// is not fenced out, and ends as it would have.
+pub async fn a_start_beside_a_live_turn_whose_lease_lapsed_leaves_it_running(harness: Harness) {
+    let (held, gate) = GatedModel::new("held back");
+    let runtime = runtime(&harness, Agent::builder("held", held).build());
+    let session = session_for(&runtime, "held").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    until_first_delta(&mut turn.stream(None)).await;
+    let lease = harness.store.lease(session.id()).await.unwrap().expect("the turn's lease");
+    let now = agentry_types::Timestamp::now();
+    harness.store.renew_lease(session.id(), lease.token, Duration::ZERO, now).await.unwrap();
+    let refused = session.create_turn(TurnRequest::message("again")).await;
+    assert!(matches!(refused, Err(RunnerError::TurnRunning { .. })), "{refused:?}");
+    let after = harness.store.lease(session.id()).await.unwrap().expect("a lease");
+    assert_eq!(after.token, lease.token, "the start did not take the lease");
+    assert!(runtime.recover().await.unwrap().is_empty(), "a pass leaves a turn running here alone");
+    gate.add_permits(1);
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("held back"), "{state:?}");
+}
+
 /// Leaves what a dead process left behind: its expired lease on the session and, with
 /// `with_running_turn`, a turn it left running on the latest one (returned).
 async fn leave_a_dead_process(
@@ -1932,6 +1954,7 @@ macro_rules! runner_scenarios {
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
             a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done,
             an_end_too_large_to_keep_with_its_input_fails_the_turn_once,
+            a_start_beside_a_live_turn_whose_lease_lapsed_leaves_it_running,
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,
             a_turn_starting_while_its_runtime_hands_over_is_handed_over_too,

@@ -279,7 +279,7 @@ pub struct McpConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Variables of the server's own environment passed on to a stdio server (each must be
-    /// set), for example the token it needs.
+    /// set), for example the token it needs, or `HTTPS_PROXY` for one behind a proxy.
     #[serde(default)]
     pub inherit_env: Vec<String>,
 }

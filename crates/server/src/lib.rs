@@ -111,7 +111,10 @@ impl AppState {
             let status = match turn.wait().await {
                 Ok(agentry_types::TurnState::Done { .. }) => "done",
                 Ok(agentry_types::TurnState::Cancelled { .. }) => "cancelled",
-                Ok(_) => "error",
+                Ok(agentry_types::TurnState::Error { .. }) => "error",
+                // Stopped here without ending (handed over, its lease lost, or its end not
+                // stored): it goes on elsewhere, or when resumed.
+                Ok(agentry_types::TurnState::Running) => "left",
                 Err(_) => "unknown",
             };
             state.metrics.turn_finished(status);
@@ -268,12 +271,13 @@ impl Server {
             stopped.await;
         });
         serving.await.map_err(|error| ServerError::Serve(error.to_string()))?;
-        let running: Vec<TurnHandle> =
-            self.state.running.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
-        if !running.is_empty() {
-            tracing::info!(count = running.len(), grace = ?self.grace, "waiting for running turns");
-            let all = futures_util::future::join_all(running.iter().map(TurnHandle::wait));
-            if tokio::time::timeout(self.grace, all).await.is_err() {
+        // Every turn the runtime runs, also those no request of this server started (one a
+        // start resumed for a dead process, one a recovery pass took over).
+        let runtime = &self.state.runtime;
+        let running = runtime.running_count();
+        if running > 0 {
+            tracing::info!(count = running, grace = ?self.grace, "waiting for running turns");
+            if tokio::time::timeout(self.grace, runtime.idle()).await.is_err() {
                 let handed = self.state.runtime.hand_over().await;
                 tracing::warn!(
                     count = handed,

@@ -79,7 +79,10 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE agentry_turns_running gauge");
         let _ = writeln!(out, "agentry_turns_running {}", started.saturating_sub(done));
-        let _ = writeln!(out, "# HELP agentry_turns_finished_total Turns that ended, by status.");
+        let _ = writeln!(
+            out,
+            "# HELP agentry_turns_finished_total Turns that ended here, by status (left: stopped here without ending, to go on elsewhere or when resumed)."
+        );
         let _ = writeln!(out, "# TYPE agentry_turns_finished_total counter");
         for (status, count) in &finished {
             let _ = writeln!(out, "agentry_turns_finished_total{{status=\"{status}\"}} {count}");

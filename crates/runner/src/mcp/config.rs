@@ -14,10 +14,30 @@ pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The variables a stdio server gets from this process's environment, when set: what a
 /// program needs to run (its search path, home, user, shell, terminal, locale, time zone
 /// and temporary directory) and nothing that usually holds a secret. Anything else it
-/// needs is given by name with [`McpServerConfig::env`]. (The official MCP SDKs hand a
-/// server a similar short list.)
+/// needs (a token, a proxy, extra CA certificates) is given by name with
+/// [`McpServerConfig::env`]. (The official MCP SDKs hand a server a similar short list.)
+#[cfg(not(windows))]
 pub const MCP_INHERITED_ENV: &[&str] =
     &["HOME", "LANG", "LC_ALL", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ", "USER"];
+
+/// The variables a stdio server gets from this process's environment, when set (see the
+/// list of other platforms): what a Windows program needs to run.
+#[cfg(windows)]
+pub const MCP_INHERITED_ENV: &[&str] = &[
+    "APPDATA",
+    "HOMEDRIVE",
+    "HOMEPATH",
+    "LOCALAPPDATA",
+    "PATH",
+    "PATHEXT",
+    "PROCESSOR_ARCHITECTURE",
+    "SYSTEMDRIVE",
+    "SYSTEMROOT",
+    "TEMP",
+    "TMP",
+    "USERNAME",
+    "USERPROFILE",
+];
 
 /// How an MCP server is reached.
 ///

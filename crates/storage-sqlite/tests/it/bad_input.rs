@@ -116,21 +116,31 @@ fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     );
 }
 
-/// A file SQLite may only read (here immutable, which binds root too) is refused at open,
-/// not served as a store whose every write fails.
+/// A file SQLite may only read is refused at open, not served as a store whose every write
+/// fails. The file is made read-only by its mode, which binds any user but root, and for
+/// root (as in CI) by the immutable attribute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_that_cannot_be_written_is_refused_naming_it_and_left_alone() {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
     populated(&path).await;
     let before = std::fs::read(&path).unwrap();
+    let mode = |mode: u32| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    mode(0o444);
+    let writable = std::fs::OpenOptions::new().write(true).open(&path).is_ok();
     let chattr = |flag: &str| {
         let status = std::process::Command::new("chattr").arg(flag).arg(&path).status();
         assert!(status.is_ok_and(|status| status.success()), "chattr {flag} failed on {}", path.display());
     };
-    chattr("+i");
+    if writable {
+        chattr("+i");
+    }
     let opened = open(&path);
-    chattr("-i");
+    if writable {
+        chattr("-i");
+    }
+    mode(0o644);
     let Err(error) = opened else { panic!("a read-only file is refused") };
     assert!(
         matches!(error, StoreError::Io(ref message) if message.contains("cannot be written")

@@ -97,6 +97,49 @@ pub(crate) struct AppState {
     pub(crate) agui_threads: agui::Threads,
     /// Turns started or recovered by this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
+    /// The store's file as it was opened, when the server opened it: readiness checks it
+    /// is still there.
+    pub(crate) store_file: Option<StoreFile>,
+}
+
+/// The identity of the file a store was opened on. A file removed or replaced under a
+/// running server still takes its writes, which no later start reads: readiness fails
+/// then, so an operator (or an orchestrator) sees it at once.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreFile {
+    path: std::path::PathBuf,
+    identity: (u64, u64),
+}
+
+impl StoreFile {
+    /// The file at `path` now (`None` where files have no identity to compare).
+    fn of(path: &std::path::Path) -> Option<Self> {
+        Self::identity(path).map(|identity| Self { path: path.to_path_buf(), identity })
+    }
+
+    #[cfg(unix)]
+    fn identity(path: &std::path::Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(path).ok().map(|meta| (meta.dev(), meta.ino()))
+    }
+
+    #[cfg(not(unix))]
+    fn identity(_path: &std::path::Path) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// Whether the file is still the one opened.
+    ///
+    /// Errors: what happened to it.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match Self::identity(&self.path) {
+            Some(identity) if identity == self.identity => Ok(()),
+            Some(_) => {
+                Err(format!("the store file {} was replaced while the server runs", self.path.display()))
+            }
+            None => Err(format!("the store file {} was removed while the server runs", self.path.display())),
+        }
+    }
 }
 
 impl AppState {
@@ -155,7 +198,8 @@ impl Server {
     pub async fn start(config: Config) -> Result<Self, ServerError> {
         let ready = Ready::new(&config).await?;
         let store = open_store(&config).await?;
-        Self::assemble(config, ready, store).await
+        let file = StoreFile::of(&config.storage.path);
+        Self::assemble(config, ready, store, file).await
     }
 
     /// As [`Server::start`], over a store the caller opened.
@@ -163,11 +207,16 @@ impl Server {
     /// Errors: as [`Server::start`].
     pub async fn start_with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, ServerError> {
         let ready = Ready::new(&config).await?;
-        Self::assemble(config, ready, store).await
+        Self::assemble(config, ready, store, None).await
     }
 
     /// The server over its store, once everything else is [`Ready`].
-    async fn assemble(config: Config, ready: Ready, store: Arc<dyn Store>) -> Result<Self, ServerError> {
+    async fn assemble(
+        config: Config,
+        ready: Ready,
+        store: Arc<dyn Store>,
+        store_file: Option<StoreFile>,
+    ) -> Result<Self, ServerError> {
         let Ready { keys, approvals, control, built, options, listener } = ready;
         let lease_ttl = options.lease_ttl;
         let runtime = Runtime::with_options(store, options);
@@ -193,6 +242,7 @@ impl Server {
             stopping,
             running: Mutex::new(std::collections::HashMap::new()),
             agui_threads: agui::Threads::default(),
+            store_file,
         });
         // Turns a dead process left running are finished in the background; the server
         // serves meanwhile (their sessions refuse new turns until then; a start on such a
@@ -451,7 +501,7 @@ async fn ready(State(state): State<Arc<AppState>>) -> axum::response::Response {
             ApiError::new(
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",
-                "the store does not answer",
+                "the store is not usable (the server log says why)",
             )
             .into_response()
         }

@@ -399,6 +399,22 @@ async fn the_turns_listing_takes_an_order_and_bad_paths_get_json_errors() {
     serving.await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_file_removed_under_the_server_makes_it_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config_at(&path, "")).await;
+    let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    std::fs::remove_file(&path).unwrap();
+    let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
+    assert_eq!(status, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "not_ready", "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn without_keys_only_loopback_is_served() {
     let dir = tempfile::tempdir().unwrap();

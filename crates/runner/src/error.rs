@@ -22,6 +22,18 @@ pub enum RunnerError {
         /// The session.
         session_id: SessionId,
     },
+    /// As `TurnRunning`, and the running turn is one a process that stopped had left: this
+    /// call resumed it. Follow it by its id; a new turn can start once it ends.
+    #[error(
+        "session {session_id} has a running turn: {turn_id}, left by a process that stopped, was resumed; \
+         a new turn can start once it ends"
+    )]
+    TurnResumed {
+        /// The session.
+        session_id: SessionId,
+        /// The resumed turn.
+        turn_id: TurnId,
+    },
     /// The session was cancelled; it takes no new turns.
     #[error("session {session_id} was cancelled and takes no new turns")]
     SessionCancelled {

@@ -943,8 +943,8 @@ impl Session {
     /// Creates a turn and starts it; returns once the turn is stored and running.
     ///
     /// Errors: `TurnRunning` when the session has a running turn (here or in another
-    /// process sharing the store; one a dead process left is resumed by the call);
-    /// `SessionCancelled`; `InvalidInput` for input that breaks
+    /// process sharing the store); `TurnResumed` when that turn was left by a process that
+    /// stopped and the call resumed it; `SessionCancelled`; `InvalidInput` for input that breaks
     /// seed 002's rules (no turn is stored then; a lease the call took is left lapsed, see
     /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
@@ -1011,10 +1011,10 @@ impl Session {
         };
         let (run, previous) = match self.prepare_leased(&session, &request, &lease).await {
             Ok(Leased::New(prepared)) => *prepared,
-            Ok(Leased::Resumed) => {
+            Ok(Leased::Resumed(turn_id)) => {
                 // The lease went with the resumed turn.
                 guard.disarm();
-                return Err(RunnerError::TurnRunning { session_id: session.id });
+                return Err(RunnerError::TurnResumed { session_id: session.id, turn_id });
             }
             Err(error) => {
                 guard.disarm();
@@ -1102,7 +1102,7 @@ impl Session {
             // No engine runs it here: that was checked before the lease was taken (a log
             // left by an engine that stopped without its end does not count).
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
-            return Ok(Leased::Resumed);
+            return Ok(Leased::Resumed(running.id));
         }
         let run = self.new_run(request, previous.as_ref(), previous.as_ref().map(|run| run.id))?;
         Ok(Leased::New(Box::new((run, previous))))
@@ -1226,9 +1226,9 @@ impl Drop for LeaseAnswer {
 enum Leased {
     /// The new turn to store, and the turn it chains on.
     New(Box<(RunRecord, Option<RunRecord>)>),
-    /// The previous turn was left running by a dead process: it was resumed, and the lease
-    /// went with it.
-    Resumed,
+    /// The previous turn (this one) was left running by a dead process: it was resumed,
+    /// and the lease went with it.
+    Resumed(TurnId),
 }
 
 /// Armed while [`Session::create_turn`] holds the session's lease and its engine has not

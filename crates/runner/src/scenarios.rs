@@ -1218,7 +1218,7 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
 /// to its end. The future is dropped after 1, 2, … 256 polls, so the drop lands at each of
 /// its waits on the store (on the in-memory store it finishes on its first poll), each
 /// time over an expired lease a dead process left, and every other time over a turn it
-/// left running too (which a start resumes under the lease, answering `TurnRunning`).
+/// left running too (which a start resumes under the lease, answering `TurnResumed`).
 pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end(harness: Harness) {
     let model = Arc::new(ScriptedModel::new((0..120).map(|_| ScriptedResponse::text("done")).collect()));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
@@ -1240,7 +1240,7 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
             loop {
                 match session.create_turn(TurnRequest::message(format!("after {polls}"))).await {
                     Ok(turn) => return turn,
-                    Err(RunnerError::TurnRunning { .. }) => {
+                    Err(RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. }) => {
                         // A dropped start's turn, or the dead process's, which a start
                         // resumed, runs to its end. A resumption the drop cut short left the
                         // dead process's turn to the next start: the wait is bounded.
@@ -1264,13 +1264,16 @@ pub async fn a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_i
     // time the call waits, the turns are watched for a while without polling the call: once
     // its first step is on its way to the store, the step is seen stored before the call can
     // hear so. Half the rounds start after a turn the dead process left running, which a
-    // first start resumes (and is told `TurnRunning`).
+    // first start resumes (and is told so, with the turn's id).
     let (mut waited, mut in_window) = (0, [0, 0]);
     for round in 0..8 {
         let over_a_running_turn = round % 2 == 1;
         if let Some(dead) = leave_a_dead_process(&harness, &session, over_a_running_turn).await {
             let refused = session.create_turn(TurnRequest::message("too early")).await;
-            assert!(matches!(refused, Err(RunnerError::TurnRunning { .. })), "{refused:?}");
+            assert!(
+                matches!(refused, Err(RunnerError::TurnResumed { turn_id, .. }) if turn_id == dead),
+                "{refused:?}"
+            );
             let state = runtime.get_turn(dead).await.unwrap().wait().await.unwrap();
             assert_eq!(answer_text(&state).as_deref(), Some("done"), "the resumed turn ran: {state:?}");
             left.push(dead);
@@ -1591,12 +1594,15 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     wrong.previous_turn_id = crate::PreviousTurn::Turn(agentry_types::TurnId::new());
     assert!(refused_over.create_turn(wrong).await.is_err());
     // A start over a turn a dead process left running resumes it, whatever its input, and
-    // is told `TurnRunning`: the turn is not thrown away, and the pass has nothing to do.
+    // is told `TurnResumed`: the turn is not thrown away, and the pass has nothing to do.
     let resumed_by_start = session_for(&runtime, "quick").await;
     let left_under_start = leave_a_dead_process(&harness, &resumed_by_start, true).await.unwrap();
     let approval = vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "x")];
     let refused = resumed_by_start.create_turn(TurnRequest::input(approval)).await;
-    assert!(matches!(refused, Err(RunnerError::TurnRunning { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(RunnerError::TurnResumed { turn_id, .. }) if turn_id == left_under_start),
+        "{refused:?}"
+    );
     let state = runtime.get_turn(left_under_start).await.unwrap().wait().await.unwrap();
     assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
     let events = runtime.get_turn(left_under_start).await.unwrap().events(Order::Asc).await.unwrap();

@@ -114,7 +114,9 @@ impl From<RunnerError> for ApiError {
             RunnerError::NotFound { kind, id } => {
                 Self::not_found(if kind == "run" { "turn" } else { kind }, &id)
             }
-            RunnerError::TurnRunning { .. } => Self::precondition("turn_running", error.to_string()),
+            RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. } => {
+                Self::precondition("turn_running", error.to_string())
+            }
             RunnerError::SessionCancelled { .. } => {
                 Self::precondition("session_cancelled", error.to_string())
             }

@@ -407,7 +407,7 @@ pub async fn a_task_left_running_by_a_handed_over_turn_runs_again_next_turn(harn
         .register(Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(echoing("clerk")).build());
     let again = second.get_session(session.id()).await.unwrap();
     let refused = again.create_turn(TurnRequest::message("Again.")).await;
-    assert!(matches!(refused, Err(agentry_runner::RunnerError::TurnRunning { .. })), "{refused:?}");
+    assert!(matches!(refused, Err(agentry_runner::RunnerError::TurnResumed { .. })), "{refused:?}");
     let resumed = second.get_turn(turn.id()).await.unwrap().wait().await.unwrap();
     let TurnState::Done { required_actions, .. } = &resumed else { panic!("{resumed:?}") };
     let in_doubt = match required_actions.as_slice() {

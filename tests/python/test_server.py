@@ -645,6 +645,20 @@ class Cli(unittest.TestCase):
         self.assertEqual(listed.returncode, 0, listed.stderr)
         self.assertLessEqual(len(listed.stdout.splitlines()), 1)
 
+    def test_sessions_are_listed_in_either_order_within_a_time_range(self):
+        made = [client().create_session(agent_name="demo").id for _ in range(3)]
+        newest = self.agentry("sessions", "list", "--agent", "demo", "--limit", "3")
+        self.assertEqual(newest.returncode, 0, newest.stderr)
+        newest_ids = [json.loads(line)["id"] for line in newest.stdout.splitlines()]
+        self.assertEqual(newest_ids, made[::-1])
+        since = json.loads(newest.stdout.splitlines()[-1])["created_at"]
+        oldest = self.agentry("sessions", "list", "--agent", "demo", "--oldest-first", "--since", since)
+        self.assertEqual(oldest.returncode, 0, oldest.stderr)
+        self.assertEqual([json.loads(line)["id"] for line in oldest.stdout.splitlines()], made)
+        bad = self.agentry("sessions", "list", "--agent", "demo", "--until", "yesterday")
+        self.assertEqual(bad.returncode, 1, bad.stderr)
+        self.assertIn("end_timestamp", bad.stderr)
+
     def test_a_refused_request_is_reported_without_a_backtrace(self):
         # A session id that does not exist: the server answers 404. A backtrace is for
         # crashes, not for refused requests, also with RUST_BACKTRACE set.

@@ -93,6 +93,15 @@ enum SessionsCommand {
         /// At most this many (at least 1).
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
         limit: u64,
+        /// Oldest first.
+        #[arg(long)]
+        oldest_first: bool,
+        /// Only sessions created at or after this time (RFC 3339, `2026-11-26T09:00:00Z`).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only sessions created at or before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -172,16 +181,23 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve { config, listen, store } => serve(config, listen, store).await,
         Command::Chat { agent, session, remote } => chat::run(&api(&remote)?, &agent, session).await,
-        Command::Sessions { command: SessionsCommand::List { agent, limit, remote } } => {
+        Command::Sessions {
+            command: SessionsCommand::List { agent, limit, oldest_first, since, until, remote },
+        } => {
             let api = api(&remote)?;
             let mut token: Option<String> = None;
             let mut printed = 0;
+            let mut filters = format!("agent_name={}", encode(&agent));
+            if oldest_first {
+                filters.push_str("&order=asc");
+            }
+            for (name, value) in [("start_timestamp", &since), ("end_timestamp", &until)] {
+                if let Some(value) = value {
+                    filters.push_str(&format!("&{name}={}", encode(value)));
+                }
+            }
             while printed < limit {
-                let mut path = format!(
-                    "/v1/agents/sessions?agent_name={}&limit={}",
-                    encode(&agent),
-                    (limit - printed).min(100)
-                );
+                let mut path = format!("/v1/agents/sessions?{filters}&limit={}", (limit - printed).min(100));
                 if let Some(token) = &token {
                     path.push_str(&format!("&page_token={}", encode(token)));
                 }

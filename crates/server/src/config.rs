@@ -295,7 +295,7 @@ pub struct AgentConfig {
     /// Its instructions.
     #[serde(default)]
     pub instructions: Option<String>,
-    /// Built-in server-side tools: `calculator`, `send_email`.
+    /// Built-in server-side tools: `calculator`, `echo`, `send_email`.
     #[serde(default)]
     pub tools: Vec<String>,
     /// Tools whose calls wait for a person's approval.
@@ -321,7 +321,9 @@ pub struct AgentConfig {
 pub struct TeamConfig {
     /// Its name.
     pub name: String,
-    /// The coordinator's provider name, or `demo`.
+    /// The coordinator's provider name, or `demo`: a scripted coordinator that answers
+    /// `Hello from the demo model.` without delegating (for trying the configuration out;
+    /// the built-in `demo-team` has rules of its own).
     pub model: String,
     /// The coordinator's instructions.
     #[serde(default)]

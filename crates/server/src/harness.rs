@@ -67,9 +67,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let mut json = serde_json::Deserializer::from_slice(text);
         let value = serde_path_to_error::deserialize(&mut json).map_err(|error| {
             // The field at fault, when the error is inside one (`input[0].content`).
-            let path = error.path().to_string();
+            let mut path = error.path().to_string();
             let inner = error.into_inner();
             if path.is_empty() || path == "." || path == "?" {
+                path.clear();
+            }
+            // A missing field is reported at its parent: the field itself is at fault.
+            let message = inner.to_string();
+            if let Some(field) =
+                message.strip_prefix("missing field `").and_then(|rest| rest.split('`').next())
+            {
+                path = if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
+            }
+            if path.is_empty() {
                 ApiError::bad_request(format!("invalid JSON body: {inner}"))
             } else {
                 ApiError::bad_param(&path, format!("invalid JSON body at `{path}`: {inner}"))

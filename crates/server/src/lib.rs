@@ -245,11 +245,11 @@ impl Server {
             store_file,
         });
         // Turns a dead process left running are finished in the background; the server
-        // serves meanwhile (their sessions refuse new turns until then; a start on such a
-        // session resumes its turn at once). A turn whose lease has not expired yet (a
-        // restart within the lease time) is taken by the pass after one lease time; later
-        // passes, every half lease time, pick up turns of other dead processes sharing the
-        // store (or handed over by one that stopped) within that of their lease's expiry.
+        // serves meanwhile (their sessions refuse new turns until their lease expires; then
+        // a start on such a session resumes its turn at once). Passes run at start and
+        // every half lease time: a turn whose lease was still live at a restart, or a turn
+        // of another dead process sharing the store (or handed over by one that stopped),
+        // is picked up within half a lease time of its lease's expiry.
         let recovering = Arc::clone(&state);
         let stopped = state.stopped();
         tokio::spawn(async move {
@@ -268,11 +268,7 @@ impl Server {
                         Ok(_) => {}
                         Err(error) => tracing::error!(%error, "recovering abandoned turns failed"),
                     }
-                    wait = if wait.is_zero() {
-                        lease_ttl + Duration::from_secs(1)
-                    } else {
-                        (lease_ttl / 2).max(Duration::from_secs(1))
-                    };
+                    wait = (lease_ttl / 2).max(Duration::from_secs(1));
                 }
             };
             tokio::select! {

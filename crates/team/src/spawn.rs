@@ -192,7 +192,14 @@ impl SpawnPolicy {
     pub fn load(path: impl AsRef<Path>) -> Result<Option<Self>, PolicyError> {
         let path = path.as_ref();
         match std::fs::read_to_string(path) {
-            Ok(text) => Self::parse(&text).map(Some),
+            // The file is named: the error's line and column are in it, not in the
+            // configuration that points to it.
+            Ok(text) => Self::parse(&text).map(Some).map_err(|error| match error {
+                PolicyError::Invalid(message) => {
+                    PolicyError::Invalid(format!("{}: {message}", path.display()))
+                }
+                other => other,
+            }),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(error) => {
                 Err(PolicyError::Read { path: path.display().to_string(), reason: error.to_string() })

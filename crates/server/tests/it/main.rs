@@ -156,6 +156,21 @@ async fn a_value_out_of_range_or_an_agent_that_cannot_be_built_names_the_file() 
     config.storage.path = dir.path().join("agentry.db");
     let error = Server::start(config).await.unwrap_err();
     assert!(error.to_string().contains(&format!("{}: agent \"a\"", path.display())), "{error}");
+    // A malformed spawn policy names its own file, where the line and column are.
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[roles.lead\n").unwrap();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[[teams]]\nname = \"crew\"\nmodel = \"demo\"\nspawn_policy = {:?}\n",
+        policy.display().to_string()
+    );
+    std::fs::write(&path, text).unwrap();
+    let mut config = Config::load(&path).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config).await.unwrap_err();
+    assert!(
+        error.to_string().contains(&format!("the spawn policy is invalid: {}: ", policy.display())),
+        "{error}"
+    );
 }
 
 #[tokio::test]

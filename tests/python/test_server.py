@@ -1030,6 +1030,10 @@ class Cancel(unittest.TestCase):
             cancelled = h.post(f"/v1/agent-team/missions/{spawned['missionID']}/cancel")
             self.assertEqual(cancelled.status_code, 200, cancelled.text)
             self.assertEqual(session.get_turn(spawned["turnID"]).state.status, "cancelled")
+            # Once it has ended there is nothing left to cancel.
+            again = h.post(f"/v1/agent-team/missions/{spawned['missionID']}/cancel")
+            self.assertEqual(again.status_code, 404, again.text)
+            self.assertIn("running mission", again.json()["error"]["message"])
             left = [p["approvalID"] for p in h.get("/v1/agent-team/approvals").json()["data"]]
             self.assertNotIn(ours[0], left)
             self.assertEqual(h.post(f"/v1/agent-team/approvals/{ours[0]}/approve").status_code, 404)

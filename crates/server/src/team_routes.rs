@@ -78,7 +78,6 @@ fn mission_turn(mission_id: &str) -> Option<TurnId> {
     mission_id.strip_prefix("mis_").and_then(|turn| turn.parse().ok())
 }
 
-/// Whether the caller owns the session a mission runs in.
 /// Whether the caller owns the team session a mission runs in (a turn of another kind of
 /// session is no mission).
 async fn owns_mission(state: &AppState, caller: &Caller, mission_id: &str) -> bool {
@@ -423,6 +422,13 @@ async fn cancel_mission(
 ) -> ApiResult<Response> {
     if !owns_mission(&state, &caller, &mission_id).await {
         return Err(ApiError::not_found("mission", &mission_id));
+    }
+    // A mission that has ended has nothing left to cancel: as for an ended instance, the
+    // caller is told so rather than that it was cancelled.
+    if let Some(turn) = mission_turn(&mission_id)
+        && state.runtime.store().get_run(turn).await?.state.is_terminal()
+    {
+        return Err(ApiError::not_found("running mission", &mission_id));
     }
     let cancelled = state.control.cancel_mission(&mission_id);
     // The mission is its team turn: the coordinator stops too, and with it a spawn still

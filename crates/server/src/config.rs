@@ -41,6 +41,7 @@
 //! model = "openai"
 //! members = ["helper"]
 //! spawn_policy = "spawn-policy.toml"
+//! tokens_per_step = 1000           # held from budgets before each model call of an instance
 //!
 //! [limits]
 //! body_bytes = 8388608             # the largest request body (413 above it; at least 1024)
@@ -334,6 +335,11 @@ pub struct TeamConfig {
     /// The spawn policy file (`spawn_agent` is denied without one).
     #[serde(default)]
     pub spawn_policy: Option<PathBuf>,
+    /// Tokens an instance holds from its budgets before each model call, settled with the
+    /// real count after (default 1,000; at least 1). A `max_tokens` below it allows no
+    /// model call at all: the reservation is refused and the instance stops as exhausted.
+    #[serde(default)]
+    pub tokens_per_step: Option<u64>,
 }
 
 /// Request and stream limits.
@@ -514,6 +520,12 @@ impl Config {
         if self.teams.iter().any(|team| team.name.trim().is_empty()) {
             return Err(ConfigError::Invalid("a team's name must not be empty".to_owned()));
         }
+        if let Some(team) = self.teams.iter().find(|team| team.tokens_per_step == Some(0)) {
+            return Err(ConfigError::Invalid(format!(
+                "team {:?}: tokens_per_step must be at least 1",
+                team.name
+            )));
+        }
         Ok(())
     }
 
@@ -620,6 +632,9 @@ impl Config {
                 Team::builder(team.name.clone(), model).approvals(approvals.clone()).control(control.clone());
             if let Some(instructions) = &team.instructions {
                 builder = builder.instructions(instructions.clone());
+            }
+            if let Some(tokens) = team.tokens_per_step {
+                builder = builder.tokens_per_step(tokens);
             }
             for member in &team.members {
                 let agent = built.iter().find(|agent| agent.name() == member).ok_or_else(|| {

@@ -122,6 +122,10 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ),
         ("[[agents]]\nname = \" \"\nmodel = \"demo\"\n", "an agent's name must not be empty"),
         ("[[teams]]\nname = \"\"\nmodel = \"demo\"\n", "a team's name must not be empty"),
+        (
+            "[[teams]]\nname = \"t\"\nmodel = \"demo\"\ntokens_per_step = 0\n",
+            "team \"t\": tokens_per_step must be at least 1",
+        ),
     ] {
         let error = Config::parse(text, None).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid(_)), "{text}: {error}");

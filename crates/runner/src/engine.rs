@@ -951,23 +951,18 @@ impl TurnEngine {
                 .finish(TurnState::Error { message: message.to_owned(), completed_at, metrics: None })
                 .await;
         }
-        match finished {
-            Ok(done) => Ok(done),
+        let error = match finished {
+            Ok(done) => return Ok(done),
             Err(Stop::LeaseLost) => {
                 tracing::info!(%session, %turn, "the turn's lease went to another process before its end was stored");
-                Err(Unfinished::Elsewhere)
+                return Err(Unfinished::Elsewhere);
             }
-            Err(stop) => {
-                let error = match stop {
-                    Stop::Failed(error) => error,
-                    Stop::Cancelled(reason) => format!("cancelled ({})", reason.as_str()),
-                    Stop::LeaseLost => String::new(),
-                };
-                tracing::warn!(%session, %turn, %error,
-                    "the turn's end could not be stored: its lease is given back, and the next start or recovery pass resumes it");
-                Err(Unfinished::Unstored)
-            }
-        }
+            Err(Stop::Failed(error)) => error,
+            Err(Stop::Cancelled(reason)) => format!("cancelled ({})", reason.as_str()),
+        };
+        tracing::warn!(%session, %turn, %error,
+            "the turn's end could not be stored: its lease is given back, and the next start or recovery pass resumes it");
+        Err(Unfinished::Unstored)
     }
 
     /// Stores the terminal state with `turn.done` (returned unpublished) and the lease's
@@ -1598,7 +1593,7 @@ impl TurnEngine {
         if let Some(usage) = &message.usage {
             self.metrics.add(usage);
         }
-        self.charged = Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
+        self.charge(sent, message);
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
@@ -1615,6 +1610,12 @@ impl TurnEngine {
         Ok(output)
     }
 
+    /// Records what a model call that sent the context's first `sent` messages and produced
+    /// `message` is charged: its usage, or an estimate when the provider sent none.
+    fn charge(&mut self, sent: usize, message: &ModelMessage) {
+        self.charged = Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
+    }
+
     /// Keeps what a stopped model stream produced: stored as an event and in the history,
     /// and charged to the budget (estimated unless its usage came) with the prompt, the
     /// context's first `sent` messages. The provider has read the prompt and generated
@@ -1624,8 +1625,7 @@ impl TurnEngine {
         if let Some(event) = self.sink.finish_partial(&self.thread.clone()).await?
             && let EventPayload::ModelMessage(message) = &event.payload
         {
-            self.charged =
-                Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
+            self.charge(sent, message);
             let mut message = Message::from_model(message);
             // A cut-off message cannot carry tool calls: they have no results.
             message.tool_calls.clear();

@@ -119,6 +119,15 @@ impl RuntimeInner {
         self.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
     }
 
+    /// Removes `live` from the live turns, unless another log took its turn's place (the
+    /// turn was resumed here meanwhile).
+    fn forget_live(&self, live: &Arc<LiveTurn>) {
+        let mut logs = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if logs.get(&live.turn_id).is_some_and(|current| Arc::ptr_eq(current, live)) {
+            logs.remove(&live.turn_id);
+        }
+    }
+
     fn running_turns(&self) -> Vec<Arc<LiveTurn>> {
         self.live
             .lock()
@@ -846,7 +855,7 @@ impl Runtime {
                 // Its end could not be stored: it is left for the next start or recovery
                 // pass at once, not after the live log's retention and the lease's expiry.
                 Err(crate::engine::Unfinished::Unstored) => {
-                    runtime.inner.live.lock().unwrap_or_else(PoisonError::into_inner).remove(&live.turn_id);
+                    runtime.inner.forget_live(&live);
                     live.close();
                     give_back(store.as_ref(), live.session_id, live.lease_token).await;
                 }
@@ -900,13 +909,10 @@ impl Runtime {
         // connections) alive. Only this log goes: the turn may have been resumed here
         // meanwhile, under a log of its own.
         let runtime = Arc::downgrade(&self.inner);
-        let (turn, log) = (live.turn_id, Arc::downgrade(live));
+        let log = Arc::downgrade(live);
         let remove = move || {
-            if let Some(inner) = runtime.upgrade() {
-                let mut live = inner.live.lock().unwrap_or_else(PoisonError::into_inner);
-                if live.get(&turn).is_some_and(|current| std::ptr::eq(Arc::as_ptr(current), log.as_ptr())) {
-                    live.remove(&turn);
-                }
+            if let (Some(inner), Some(log)) = (runtime.upgrade(), log.upgrade()) {
+                inner.forget_live(&log);
             }
         };
         if retention.is_zero() {
@@ -967,9 +973,9 @@ impl Session {
         // the store takes the lease and stores the turn's first step together, refusing
         // the start if another turn was stored meanwhile. The turn is prepared again under
         // the lease when the latest turn was left running by a dead process (it is resumed,
-        // and the caller told `TurnRunning`), when the start lost such a race, and when the request does not fit the
-        // latest turn as read (under the lease a running turn wins: `TurnRunning`, which a
-        // caller may retry).
+        // and the caller told `TurnResumed`), when the start lost such a race, and when the
+        // request does not fit the latest turn as read (under the lease a running turn wins:
+        // `TurnRunning`, which a caller may retry).
         let prepared = async {
             let previous = previous?;
             if previous.as_ref().is_some_and(|run| !run.state.is_terminal()) {
@@ -987,15 +993,15 @@ impl Session {
                 started => return Ok(started?),
             }
         }
-        // A caller that drops this future (an HTTP client that disconnects) must neither
-        // leave the session's lease held nor a stored turn that never runs: the lease is
-        // taken by a call that finishes even if this future does not, and a guard hands
-        // what follows to a task of its own.
         // A turn this runtime runs keeps its session even when its lease lapsed (a keeper
         // that could not renew it for a while): taking the lease would fence its engine out.
         if runtime.running_turn_of(session.id).is_some() {
             return Err(RunnerError::TurnRunning { session_id: session.id });
         }
+        // A caller that drops this future (an HTTP client that disconnects) must neither
+        // leave the session's lease held nor a stored turn that never runs: the lease is
+        // taken by a call that finishes even if this future does not, and a guard hands
+        // what follows to a task of its own.
         let lease = match runtime.take_lease(session.id).await {
             Ok(lease) => lease,
             Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
@@ -1090,7 +1096,7 @@ impl Session {
     /// the new turn (stored with its first event by the caller). A previous turn left
     /// running by a dead process (its lease lapsed before a recovery pass found it) is
     /// resumed under the lease instead, as a recovery pass would: its work is not thrown
-    /// away, and the caller gets `TurnRunning`, to retry once it is done.
+    /// away, and the caller gets `TurnResumed`, to retry once it is done.
     async fn prepare_leased(
         &self,
         session: &SessionRecord,

@@ -305,9 +305,10 @@ impl Model for OpenAiCompatibleModel {
     /// a chunk (status from its `code` when that is an HTTP error status, else 0);
     /// [`ModelError::Disconnected`] when the body breaks off or ends without a finish
     /// reason or `[DONE]`; [`ModelError::Stalled`] when it sends nothing for
-    /// [`OpenAiConfig::stream_idle_timeout`]. Once a finish reason has arrived the response is complete, so
-    /// a failure after it ends the stream normally (only the usage can be missing). A
-    /// stream ended by `[DONE]` without any finish reason ends normally, without one.
+    /// [`OpenAiConfig::stream_idle_timeout`]. Once a finish reason has arrived the response
+    /// is complete, so a failure after it ends the stream normally (only the usage can be
+    /// missing). A stream ended by `[DONE]` without any finish reason ends normally,
+    /// without one.
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         if request.messages.is_empty() {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));

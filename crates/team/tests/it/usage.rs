@@ -110,26 +110,23 @@ async fn member_usage(base_url: String) -> Vec<u64> {
         .collect()
 }
 
-/// The estimate for the member's call: at least its task and the text it received.
-fn least_estimate(received: &str) -> u64 {
-    let output = ModelMessage { content: Some(received.to_owned()), ..ModelMessage::default() };
-    Usage::estimate(&[Message::user(TASK)], &output).total_tokens()
+/// Runs the member against a server streaming `pieces` (cut off before the end when
+/// `cut`) and checks its one call was charged at least the estimate of its task and of the
+/// text it received.
+async fn charged_at_least_the_estimate(pieces: &'static [&'static str], cut: bool) {
+    let usage = member_usage(usageless_server(pieces, cut).await).await;
+    assert_eq!(usage.len(), 1, "one model call, settled once: {usage:?}");
+    let output = ModelMessage { content: Some(pieces.concat()), ..ModelMessage::default() };
+    let least = Usage::estimate(&[Message::user(TASK)], &output).total_tokens();
+    assert!(usage[0] >= least, "charged {} tokens, at least {least} expected", usage[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_provider_reports_no_usage_is_charged_an_estimate() {
-    let base_url = usageless_server(&["The report shows ", "growth in every region."], false).await;
-    let usage = member_usage(base_url).await;
-    assert_eq!(usage.len(), 1, "one model call, settled once: {usage:?}");
-    let least = least_estimate("The report shows growth in every region.");
-    assert!(usage[0] >= least, "charged {} tokens, at least {least} expected", usage[0]);
+    charged_at_least_the_estimate(&["The report shows ", "growth in every region."], false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cut_off_mid_stream_is_charged_for_what_it_read_and_wrote() {
-    let base_url = usageless_server(&["The report ", "shows"], true).await;
-    let usage = member_usage(base_url).await;
-    assert_eq!(usage.len(), 1, "one model call, settled once: {usage:?}");
-    let least = least_estimate("The report shows");
-    assert!(usage[0] >= least, "charged {} tokens, at least {least} expected", usage[0]);
+    charged_at_least_the_estimate(&["The report ", "shows"], true).await;
 }

@@ -37,17 +37,23 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
 /// Checks that a record serializes within [`MAX_RECORD_BYTES`] and [`MAX_RECORD_NESTING`],
 /// as [`encode`] does, without keeping the bytes (for stores that keep records as values).
 pub fn check_size<T: Serialize>(what: &'static str, value: &T) -> StoreResult<()> {
+    check_size_within(what, value, MAX_RECORD_BYTES)
+}
+
+/// As [`check_size`], against a `limit` of the caller's (below [`MAX_RECORD_BYTES`] to
+/// leave room for what the record will gain before it is next stored).
+pub fn check_size_within<T: Serialize>(what: &'static str, value: &T, limit: usize) -> StoreResult<()> {
     if let Some((bound, deepest)) = json_len_and_depth(value) {
         check_nesting(what, deepest, MAX_RECORD_NESTING)?;
-        if bound <= MAX_RECORD_BYTES {
+        if bound <= limit {
             return Ok(());
         }
     }
     let mut counter = ByteCounter(0);
     let deepest = write_json(what, &mut counter, value)?;
     check_nesting(what, deepest, MAX_RECORD_NESTING)?;
-    if counter.0 > MAX_RECORD_BYTES {
-        return Err(StoreError::TooLarge { what, size: counter.0, limit: MAX_RECORD_BYTES });
+    if counter.0 > limit {
+        return Err(StoreError::TooLarge { what, size: counter.0, limit });
     }
     Ok(())
 }

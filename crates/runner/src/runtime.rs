@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, TurnEmitter, TurnSequencer};
 use agentry_memory::{
-    Conflict, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store, StoreError, TurnStart,
-    TurnStep,
+    Conflict, MAX_RECORD_BYTES, Order, Page, PageRequest, RunQuery, SessionQuery, SessionUpdate, Store,
+    StoreError, TurnStart, TurnStep, rules,
 };
 use agentry_types::{
     CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
@@ -26,6 +26,11 @@ use crate::live::{EventStream, LiveTurn, stored_events, subscribe};
 
 /// The session-state key that marks a cancelled session.
 const CANCELLED_KEY: &str = "agentry.cancelled";
+
+/// What a turn's record may gain between its start and its end when the end is as small as
+/// it gets (an error state without output or metrics): a new turn whose record, input
+/// included, leaves less room than this is refused as too large.
+const END_STATE_ROOM: usize = 64 * 1024;
 
 /// The session-state key naming a turn whose cancellation another process asked for: the
 /// process running it sees the request when it renews the turn's lease.
@@ -1089,6 +1094,9 @@ impl Session {
         } else {
             run.agent_id = Some(self.record.name.clone());
         }
+        // The turn's record keeps its input to the end: one that fills the record leaves no
+        // room for any end state, and a turn whose end cannot be stored is resumed for ever.
+        rules::check_size_within("a new turn with its input", &run, MAX_RECORD_BYTES - END_STATE_ROOM)?;
         Ok(run)
     }
 

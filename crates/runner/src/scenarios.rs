@@ -20,7 +20,7 @@ use crate::{
 };
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::conformance::Harness;
-use agentry_memory::{Order, PageRequest};
+use agentry_memory::{Order, PageRequest, StoreError};
 use agentry_model::{
     Model, ModelError, ModelInfo, ModelRequest, ModelStream, ScriptedModel, ScriptedResponse,
     ScriptedToolCall,
@@ -1710,6 +1710,28 @@ pub async fn an_end_too_large_to_keep_with_its_input_fails_the_turn_once(harness
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None);
 }
 
+/// Scenario: an input that fills the record limit leaves no room for the turn's end, so the
+/// start is refused as too large, before the model is called and with nothing stored; the
+/// session goes on.
+pub async fn an_input_leaving_no_room_for_the_end_is_refused_at_the_start(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Fine.")]));
+    let runtime = runtime(&harness, Agent::builder("full", model.clone()).build());
+    let session = session_for(&runtime, "full").await;
+    let text = "z".repeat(agentry_memory::MAX_RECORD_BYTES - 1024);
+    let refused = session.create_turn(TurnRequest::message(text)).await;
+    match refused {
+        Err(RunnerError::Store(StoreError::TooLarge { what, size, limit })) => {
+            assert_eq!(what, "a new turn with its input");
+            assert!(size > limit && limit < agentry_memory::MAX_RECORD_BYTES, "{size} {limit}");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.is_empty());
+    assert!(model.requests().is_empty(), "the model was not called");
+    let next = session.create_turn(TurnRequest::message("hi")).await.unwrap();
+    assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("Fine."));
+}
+
 /// Scenario: a start on a session whose turn runs here under a lapsed lease (a keeper that
 /// could not renew it for a while) is refused without taking the lease: the running turn
 /// is not fenced out, and ends as it would have.
@@ -1960,6 +1982,7 @@ macro_rules! runner_scenarios {
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
             a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done,
             an_end_too_large_to_keep_with_its_input_fails_the_turn_once,
+            an_input_leaving_no_room_for_the_end_is_refused_at_the_start,
             a_start_beside_a_live_turn_whose_lease_lapsed_leaves_it_running,
             a_handed_over_turn_is_recovered_at_once_by_another_runtime,
             a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone,

@@ -910,6 +910,13 @@ class Feeds(unittest.TestCase):
             self.assertEqual(mission["instances"], 1)
             self.assertIsInstance(mission["tokensUsed"], int)
             self.assertGreater(mission["tokensUsed"], 0)
+            completed = h.get("/v1/agent-team/missions", params={"status": "completed"}).json()["data"]
+            self.assertIn(started["missionID"], [m["missionID"] for m in completed])
+            active = h.get("/v1/agent-team/missions", params={"status": "active"}).json()["data"]
+            self.assertNotIn(started["missionID"], [m["missionID"] for m in active])
+            bad = h.get("/v1/agent-team/missions", params={"status": "done"})
+            self.assertEqual(bad.status_code, 400, bad.text)
+            self.assertEqual(bad.json()["error"]["param"], "status")
             templates = h.get("/v1/agent-team/templates").json()["data"]
             self.assertIn(("demo-team", "analyst"), [(t["team"], t["role"]) for t in templates])
 
@@ -950,7 +957,7 @@ class Feeds(unittest.TestCase):
                 again = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
                 self.assertEqual(again.status_code, 404, "a decision is made once")
             self.assertIn("Analysis of: audit approve", decisions[0])
-            self.assertIn("approval_denied", decisions[1])
+            self.assertIn("The auditor spawn was refused: spawn denied (approval_denied)", decisions[1])
             last = spawned.json()["turnID"]
             frames = feed_frames(
                 h,

@@ -180,8 +180,25 @@ async fn instances(
     Ok(Json(json!({"data": data})).into_response())
 }
 
-/// `GET /v1/agent-team/missions`: each mission with its instances and usage roll-up.
-async fn missions(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Response> {
+/// The statuses a mission is listed with.
+const MISSION_STATUSES: [&str; 5] = ["active", "completed", "cancelled", "failed", "budget_exhausted"];
+
+/// `GET /v1/agent-team/missions?status=`: each mission with its instances and usage
+/// roll-up, only those of `status` when it is given.
+async fn missions(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Params(params): Params,
+) -> ApiResult<Response> {
+    let wanted = params.get("status");
+    if let Some(status) = wanted
+        && !MISSION_STATUSES.contains(&status.as_str())
+    {
+        return Err(ApiError::bad_param(
+            "status",
+            format!("status must be one of {}, not {status:?}", MISSION_STATUSES.join(", ")),
+        ));
+    }
     let mut missions: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
     let mut usage: BTreeMap<(String, String), Value> = BTreeMap::new();
     for event in team_events(&state, &caller).await? {
@@ -242,7 +259,13 @@ async fn missions(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResu
             entry.insert("status".to_owned(), json!(status));
         }
     }
-    let data: Vec<Value> = missions.into_values().map(Value::Object).collect();
+    let data: Vec<Value> = missions
+        .into_values()
+        .filter(|mission| {
+            wanted.is_none_or(|want| mission.get("status").and_then(Value::as_str) == Some(want))
+        })
+        .map(Value::Object)
+        .collect();
     Ok(Json(json!({"data": data})).into_response())
 }
 

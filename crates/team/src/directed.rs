@@ -125,7 +125,12 @@ impl Model for Directed {
             }
             Some(result) => {
                 self.control.directives().remove(&directive);
-                ScriptedResponse::text(format!("The {} instance answered: {}", spawn.role, result.text()))
+                let text = result.text();
+                if text.starts_with(crate::spawn::DENIED_PREFIX) {
+                    ScriptedResponse::text(format!("The {} spawn was refused: {text}", spawn.role))
+                } else {
+                    ScriptedResponse::text(format!("The {} instance answered: {text}", spawn.role))
+                }
             }
         };
         let deltas = response.deltas(1, &request);

@@ -247,7 +247,17 @@ impl TeamBuilder {
                  progress with list_tasks, and answer when every task is done."
             }
         };
-        instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
+        // A coordinator without members can only spawn (with a policy): it is offered no
+        // delegation to members it does not have.
+        let memberless = roster.is_empty() && self.mode == TeamMode::Coordinate;
+        if memberless {
+            instructions.push_str(
+                "\n\nYour team has no standing members: spawn an agent for a task with spawn_agent when \
+                 it helps, then answer the user from its result.",
+            );
+        } else {
+            instructions.push_str(&format!("\n\nYour team members:\n{}\n\n{how}", roster.join("\n")));
+        }
         // The coordinator carries out operators' spawn requests (`TeamControl::request_spawn`).
         let model: Arc<dyn Model> =
             Arc::new(directed::Directed { inner: self.model.clone(), control: members.control.clone() });
@@ -268,11 +278,12 @@ impl TeamBuilder {
                     depth: 0,
                     parent_instance: None,
                 };
-                builder
-                    .tool(delegate_to_member(members.clone()))
-                    .tool(delegate_to_members(members))
-                    .tool(spawn::spawn_agent(spawner))
-                    .build()
+                let builder = if memberless {
+                    builder
+                } else {
+                    builder.tool(delegate_to_member(members.clone())).tool(delegate_to_members(members))
+                };
+                builder.tool(spawn::spawn_agent(spawner)).build()
             }
             TeamMode::Route => builder.tool(route_to_member(members)).build(),
             TeamMode::Broadcast => builder

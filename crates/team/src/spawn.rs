@@ -39,6 +39,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+/// How the result of a refused `spawn_agent` call begins (then the code in parentheses and
+/// the reason).
+pub(crate) const DENIED_PREFIX: &str = "spawn denied ";
+
 /// How long a gated spawn waits for a decision when its role does not say.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -162,24 +166,68 @@ fn coordinator_role() -> String {
     "coordinator".to_owned()
 }
 
+/// Refuses a budget under which no model call could run (zero tokens, steps or time) or
+/// whose cost limit is no amount of money. Zero tool calls is a real limit: no tools.
+fn check_budget(whose: &str, budget: &PolicyBudget) -> Result<(), PolicyError> {
+    let zero = [
+        ("max_tokens", budget.max_tokens),
+        ("max_steps", budget.max_steps),
+        ("max_elapsed_ms", budget.max_elapsed_ms),
+    ]
+    .into_iter()
+    .find(|(_, limit)| *limit == Some(0));
+    if let Some((key, _)) = zero {
+        return Err(PolicyError::Invalid(format!("{whose}: budget {key} must be at least 1")));
+    }
+    if let Some(cost) = budget.max_cost_usd
+        && !(cost.is_finite() && cost >= 0.0)
+    {
+        return Err(PolicyError::Invalid(format!(
+            "{whose}: budget max_cost_usd must be a finite amount of at least 0, not {cost}"
+        )));
+    }
+    Ok(())
+}
+
 impl SpawnPolicy {
     /// Parses a policy from TOML text.
     ///
     /// Errors: `Invalid` naming the problem (syntax, an unknown key, a role that can spawn
-    /// an undefined role).
+    /// an undefined role, a coordinator role that is not defined while roles spawn, a limit
+    /// that no spawn or no model call could ever pass: zero instances, depth, tokens, steps
+    /// or time, a negative or non-finite cost).
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
         let policy: Self = toml::from_str(text).map_err(|error| PolicyError::Invalid(error.to_string()))?;
+        check_budget("mission", &policy.mission)?;
         for (name, role) in &policy.roles {
             if role.approval_timeout_secs == Some(0) {
                 return Err(PolicyError::Invalid(format!(
                     "role {name:?}: approval_timeout_secs must be at least 1"
                 )));
             }
+            for (key, limit) in [("max_instances", role.max_instances), ("max_depth", role.max_depth)] {
+                if limit == Some(0) {
+                    return Err(PolicyError::Invalid(format!(
+                        "role {name:?}: {key} must be at least 1 (to forbid spawning the role, leave it out of every can_spawn)"
+                    )));
+                }
+            }
+            check_budget(&format!("role {name:?}"), &role.budget)?;
             if let Some(unknown) = role.can_spawn.iter().find(|target| !policy.roles.contains_key(*target)) {
                 return Err(PolicyError::Invalid(format!(
                     "role {name:?} can spawn {unknown:?}, which is not defined"
                 )));
             }
+        }
+        // Roles that only set members' budgets need no coordinator; spawning starts with it.
+        let spawns = policy.roles.values().any(|role| !role.can_spawn.is_empty());
+        if spawns && !policy.roles.contains_key(&policy.coordinator_role) {
+            let roles: Vec<&str> = policy.roles.keys().map(String::as_str).collect();
+            return Err(PolicyError::Invalid(format!(
+                "the coordinator's role {:?} is not defined, so nothing could be spawned (roles: {})",
+                policy.coordinator_role,
+                roles.join(", ")
+            )));
         }
         Ok(policy)
     }
@@ -522,7 +570,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
                     },
                 )
                 .await?;
-            Err::<String, ToolError>(ToolError::Failed(format!("spawn denied ({code}): {error}")))
+            Err::<String, ToolError>(ToolError::Failed(format!("{DENIED_PREFIX}({code}): {error}")))
         }
     };
     // The mission is the turn: its counts are the turn's own, and end with it.

@@ -184,6 +184,21 @@ pub async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_list
     assert!(result.contains("helper"), "{result}");
 }
 
+/// Scenario: a coordinating team without members is offered spawning only, and told so.
+pub async fn a_team_without_members_is_offered_no_delegation(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Alone.")]));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(Team::builder("solo", model.clone()).build());
+    let session = runtime.create_session("solo", None).await.unwrap();
+    session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
+    let request = &model.requests()[0];
+    let offered: Vec<&str> = request.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(offered, ["spawn_agent"]);
+    let instructions = request.messages[0].text();
+    assert!(instructions.contains("no standing members"), "{instructions}");
+    assert!(!instructions.contains("delegate_task_to_member"), "{instructions}");
+}
+
 /// Scenario.
 pub async fn delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported(
     harness: Harness,

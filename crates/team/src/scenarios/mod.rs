@@ -77,6 +77,7 @@ macro_rules! team_scenarios {
             budgets::ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled,
             coordinate::two_members_called_in_one_message_run_concurrently_on_their_own_threads,
             coordinate::delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members,
+            coordinate::a_team_without_members_is_offered_no_delegation,
             coordinate::delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported,
             modes::route_mode_answers_with_the_chosen_members_own_message,
             modes::broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes,

@@ -268,6 +268,29 @@ pub async fn an_invalid_policy_is_refused_with_the_problem_named(_harness: Harne
     assert!(unknown_key.to_string().contains("max_instancez"), "{unknown_key}");
     let dangling = SpawnPolicy::parse("[roles.lead]\ncan_spawn = [\"ghost\"]\n").unwrap_err();
     assert!(dangling.to_string().contains("ghost"), "{dangling}");
+    let typo =
+        SpawnPolicy::parse(&POLICY.replace("coordinator_role = \"lead\"", "coordinator_role = \"leader\""));
+    let typo = typo.unwrap_err().to_string();
+    assert!(typo.contains("\"leader\" is not defined") && typo.contains("lead, worker"), "{typo}");
+    for (from, to, named) in [
+        ("max_instances = 1", "max_instances = 0", "role \"worker\": max_instances must be at least 1"),
+        ("max_instances = 1", "max_depth = 0", "role \"worker\": max_depth must be at least 1"),
+        ("max_tokens = 8000", "max_tokens = 0", "role \"worker\": budget max_tokens must be at least 1"),
+        ("max_tokens = 8000", "max_cost_usd = -1.0", "budget max_cost_usd must be a finite amount"),
+        (
+            "[roles.lead]",
+            "[mission]\nmax_steps = 0\n[roles.lead]",
+            "mission: budget max_steps must be at least 1",
+        ),
+    ] {
+        assert!(POLICY.contains(from), "{from}");
+        let error = SpawnPolicy::parse(&POLICY.replacen(from, to, 1)).unwrap_err().to_string();
+        assert!(error.contains(named), "{to}: {error}");
+    }
+    // Zero tool calls is a real limit, and roles that only set members' budgets need no
+    // coordinator role.
+    assert!(SpawnPolicy::parse(&POLICY.replace("max_tokens = 8000", "max_tool_calls = 0")).is_ok());
+    assert!(SpawnPolicy::parse("[roles.member]\nbudget = { max_tokens = 10 }\n").is_ok());
 }
 
 /// Scenario.

@@ -4,7 +4,7 @@
 //! file as an Agentry store. Opening a file of a newer version is refused; an older one
 //! is migrated forward, each step in its own transaction.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, TransactionBehavior};
 
 use agentry_memory::StoreError;
 
@@ -106,8 +106,27 @@ fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {
     connection.pragma_query_value(None, name, |row| row.get(0)).map_err(sqlite)
 }
 
-/// Brings a connection's database to [`VERSION`], or refuses it.
+/// Brings a connection's database to [`VERSION`], or refuses it. Each step reads the
+/// version and applies the next migration in one `IMMEDIATE` transaction, under the file's
+/// write lock: two processes opening the same new or older file at once do not both apply
+/// a step (the second would fail on a table the first created).
 pub(crate) fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
+    loop {
+        let transaction =
+            connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sqlite)?;
+        let version = checked_version(&transaction)?;
+        // Up to date: the transaction changed nothing and is rolled back as it drops.
+        let Some(sql) = MIGRATIONS.get(version as usize) else { return Ok(()) };
+        transaction.execute_batch(sql).map_err(sqlite)?;
+        transaction.pragma_update(None, "application_id", APPLICATION_ID).map_err(sqlite)?;
+        transaction.pragma_update(None, "user_version", i64::from(version) + 1).map_err(sqlite)?;
+        transaction.commit().map_err(sqlite)?;
+    }
+}
+
+/// The file's schema version, refusing a database that is not an Agentry store or that a
+/// newer Agentry wrote.
+fn checked_version(connection: &Connection) -> Result<u32, StoreError> {
     let version = pragma_i64(connection, "user_version")?;
     let application = pragma_i64(connection, "application_id")?;
     let tables: i64 = connection
@@ -123,13 +142,5 @@ pub(crate) fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
     if version > VERSION {
         return Err(StoreError::VersionTooNew { found: version, supported: VERSION });
     }
-    for (step, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        let next = step + 1;
-        let transaction = connection.transaction().map_err(sqlite)?;
-        transaction.execute_batch(sql).map_err(sqlite)?;
-        transaction.pragma_update(None, "application_id", APPLICATION_ID).map_err(sqlite)?;
-        transaction.pragma_update(None, "user_version", next as i64).map_err(sqlite)?;
-        transaction.commit().map_err(sqlite)?;
-    }
-    Ok(())
+    Ok(version)
 }

@@ -67,3 +67,29 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
     assert_eq!(formats.last(), Some(&2));
     assert!(formats[..formats.len() - 1].iter().all(|format| *format == 1), "{formats:?}");
 }
+
+/// Servers started together on a new file: each opens it, and the schema is created once
+/// (each migration step reads the version under the file's write lock).
+#[test]
+fn processes_opening_a_new_file_at_once_all_open_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let path = dir.path().join(format!("new-{round}.db"));
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let openers: Vec<_> = (0..4)
+            .map(|_| {
+                let (path, start) = (path.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    SqliteStore::open(&path, SqliteOptions::default()).map(drop)
+                })
+            })
+            .collect();
+        for opener in openers {
+            opener.join().unwrap().unwrap();
+        }
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+        assert_eq!(version, 3);
+    }
+}

@@ -305,8 +305,9 @@ impl EventStore for InMemoryStore {
         let mut state = self.state();
         let row = state.run(turn)?;
         let session = row.record.session_id;
-        rules::check_event_batch(turn, session, row.last_seq, events.iter().map(rules::EventKey::of))?;
+        let last_seq = row.last_seq;
         state.fence(session, fence)?;
+        rules::check_event_batch(turn, session, last_seq, events.iter().map(rules::EventKey::of))?;
         Ok(state.insert_events(turn, session, events.iter().map(|event| Arc::new(event.clone()))))
     }
 
@@ -455,13 +456,14 @@ impl State {
             }
             (None, None) => return Err(StoreError::not_found("run", turn)),
         };
+        // The fence first: a holder that lost the lease learns that, whatever its seqs.
+        self.fence(session, fence)?;
         rules::check_event_batch(
             turn,
             session,
             last_seq,
             step.events.iter().map(|event| rules::EventKey::of(event)),
         )?;
-        self.fence(session, fence)?;
         let journal = self.journal.get(&turn);
         let writes = rules::journal_writes(&step.journal, |call| {
             let stored = journal.and_then(|journal| {
@@ -688,7 +690,7 @@ impl BudgetStore for InMemoryStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
-        rules::check_amount(&reservation.amount)?;
+        rules::check_reservation(reservation)?;
         let mut state = self.state();
         if let Some(fence) = reservation.lease {
             state.fence(fence.session_id, Some(fence))?;

@@ -804,6 +804,21 @@ pub fn check_amount(amount: &BudgetUsage) -> StoreResult<()> {
     Ok(())
 }
 
+/// Refuses a reservation whose amount is not a real quantity ([`check_amount`]) or that
+/// names a scope twice (it would be held, and settled, twice on one ledger).
+pub fn check_reservation(reservation: &agentry_types::BudgetReservation) -> StoreResult<()> {
+    check_amount(&reservation.amount)?;
+    for (at, scope) in reservation.scopes.iter().enumerate() {
+        if reservation.scopes[..at].contains(scope) {
+            return Err(StoreError::InvalidInput(format!(
+                "budget reservation {} names scope {scope:?} twice",
+                reservation.id
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `amount` fits a scope's limit on top of what is used and reserved.
 #[allow(clippy::cast_precision_loss)]
 pub fn check_room(

@@ -536,7 +536,9 @@ pub trait BudgetStore: Send + Sync {
 
     /// Holds an amount on every scope of the reservation, all or none:
     /// `Conflict::BudgetExceeded` when used + reserved + amount would pass any limit of any
-    /// scope; `NotFound` for an unknown scope; `Conflict::AlreadyExists` for a reused id;
+    /// scope; `NotFound` for an unknown scope; `InvalidInput` for a scope named twice or an
+    /// amount that is not a finite, non-negative quantity; `Conflict::AlreadyExists` for a
+    /// reused id;
     /// `Conflict::StaleFence` when the reservation's lease is not its session's current
     /// one. A reservation holds until it is settled or released, it expires, or its lease
     /// stops being its session's current one ([`rules::reservation_holds`]).

@@ -461,8 +461,9 @@ impl EventStore for RedbStore {
                 }
             };
             let session = facts.session;
-            rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
+            // The fence first: a holder that lost the lease learns that, whatever its seqs.
             check_fence(transaction, session, fence)?;
+            rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
             insert_events(transaction, turn, session, &keys, &bodies)
         })
         .await
@@ -642,8 +643,9 @@ fn write_step_in(
         Some(facts) => facts.last_seq,
         None => last_stored_seq(&transaction.open_table(TURN_EVENTS).map_err(redb_error)?, turn)?,
     };
-    rules::check_event_batch(turn, session, last_seq, step.keys.iter().copied())?;
+    // The fence first: a holder that lost the lease learns that, whatever its seqs.
     check_fence(transaction, session, fence)?;
+    rules::check_event_batch(turn, session, last_seq, step.keys.iter().copied())?;
     let journal = rules::journal_writes(&step.journal, |call| journal_entry(transaction, turn, call))?
         .into_iter()
         .map(|(order, entry)| Ok((order, rules::encode("journal entry", &entry)?, entry)))
@@ -1147,7 +1149,7 @@ impl BudgetStore for RedbStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
-        rules::check_amount(&reservation.amount)?;
+        rules::check_reservation(reservation)?;
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |transaction| {

@@ -298,10 +298,18 @@ impl EventStore for SqliteStore {
                     "SELECT position, body FROM events WHERE turn_id = ?1 AND seq > ?2 ORDER BY seq ASC LIMIT ?3",
                     after.map_or(-1, as_i64),
                 ),
-                Order::Desc => (
-                    "SELECT position, body FROM events WHERE turn_id = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
-                    after.map_or(i64::MAX, as_i64),
-                ),
+                // Below the cursor; from the top (`MAX_SEQ` included) without one, or with one
+                // above every storable seq.
+                Order::Desc => match after.filter(|after| *after <= rules::MAX_SEQ) {
+                    Some(after) => (
+                        "SELECT position, body FROM events WHERE turn_id = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+                        as_i64(after),
+                    ),
+                    None => (
+                        "SELECT position, body FROM events WHERE turn_id = ?1 AND seq <= ?2 ORDER BY seq DESC LIMIT ?3",
+                        i64::MAX,
+                    ),
+                },
             };
             collect_events(connection, sql, params![key, bound, as_i64(limit as u64)])
         })
@@ -509,8 +517,9 @@ fn append_events_in(
         }
     };
     let session = facts.session;
-    rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
+    // The fence first: a holder that lost the lease learns that, whatever its seqs.
     check_fence(tx, session, fence)?;
+    rules::check_event_batch(turn, session, facts.last_seq, keys.iter().copied())?;
     let session_key = session.to_string();
     let connection: &Connection = tx;
     let mut insert = connection
@@ -983,7 +992,7 @@ impl BudgetStore for SqliteStore {
     }
 
     async fn reserve(&self, reservation: &BudgetReservation, now: Timestamp) -> StoreResult<()> {
-        rules::check_amount(&reservation.amount)?;
+        rules::check_reservation(reservation)?;
         let body = rules::encode("budget reservation", reservation)?;
         let reservation = reservation.clone();
         self.write(move |connection| {

@@ -30,7 +30,7 @@ use crate::error::{Conflict, StoreError};
 use crate::page::{Order, PageRequest};
 use crate::store::{
     FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
-    TurnStart, TurnStep,
+    StoredEvent, TurnStart, TurnStep,
 };
 
 /// A fresh store for one case, with whatever must live as long as it (a temporary
@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             high_water_mark_rises_never_falls_and_covers_stored_events,
             turn_step_stores_every_part_in_one_write,
             turn_step_refused_in_any_part_stores_none_of_it,
+            an_event_at_the_largest_seq_is_read_in_both_orders,
             turn_steps_refused_among_concurrent_ones_leave_the_others_whole,
             turn_step_journals_calls_as_the_journal_does,
             turn_step_creates_its_run_with_its_first_events,
@@ -972,6 +973,22 @@ pub async fn turn_start_refused_for_any_reason_changes_nothing(store: Arc<dyn St
     store.start_turn(run.id, &step, &start).await.unwrap();
 }
 
+/// An event stored at the largest storable seq is read newest first from the top, and in
+/// both orders around a cursor.
+pub async fn an_event_at_the_largest_seq_is_read_in_both_orders(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let run = new_run(&*store, session.id).await;
+    let top = crate::rules::MAX_SEQ;
+    store.append_events(run.id, &[event(&run, 7), event(&run, top)], None).await.unwrap();
+    let seqs =
+        |events: Vec<StoredEvent>| events.into_iter().map(|stored| stored.event.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(store.turn_events(run.id, Order::Desc, None, 10).await.unwrap()), [top, 7]);
+    assert_eq!(seqs(store.turn_events(run.id, Order::Desc, Some(top), 10).await.unwrap()), [7]);
+    assert_eq!(seqs(store.turn_events(run.id, Order::Desc, Some(u64::MAX), 10).await.unwrap()), [top, 7]);
+    assert_eq!(seqs(store.turn_events(run.id, Order::Asc, Some(7), 10).await.unwrap()), [top]);
+    assert_eq!(seqs(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap()), [7, top]);
+}
+
 /// A step refused for any of its parts (a stale seq, another run's record, a stale fence,
 /// an unknown run) stores none of its parts.
 pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Store>) {
@@ -1000,6 +1017,13 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     let taken = store.acquire_lease(session.id, "q", Duration::from_secs(5), at(6)).await.unwrap();
     let stale_fence = TurnStep { release_lease: true, ..step(vec![event(&run, 6)], changed.clone()) };
     let error = store.write_step(run.id, &stale_fence, Some(lease.fence())).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
+    // A holder that lost the lease is told so even when its seqs are stale too (a new
+    // holder stored later events meanwhile): the fence is checked first.
+    let both = step(vec![event(&run, 3)], changed.clone());
+    let error = store.write_step(run.id, &both, Some(lease.fence())).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
+    let error = store.append_events(run.id, &[event(&run, 3)], Some(lease.fence())).await.unwrap_err();
     assert!(matches!(error, StoreError::Conflict(Conflict::StaleFence { .. })), "{error:?}");
     assert_eq!(store.lease(session.id).await.unwrap().map(|lease| lease.token), Some(taken.token));
     // A release needs the fence that holds the lease.
@@ -1632,6 +1656,9 @@ pub async fn budget_unknown_scopes_and_reservations_and_duplicates(store: Arc<dy
     let error = store.create_budget("s", &BudgetLimit::default(), None).await.unwrap_err();
     assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
     assert_not_found(store.reserve(&reservation("r", &["s", "nope"], tokens(1), at(9)), at(0)).await);
+    assert_eq!(store.budget("s", at(0)).await.unwrap().reserved.tokens_used, 0);
+    // A scope named twice would be held and settled twice on one ledger.
+    assert_invalid(store.reserve(&reservation("r", &["s", "s"], tokens(1), at(9)), at(0)).await);
     assert_eq!(store.budget("s", at(0)).await.unwrap().reserved.tokens_used, 0);
     store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap();
     let error = store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap_err();

@@ -1009,6 +1009,7 @@ impl TurnEngine {
             stored.iter().any(|event| matches!(event.payload, EventPayload::MemoryUpdateCompleted {}))
         });
         if let Some(stored) = recovered {
+            self.end_dead_threads(&stored).await?;
             self.reconcile(&stored).await?;
         }
         if self.context.len() == self.own_start {
@@ -1393,6 +1394,62 @@ impl TurnEngine {
 
     /// After a crash: adopt a `model.message` that was stored as an event but not yet as a
     /// history message, and remember which tool results were already emitted.
+    /// Ends the sub-agent threads a dead process started in this turn and left unfinished:
+    /// their engines are gone, and a call that runs again starts a thread of its own. Each
+    /// gets what a failed thread gets (its member run's error state, `instance.failed` for
+    /// an instance that started, `thread.done`), so clients and the instance listings see
+    /// it end instead of running for ever.
+    async fn end_dead_threads(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
+        let ended = |payload: &EventPayload| matches!(payload, EventPayload::ThreadDone { .. });
+        let dead: Vec<&EventEnvelope> = stored
+            .iter()
+            .filter(|event| matches!(event.payload, EventPayload::ThreadCreated { .. }))
+            .filter(|created| {
+                !stored.iter().any(|event| event.thread_id == created.thread_id && ended(&event.payload))
+            })
+            .collect();
+        if dead.is_empty() {
+            return Ok(());
+        }
+        let error = "interrupted: the process running the turn stopped before the thread ended".to_owned();
+        let running = RunQuery {
+            parent: ParentFilter::Any,
+            statuses: vec![agentry_types::RunStatus::Running],
+            ..RunQuery::default()
+        };
+        let members =
+            self.store.list_runs(self.session_id(), &running, &PageRequest::first(MAX_PAGE)).await?.items;
+        let completed_at = Timestamp::now();
+        for created in dead {
+            let EventPayload::ThreadCreated { parent, title, .. } = &created.payload else { continue };
+            let thread = created.thread_or_main();
+            for mut member in members.iter().filter(|run| run.thread_id.as_ref() == Some(&thread)).cloned() {
+                member.set_state(TurnState::Error { message: error.clone(), completed_at, metrics: None });
+                self.store.put_run(&member, Some(self.fence)).await?;
+            }
+            let on_thread = stored.iter().filter(|event| event.thread_id == created.thread_id);
+            let (mut started, mut instance_ended) = (None, false);
+            for event in on_thread {
+                match &event.payload {
+                    EventPayload::InstanceStarted { .. } => started = Some(event.team.clone()),
+                    EventPayload::InstanceCompleted { .. }
+                    | EventPayload::InstanceFailed { .. }
+                    | EventPayload::InstanceCancelled { .. } => instance_ended = true,
+                    _ => {}
+                }
+            }
+            if let Some(team) = started.filter(|_| !instance_ended) {
+                let failed = EventPayload::InstanceFailed { error: error.clone() };
+                self.sink.emit_team(Some(thread.clone()), team, failed).await?;
+            }
+            let outcome = ThreadOutcome::Error { error: error.clone(), output: None };
+            let done =
+                EventPayload::ThreadDone { parent: Some(parent.clone()), title: title.clone(), outcome };
+            self.sink.emit_team(Some(thread), created.team.clone(), done).await?;
+        }
+        Ok(())
+    }
+
     async fn reconcile(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
         let messages: Vec<&ModelMessage> = stored
             .iter()
@@ -1684,9 +1741,20 @@ impl TurnEngine {
         calls: &[ToolCall],
         output: Option<ThreadMessage>,
     ) -> Result<Option<Outcome>, Stop> {
-        let source_event_id = output.as_ref().map_or_else(EventId::new, |output| output.id);
-        *self.calling_message.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            output.as_ref().map(|output| output.id);
+        // The model message that made the calls: this loop's, or after a recovery the
+        // stored one they came from.
+        let source = output.as_ref().map(|output| output.id).or_else(|| {
+            self.recovered_output
+                .as_ref()
+                .filter(|recovered| {
+                    calls
+                        .iter()
+                        .all(|call| recovered.message.tool_calls.iter().any(|made| made.id == call.id))
+                })
+                .map(|recovered| recovered.id)
+        });
+        let source_event_id = source.unwrap_or_else(EventId::new);
+        *self.calling_message.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = source;
         let mut approvals = Vec::new();
         let mut responses = Vec::new();
         let mut runnable = Vec::new();

@@ -64,6 +64,7 @@ fn gated_clerk() -> agentry_runner::Agent {
 macro_rules! team_scenarios {
     ($factory:expr) => {
         $crate::team_scenarios!(@cases $factory; spawn::an_instance_may_spawn_in_turn_within_the_depth_limit,
+            spawn::an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes,
             coordinate::a_member_whose_model_panics_leaves_no_run_running,
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
             policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,

@@ -233,7 +233,7 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
 /// A member model that answers nothing: it says when it is asked, then holds its reply
 /// back until the request is dropped.
 #[derive(Debug)]
-struct Stalled {
+pub(super) struct Stalled {
     asked: Arc<tokio::sync::Notify>,
     /// Holds back only tasks whose text has this word; answers the others once a task is
     /// held back.
@@ -242,7 +242,7 @@ struct Stalled {
 }
 
 impl Stalled {
-    fn new(asked: &Arc<tokio::sync::Notify>, only_when: Option<&'static str>) -> Arc<Self> {
+    pub(super) fn new(asked: &Arc<tokio::sync::Notify>, only_when: Option<&'static str>) -> Arc<Self> {
         Arc::new(Self { asked: asked.clone(), only_when, held: Arc::new(tokio::sync::Semaphore::new(0)) })
     }
 }

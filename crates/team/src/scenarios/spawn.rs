@@ -371,3 +371,72 @@ model = "small"
         }
     }
 }
+
+/// Scenario: an instance left running by a handed-over turn ends as failed when another
+/// process resumes the turn (`agent_team.instance.failed`, then `thread.done`; its member
+/// run an error), so nothing lists it as running for ever. The resumed turn cannot know
+/// whether its spawn ran and asks whether to spawn again; the approval names the stored
+/// model message that made the call.
+pub async fn an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes(harness: Harness) {
+    use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
+    use agentry_types::{RequiredAction, RequiredActionRecord, TurnState};
+    let team = |small: Arc<dyn Model>| {
+        let catalog =
+            SpawnCatalog { models: HashMap::from([("small".to_owned(), small)]), tools: Vec::new() };
+        let spawn = json!({"role": "worker", "task": "Work.", "justification": "needed"});
+        Team::builder("org", coordinator(vec![spawn]))
+            .spawn_policy(Some(SpawnPolicy::parse(POLICY).unwrap()))
+            .catalog(catalog)
+            .build()
+    };
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let (first, session, turn) =
+        super::start(&harness, team(super::modes::Stalled::new(&asked, None)), "Staff the project.").await;
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(small_model()));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(agentry_runner::TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    let TurnState::Done { required_actions, .. } = &state else { panic!("{state:?}") };
+    let [RequiredActionRecord { action: RequiredAction::ToolApproval { tool_calls, .. }, .. }] =
+        required_actions.as_slice()
+    else {
+        panic!("{required_actions:?}")
+    };
+    assert_eq!(tool_calls[0].name, "spawn_agent");
+    let events = resumed[0].events(Order::Asc).await.unwrap();
+    let calling = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ModelMessage(message)
+            if message.tool_calls.iter().any(|call| call.id == tool_calls[0].id) =>
+        {
+            Some(event.event_id)
+        }
+        _ => None,
+    });
+    assert_eq!(
+        Some(tool_calls[0].source_event_id),
+        calling,
+        "the approval names the message that made the call"
+    );
+    let started = events.iter().find(|event| event.payload.kind() == "agent_team.instance.started");
+    let thread = started.expect("the instance started before the hand-over").thread_id.clone();
+    let on_thread: Vec<&str> =
+        events.iter().filter(|event| event.thread_id == thread).map(|event| event.payload.kind()).collect();
+    assert_eq!(
+        on_thread[on_thread.len() - 2..],
+        ["agent_team.instance.failed", "thread.done"],
+        "{on_thread:?}"
+    );
+    let members = RunQuery { parent: ParentFilter::Of(turn.id()), ..RunQuery::default() };
+    let members =
+        harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
+    assert_eq!(members.len(), 1);
+    assert!(
+        matches!(&members[0].state, TurnState::Error { message, .. } if message.starts_with("interrupted")),
+        "{:?}",
+        members[0].state
+    );
+}

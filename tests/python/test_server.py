@@ -1133,6 +1133,40 @@ class AgUi(unittest.TestCase):
                 self.assertEqual(response.status_code, 400, response.text)
                 self.assertEqual(response.json()["error"]["param"], "messages")
 
+    def test_refused_agui_runs_leave_nothing_and_a_title_is_not_a_thread(self):
+        alice = client()
+        tag = os.urandom(4).hex()
+
+        def titled(title):
+            return [s.id for s in alice.list_sessions(agent_name="demo", limit=100) if s.title == title]
+
+        with http() as h:
+            bad = {"threadId": f"int-{tag}", "runId": "r", "messages": [{"id": "m", "role": "user", "content": 5}]}
+            self.assertEqual(h.post("/agui/demo", json=bad).status_code, 400)
+            answer = {"interruptId": "call_1_0", "status": "resolved", "payload": {"approved": True}}
+            never = h.post("/agui/demo", json={"threadId": f"never-{tag}", "runId": "r", "messages": [], "resume": [answer]})
+            self.assertEqual(never.status_code, 400, never.text)
+            self.assertEqual(never.json()["error"]["param"], "resume")
+            hi = [{"id": "m", "role": "user", "content": "hi"}]
+            empty = h.post("/agui/demo", json={"threadId": " ", "runId": "r", "messages": hi})
+            self.assertEqual(empty.status_code, 400, empty.text)
+            self.assertEqual(empty.json()["error"]["param"], "threadId")
+        for title in (f"int-{tag}", f"never-{tag}", " "):
+            self.assertEqual(titled(title), [], f"a refused run left a session titled {title!r}")
+        # A session made through the sessions API with a thread's title is not that thread,
+        # even while it waits for an approval.
+        with http() as h:
+            made = h.post("/v1/agents/sessions", json={"agent_name": "demo", "title": f"support-{tag}"})
+            self.assertEqual(made.status_code, 200, made.text)
+        made = made.json()
+        run(alice.get_session(made["data"]["id"]), message("email the team"))
+        with http() as h:
+            fresh = [{"id": "m", "role": "user", "content": "hello from a new thread"}]
+            events = agui_run(h, {"threadId": f"support-{tag}", "runId": "r", "messages": fresh})
+        text = "".join(e.delta for e in events if kind(e) == "TEXT_MESSAGE_CONTENT")
+        self.assertEqual(text, "Echo: hello from a new thread")
+        self.assertEqual(len(titled(f"support-{tag}")), 2)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -19,9 +19,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
-use agentry_memory::{Conflict, PageRequest, StoreError};
+use agentry_memory::{Conflict, Order, PageRequest, StoreError};
 use agentry_runner::{RunnerError, Session, TurnRequest};
-use agentry_types::{RequiredAction, SessionId, TurnInputItem};
+use agentry_types::{RequiredAction, SessionId, Timestamp, TurnInputItem};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -69,22 +69,22 @@ struct ResumeEntry {
     payload: Option<Value>,
 }
 
-/// The session of an AG-UI thread, created on first use.
+/// The session of an AG-UI thread, if it has one.
 async fn thread_session(
     state: &AppState,
     caller: &Caller,
     agent: &str,
     thread_id: &str,
-) -> ApiResult<Session> {
+) -> ApiResult<Option<Session>> {
     // A thread named by the id of one of the caller's sessions continues it.
     if let Ok(id) = thread_id.parse::<SessionId>()
         && let Ok(session) = caller.session(state, &id.to_string()).await
     {
-        return of_agent(session, agent, thread_id);
+        return of_agent(session, agent, thread_id).map(Some);
     }
     let id = thread_session_id(&caller.0.subject_id, agent, thread_id);
     match state.runtime.get_session(id).await {
-        Ok(session) => return derived(session, caller, agent, thread_id),
+        Ok(session) => return derived(session, caller, agent, thread_id).map(Some),
         Err(RunnerError::NotFound { .. }) => {}
         Err(error) => return Err(error.into()),
     }
@@ -95,17 +95,29 @@ async fn thread_session(
     if let Some(known) = known
         && let Ok(session) = caller.session(state, &known.to_string()).await
     {
-        return of_agent(session, agent, thread_id);
+        return of_agent(session, agent, thread_id).map(Some);
     }
     if let Some(session) = titled_session(state, caller, agent, thread_id).await? {
         state.agui_threads.lock().unwrap_or_else(PoisonError::into_inner).insert(key, session.id());
-        return Ok(session);
+        return Ok(Some(session));
     }
+    Ok(None)
+}
+
+/// Creates the session of a thread that has none (its first run). Returns it, and whether
+/// this request created it (not when the same thread's first run, on another request or
+/// server, created it at the same moment).
+async fn new_thread_session(
+    state: &AppState,
+    caller: &Caller,
+    agent: &str,
+    thread_id: &str,
+) -> ApiResult<(Session, bool)> {
+    let id = thread_session_id(&caller.0.subject_id, agent, thread_id);
     match state.runtime.create_session_with_id(id, caller.0.clone(), agent, Some(thread_id)).await {
-        Ok(session) => Ok(session),
-        // The same thread's first run, at the same time on another request or server.
+        Ok(session) => Ok((session, true)),
         Err(RunnerError::Store(StoreError::Conflict(Conflict::AlreadyExists { .. }))) => {
-            derived(state.runtime.get_session(id).await?, caller, agent, thread_id)
+            Ok((derived(state.runtime.get_session(id).await?, caller, agent, thread_id)?, false))
         }
         Err(error) => Err(error.into()),
     }
@@ -149,8 +161,13 @@ fn thread_session_id(subject: &str, agent: &str, thread_id: &str) -> SessionId {
 /// How many of the caller's newest sessions of an agent are searched for a thread's title.
 const THREAD_SEARCH: usize = 1000;
 
+/// Threads found by title were begun before this time (2026-11-23T00:00:00Z), by builds
+/// before sessions had their thread's id. A session created since with a title that
+/// happens to be a thread id (through `/v1/agents/sessions`, say) is not that thread's.
+const TITLED_THREADS_UNTIL: Timestamp = Timestamp::from_unix_micros(1_795_392_000_000_000);
+
 /// The caller's newest session of `agent` titled `thread_id`, among the newest
-/// [`THREAD_SEARCH`].
+/// [`THREAD_SEARCH`] created before [`TITLED_THREADS_UNTIL`].
 async fn titled_session(
     state: &AppState,
     caller: &Caller,
@@ -159,6 +176,7 @@ async fn titled_session(
 ) -> ApiResult<Option<Session>> {
     let mut query = caller.sessions();
     query.name = Some(agent.to_owned());
+    query.created_until = Some(TITLED_THREADS_UNTIL);
     let mut page = PageRequest::first(100);
     let mut searched = 0;
     while searched < THREAD_SEARCH {
@@ -278,9 +296,20 @@ async fn run(
     if state.runtime.agent(&agent_name).is_none() {
         return Err(ApiError::not_found("agent", &agent_name));
     }
+    if body.thread_id.trim().is_empty() {
+        return Err(ApiError::bad_param("threadId", "threadId must name the conversation: it is empty"));
+    }
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
-    let input = match body.resume.as_deref() {
-        Some(resume) if !resume.is_empty() => resume_input(&session, resume).await?,
+    // A refused run changes nothing: a new thread's session is created once its input
+    // checks out, and removed again if its first turn is refused.
+    let input = match (body.resume.as_deref(), session.as_ref()) {
+        (Some(resume), Some(session)) if !resume.is_empty() => resume_input(session, resume).await?,
+        (Some([first, ..]), None) => {
+            return Err(ApiError::bad_param(
+                "resume",
+                format!("interrupt {} is not pending on this thread: it has no runs", first.interrupt_id),
+            ));
+        }
         _ => {
             let text = body
                 .messages
@@ -299,8 +328,38 @@ async fn run(
             vec![TurnInputItem::message(text)]
         }
     };
+    let (session, created) = match session {
+        Some(session) => (session, false),
+        None => new_thread_session(&state, &caller, &agent_name, &body.thread_id).await?,
+    };
     let request = TurnRequest { input, created_by: Some(caller.0.clone()), ..TurnRequest::default() };
-    let turn = session.create_turn(request).await?;
+    let turn = match session.create_turn(request).await {
+        Ok(turn) => turn,
+        Err(error) => {
+            // Unless the same thread's first run on another request started meanwhile.
+            let empty = session
+                .list_turns(Order::Asc, &PageRequest::first(1))
+                .await
+                .is_ok_and(|turns| turns.items.is_empty());
+            if created
+                && empty
+                && let Err(left) = state.runtime.store().delete_session(session.id()).await
+            {
+                tracing::warn!(session = %session.id(), error = %left, "a refused AG-UI run's new session stays");
+            }
+            let mut error = ApiError::from(error);
+            // The run's input came from these fields, not from a turn's `input`.
+            if error.param.as_deref() == Some("input") {
+                let field = if body.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
+                    "resume"
+                } else {
+                    "messages"
+                };
+                error.param = Some(field.to_owned());
+            }
+            return Err(error);
+        }
+    };
     state.track(&turn);
     let (thread_id, run_id) = (body.thread_id, body.run_id);
     let mut renderer = AguiRenderer::new();

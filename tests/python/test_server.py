@@ -14,6 +14,7 @@ import select
 import shutil
 import time
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -82,13 +83,14 @@ subject = "bob"
 WORKDIRS = tempfile.mkdtemp(prefix="agentry-python-tests-")
 
 
-def write_config(name, sections, durability="batched"):
-    """A fresh directory with an ``agentry.toml``: a free loopback port, a SQLite file in
-    the directory, then ``sections``. Returns (directory, config path)."""
+def write_config(name, sections, durability="batched", listen="127.0.0.1:0"):
+    """A fresh directory with an ``agentry.toml``: ``listen`` (a free loopback port by
+    default), a SQLite file in the directory, then ``sections``. Returns (directory,
+    config path)."""
     workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=WORKDIRS)
     config = os.path.join(workdir, "agentry.toml")
     with open(config, "w") as f:
-        f.write(f'listen = "127.0.0.1:0"\n[storage]\npath = "{workdir}/agentry.db"\ndurability = "{durability}"\n')
+        f.write(f'listen = "{listen}"\n[storage]\npath = "{workdir}/agentry.db"\ndurability = "{durability}"\n')
         f.write(sections)
     return workdir, config
 
@@ -600,6 +602,42 @@ class Chat(unittest.TestCase):
         self.assertIn("Echo: still there?", terminal.expect("you> "))
         terminal.type("/quit")
         self.assertEqual(terminal.close(), 0)
+
+    def test_chat_says_when_a_restart_interrupts_an_answer(self):
+        # A fixed port, so the chat reconnects to the restarted server where it was.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        sections = "[limits]\nshutdown_grace_secs = 1\n[runtime]\nlease_ttl_secs = 300\n"
+        workdir, config = write_config("chat-restart", sections, listen=f"127.0.0.1:{port}")
+        first, url, log = start_server(workdir, config)
+        try:
+            terminal = Terminal("chat", "demo", "--url", url)
+            terminal.expect("you> ")
+            terminal.type("slow please")
+            terminal.expect("agent> ")
+            first.send_signal(signal.SIGTERM)  # the answer takes ~10 s, the grace is 1 s
+            self.assertEqual(first.wait(timeout=30), 0)
+        finally:
+            if first.poll() is None:
+                first.kill()
+            closed(first, log)
+        second, url, log = start_server(workdir, config)
+        try:
+            shown = terminal.expect("you> ", timeout=60)
+            note = "(interrupted: the server stopped mid-answer; it answers again)"
+            self.assertIn(note, shown)
+            # What follows the note is the whole answer, streamed again.
+            again = shown.split(note, 1)[1].strip().splitlines()[0]
+            self.assertTrue(again.startswith("agent> "), shown)
+            self.assertEqual(len(again.removeprefix("agent> ")), 200, shown)
+            terminal.type("/quit")
+            self.assertEqual(terminal.close(), 0)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            self.assertEqual(second.wait(timeout=30), 0)
+            second.stdout.close()
+            log.close()
 
     def test_chat_follows_sub_agent_threads(self):
         terminal = Terminal("chat", "demo-team", "--url", SERVER["url"])

@@ -157,6 +157,8 @@ async fn run_turn(
     let mut events = api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?;
     let mut pending = Pending::default();
     let mut threads: HashMap<String, String> = HashMap::new();
+    // Per thread, the message whose deltas are being printed (until its `model.message`).
+    let mut partial: HashMap<String, String> = HashMap::new();
     let mut screen = Screen::default();
     let mut out = std::io::stdout();
     let mut turn_id: Option<String> = None;
@@ -206,11 +208,23 @@ async fn run_turn(
             "turn.created" => turn_id = event["turn_id"].as_str().map(str::to_owned),
             "model.message.delta" => {
                 let Some(text) = event["content"].as_str().filter(|text| !text.is_empty()) else { continue };
+                let id = event["id"].as_str().unwrap_or_default().to_owned();
+                // Deltas of another message before the first one's `model.message`: the
+                // server stopped mid-answer, and the process that resumed the turn answers
+                // again from the start.
+                if partial.get(&thread).is_some_and(|open| *open != id) {
+                    screen.line(
+                        &mut out,
+                        &format!("{who}(interrupted: the server stopped mid-answer; it answers again)"),
+                    )?;
+                }
+                partial.insert(thread.clone(), id);
                 let label =
                     threads.get(&thread).map_or_else(|| "agent>".to_owned(), |name| format!("[{name}]"));
                 screen.text(&mut out, &thread, &label, text)?;
             }
             "model.message" => {
+                partial.remove(&thread);
                 screen.end_line(&mut out)?;
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
                     let id = call["id"].as_str().unwrap_or_default().to_owned();

@@ -757,6 +757,23 @@ class BadInput(unittest.TestCase):
             tid = ok.json()["data"]["id"]
             subscribe = f"{turns}/{tid}/subscribe"
             self.assert_error(h.post(subscribe, json={}, headers={"Last-Event-ID": "abc"}), 400)
+            # An empty cursor is none: the whole turn again.
+            with h.stream("POST", subscribe, json={}, headers={"Last-Event-ID": ""}) as replay:
+                self.assertEqual(replay.status_code, 200)
+                frames = [line for line in replay.iter_lines() if line.startswith("data:")]
+            self.assertIn('"turn.created"', frames[0])
+            # The session events have one order; asking for another is refused, not ignored.
+            ordered = h.get(f"/v1/agents/sessions/{sid}/events", params={"order": "asc"})
+            self.assert_error(ordered, 400)
+            self.assertEqual(ordered.json()["error"]["param"], "order")
+            self.assertEqual(h.get(f"/v1/agents/sessions/{sid}/events", params={"order": "desc"}).status_code, 200)
+            # ISO-8601 dates and date-times without an offset (UTC) filter listings.
+            for stamp in ("2026-01-02", "2026-01-02T03:04:05", "2026-01-02T03:04:05.5+01:00"):
+                listed = h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": stamp})
+                self.assertEqual(listed.status_code, 200, (stamp, listed.text))
+            unclear = h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": "2026-13-02"})
+            self.assert_error(unclear, 400)
+            self.assertEqual(unclear.json()["error"]["param"], "start_timestamp")
             self.assert_error(h.post(subscribe, json={"after_sequence_number": "x"}), 400)
             # A body error inside one field names it.
             negative = h.post(subscribe, json={"after_sequence_number": -1})
@@ -1012,6 +1029,10 @@ class Feeds(unittest.TestCase):
             agent_session = alice.create_session(agent_name="demo")
             wrong = h.post("/v1/agent-team/spawn", json={"session_id": agent_session.id, "role": "analyst", "task": "x"})
             self.assertEqual(wrong.status_code, 400)
+            ghost = h.post("/v1/agent-team/spawn", json={"session_id": session.id, "role": "ghost", "task": "x"})
+            self.assertEqual(ghost.status_code, 400, ghost.text)
+            self.assertEqual(ghost.json()["error"]["param"], "role")
+            self.assertIn("analyst", ghost.json()["error"]["message"])
 
 
 def kind(event):

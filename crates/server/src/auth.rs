@@ -66,11 +66,13 @@ impl FromRequestParts<Arc<AppState>> for Caller {
             .headers
             .get(AUTHORIZATION)
             .ok_or_else(|| unauthorized("missing API key: send `Authorization: Bearer <key>`"))?;
+        // The scheme is case-insensitive (RFC 9110 §11.1).
         let presented = header
             .to_str()
             .ok()
-            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
-            .map(str::trim)
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
         state.keys.subject(presented).cloned().map(Self).ok_or_else(|| unauthorized("invalid API key"))
     }

@@ -131,11 +131,15 @@ fn ephemeral(kind: &str) -> Frame {
     Frame { id: None, data: json!({"type": kind, "properties": {}}).to_string() }
 }
 
-/// The resume position: `Last-Event-ID` wins over `?after=`.
+/// The resume position: `Last-Event-ID` wins over `?after=`; an empty one is none (as an
+/// EventSource sends before it has seen an id).
 fn cursor(headers: &HeaderMap, params: &HashMap<String, String>) -> ApiResult<Option<u64>> {
-    let header =
-        headers.get("last-event-id").map(|value| value.to_str().unwrap_or_default().trim().to_owned());
-    let (name, text) = match (header, params.get("after")) {
+    let header = headers
+        .get("last-event-id")
+        .map(|value| value.to_str().unwrap_or_default().trim().to_owned())
+        .filter(|text| !text.is_empty());
+    let after = params.get("after").filter(|text| !text.trim().is_empty());
+    let (name, text) = match (header, after) {
         (Some(text), _) => ("Last-Event-ID", text),
         (None, Some(text)) => ("after", text.clone()),
         (None, None) => return Ok(None),

@@ -137,11 +137,26 @@ impl Params {
         }
     }
 
+    /// An ISO-8601 date or date-time: RFC 3339, or without an offset (UTC), or a date alone
+    /// (its midnight, UTC).
     fn timestamp(&self, name: &str) -> ApiResult<Option<Timestamp>> {
         self.text(name)
             .map(|text| {
-                text.parse::<Timestamp>().map_err(|_| {
-                    ApiError::bad_param(name, format!("{name} must be an ISO-8601 timestamp, not {text:?}"))
+                let bare_date = text.len() == 10 && !text.contains('T');
+                let offset = |time: &str| time.ends_with(['Z', 'z']) || time.contains(['+', '-']);
+                let full = match text.split_once(['T', 't', ' ']) {
+                    _ if bare_date => format!("{text}T00:00:00Z"),
+                    Some((_, time)) if !offset(time) => format!("{text}Z"),
+                    _ => text.to_owned(),
+                };
+                full.parse::<Timestamp>().map_err(|_| {
+                    ApiError::bad_param(
+                        name,
+                        format!(
+                            "{name} must be an ISO-8601 date or date-time (2026-11-26, 2026-11-26T18:00:00, \
+                             2026-11-26T18:00:00+01:00; UTC without an offset), not {text:?}"
+                        ),
+                    )
                 })
             })
             .transpose()
@@ -383,6 +398,8 @@ async fn subscribe(
 ) -> ApiResult<Response> {
     let header = headers
         .get("last-event-id")
+        // An empty one is none (as an EventSource sends before it has seen an id).
+        .filter(|value| !value.as_bytes().trim_ascii().is_empty())
         .map(|value| {
             value.to_str().ok().map(str::trim).and_then(|text| text.parse::<u64>().ok()).ok_or_else(|| {
                 ApiError::bad_param("Last-Event-ID", "Last-Event-ID must be a sequence number (an integer)")
@@ -498,6 +515,14 @@ async fn list_session_events(
     params: Params,
 ) -> ApiResult<Response> {
     let limit = params.limit(100, 100)?;
+    // Unlike the turn listings, this one has one order: a client asking for another would
+    // otherwise read the events backwards without knowing it.
+    if params.text("order").is_some_and(|order| order != "desc") {
+        return Err(ApiError::bad_param(
+            "order",
+            "session events are listed newest first only (`order=desc`); a turn's events take `order=asc`",
+        ));
+    }
     let cursor = params.text("page_token").map(decode_cursor).transpose()?;
     let session = caller.session(&state, &session_id).await?;
     let store = state.runtime.store();

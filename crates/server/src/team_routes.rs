@@ -296,6 +296,19 @@ async fn spawn(
     if body.role.trim().is_empty() || body.task.trim().is_empty() {
         return Err(ApiError::bad_request("role and task must not be empty"));
     }
+    // A role the team's policy does not have would only be denied (`unknown_role`) once the
+    // turn runs: say so now. (Without a policy every spawn is denied the same way, and the
+    // denial is the feed's to tell.)
+    let team = &session.record().name;
+    if let Some((_, policy)) = state.policies.iter().find(|(name, _)| name == team)
+        && !policy.roles.contains_key(&body.role)
+    {
+        let roles: Vec<&str> = policy.roles.keys().map(String::as_str).collect();
+        return Err(ApiError::bad_param(
+            "role",
+            format!("team {team:?}'s spawn policy has no role {:?} (its roles: {})", body.role, roles.join(", ")),
+        ));
+    }
     let request = agentry_team::SpawnRequest {
         role: body.role,
         task: body.task,

@@ -465,6 +465,19 @@ async fn a_key_is_required_when_keys_are_configured() {
     raw.read_to_string(&mut answer).await.unwrap();
     let head = answer.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 401") && head.contains("\r\nwww-authenticate: bearer"), "{head}");
+    // The scheme is case-insensitive (RFC 9110 §11.1); the key is not.
+    for (scheme, key, expected) in
+        [("BEARER", "k-123", "200"), ("bearer", "k-123", "200"), ("Bearer", "K-123", "401")]
+    {
+        let mut raw = TcpStream::connect(address).await.unwrap();
+        let head = format!(
+            "GET /v1/agents/sessions?agent_name=demo HTTP/1.1\r\nHost: test\r\nAuthorization: {scheme} {key}\r\nConnection: close\r\n\r\n"
+        );
+        raw.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        raw.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{scheme} {key}: {answer}");
+    }
     let (status, _) = request(address, "GET", "/healthz", &json!({})).await;
     assert_eq!(status, 200, "health needs no key");
     stop.send(()).unwrap();

@@ -487,8 +487,28 @@ class Durable(unittest.TestCase):
         first, url, log = start_server(workdir, config)
         try:
             session, turn_id, seen, stream = stream_a_turn(url, "slow, then stop", 10)
+            # An AG-UI run cut by the same shutdown ends with RUN_ERROR, not mid-message.
+            agui = []
+            body = {"threadId": "handover-thread", "runId": "r1", "messages": [{"id": "m", "role": "user", "content": "slow"}]}
+
+            def follow():
+                adapter = pydantic.TypeAdapter(AgUiEvent)
+                with httpx.Client(base_url=url, timeout=60) as h, h.stream("POST", "/agui/demo", json=body) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data:"):
+                            agui.append(adapter.validate_json(line[5:].strip()))
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            deadline = time.monotonic() + 30
+            while not any(kind(e) == "TEXT_MESSAGE_CONTENT" for e in list(agui)):
+                self.assertLess(time.monotonic(), deadline, "the AG-UI run never streamed")
+                time.sleep(0.01)
             first.send_signal(signal.SIGTERM)  # the turn needs ~10 s, the grace is 1 s
             self.assertEqual(first.wait(timeout=30), 0)
+            follower.join(timeout=30)
+            self.assertEqual(kind(agui[-1]), "RUN_ERROR", [kind(e) for e in agui])
+            self.assertEqual(agui[-1].code, "run_interrupted")
         finally:
             if first.poll() is None:
                 first.kill()

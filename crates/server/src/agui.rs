@@ -16,6 +16,7 @@
 //! among the caller's newest sessions of the agent.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
@@ -363,16 +364,39 @@ async fn run(
     state.track(&turn);
     let (thread_id, run_id) = (body.thread_id, body.run_id);
     let mut renderer = AguiRenderer::new();
+    let ended = Arc::new(AtomicBool::new(false));
+    let seen_end = ended.clone();
     let frames =
         turn.stream(None).filter_map(|event| std::future::ready(event.ok())).flat_map(move |event| {
             let frames: Vec<Frame> = renderer
                 .render(&event)
                 .into_iter()
+                .inspect(|rendered| {
+                    if matches!(rendered, AguiEvent::RunFinished { .. } | AguiEvent::RunError { .. }) {
+                        seen_end.store(true, Ordering::Relaxed);
+                    }
+                })
                 .map(|rendered| frame(rendered, &thread_id, &run_id))
                 .collect();
             futures_util::stream::iter(frames)
         });
-    Ok(sse::respond(&state, frames))
+    // A run's stream always ends with RUN_FINISHED or RUN_ERROR: one cut short (the server
+    // stops and hands the turn over) says so, rather than leaving the client to take a
+    // dropped connection for the end.
+    let interrupted = futures_util::stream::once(async move {
+        (!ended.load(Ordering::Relaxed)).then(|| {
+            let error = AguiEvent::RunError {
+                message: "the server stopped before the run finished; the server that resumes it keeps \
+                          its answer in the thread's session"
+                    .to_owned(),
+                code: Some("run_interrupted".to_owned()),
+                timestamp: Timestamp::now().unix_millis(),
+            };
+            Frame { id: None, data: serde_json::to_string(&error).unwrap_or_default() }
+        })
+    })
+    .filter_map(std::future::ready);
+    Ok(sse::respond_ending(&state, frames.take_until(state.stopped()).chain(interrupted)))
 }
 
 /// An AG-UI event as an SSE frame, with the client's thread and run ids.

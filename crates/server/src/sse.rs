@@ -20,21 +20,28 @@ pub(crate) struct Frame {
     pub(crate) data: String,
 }
 
-/// An SSE response of `frames`.
+/// An SSE response of `frames`, cut when the server stops.
 pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
+    respond_ending(state, frames.take_until(state.stopped()))
+}
+
+/// An SSE response of `frames`, which end by themselves when the server stops (so that a
+/// stream may close with a last frame of its own).
+pub(crate) fn respond_ending(
+    state: &Arc<AppState>,
+    frames: impl Stream<Item = Frame> + Send + 'static,
+) -> Response {
     let client = state.metrics.sse_client();
     let counting = state.clone();
-    let events = frames
-        .map(move |frame| {
-            let _client = &client;
-            counting.metrics.event_streamed();
-            let event = Event::default().data(frame.data);
-            Ok::<_, Infallible>(match frame.id {
-                Some(id) => event.id(id),
-                None => event,
-            })
+    let events = frames.map(move |frame| {
+        let _client = &client;
+        counting.metrics.event_streamed();
+        let event = Event::default().data(frame.data);
+        Ok::<_, Infallible>(match frame.id {
+            Some(id) => event.id(id),
+            None => event,
         })
-        .take_until(state.stopped());
+    });
     let mut response = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(state.heartbeat).text("keep-alive"))
         .into_response();

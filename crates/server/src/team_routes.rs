@@ -306,7 +306,11 @@ async fn spawn(
         let roles: Vec<&str> = policy.roles.keys().map(String::as_str).collect();
         return Err(ApiError::bad_param(
             "role",
-            format!("team {team:?}'s spawn policy has no role {:?} (its roles: {})", body.role, roles.join(", ")),
+            format!(
+                "team {team:?}'s spawn policy has no role {:?} (its roles: {})",
+                body.role,
+                roles.join(", ")
+            ),
         ));
     }
     let request = agentry_team::SpawnRequest {

@@ -995,6 +995,12 @@ impl TurnEngine {
                     // The dead process stopped before storing the turn's first event.
                     self.sink.emit(None, turn_created(&self.run)).await?;
                 }
+                // First, so that nothing the turn fails on later leaves them open.
+                for (thread, team, payload) in
+                    end_dead_threads(self.store.as_ref(), &self.run, &stored, self.fence).await
+                {
+                    self.sink.stage_team(Some(thread), team, payload).await?;
+                }
                 (previous, Some(stored))
             }
         };
@@ -1009,7 +1015,6 @@ impl TurnEngine {
             stored.iter().any(|event| matches!(event.payload, EventPayload::MemoryUpdateCompleted {}))
         });
         if let Some(stored) = recovered {
-            self.end_dead_threads(&stored).await?;
             self.reconcile(&stored).await?;
         }
         if self.context.len() == self.own_start {
@@ -1394,62 +1399,6 @@ impl TurnEngine {
 
     /// After a crash: adopt a `model.message` that was stored as an event but not yet as a
     /// history message, and remember which tool results were already emitted.
-    /// Ends the sub-agent threads a dead process started in this turn and left unfinished:
-    /// their engines are gone, and a call that runs again starts a thread of its own. Each
-    /// gets what a failed thread gets (its member run's error state, `instance.failed` for
-    /// an instance that started, `thread.done`), so clients and the instance listings see
-    /// it end instead of running for ever.
-    async fn end_dead_threads(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
-        let ended = |payload: &EventPayload| matches!(payload, EventPayload::ThreadDone { .. });
-        let dead: Vec<&EventEnvelope> = stored
-            .iter()
-            .filter(|event| matches!(event.payload, EventPayload::ThreadCreated { .. }))
-            .filter(|created| {
-                !stored.iter().any(|event| event.thread_id == created.thread_id && ended(&event.payload))
-            })
-            .collect();
-        if dead.is_empty() {
-            return Ok(());
-        }
-        let error = "interrupted: the process running the turn stopped before the thread ended".to_owned();
-        let running = RunQuery {
-            parent: ParentFilter::Any,
-            statuses: vec![agentry_types::RunStatus::Running],
-            ..RunQuery::default()
-        };
-        let members =
-            self.store.list_runs(self.session_id(), &running, &PageRequest::first(MAX_PAGE)).await?.items;
-        let completed_at = Timestamp::now();
-        for created in dead {
-            let EventPayload::ThreadCreated { parent, title, .. } = &created.payload else { continue };
-            let thread = created.thread_or_main();
-            for mut member in members.iter().filter(|run| run.thread_id.as_ref() == Some(&thread)).cloned() {
-                member.set_state(TurnState::Error { message: error.clone(), completed_at, metrics: None });
-                self.store.put_run(&member, Some(self.fence)).await?;
-            }
-            let on_thread = stored.iter().filter(|event| event.thread_id == created.thread_id);
-            let (mut started, mut instance_ended) = (None, false);
-            for event in on_thread {
-                match &event.payload {
-                    EventPayload::InstanceStarted { .. } => started = Some(event.team.clone()),
-                    EventPayload::InstanceCompleted { .. }
-                    | EventPayload::InstanceFailed { .. }
-                    | EventPayload::InstanceCancelled { .. } => instance_ended = true,
-                    _ => {}
-                }
-            }
-            if let Some(team) = started.filter(|_| !instance_ended) {
-                let failed = EventPayload::InstanceFailed { error: error.clone() };
-                self.sink.emit_team(Some(thread.clone()), team, failed).await?;
-            }
-            let outcome = ThreadOutcome::Error { error: error.clone(), output: None };
-            let done =
-                EventPayload::ThreadDone { parent: Some(parent.clone()), title: title.clone(), outcome };
-            self.sink.emit_team(Some(thread), created.team.clone(), done).await?;
-        }
-        Ok(())
-    }
-
     async fn reconcile(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
         let messages: Vec<&ModelMessage> = stored
             .iter()
@@ -2171,6 +2120,82 @@ fn arguments_hash(arguments: &str) -> String {
     format!("{hash:016x}")
 }
 
+/// Ends the sub-agent threads a dead process started in `run` (a turn) and left unfinished,
+/// given the turn's stored events: their engines are gone, and a call that runs again starts
+/// a thread of its own. Each thread's open member run (running, paused or pending) gets an
+/// error state (best effort: one that cannot be stored stays open, and is logged); returned
+/// are the events that end the threads, for the caller to emit on them:
+/// `agent_team.instance.failed` for an instance that started, then `thread.done`. So clients
+/// and the instance listings see them end instead of running for ever.
+pub(crate) async fn end_dead_threads(
+    store: &dyn Store,
+    run: &RunRecord,
+    stored: &[EventEnvelope],
+    fence: Fence,
+) -> Vec<(ThreadId, Option<TeamContext>, EventPayload)> {
+    let error = "interrupted: the process running the turn stopped before the thread ended".to_owned();
+    let mut ends = Vec::new();
+    let mut dead = HashSet::new();
+    for created in stored {
+        let EventPayload::ThreadCreated { parent, title, .. } = &created.payload else { continue };
+        let on_thread = || stored.iter().filter(|event| event.thread_id == created.thread_id);
+        if on_thread().any(|event| matches!(event.payload, EventPayload::ThreadDone { .. })) {
+            continue;
+        }
+        let thread = created.thread_or_main();
+        let instance_ended = on_thread().any(|event| {
+            matches!(
+                event.payload,
+                EventPayload::InstanceCompleted { .. }
+                    | EventPayload::InstanceFailed { .. }
+                    | EventPayload::InstanceCancelled { .. }
+            )
+        });
+        let started = on_thread().find(|event| matches!(event.payload, EventPayload::InstanceStarted { .. }));
+        if let Some(started) = started.filter(|_| !instance_ended) {
+            let failed = EventPayload::InstanceFailed { error: error.clone() };
+            ends.push((thread.clone(), started.team.clone(), failed));
+        }
+        let outcome = ThreadOutcome::Error { error: error.clone(), output: None };
+        let done = EventPayload::ThreadDone { parent: Some(parent.clone()), title: title.clone(), outcome };
+        ends.push((thread.clone(), created.team.clone(), done));
+        dead.insert(thread);
+    }
+    if dead.is_empty() {
+        return ends;
+    }
+    use agentry_types::RunStatus;
+    let open = RunQuery {
+        parent: ParentFilter::Any,
+        statuses: vec![RunStatus::Running, RunStatus::Paused, RunStatus::Pending],
+        ..RunQuery::default()
+    };
+    let state = TurnState::Error { message: error, completed_at: Timestamp::now(), metrics: None };
+    let mut page = PageRequest::first(MAX_PAGE);
+    loop {
+        let runs = match store.list_runs(run.session_id, &open, &page).await {
+            Ok(runs) => runs,
+            Err(failure) => {
+                tracing::warn!(turn = %run.id, error = %failure, "the member runs of a dead thread could not be read");
+                break;
+            }
+        };
+        for mut member in runs.items {
+            if member.thread_id.as_ref().is_some_and(|thread| dead.contains(thread)) {
+                member.set_state(state.clone());
+                if let Err(failure) = store.put_run(&member, Some(fence)).await {
+                    tracing::warn!(run = %member.id, error = %failure, "a dead thread's member run stays open");
+                }
+            }
+        }
+        match runs.next_token {
+            Some(token) => page = PageRequest::after(token, MAX_PAGE),
+            None => break,
+        }
+    }
+    ends
+}
+
 /// Ends a turn no engine runs (left by a dead process) with `state`, under `fence`, the
 /// session's lease just taken: its running member runs end the same way, and its
 /// `turn.done` is stored with its end state and the lease's release, numbered above every
@@ -2181,19 +2206,27 @@ pub(crate) async fn end_left_turn(
     state: TurnState,
     fence: Fence,
 ) -> Result<(), StoreError> {
+    let stored = crate::live::stored_events(store, run.id, Order::Asc).await.unwrap_or_default();
+    let ends = end_dead_threads(store, &run, &stored, fence).await;
     end_running_members(store, &run, &state, fence).await;
     let high_water = store.high_water(run.id).await?;
     let mut emitter =
         TurnEmitter::new(agentry_events::TurnSequencer::resuming_after(run.session_id, run.id, high_water));
+    let mut events: Vec<Arc<EventEnvelope>> = ends
+        .into_iter()
+        .map(|(thread, team, payload)| {
+            Arc::new(match team {
+                Some(team) => emitter.emit_team(Some(thread), team, payload),
+                None => emitter.emit(Some(thread), payload),
+            })
+        })
+        .collect();
     let done = emitter.emit(None, EventPayload::TurnDone { state: state.clone() });
     run.set_state(state);
-    let step = TurnStep {
-        high_water: Some(done.seq),
-        events: vec![Arc::new(done)],
-        run: Some(run.clone()),
-        release_lease: true,
-        ..TurnStep::default()
-    };
+    let high_water = Some(done.seq);
+    events.push(Arc::new(done));
+    let step =
+        TurnStep { high_water, events, run: Some(run.clone()), release_lease: true, ..TurnStep::default() };
     store.write_step(run.id, &step, Some(fence)).await.map(drop)
 }
 
@@ -2228,7 +2261,11 @@ pub(crate) async fn fail_after_panic(
         completed_at: Timestamp::now(),
         metrics: None,
     };
-    // Member runs on the turn's threads unwound with it: they end with the same error.
+    // Threads unwound with it: their member runs end, and the threads with them.
+    let stored = crate::live::stored_events(store, run.id, Order::Asc).await.unwrap_or_default();
+    for (thread, team, payload) in end_dead_threads(store, &run, &stored, fence).await {
+        sink.stage_team(Some(thread), team, payload).await.ok()?;
+    }
     end_running_members(store, &run, &state, fence).await;
     run.set_state(state.clone());
     sink.finish(run, EventPayload::TurnDone { state }).await.ok()

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
 use agentry_memory::{Conflict, Order, PageRequest, StoreError};
@@ -337,16 +338,8 @@ async fn run(
     let turn = match session.create_turn(request).await {
         Ok(turn) => turn,
         Err(error) => {
-            // Unless the same thread's first run on another request started meanwhile.
-            let empty = session
-                .list_turns(Order::Asc, &PageRequest::first(1))
-                .await
-                .is_ok_and(|turns| turns.items.is_empty());
-            if created
-                && empty
-                && let Err(left) = state.runtime.store().delete_session(session.id()).await
-            {
-                tracing::warn!(session = %session.id(), error = %left, "a refused AG-UI run's new session stays");
+            if created {
+                discard_new_session(&state, &session).await;
             }
             let mut error = ApiError::from(error);
             // The run's input came from these fields, not from a turn's `input`.
@@ -364,31 +357,37 @@ async fn run(
     state.track(&turn);
     let (thread_id, run_id) = (body.thread_id, body.run_id);
     let mut renderer = AguiRenderer::new();
-    let ended = Arc::new(AtomicBool::new(false));
-    let seen_end = ended.clone();
+    // Each frame with whether it ends the run.
     let frames =
         turn.stream(None).filter_map(|event| std::future::ready(event.ok())).flat_map(move |event| {
-            let frames: Vec<Frame> = renderer
+            let frames: Vec<(Frame, bool)> = renderer
                 .render(&event)
                 .into_iter()
-                .inspect(|rendered| {
-                    if matches!(rendered, AguiEvent::RunFinished { .. } | AguiEvent::RunError { .. }) {
-                        seen_end.store(true, Ordering::Relaxed);
-                    }
+                .map(|rendered| {
+                    let last = matches!(rendered, AguiEvent::RunFinished { .. } | AguiEvent::RunError { .. });
+                    (frame(rendered, &thread_id, &run_id), last)
                 })
-                .map(|rendered| frame(rendered, &thread_id, &run_id))
                 .collect();
             futures_util::stream::iter(frames)
         });
     // A run's stream always ends with RUN_FINISHED or RUN_ERROR: one cut short (the server
-    // stops and hands the turn over) says so, rather than leaving the client to take a
-    // dropped connection for the end.
+    // is stopping; the turn goes on for the shutdown grace, then in the next server) says
+    // so, rather than leaving the client to take a dropped connection for the end. Whether
+    // the end was sent is noted as frames leave, after the cut.
+    let ended = Arc::new(AtomicBool::new(false));
+    let sent_end = ended.clone();
+    let frames = frames.take_until(state.stopped()).map(move |(frame, last)| {
+        if last {
+            sent_end.store(true, Ordering::Relaxed);
+        }
+        frame
+    });
     let interrupted = futures_util::stream::once(async move {
         (!ended.load(Ordering::Relaxed)).then(|| {
             let error = AguiEvent::RunError {
-                message: "the server stopped before the run finished; the server that resumes it keeps \
-                          its answer in the thread's session"
-                    .to_owned(),
+                message:
+                    "the stream was cut before the run finished; its outcome will be in the thread's session"
+                        .to_owned(),
                 code: Some("run_interrupted".to_owned()),
                 timestamp: Timestamp::now().unix_millis(),
             };
@@ -396,7 +395,29 @@ async fn run(
         })
     })
     .filter_map(std::future::ready);
-    Ok(sse::respond_ending(&state, frames.take_until(state.stopped()).chain(interrupted)))
+    Ok(sse::respond_ending(&state, frames.chain(interrupted)))
+}
+
+/// Removes the session a refused first run of a thread created, unless a run of the same
+/// thread (another request's) started on it meanwhile: the session's lease, taken first,
+/// keeps every other start out while its turns are counted, and a lease that cannot be
+/// taken means a turn runs there. Best effort: a session that stays is logged.
+async fn discard_new_session(state: &AppState, session: &Session) {
+    let store = state.runtime.store();
+    let (id, now) = (session.id(), Timestamp::now());
+    let Ok(lease) = store.acquire_lease(id, "agentry agui cleanup", Duration::from_secs(30), now).await
+    else {
+        return;
+    };
+    let empty = session
+        .list_turns(Order::Asc, &PageRequest::first(1))
+        .await
+        .is_ok_and(|turns| turns.items.is_empty());
+    let outcome =
+        if empty { store.delete_session(id).await } else { store.release_lease(id, lease.token).await };
+    if let Err(error) = outcome {
+        tracing::warn!(session = %id, %error, "the session of a refused AG-UI run could not be removed or released");
+    }
 }
 
 /// An AG-UI event as an SSE frame, with the client's thread and run ids.

@@ -265,7 +265,10 @@ fn check_not_truncated(path: &Path) -> StoreResult<()> {
     let pages = u64::from(u32::from_be_bytes([header[28], header[29], header[30], header[31]]));
     // A WAL may hold the rest; a hot rollback journal (a first migration cut short: it runs
     // before the file is in WAL mode) undoes the growth when SQLite opens the file.
-    let beside = |suffix: &str| PathBuf::from(format!("{}-{suffix}", path.display())).exists();
+    // (Only a journal with content is hot; an empty one undoes nothing.)
+    let beside = |suffix: &str| {
+        std::fs::metadata(format!("{}-{suffix}", path.display())).is_ok_and(|beside| beside.len() > 0)
+    };
     if pages > 0 && len < pages * page_size && !beside("wal") && !beside("journal") {
         return Err(StoreError::Corrupt(format!(
             "{} is truncated: its header says {} bytes, the file has {len}",

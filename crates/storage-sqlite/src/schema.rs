@@ -106,11 +106,17 @@ fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {
     connection.pragma_query_value(None, name, |row| row.get(0)).map_err(sqlite)
 }
 
-/// Brings a connection's database to [`VERSION`], or refuses it. Each step reads the
-/// version and applies the next migration in one `IMMEDIATE` transaction, under the file's
-/// write lock: two processes opening the same new or older file at once do not both apply
-/// a step (the second would fail on a table the first created).
+/// Brings a connection's database to [`VERSION`], or refuses it. The file is checked with
+/// a plain read first: a current file, a newer one or another application's is left
+/// without taking its write lock (a busy one would otherwise wait out the busy timeout).
+/// Then each step reads the version again and applies the next migration in one
+/// `IMMEDIATE` transaction, under the write lock: two processes opening the same new or
+/// older file at once do not both apply a step (the second would fail on a table the
+/// first created).
 pub(crate) fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
+    if checked_version(connection)? == VERSION {
+        return Ok(());
+    }
     loop {
         let transaction =
             connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sqlite)?;

@@ -194,8 +194,8 @@ impl SpawnPolicy {
     ///
     /// Errors: `Invalid` naming the problem (syntax, an unknown key, a role that can spawn
     /// an undefined role, a coordinator role that is not defined while roles spawn, a limit
-    /// that no spawn or no model call could ever pass: zero instances, depth, tokens, steps
-    /// or time, a negative or non-finite cost).
+    /// of a spawnable role or of the mission that no instance could ever pass: a depth of 0,
+    /// zero tokens, steps or time, a negative or non-finite cost).
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
         let policy: Self = toml::from_str(text).map_err(|error| PolicyError::Invalid(error.to_string()))?;
         check_budget("mission", &policy.mission)?;
@@ -205,14 +205,18 @@ impl SpawnPolicy {
                     "role {name:?}: approval_timeout_secs must be at least 1"
                 )));
             }
-            for (key, limit) in [("max_instances", role.max_instances), ("max_depth", role.max_depth)] {
-                if limit == Some(0) {
+            // Limits of a role something may spawn: one that no spawn could pass is a
+            // mistake (the coordinator's role, never spawned, may say anything; zero
+            // instances is the way to switch a role off).
+            let spawnable = policy.roles.values().any(|spawner| spawner.can_spawn.contains(name));
+            if spawnable {
+                if role.max_depth == Some(0) {
                     return Err(PolicyError::Invalid(format!(
-                        "role {name:?}: {key} must be at least 1 (to forbid spawning the role, leave it out of every can_spawn)"
+                        "role {name:?}: max_depth must be at least 1 (spawned instances are at depth 1 or more)"
                     )));
                 }
+                check_budget(&format!("role {name:?}"), &role.budget)?;
             }
-            check_budget(&format!("role {name:?}"), &role.budget)?;
             if let Some(unknown) = role.can_spawn.iter().find(|target| !policy.roles.contains_key(*target)) {
                 return Err(PolicyError::Invalid(format!(
                     "role {name:?} can spawn {unknown:?}, which is not defined"

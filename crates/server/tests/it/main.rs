@@ -515,20 +515,41 @@ async fn an_agui_thread_continues_its_session_after_a_restart_behind_a_thousand_
     let (status, events) = request(address, "POST", "/agui/demo", &agui("thread-1", "r1", "first")).await;
     assert_eq!(status, 200, "{events}");
     assert!(events.contains("RUN_FINISHED"), "{events}");
-    // More newer sessions of the agent than a title search looks through, then a session
-    // titled like a thread begun by an earlier version (a random id).
+    // More newer sessions of the agent than a title search looks through, and one titled
+    // like a new thread (made through the sessions API: not that thread's).
     for _ in 0..1000 {
         let (status, body) =
             request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
         assert_eq!(status, 200, "{body}");
     }
-    let legacy = json!({"agent_name": "demo", "title": "legacy-thread"});
-    assert_eq!(request(address, "POST", "/v1/agents/sessions", &legacy).await.0, 200);
+    let lookalike = json!({"agent_name": "demo", "title": "new-thread"});
+    assert_eq!(request(address, "POST", "/v1/agents/sessions", &lookalike).await.0, 200);
     stop.send(()).unwrap();
     serving.await.unwrap();
+    {
+        // A thread begun by a build before derived session ids: its session has a random id
+        // and the thread's title, and was created before such builds were replaced.
+        use agentry_memory::SessionStore;
+        let store = agentry_storage_sqlite::SqliteStore::open(
+            &path,
+            agentry_storage_sqlite::SqliteOptions::default(),
+        )
+        .unwrap();
+        let subject = agentry_types::Subject {
+            subject_id: "local".to_owned(),
+            subject_type: "user".to_owned(),
+            subject_slug: "local".to_owned(),
+        };
+        let mut legacy =
+            agentry_types::SessionRecord::new(agentry_types::SessionType::Agent, "demo", subject);
+        legacy.title = Some("legacy-thread".to_owned());
+        legacy.created_at = "2026-11-22T12:00:00Z".parse().unwrap();
+        legacy.updated_at = legacy.created_at;
+        store.create_session(&legacy).await.unwrap();
+    }
 
     let (address, stop, serving) = serve(config()).await;
-    for (thread, run) in [("thread-1", "r2"), ("legacy-thread", "r3")] {
+    for (thread, run) in [("thread-1", "r2"), ("legacy-thread", "r3"), ("new-thread", "r4")] {
         let (status, events) = request(address, "POST", "/agui/demo", &agui(thread, run, "again")).await;
         assert_eq!(status, 200, "{events}");
         assert!(events.contains("Echo: again"), "{events}");
@@ -538,4 +559,8 @@ async fn an_agui_thread_continues_its_session_after_a_restart_behind_a_thousand_
     // One session per thread, holding every run of it.
     assert_eq!(titled(&path, "thread-1").await, [2]);
     assert_eq!(titled(&path, "legacy-thread").await, [1]);
+    // The look-alike keeps no run; the new thread has a session of its own.
+    let mut lookalikes = titled(&path, "new-thread").await;
+    lookalikes.sort_unstable();
+    assert_eq!(lookalikes, [0, 1]);
 }

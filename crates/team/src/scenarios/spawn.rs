@@ -273,7 +273,6 @@ pub async fn an_invalid_policy_is_refused_with_the_problem_named(_harness: Harne
     let typo = typo.unwrap_err().to_string();
     assert!(typo.contains("\"leader\" is not defined") && typo.contains("lead, worker"), "{typo}");
     for (from, to, named) in [
-        ("max_instances = 1", "max_instances = 0", "role \"worker\": max_instances must be at least 1"),
         ("max_instances = 1", "max_depth = 0", "role \"worker\": max_depth must be at least 1"),
         ("max_tokens = 8000", "max_tokens = 0", "role \"worker\": budget max_tokens must be at least 1"),
         ("max_tokens = 8000", "max_cost_usd = -1.0", "budget max_cost_usd must be a finite amount"),
@@ -287,9 +286,13 @@ pub async fn an_invalid_policy_is_refused_with_the_problem_named(_harness: Harne
         let error = SpawnPolicy::parse(&POLICY.replacen(from, to, 1)).unwrap_err().to_string();
         assert!(error.contains(named), "{to}: {error}");
     }
-    // Zero tool calls is a real limit, and roles that only set members' budgets need no
-    // coordinator role.
+    // Zero tool calls is a real limit, zero instances switches a role off, the coordinator's
+    // role (never spawned) may have any limits, and roles that only set members' budgets
+    // need no coordinator role.
     assert!(SpawnPolicy::parse(&POLICY.replace("max_tokens = 8000", "max_tool_calls = 0")).is_ok());
+    assert!(SpawnPolicy::parse(&POLICY.replace("max_instances = 1", "max_instances = 0")).is_ok());
+    let root = POLICY.replace("[roles.lead]\n", "[roles.lead]\nmax_depth = 0\nbudget = { max_tokens = 0 }\n");
+    assert!(SpawnPolicy::parse(&root).is_ok(), "{root}");
     assert!(SpawnPolicy::parse("[roles.member]\nbudget = { max_tokens = 10 }\n").is_ok());
 }
 

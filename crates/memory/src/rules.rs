@@ -191,7 +191,19 @@ pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {
 /// Reads a stored record; a record that does not parse means the store is corrupt.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes)
-        .map_err(|error| StoreError::Corrupt(format!("a stored {what} does not parse: {error}")))
+        .map_err(|error| StoreError::Corrupt(format!("{DAMAGED_RECORD}{what} does not parse: {error}")))
+}
+
+/// How the error of a stored record that does not decode begins ([`decode`],
+/// [`decode_event`]).
+const DAMAGED_RECORD: &str = "a stored ";
+
+/// Whether `error` is about one stored record that does not decode, as opposed to a store
+/// whose file is damaged or failing: a write job that reads such a record before changing
+/// anything is refused alone, and its batch-mates still commit.
+#[must_use]
+pub fn is_damaged_record(error: &StoreError) -> bool {
+    matches!(error, StoreError::Corrupt(message) if message.starts_with(DAMAGED_RECORD))
 }
 
 /// The first byte of a stored event in format 1, which earlier builds wrote (see
@@ -313,7 +325,7 @@ impl<'de> serde::de::Visitor<'de> for NothingAfter {
 /// Decodes a stored event written by [`encode_event`], in either format; anything else
 /// means corruption.
 pub fn decode_event(bytes: &[u8]) -> StoreResult<EventEnvelope> {
-    let corrupt = |what: &str| StoreError::Corrupt(format!("a stored event is damaged: {what}"));
+    let corrupt = |what: &str| StoreError::Corrupt(format!("{DAMAGED_RECORD}event is damaged: {what}"));
     let mut reader = Reader { bytes, at: 0 };
     let format = reader.take(1).ok_or_else(|| corrupt("empty"))?[0];
     if format != EVENT_FORMAT && format != EVENT_FORMAT_JSON {

@@ -224,6 +224,9 @@ where
         let result = work(transaction);
         let outcome = match &result {
             Ok(_) => Outcome::Done,
+            // A stored record that does not decode is read before the job changes anything
+            // (every job reads and checks first): the job is refused alone.
+            Err(error) if agentry_memory::rules::is_damaged_record(error) => Outcome::Refused,
             Err(error @ (StoreError::Io(_) | StoreError::Corrupt(_) | StoreError::Closed)) => {
                 Outcome::Poisoned(error.clone())
             }

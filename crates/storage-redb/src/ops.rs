@@ -1,5 +1,7 @@
 //! The storage traits over redb. Every write reads and validates first and changes tables
-//! last, so a refused write leaves its transaction (shared with its batch) untouched.
+//! last, so a refused write leaves its transaction (shared with its batch) untouched. That
+//! includes decoding every stored record it needs: a record that does not decode refuses
+//! its write alone (`rules::is_damaged_record`), so it must be read before any change.
 
 use std::time::Duration;
 
@@ -218,6 +220,7 @@ impl SessionStore for RedbStore {
                     Err(error) => return Err(error),
                 }
             };
+            let budgets = session_budgets(transaction, key)?;
             let runs: Vec<u128> = {
                 let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
                 let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
@@ -288,7 +291,7 @@ impl SessionStore for RedbStore {
                     .retain_in((run, 0)..=(run, u64::MAX), |_, _| false)
                     .map_err(redb_error)?;
             }
-            delete_session_budgets(transaction, key)
+            delete_session_budgets(transaction, key, &budgets)
         })
         .await
     }
@@ -1059,28 +1062,61 @@ fn session_scopes(
     Ok(scopes)
 }
 
-/// Deletes the ledgers a session owns and every reservation on one of them.
-fn delete_session_budgets(transaction: &WriteTransaction, session: u128) -> StoreResult<()> {
+/// The ledgers a session owns and every reservation on one of them, with the links of
+/// each reservation to its scopes: read, and every record decoded, before anything of the
+/// deletion changes (a record that does not parse refuses the deletion untouched).
+struct SessionBudgets {
+    scopes: Vec<String>,
+    reservations: Vec<String>,
+    links: Vec<(String, String)>,
+}
+
+fn session_budgets(transaction: &WriteTransaction, session: u128) -> StoreResult<SessionBudgets> {
     let scopes = session_scopes(&transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?, session)?;
-    let mut reservations = Vec::new();
-    {
-        let links = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
-        for scope in &scopes {
-            reservations.extend(scope_links(&links, scope)?);
-        }
+    let links_table = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+    let mut links = Vec::new();
+    for scope in &scopes {
+        links.extend(scope_links(&links_table, scope)?.into_iter().map(|id| (scope.clone(), id)));
     }
+    let mut reservations: Vec<String> = links.iter().map(|(_, id)| id.clone()).collect();
     reservations.sort_unstable();
     reservations.dedup();
-    for id in reservations {
-        take_reservation(transaction, &id)?;
+    let table = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+    for id in &reservations {
+        // Its links to scopes of other sessions go too.
+        if let Some(body) = table.get(id.as_str()).map_err(redb_error)? {
+            let reservation: BudgetReservation = rules::decode("budget reservation", body.value())?;
+            links.extend(reservation.scopes.into_iter().map(|scope| (scope, id.clone())));
+        }
     }
-    let mut budgets = transaction.open_table(BUDGETS).map_err(redb_error)?;
-    for scope in &scopes {
-        budgets.remove(scope.as_str()).map_err(redb_error)?;
+    links.sort_unstable();
+    links.dedup();
+    Ok(SessionBudgets { scopes, reservations, links })
+}
+
+/// Deletes what [`session_budgets`] read.
+fn delete_session_budgets(
+    transaction: &WriteTransaction,
+    session: u128,
+    budgets: &SessionBudgets,
+) -> StoreResult<()> {
+    let mut reservations = transaction.open_table(RESERVATIONS).map_err(redb_error)?;
+    for id in &budgets.reservations {
+        reservations.remove(id.as_str()).map_err(redb_error)?;
     }
-    drop(budgets);
+    drop(reservations);
+    let mut links = transaction.open_table(RESERVATION_SCOPES).map_err(redb_error)?;
+    for (scope, id) in &budgets.links {
+        links.remove((scope.as_str(), id.as_str())).map_err(redb_error)?;
+    }
+    drop(links);
+    let mut ledgers = transaction.open_table(BUDGETS).map_err(redb_error)?;
+    for scope in &budgets.scopes {
+        ledgers.remove(scope.as_str()).map_err(redb_error)?;
+    }
+    drop(ledgers);
     let mut owned = transaction.open_table(SESSION_BUDGETS).map_err(redb_error)?;
-    for scope in &scopes {
+    for scope in &budgets.scopes {
         owned.remove((session, scope.as_str())).map_err(redb_error)?;
     }
     Ok(())

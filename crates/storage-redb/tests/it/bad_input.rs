@@ -128,6 +128,59 @@ async fn a_store_reopens_with_everything_it_acknowledged() {
     assert_eq!(store.get_session(session.id).await.unwrap(), session);
 }
 
+/// Overwrites `session`'s record in the file with one nested more deeply than records are
+/// read (what a build before the nesting limit could store).
+fn damage(path: &Path, session: &SessionRecord) {
+    let database = redb::Database::create(path).unwrap();
+    let write = database.begin_write().unwrap();
+    {
+        let sessions = redb::TableDefinition::<u128, &[u8]>::new("sessions");
+        let mut sessions = write.open_table(sessions).unwrap();
+        let bytes = conformance::too_deep_session_json(session);
+        sessions.insert(session.id.as_uuid().as_u128(), bytes.as_slice()).unwrap();
+    }
+    write.commit().unwrap();
+}
+
+/// A write that reads a stored record that does not decode is refused alone: the writes
+/// that share its group commit (other sessions', under `batched`) still commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_refuses_its_write_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (damaged, _kept) = conformance::sessions_to_damage(&open(&path).unwrap()).await;
+    damage(&path, &damaged);
+    let options = RedbOptions { durability: agentry_memory::Durability::Batched, ..RedbOptions::default() };
+    let store = std::sync::Arc::new(RedbStore::open(&path, options).unwrap());
+    for _round in 0..5 {
+        let mut writes = tokio::task::JoinSet::new();
+        for index in 0..40 {
+            let store = store.clone();
+            let damaged = damaged.id;
+            writes.spawn(async move {
+                if index == 20 {
+                    let update = agentry_memory::SessionUpdate {
+                        title: Some("renamed".to_owned()),
+                        ..agentry_memory::SessionUpdate::default()
+                    };
+                    let refused = store.update_session(damaged, &update).await.unwrap_err();
+                    assert!(agentry_memory::rules::is_damaged_record(&refused), "{refused:?}");
+                    None
+                } else {
+                    let session = SessionRecord::new(SessionType::Agent, "a", Subject::user("u"));
+                    store.create_session(&session).await.expect("a batch-mate of the damaged write commits");
+                    Some(session.id)
+                }
+            });
+        }
+        while let Some(written) = writes.join_next().await {
+            if let Some(id) = written.unwrap() {
+                store.get_session(id).await.unwrap();
+            }
+        }
+    }
+}
+
 /// A session record nested more deeply than records are read (one a build before the
 /// nesting limit could write) is reported as damaged, and can still be deleted whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,16 +188,6 @@ async fn a_session_record_that_no_longer_reads_can_still_be_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let (damaged, kept) = conformance::sessions_to_damage(&open(&path).unwrap()).await;
-    {
-        let database = redb::Database::create(&path).unwrap();
-        let write = database.begin_write().unwrap();
-        {
-            let sessions = redb::TableDefinition::<u128, &[u8]>::new("sessions");
-            let mut sessions = write.open_table(sessions).unwrap();
-            let bytes = conformance::too_deep_session_json(&damaged);
-            sessions.insert(damaged.id.as_uuid().as_u128(), bytes.as_slice()).unwrap();
-        }
-        write.commit().unwrap();
-    }
+    damage(&path, &damaged);
     conformance::check_damaged_session_deleted_whole(&open(&path).unwrap(), &damaged, &kept).await;
 }

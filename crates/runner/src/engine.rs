@@ -1020,6 +1020,9 @@ impl TurnEngine {
         if self.context.len() == self.own_start {
             self.apply_input(previous.as_ref()).await?;
         }
+        // A cancellation stored while no process ran the turn is acted on before anything
+        // else: a call in doubt is not put to a person for a turn already cancelled.
+        self.cancel.check()?;
         // Continue from the last durable boundary: a model message whose calls are not all
         // answered (after a crash, or calls that waited for an MCP authorization), or this
         // turn's answer (after a crash right after it).
@@ -1229,6 +1232,18 @@ impl TurnEngine {
             let _recorded = self.emit(ended).await;
         }
         self.run.set_state(state);
+        let mut result = result;
+        let mut stored = self.store.put_run(&self.run, Some(self.fence)).await;
+        if matches!(stored, Err(StoreError::TooLarge { .. })) {
+            // The end state is too large to keep with the member's task (both near the
+            // record limit): the thread ends with a small error instead (its answer is in
+            // its events) rather than staying open for ever.
+            let message = "the thread's end is too large to keep with its task; its answer is in its events";
+            tracing::warn!(run = %self.run.id, "{message}");
+            self.run.set_state(TurnState::Error { message: message.to_owned(), completed_at, metrics: None });
+            result = Err(message.to_owned());
+            stored = self.store.put_run(&self.run, Some(self.fence)).await;
+        }
         let outcome = match &result {
             Ok((_, Some(output))) => ThreadOutcome::Done { output: Box::new(output.clone()) },
             Ok((_, None)) => {
@@ -1237,7 +1252,7 @@ impl TurnEngine {
             Err(error) => ThreadOutcome::Error { error: error.clone(), output: None },
         };
         let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };
-        let recorded = match self.store.put_run(&self.run, Some(self.fence)).await {
+        let recorded = match stored {
             Ok(()) => self.emit(done).await.map(|_| ()),
             Err(error) => Err(error.into()),
         };

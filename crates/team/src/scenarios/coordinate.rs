@@ -184,6 +184,46 @@ pub async fn delegating_to_an_unknown_member_gives_the_coordinator_an_error_list
     assert!(result.contains("helper"), "{result}");
 }
 
+/// Scenario: a member whose task and answer are each under the record limit but over it
+/// together (its run holds both) still ends its thread: with a small error state and a
+/// `thread.done` saying why, its answer kept in its events, and the turn goes on.
+pub async fn a_member_end_too_large_to_keep_with_its_task_still_ends_its_thread(harness: Harness) {
+    let task = "t".repeat(agentry_memory::MAX_RECORD_BYTES / 2 + 1024);
+    let echo = Agent::builder(
+        "echo",
+        Arc::new(ScriptedModel::responder(|request| ScriptedResponse {
+            chunk_chars: Some(1 << 20),
+            ..ScriptedResponse::text(request.last_user_text().unwrap_or_default())
+        })),
+    )
+    .build();
+    let coordinator = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("delegate_task_to_member", &json!({"member_id": "echo", "task": task})),
+        ScriptedResponse::text("Done."),
+    ]));
+    let team = Team::builder("big", coordinator.clone()).member(echo).build();
+    let (_runtime, session, turn) = super::start(&harness, team, "go").await;
+    let state = turn.wait().await.unwrap();
+    let TurnState::Done { output: Some(output), .. } = &state else { panic!("{state:?}") };
+    assert_eq!(output.message.content.as_deref(), Some("Done."));
+    let events = turn.events(Order::Asc).await.unwrap();
+    let ended = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ThreadDone { outcome: ThreadOutcome::Error { error, .. }, .. } => Some(error.clone()),
+        _ => None,
+    });
+    assert!(
+        ended.as_ref().is_some_and(|error| error.contains("too large to keep with its task")),
+        "{ended:?}"
+    );
+    let members = RunQuery { parent: ParentFilter::Of(turn.id()), ..RunQuery::default() };
+    let members =
+        harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
+    assert!(matches!(&members[0].state, TurnState::Error { .. }), "{:?}", members[0].state);
+    let seen =
+        coordinator.requests()[1].messages.last().map(agentry_types::Message::text).unwrap_or_default();
+    assert!(seen.contains("too large to keep"), "the coordinator hears why: {seen}");
+}
+
 /// Scenario: a coordinating team without members is offered spawning only, and told so.
 pub async fn a_team_without_members_is_offered_no_delegation(harness: Harness) {
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Alone.")]));

@@ -65,6 +65,7 @@ macro_rules! team_scenarios {
     ($factory:expr) => {
         $crate::team_scenarios!(@cases $factory; spawn::an_instance_may_spawn_in_turn_within_the_depth_limit,
             spawn::an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes,
+            spawn::a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_resumed,
             coordinate::a_member_whose_model_panics_leaves_no_run_running,
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
             policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
@@ -79,6 +80,7 @@ macro_rules! team_scenarios {
             coordinate::two_members_called_in_one_message_run_concurrently_on_their_own_threads,
             coordinate::delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members,
             coordinate::a_team_without_members_is_offered_no_delegation,
+            coordinate::a_member_end_too_large_to_keep_with_its_task_still_ends_its_thread,
             coordinate::delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported,
             modes::route_mode_answers_with_the_chosen_members_own_message,
             modes::broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes,

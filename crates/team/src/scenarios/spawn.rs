@@ -383,23 +383,7 @@ model = "small"
 pub async fn an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes(harness: Harness) {
     use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
     use agentry_types::{RequiredAction, RequiredActionRecord, TurnState};
-    let team = |small: Arc<dyn Model>| {
-        let catalog =
-            SpawnCatalog { models: HashMap::from([("small".to_owned(), small)]), tools: Vec::new() };
-        let spawn = json!({"role": "worker", "task": "Work.", "justification": "needed"});
-        Team::builder("org", coordinator(vec![spawn]))
-            .spawn_policy(Some(SpawnPolicy::parse(POLICY).unwrap()))
-            .catalog(catalog)
-            .build()
-    };
-    let asked = Arc::new(tokio::sync::Notify::new());
-    let (first, session, turn) =
-        super::start(&harness, team(super::modes::Stalled::new(&asked, None)), "Staff the project.").await;
-    asked.notified().await;
-    assert_eq!(first.hand_over().await, 1);
-
-    let second = Runtime::new(harness.store.clone());
-    second.register(team(small_model()));
+    let (second, session, turn) = hand_over_a_running_instance(&harness).await;
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(agentry_runner::TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     let state = resumed[0].wait().await.unwrap();
@@ -442,4 +426,47 @@ pub async fn an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes(h
         "{:?}",
         members[0].state
     );
+}
+
+/// A team turn whose spawned instance runs when its process hands it over (as at a
+/// shutdown), and another process ready to resume it; returns that process, the session
+/// and the turn.
+async fn hand_over_a_running_instance(
+    harness: &Harness,
+) -> (Runtime, agentry_runner::Session, agentry_runner::TurnHandle) {
+    let team = |small: Arc<dyn Model>| {
+        let catalog =
+            SpawnCatalog { models: HashMap::from([("small".to_owned(), small)]), tools: Vec::new() };
+        let spawn = json!({"role": "worker", "task": "Work.", "justification": "needed"});
+        Team::builder("org", coordinator(vec![spawn]))
+            .spawn_policy(Some(SpawnPolicy::parse(POLICY).unwrap()))
+            .catalog(catalog)
+            .build()
+    };
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let (first, session, turn) =
+        super::start(harness, team(super::modes::Stalled::new(&asked, None)), "Staff the project.").await;
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(small_model()));
+    (second, session, turn)
+}
+
+/// Scenario: a team turn cancelled while no process runs it (its process handed it over
+/// with an instance running) ends cancelled when it is resumed, instead of asking whether
+/// to spawn again for a mission already cancelled.
+pub async fn a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_resumed(harness: Harness) {
+    use agentry_types::{CancellationReason, TurnState};
+    let (second, session, turn) = hand_over_a_running_instance(&harness).await;
+    second.get_turn(turn.id()).await.unwrap().cancel().await.unwrap();
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.len(), 1);
+    let state = resumed[0].wait().await.unwrap();
+    assert!(
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        "{state:?}"
+    );
+    let next = second.get_session(session.id()).await.unwrap();
+    assert!(next.create_turn(TurnRequest::message("Again.")).await.is_ok(), "the session goes on");
 }

@@ -623,12 +623,15 @@ class Chat(unittest.TestCase):
         terminal.type("/quit")
         self.assertEqual(terminal.close(), 0)
 
-    def test_chat_says_when_a_restart_interrupts_an_answer(self):
+    def restart_under_chat(self, grace):
+        """Runs ``agentry chat`` on a server that is stopped (SIGTERM, ``grace`` seconds of
+        shutdown grace) while it streams a ~10 s answer, then restarted on its port; returns
+        what the chat shows up to its next prompt."""
         # A fixed port, so the chat reconnects to the restarted server where it was.
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        sections = "[limits]\nshutdown_grace_secs = 1\n[runtime]\nlease_ttl_secs = 300\n"
+        sections = f"[limits]\nshutdown_grace_secs = {grace}\n[runtime]\nlease_ttl_secs = 300\n"
         workdir, config = write_config("chat-restart", sections, listen=f"127.0.0.1:{port}")
         first, url, log = start_server(workdir, config)
         try:
@@ -636,8 +639,8 @@ class Chat(unittest.TestCase):
             terminal.expect("you> ")
             terminal.type("slow please")
             terminal.expect("agent> ")
-            first.send_signal(signal.SIGTERM)  # the answer takes ~10 s, the grace is 1 s
-            self.assertEqual(first.wait(timeout=30), 0)
+            first.send_signal(signal.SIGTERM)
+            self.assertEqual(first.wait(timeout=60), 0)
         finally:
             if first.poll() is None:
                 first.kill()
@@ -645,19 +648,33 @@ class Chat(unittest.TestCase):
         second, url, log = start_server(workdir, config)
         try:
             shown = terminal.expect("you> ", timeout=60)
-            note = "(interrupted: the server stopped mid-answer; it answers again)"
-            self.assertIn(note, shown)
-            # What follows the note is the whole answer, streamed again.
-            again = shown.split(note, 1)[1].strip().splitlines()[0]
-            self.assertTrue(again.startswith("agent> "), shown)
-            self.assertEqual(len(again.removeprefix("agent> ")), 200, shown)
             terminal.type("/quit")
             self.assertEqual(terminal.close(), 0)
+            return shown
         finally:
             second.send_signal(signal.SIGTERM)
             self.assertEqual(second.wait(timeout=30), 0)
             second.stdout.close()
             log.close()
+
+    def test_chat_says_when_a_restart_interrupts_an_answer(self):
+        # The answer outlasts the grace: the turn is handed over, and the next server
+        # answers again from the start.
+        shown = self.restart_under_chat(grace=1)
+        note = "(interrupted: the server stopped mid-answer; it answers again)"
+        self.assertIn(note, shown)
+        # What follows the note is the whole answer, streamed again.
+        again = shown.split(note, 1)[1].strip().splitlines()[0]
+        self.assertTrue(again.startswith("agent> "), shown)
+        self.assertEqual(len(again.removeprefix("agent> ")), 200, shown)
+
+    def test_chat_shows_the_whole_answer_when_it_ends_during_the_shutdown_grace(self):
+        # The answer ends within the grace while the chat is disconnected: its rest comes
+        # back only in the stored model.message, and is shown from it.
+        shown = self.restart_under_chat(grace=30)
+        self.assertNotIn("interrupted", shown)
+        # The line began with the first delta ("agent> " was read then), and holds it all.
+        self.assertEqual(len(shown.splitlines()[0]), 200, shown)
 
     def test_chat_follows_sub_agent_threads(self):
         terminal = Terminal("chat", "demo-team", "--url", SERVER["url"])

@@ -157,8 +157,9 @@ async fn run_turn(
     let mut events = api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?;
     let mut pending = Pending::default();
     let mut threads: HashMap<String, String> = HashMap::new();
-    // Per thread, the message whose deltas are being printed (until its `model.message`).
-    let mut partial: HashMap<String, String> = HashMap::new();
+    // Per thread, the message whose deltas are being printed (until its `model.message`):
+    // its id and the text shown so far.
+    let mut partial: HashMap<String, (String, String)> = HashMap::new();
     let mut screen = Screen::default();
     let mut out = std::io::stdout();
     let mut turn_id: Option<String> = None;
@@ -208,22 +209,27 @@ async fn run_turn(
             "turn.created" => turn_id = event["turn_id"].as_str().map(str::to_owned),
             "model.message.delta" => {
                 let Some(text) = event["content"].as_str().filter(|text| !text.is_empty()) else { continue };
-                let id = event["id"].as_str().unwrap_or_default().to_owned();
-                // Deltas of another message before the first one's `model.message`: the
-                // server stopped mid-answer, and the process that resumed the turn answers
-                // again from the start.
-                if partial.get(&thread).is_some_and(|open| *open != id) {
-                    screen.line(
-                        &mut out,
-                        &format!("{who}(interrupted: the server stopped mid-answer; it answers again)"),
-                    )?;
-                }
-                partial.insert(thread.clone(), id);
+                let id = event["id"].as_str().unwrap_or_default();
                 let label =
                     threads.get(&thread).map_or_else(|| "agent>".to_owned(), |name| format!("[{name}]"));
-                screen.text(&mut out, &thread, &label, text)?;
+                show(&mut screen, &mut out, &mut partial, (&thread, &label, &who), id, text)?;
             }
             "model.message" => {
+                // Text the deltas did not show: the stream resumed past deltas that were
+                // never stored (the turn ended while the connection was down).
+                let id = event["id"].as_str().unwrap_or_default();
+                let content = event["content"].as_str().unwrap_or_default();
+                let shown =
+                    partial.get(&thread).filter(|(open, _)| open == id).map(|(_, shown)| shown.as_str());
+                let rest = match shown {
+                    Some(shown) => content.strip_prefix(shown).unwrap_or_default(),
+                    None => content,
+                };
+                if !rest.is_empty() {
+                    let label =
+                        threads.get(&thread).map_or_else(|| "agent>".to_owned(), |name| format!("[{name}]"));
+                    show(&mut screen, &mut out, &mut partial, (&thread, &label, &who), id, rest)?;
+                }
                 partial.remove(&thread);
                 screen.end_line(&mut out)?;
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
@@ -297,6 +303,27 @@ async fn run_turn(
     }
     out.flush()?;
     Ok(pending)
+}
+
+/// Prints streamed `text` of message `id` on a thread (`place`: the thread, its label and
+/// its prefix for notes). Text of another message before the first one's `model.message`
+/// means the server stopped mid-answer and the process that resumed the turn answers
+/// again from the start: a note says so.
+fn show(
+    screen: &mut Screen,
+    out: &mut impl Write,
+    partial: &mut HashMap<String, (String, String)>,
+    (thread, label, who): (&str, &str, &str),
+    id: &str,
+    text: &str,
+) -> Result<()> {
+    if partial.get(thread).is_some_and(|(open, shown)| open != id && !shown.is_empty()) {
+        screen.line(out, &format!("{who}(interrupted: the server stopped mid-answer; it answers again)"))?;
+        partial.remove(thread);
+    }
+    let (_, shown) = partial.entry(thread.to_owned()).or_insert_with(|| (id.to_owned(), String::new()));
+    shown.push_str(text);
+    screen.text(out, thread, label, text)
 }
 
 /// Asks the user about every pending call; returns the next turn's input (empty when the

@@ -92,7 +92,7 @@ async fn thread_session(
     }
     // A thread begun before sessions had their thread's id: the caller's session of this
     // agent titled with the thread id.
-    let key = (caller.0.subject_id.clone(), thread_id.to_owned());
+    let key = (caller.0.subject_id.clone(), agent.to_owned(), thread_id.to_owned());
     let known = state.agui_threads.lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
     if let Some(known) = known
         && let Ok(session) = caller.session(state, &known.to_string()).await
@@ -439,6 +439,6 @@ fn frame(event: AguiEvent, thread: &str, run: &str) -> Frame {
 }
 
 /// The sessions of threads begun before sessions had derived ids, found by their title, by
-/// subject and thread id (one small entry per such thread, kept while the server runs), so
-/// their title is searched once per server.
-pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String), SessionId>>;
+/// subject, agent and thread id (one small entry per such thread, kept while the server
+/// runs), so their title is searched once per server.
+pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String, String), SessionId>>;

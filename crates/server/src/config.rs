@@ -40,7 +40,8 @@
 //! name = "crew"
 //! model = "openai"
 //! members = ["helper"]
-//! spawn_policy = "spawn-policy.toml"
+//! spawn_policy = "spawn-policy.toml" # must exist (relative to the working directory); checked
+//!                                  # at start: budgets that allow no model call are refused
 //! tokens_per_step = 1000           # held from budgets before each model call of an instance
 //!
 //! [limits]
@@ -332,7 +333,8 @@ pub struct TeamConfig {
     /// Member agents, by name from `[[agents]]`.
     #[serde(default)]
     pub members: Vec<String>,
-    /// The spawn policy file (`spawn_agent` is denied without one).
+    /// The spawn policy file (relative to the working directory; it must exist). Without
+    /// one, `spawn_agent` is denied.
     #[serde(default)]
     pub spawn_policy: Option<PathBuf>,
     /// Tokens an instance holds from its budgets before each model call, settled with the
@@ -646,19 +648,27 @@ impl Config {
                 builder = builder.member(agent.clone());
             }
             if let Some(path) = &team.spawn_policy {
-                let policy = SpawnPolicy::load(path)
-                    .map_err(|error| ConfigError::Invalid(format!("team {:?}: {error}", team.name)))?;
-                if policy.is_none() {
-                    tracing::warn!(
-                        team = %team.name,
-                        path = %path.display(),
-                        "the spawn policy file does not exist: every spawn is denied (spawn_policy_missing)"
-                    );
-                }
-                if let Some(policy) = &policy {
-                    policies.push((team.name.clone(), policy.clone()));
-                }
-                builder = builder.spawn_policy(policy);
+                let invalid =
+                    |message: String| ConfigError::Invalid(format!("team {:?}: {message}", team.name));
+                // A policy the configuration names must be there: without it every spawn
+                // would be denied, found out only at run time.
+                let Some(policy) = SpawnPolicy::load(path).map_err(|error| invalid(error.to_string()))?
+                else {
+                    let cwd =
+                        std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
+                    return Err(invalid(format!(
+                        "the spawn policy {} does not exist (a relative path is relative to the working directory, {cwd}); \
+                         leave spawn_policy out to deny every spawn",
+                        path.display()
+                    )));
+                };
+                let members: Vec<&str> = team.members.iter().map(String::as_str).collect();
+                let hold = team.tokens_per_step.unwrap_or(agentry_team::DEFAULT_TOKENS_PER_STEP);
+                policy
+                    .check_for_team(&members, hold)
+                    .map_err(|error| invalid(format!("{}: {error}", path.display())))?;
+                policies.push((team.name.clone(), policy.clone()));
+                builder = builder.spawn_policy(Some(policy));
             }
             built.push(builder.build());
         }

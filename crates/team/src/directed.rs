@@ -45,8 +45,12 @@ impl TeamControl {
     #[must_use]
     pub fn request_spawn(&self, request: &SpawnRequest) -> (String, String) {
         let directive = format!("{MARK}{}", EventId::new());
-        let text =
-            format!("[{directive}] An operator asks to spawn a {} for: {}", request.role, request.task);
+        let text = format!(
+            "[{directive}] An operator asks to spawn {} {} for: {}",
+            article(&request.role),
+            request.role,
+            request.task
+        );
         self.directives().insert(directive.clone(), request.clone());
         (directive, text)
     }
@@ -138,6 +142,12 @@ impl Model for Directed {
     }
 }
 
+/// "an" before a word that starts with a vowel letter, "a" otherwise (close enough for role
+/// names in a sentence).
+fn article(word: &str) -> &'static str {
+    if word.starts_with(|letter: char| "aeiouAEIOU".contains(letter)) { "an" } else { "a" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +159,21 @@ mod tests {
         assert_eq!(directive_in("[other] text"), None);
         assert!(is_operator_call("ui_spawn_abc"));
         assert!(!is_operator_call("call_1_0"));
+    }
+
+    #[test]
+    fn a_spawn_request_reads_as_english() {
+        let control = crate::TeamControl::new();
+        let ask = |role: &str| {
+            let request = crate::SpawnRequest {
+                role: role.to_owned(),
+                task: "t".to_owned(),
+                template: None,
+                justification: None,
+            };
+            control.request_spawn(&request).1
+        };
+        assert!(ask("analyst").contains("asks to spawn an analyst for: t"), "{}", ask("analyst"));
+        assert!(ask("worker").contains("asks to spawn a worker for: t"), "{}", ask("worker"));
     }
 }

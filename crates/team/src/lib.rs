@@ -48,6 +48,10 @@ pub use spawn::{
     SpawnPolicy, Template,
 };
 
+/// Tokens an instance or member holds from its budgets before each model call unless the
+/// team says otherwise ([`TeamBuilder::tokens_per_step`]).
+pub const DEFAULT_TOKENS_PER_STEP: u64 = 1000;
+
 /// How a team works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -86,7 +90,7 @@ impl Team {
             catalog: SpawnCatalog::default(),
             approvals: SpawnApprovals::new(),
             mission_budget: None,
-            tokens_per_step: 1000,
+            tokens_per_step: DEFAULT_TOKENS_PER_STEP,
             control: TeamControl::new(),
             prices: HashMap::new(),
         }

@@ -236,6 +236,33 @@ impl SpawnPolicy {
         Ok(policy)
     }
 
+    /// Refuses the budgets under which a team with `members`, holding `tokens_per_step`
+    /// tokens before each model call, could make no model call at all: a `max_tokens` below
+    /// the hold (of the mission, of a role something may spawn, or of a role named like a
+    /// member, whose budget it sets), and a zero budget of a member's role.
+    ///
+    /// Errors: `Invalid` naming the role (or the mission), its limit and the hold.
+    pub fn check_for_team(&self, members: &[&str], tokens_per_step: u64) -> Result<(), PolicyError> {
+        let below = |whose: &str, budget: &PolicyBudget| match budget.max_tokens {
+            Some(tokens) if tokens < tokens_per_step => Err(PolicyError::Invalid(format!(
+                "{whose}: budget max_tokens {tokens} is below the {tokens_per_step} tokens held before each \
+                 model call (the team's tokens_per_step), so it allows no model call"
+            ))),
+            _ => Ok(()),
+        };
+        below("mission", &self.mission)?;
+        for (name, role) in &self.roles {
+            let member = members.contains(&name.as_str());
+            if member {
+                check_budget(&format!("role {name:?} (the budget of member {name:?})"), &role.budget)?;
+            }
+            if member || self.roles.values().any(|spawner| spawner.can_spawn.contains(name)) {
+                below(&format!("role {name:?}"), &role.budget)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads a policy file. A missing file is `Ok(None)`: every spawn is then denied with
     /// `spawn_policy_missing`.
     ///

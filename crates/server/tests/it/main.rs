@@ -175,6 +175,41 @@ async fn a_value_out_of_range_or_an_agent_that_cannot_be_built_names_the_file() 
         error.to_string().contains(&format!("the spawn policy is invalid: {}: ", policy.display())),
         "{error}"
     );
+    // A policy the configuration names must exist; and one whose budgets allow no model
+    // call under the team's hold (a spawnable role's, a member's) is refused, naming both.
+    let start = |policy_text: Option<&str>, team_keys: &str| {
+        match policy_text {
+            Some(text) => std::fs::write(&policy, text).unwrap(),
+            None => std::fs::remove_file(&policy).unwrap(),
+        }
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"helper\"\nmodel = \"demo\"\n[[teams]]\nname = \"crew\"\nmodel = \"demo\"\nspawn_policy = {:?}\n{team_keys}",
+            policy.display().to_string()
+        );
+        std::fs::write(&path, text).unwrap();
+        let mut config = Config::load(&path).unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        Server::start(config)
+    };
+    let error = start(None, "").await.unwrap_err().to_string();
+    assert!(
+        error.contains("does not exist (a relative path is relative to the working directory"),
+        "{error}"
+    );
+    let spawnable = "coordinator_role = \"lead\"\n[roles.lead]\ncan_spawn = [\"worker\"]\n[roles.worker]\nbudget = { max_tokens = 500 }\n";
+    let error = start(Some(spawnable), "").await.unwrap_err().to_string();
+    assert!(
+        error.contains("role \"worker\": budget max_tokens 500 is below the 1000 tokens held"),
+        "{error}"
+    );
+    start(Some(spawnable), "tokens_per_step = 400\n").await.unwrap();
+    let member = "[roles.helper]\nbudget = { max_steps = 0 }\n";
+    let error = start(Some(member), "members = [\"helper\"]\n").await.unwrap_err().to_string();
+    assert!(
+        error.contains("(the budget of member \"helper\"): budget max_steps must be at least 1"),
+        "{error}"
+    );
+    start(Some(member), "").await.unwrap();
 }
 
 #[tokio::test]

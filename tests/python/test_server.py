@@ -479,6 +479,36 @@ class Durable(unittest.TestCase):
             log.close()
 
 
+    def test_an_instance_whose_process_died_is_cancelled_through_its_mission(self):
+        # A lease far longer than the test: the restarted server leaves the dead turn alone.
+        workdir, config = write_config("dead-instance", "[runtime]\nlease_ttl_secs = 300\n")
+        first, url, log = start_server(workdir, config)
+        try:
+            with httpx.Client(base_url=url, timeout=60) as h:
+                session = h.post("/v1/agents/sessions", json={"agent_name": "demo-team"}).json()["data"]["id"]
+                body = {"session_id": session, "role": "analyst", "task": "slow work", "justification": "ops"}
+                spawned = h.post("/v1/agent-team/spawn", json=body).json()
+                feed_frames(h, f"/event?session_id={session}", until=lambda f: f["type"] == "agent_team.instance.started")
+        finally:
+            first.kill()
+            closed(first, log)
+        second, url, log = start_server(workdir, config)
+        try:
+            with httpx.Client(base_url=url, timeout=60) as h:
+                running = h.get("/v1/agent-team/instances", params={"status": "running"}).json()["data"]
+                ours = [i["instanceID"] for i in running if i["missionID"] == spawned["missionID"]]
+                self.assertEqual(len(ours), 1, running)
+                refused = h.post(f"/v1/agent-team/instances/{ours[0]}/cancel")
+                self.assertEqual(refused.status_code, 409, refused.text)
+                self.assertEqual(refused.json()["error"]["code"], "instance_elsewhere")
+                self.assertIn(spawned["missionID"], refused.json()["error"]["message"])
+                self.assertEqual(h.post(f"/v1/agent-team/missions/{spawned['missionID']}/cancel").status_code, 200)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            self.assertEqual(second.wait(timeout=30), 0)
+            second.stdout.close()
+            log.close()
+
     def test_a_turn_still_running_after_the_shutdown_grace_is_recovered_at_once(self):
         # A lease time far longer than the test may take: only a handed-over lease lets
         # the restarted server take the turn at once.

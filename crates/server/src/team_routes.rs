@@ -451,8 +451,43 @@ async fn cancel_instance(
             state.control.cancel_instance(&instance_id);
             Ok(Json(json!({"instanceID": instance_id, "status": "cancelled"})).into_response())
         }
-        _ => Err(ApiError::not_found("running instance", &instance_id)),
+        Some(_) => Err(ApiError::not_found("running instance", &instance_id)),
+        None => match listed_running(&state, &caller, &instance_id).await? {
+            // Listed as running, but its turn runs in no process here: another server runs
+            // it, or it waits for recovery after its process stopped. Only its mission can
+            // be cancelled from here (the request is stored for its turn).
+            Some(mission) => Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "instance_elsewhere",
+                format!(
+                    "instance {instance_id} runs in a turn this server does not run (another server runs it, \
+                     or it is recovered once its stopped process's lease lapses); cancel its mission {mission} \
+                     to stop it"
+                ),
+            )),
+            None => Err(ApiError::not_found("running instance", &instance_id)),
+        },
     }
+}
+
+/// The mission of an instance of the caller's that the stored events list as running.
+async fn listed_running(state: &AppState, caller: &Caller, instance_id: &str) -> ApiResult<Option<String>> {
+    let mut running = None;
+    for event in team_events(state, caller).await? {
+        let value = serde_json::to_value(&event).unwrap_or_default();
+        let properties = &value["properties"];
+        if properties["instanceID"].as_str() != Some(instance_id) {
+            continue;
+        }
+        running = match event {
+            AgentTeamEvent::InstanceStarted(_) => properties["missionID"].as_str().map(str::to_owned),
+            AgentTeamEvent::InstanceCompleted(_)
+            | AgentTeamEvent::InstanceCancelled(_)
+            | AgentTeamEvent::InstanceFailed(_) => None,
+            _ => running,
+        };
+    }
+    Ok(running)
 }
 
 async fn cancel_mission(

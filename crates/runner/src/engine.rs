@@ -74,8 +74,14 @@ impl From<StoreError> for Stop {
 /// result without running again.
 #[derive(Debug, Clone)]
 pub(crate) enum Resume {
-    /// It waits for the answers.
-    Paused { run: RunRecord, thread: ThreadId, answers: Vec<TurnInputItem> },
+    /// It waits for the answers (`parent` and `title` as its `thread.created` said).
+    Paused {
+        run: RunRecord,
+        thread: ThreadId,
+        answers: Vec<TurnInputItem>,
+        parent: ThreadParent,
+        title: String,
+    },
     /// It finished: its answer and final message.
     Answered { thread: ThreadId, run_id: TurnId, answer: String, output: Option<ThreadMessage> },
     /// It failed or was cancelled.
@@ -566,7 +572,7 @@ impl ThreadScope {
             Some(Resume::Failed { thread, run_id, error }) => {
                 return ThreadRun { thread_id: thread, run_id, result: Err(ThreadEnd::Failed(error)) };
             }
-            Some(Resume::Paused { run, thread, answers }) => (run, thread, Some(answers)),
+            Some(Resume::Paused { run, thread, answers, .. }) => (run, thread, Some(answers)),
             None => {
                 let thread = ThreadId::new_sub_thread();
                 let session_id = self.sink.live.session_id;
@@ -907,6 +913,7 @@ impl TurnEngine {
     pub(crate) async fn drive(mut self, start: Start) -> Result<Arc<EventEnvelope>, Unfinished> {
         let outcome = self.run_loop(start).await;
         self.close_unanswered(&outcome).await;
+        self.end_abandoned_resumptions().await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let state = match outcome {
@@ -963,6 +970,37 @@ impl TurnEngine {
         tracing::warn!(%session, %turn, %error,
             "the turn's end could not be stored: its lease is given back, and the next start or recovery pass resumes it");
         Err(Unfinished::Unstored)
+    }
+
+    /// Ends the member threads a dead process resumed in this turn (their runs were set
+    /// running again) that this turn did not take up again: their delegating call was in
+    /// doubt and put to a person, and a retry starts the member afresh. Each gets an error
+    /// state and `thread.done`, as a dead thread of the turn's own does (best effort).
+    async fn end_abandoned_resumptions(&mut self) {
+        let left: Vec<Resume> = {
+            let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            resumes.drain().flat_map(|(_, threads)| threads).map(|(_, resume)| resume).collect()
+        };
+        for resume in left {
+            let Resume::Paused { mut run, thread, parent, title, .. } = resume else { continue };
+            if !matches!(run.state, TurnState::Running) {
+                continue; // Still paused: a later turn may answer it.
+            }
+            let error =
+                "interrupted: the process running the turn stopped while this thread resumed".to_owned();
+            run.set_state(TurnState::Error {
+                message: error.clone(),
+                completed_at: Timestamp::now(),
+                metrics: None,
+            });
+            if let Err(failure) = self.store.put_run(&run, Some(self.fence)).await {
+                tracing::warn!(run = %run.id, error = %failure, "an abandoned member run stays open");
+                continue;
+            }
+            let outcome = ThreadOutcome::Error { error, output: None };
+            let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };
+            let _staged = self.sink.stage_team(Some(thread), None, done).await;
+        }
     }
 
     /// Stores the terminal state with `turn.done` (returned unpublished) and the lease's
@@ -1311,14 +1349,14 @@ impl TurnEngine {
         let query = RunQuery { parent: ParentFilter::Of(previous.id), ..RunQuery::default() };
         let members =
             self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
-        let started_by: HashMap<ThreadId, String> =
+        let started_by: HashMap<ThreadId, (ThreadParent, String)> =
             crate::live::stored_events(self.store.as_ref(), previous.id, Order::Asc)
                 .await
                 .map_err(|error| Stop::Failed(format!("reading the previous turn failed: {error}")))?
                 .into_iter()
                 .filter_map(|event| match &event.payload {
-                    EventPayload::ThreadCreated { parent, .. } => {
-                        Some((event.thread_or_main(), parent.tool_call_id.clone()))
+                    EventPayload::ThreadCreated { parent, title, .. } => {
+                        Some((event.thread_or_main(), (parent.clone(), title.clone())))
                     }
                     _ => None,
                 })
@@ -1326,7 +1364,8 @@ impl TurnEngine {
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for run in &members {
             let (Some(thread), Some(agent)) = (run.thread_id.clone(), run.agent_id.clone()) else { continue };
-            let Some(call) = started_by.get(&thread) else { continue };
+            let Some((parent, title)) = started_by.get(&thread) else { continue };
+            let call = &parent.tool_call_id;
             let resume = if waiting.contains(&thread) {
                 let answers = self
                     .run
@@ -1335,7 +1374,13 @@ impl TurnEngine {
                     .filter(|item| input_thread(item) == Some(&thread))
                     .cloned()
                     .collect();
-                Resume::Paused { run: run.clone(), thread, answers }
+                Resume::Paused {
+                    run: run.clone(),
+                    thread,
+                    answers,
+                    parent: parent.clone(),
+                    title: title.clone(),
+                }
             } else {
                 match &run.state {
                     TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {

@@ -520,3 +520,90 @@ pub async fn a_task_list_stored_under_the_earlier_key_is_read_by_the_sessions_te
         [["task-1", "Old", "clerk", "done"].map(str::to_owned)]
     );
 }
+
+/// A member model that asks the client `ask_user_question` first, then (once answered)
+/// holds its reply back like [`Stalled`] until the request is dropped.
+#[derive(Debug)]
+struct AsksThenStalls {
+    stalled: Arc<Stalled>,
+}
+
+#[async_trait::async_trait]
+impl agentry_model::Model for AsksThenStalls {
+    fn info(&self) -> agentry_model::ModelInfo {
+        agentry_model::ModelInfo { id: "asks".to_owned(), provider: "test".to_owned() }
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<agentry_model::ModelStream, agentry_model::ModelError> {
+        if request.messages.iter().any(|message| message.role == agentry_types::Role::Tool) {
+            return self.stalled.stream(request).await;
+        }
+        let question = json!({"questions": [{"question": "Which colour?", "options": [{"label": "red"}]}]});
+        let deltas = ScriptedResponse::tool_call("ask_user_question", &question).deltas(1, &request);
+        Ok(Box::pin(futures_util::stream::iter(deltas.into_iter().map(Ok))))
+    }
+}
+
+/// Scenario: a member thread paused in one turn, resumed by the next and handed over mid-way
+/// is not left running: the process that resumes the turn cannot know whether the
+/// delegation finished and asks whether to run it again, and the member thread it will not
+/// take up again ends (its run an error, `thread.done`).
+pub async fn a_member_resumed_by_a_turn_that_is_handed_over_ends_with_it(harness: Harness) {
+    use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if this_turns_results(request).is_empty() && request.last_user_text().as_deref() == Some("Ask.") {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "asker", "task": "Ask."}),
+            )
+        } else {
+            ScriptedResponse::text(format!("Heard: {}", this_turns_results(request).join(" | ")))
+        }
+    }));
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let team = |member: Arc<dyn agentry_model::Model>| {
+        Team::builder("desk", coordinator.clone())
+            .member(Agent::builder("asker", member).ask_user_question().build())
+            .build()
+    };
+    let first_member = Arc::new(AsksThenStalls { stalled: Stalled::new(&asked, None) });
+    let (first, session, turn) = super::start(&harness, team(first_member), "Ask.").await;
+    let state = turn.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolResponse { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    let member_thread = thread_id.clone();
+    let answer = agentry_types::TurnInputItem::respond(thread_id.clone(), tool_calls[0].id.clone(), "red");
+    let answered = session.create_turn(TurnRequest::input(vec![answer])).await.unwrap();
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Red it is.")))));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [answered.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    assert!(
+        matches!(&record.action, agentry_types::RequiredAction::ToolApproval { tool_calls, .. }
+            if tool_calls[0].name == "delegate_task_to_member"),
+        "{record:?}"
+    );
+    let events = resumed[0].events(Order::Asc).await.unwrap();
+    let ended = events.iter().any(|event| {
+        event.thread_id.as_ref() == Some(&member_thread) && event.payload.kind() == "thread.done"
+    });
+    assert!(ended, "the member thread ends with the turn that abandoned it");
+    let members = RunQuery { parent: ParentFilter::Of(turn.id()), ..RunQuery::default() };
+    let members =
+        harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
+    assert!(
+        matches!(&members[0].state, TurnState::Error { message, .. } if message.starts_with("interrupted")),
+        "{:?}",
+        members[0].state
+    );
+}

@@ -2186,7 +2186,9 @@ fn arguments_hash(arguments: &str) -> String {
 /// error state (best effort: one that cannot be stored stays open, and is logged); returned
 /// are the events that end the threads, for the caller to emit on them:
 /// `agent_team.instance.failed` for an instance that started, then `thread.done`. So clients
-/// and the instance listings see them end instead of running for ever.
+/// and the instance listings see them end instead of running for ever. A spawn requested
+/// and not yet decided (waiting for a person's approval) is denied the same way
+/// (`agent_team.spawn.denied`, `approval_denied`).
 pub(crate) async fn end_dead_threads(
     store: &dyn Store,
     run: &RunRecord,
@@ -2220,6 +2222,34 @@ pub(crate) async fn end_dead_threads(
         let done = EventPayload::ThreadDone { parent: Some(parent.clone()), title: title.clone(), outcome };
         ends.push((thread.clone(), created.team.clone(), done));
         dead.insert(thread);
+    }
+    // Spawns requested and not yet decided (a gated spawn waiting for a person when the
+    // process stopped): denied, so the feed's lifecycle of each request closes. The turn
+    // asks whether to run the call again.
+    let mut open: HashMap<(Option<ThreadId>, String), Vec<&EventEnvelope>> = HashMap::new();
+    for event in stored {
+        match &event.payload {
+            EventPayload::SpawnRequested { requested_role, .. } => {
+                open.entry((event.thread_id.clone(), requested_role.clone())).or_default().push(event);
+            }
+            EventPayload::SpawnApproved { requested_role, .. }
+            | EventPayload::SpawnDenied { requested_role, .. } => {
+                if let Some(requests) = open.get_mut(&(event.thread_id.clone(), requested_role.clone())) {
+                    requests.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((thread, requested_role), requests) in open {
+        for request in requests {
+            let denied = EventPayload::SpawnDenied {
+                requested_role: requested_role.clone(),
+                code: "approval_denied".to_owned(),
+                error: "the process running the turn stopped before the spawn was decided".to_owned(),
+            };
+            ends.push((thread.clone().unwrap_or_else(ThreadId::main), request.team.clone(), denied));
+        }
     }
     if dead.is_empty() {
         return ends;

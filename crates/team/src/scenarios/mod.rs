@@ -66,6 +66,7 @@ macro_rules! team_scenarios {
         $crate::team_scenarios!(@cases $factory; spawn::an_instance_may_spawn_in_turn_within_the_depth_limit,
             spawn::an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes,
             spawn::a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_resumed,
+            spawn::a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_resume,
             modes::a_member_resumed_by_a_turn_that_is_handed_over_ends_with_it,
             coordinate::a_member_whose_model_panics_leaves_no_run_running,
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,

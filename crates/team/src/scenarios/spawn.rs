@@ -470,3 +470,32 @@ pub async fn a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_
     let next = second.get_session(session.id()).await.unwrap();
     assert!(next.create_turn(TurnRequest::message("Again.")).await.is_ok(), "the session goes on");
 }
+
+/// Scenario: a gated spawn waiting for a person when its process hands the turn over is
+/// denied (`approval_denied`) when another process resumes the turn, so the request's
+/// lifecycle on the feed closes; the turn asks whether to run the call again.
+pub async fn a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_resume(harness: Harness) {
+    use agentry_memory::Order;
+    let team = |approvals: SpawnApprovals| {
+        let catalog =
+            SpawnCatalog { models: HashMap::from([("small".to_owned(), small_model())]), tools: Vec::new() };
+        Team::builder("org", coordinator(vec![json!({"role": "auditor", "task": "Audit the books."})]))
+            .spawn_policy(Some(SpawnPolicy::parse(POLICY).unwrap()))
+            .catalog(catalog)
+            .approvals(approvals)
+            .build()
+    };
+    let approvals = SpawnApprovals::new();
+    let (first, _session, turn) = super::start(&harness, team(approvals.clone()), "Audit.").await;
+    assert_eq!(approvals.wait_for_pending().await.len(), 1);
+    assert_eq!(first.hand_over().await, 1);
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(SpawnApprovals::new()));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(agentry_runner::TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    assert!(!state.required_actions().is_empty(), "the call in doubt is put to a person: {state:?}");
+    let events: Vec<Arc<EventEnvelope>> =
+        resumed[0].events(Order::Asc).await.unwrap().into_iter().map(Arc::new).collect();
+    assert_eq!(lifecycle(&events), pairs(&[("requested", "auditor"), ("denied", "approval_denied")]));
+}

@@ -833,11 +833,19 @@ class BadInput(unittest.TestCase):
             ordered = h.get(f"/v1/agents/sessions/{sid}/events", params={"order": "asc"})
             self.assert_error(ordered, 400)
             self.assertEqual(ordered.json()["error"]["param"], "order")
-            self.assertEqual(h.get(f"/v1/agents/sessions/{sid}/events", params={"order": "desc"}).status_code, 200)
-            # ISO-8601 dates and date-times without an offset (UTC) filter listings.
-            for stamp in ("2026-01-02", "2026-01-02T03:04:05", "2026-01-02T03:04:05.5+01:00"):
+            for order in ("desc", "DESC"):
+                self.assertEqual(h.get(f"/v1/agents/sessions/{sid}/events", params={"order": order}).status_code, 200)
+            self.assertEqual(h.get(f"{turns}/{tid}/events", params={"order": "ASC"}).status_code, 200)
+            # ISO-8601 dates and date-times (without seconds, without an offset: UTC, with a
+            # compact offset) filter listings.
+            stamps = ("2026-01-02", "2026-01-02T03:04", "2026-01-02T03:04:05", "2026-01-02 03:04:05.5+01:00", "2026-01-02T03:04+0100")
+            for stamp in stamps:
                 listed = h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": stamp})
                 self.assertEqual(listed.status_code, 200, (stamp, listed.text))
+            # They mean what they say: nothing starts after 2999, everything after 2000.
+            after = lambda stamp: h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": stamp}).json()["data"]
+            self.assertEqual(after("2999-01-01T00:00"), [])
+            self.assertNotEqual(after("2000-01-01T00:00+0100"), [])
             unclear = h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": "2026-13-02"})
             self.assert_error(unclear, 400)
             self.assertEqual(unclear.json()["error"]["param"], "start_timestamp")

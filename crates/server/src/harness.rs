@@ -126,34 +126,29 @@ impl Params {
         }
     }
 
+    /// `asc` or `desc`, in any case.
     fn order(&self, default: Order) -> ApiResult<Order> {
         match self.text("order") {
             None => Ok(default),
-            Some("asc") => Ok(Order::Asc),
-            Some("desc") => Ok(Order::Desc),
+            Some(order) if order.eq_ignore_ascii_case("asc") => Ok(Order::Asc),
+            Some(order) if order.eq_ignore_ascii_case("desc") => Ok(Order::Desc),
             Some(other) => {
                 Err(ApiError::bad_param("order", format!("order must be `asc` or `desc`, not {other:?}")))
             }
         }
     }
 
-    /// An ISO-8601 date or date-time: RFC 3339, or without an offset (UTC), or a date alone
-    /// (its midnight, UTC).
+    /// An ISO-8601 date or date-time: RFC 3339, or without seconds, or without an offset
+    /// (UTC), or with an offset written `+hhmm`, or a date alone (its midnight, UTC).
     fn timestamp(&self, name: &str) -> ApiResult<Option<Timestamp>> {
         self.text(name)
             .map(|text| {
-                let bare_date = text.len() == 10 && !text.contains('T');
-                let offset = |time: &str| time.ends_with(['Z', 'z']) || time.contains(['+', '-']);
-                let full = match text.split_once(['T', 't', ' ']) {
-                    _ if bare_date => format!("{text}T00:00:00Z"),
-                    Some((_, time)) if !offset(time) => format!("{text}Z"),
-                    _ => text.to_owned(),
-                };
+                let full = full_rfc3339(text);
                 full.parse::<Timestamp>().map_err(|_| {
                     ApiError::bad_param(
                         name,
                         format!(
-                            "{name} must be an ISO-8601 date or date-time (2026-11-26, 2026-11-26T18:00:00, \
+                            "{name} must be an ISO-8601 date or date-time (2026-11-26, 2026-11-26T18:00, \
                              2026-11-26T18:00:00+01:00; UTC without an offset), not {text:?}"
                         ),
                     )
@@ -387,6 +382,29 @@ struct Subscribe {
     after_sequence_number: Option<u64>,
 }
 
+/// An ISO-8601 date or date-time in the RFC 3339 form the parser takes: a date alone is its
+/// midnight UTC; a time without seconds gets `:00`; one without an offset is UTC; an offset
+/// `+hhmm` becomes `+hh:mm`. Anything else is left for the parser to refuse.
+fn full_rfc3339(text: &str) -> String {
+    if text.len() == 10 && !text.contains(['T', 't', ' ']) {
+        return format!("{text}T00:00:00Z");
+    }
+    let Some(at) = text.find(['T', 't', ' ']) else { return text.to_owned() };
+    let (date, time) = (&text[..at], &text[at + 1..]);
+    // The clock ends where the offset (`Z`, `+`, `-`) begins.
+    let end = time.find(['Z', 'z', '+', '-']).unwrap_or(time.len());
+    let (clock, offset) = time.split_at(end);
+    let clock = if clock.len() == 5 { format!("{clock}:00") } else { clock.to_owned() };
+    let offset = match offset {
+        "" => "Z".to_owned(),
+        compact if compact.len() == 5 && compact[1..].bytes().all(|byte| byte.is_ascii_digit()) => {
+            format!("{}:{}", &compact[..3], &compact[3..])
+        }
+        other => other.to_owned(),
+    };
+    format!("{date}T{clock}{offset}")
+}
+
 /// `POST …/subscribe`: the turn's events after the cursor, live while it runs. The
 /// `Last-Event-ID` header wins over `after_sequence_number`.
 async fn subscribe(
@@ -517,7 +535,7 @@ async fn list_session_events(
     let limit = params.limit(100, 100)?;
     // Unlike the turn listings, this one has one order: a client asking for another would
     // otherwise read the events backwards without knowing it.
-    if params.text("order").is_some_and(|order| order != "desc") {
+    if params.order(Order::Desc)? != Order::Desc {
         return Err(ApiError::bad_param(
             "order",
             "session events are listed newest first only (`order=desc`); a turn's events take `order=asc`",

@@ -982,19 +982,15 @@ impl TurnEngine {
             resumes.drain().flat_map(|(_, threads)| threads).map(|(_, resume)| resume).collect()
         };
         for resume in left {
-            let Resume::Paused { mut run, thread, parent, title, .. } = resume else { continue };
+            let Resume::Paused { run, thread, parent, title, .. } = resume else { continue };
             if !matches!(run.state, TurnState::Running) {
                 continue; // Still paused: a later turn may answer it.
             }
             let error =
                 "interrupted: the process running the turn stopped while this thread resumed".to_owned();
-            run.set_state(TurnState::Error {
-                message: error.clone(),
-                completed_at: Timestamp::now(),
-                metrics: None,
-            });
-            if let Err(failure) = self.store.put_run(&run, Some(self.fence)).await {
-                tracing::warn!(run = %run.id, error = %failure, "an abandoned member run stays open");
+            let state =
+                TurnState::Error { message: error.clone(), completed_at: Timestamp::now(), metrics: None };
+            if !end_member(self.store.as_ref(), run, state, self.fence).await {
                 continue;
             }
             let outcome = ThreadOutcome::Error { error, output: None };
@@ -2270,12 +2266,9 @@ pub(crate) async fn end_dead_threads(
                 break;
             }
         };
-        for mut member in runs.items {
+        for member in runs.items {
             if member.thread_id.as_ref().is_some_and(|thread| dead.contains(thread)) {
-                member.set_state(state.clone());
-                if let Err(failure) = store.put_run(&member, Some(fence)).await {
-                    tracing::warn!(run = %member.id, error = %failure, "a dead thread's member run stays open");
-                }
+                end_member(store, member, state.clone(), fence).await;
             }
         }
         match runs.next_token {
@@ -2322,6 +2315,17 @@ pub(crate) async fn end_left_turn(
 
 /// Ends the running member runs of `run` with `state` (best effort: one that fails stays
 /// running under a run that is over).
+/// Stores `state` as a member run's end; whether it was stored (best effort: one that
+/// cannot be stored stays open, and is logged).
+async fn end_member(store: &dyn Store, mut member: RunRecord, state: TurnState, fence: Fence) -> bool {
+    member.set_state(state);
+    let stored = store.put_run(&member, Some(fence)).await;
+    if let Err(error) = &stored {
+        tracing::warn!(run = %member.id, %error, "a member run of a turn that ended stays open");
+    }
+    stored.is_ok()
+}
+
 async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnState, fence: Fence) {
     let members = RunQuery {
         parent: ParentFilter::Of(run.id),
@@ -2329,9 +2333,8 @@ async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnSta
         ..RunQuery::default()
     };
     if let Ok(page) = store.list_runs(run.session_id, &members, &PageRequest::first(MAX_PAGE)).await {
-        for mut member in page.items {
-            member.set_state(state.clone());
-            let _stored = store.put_run(&member, Some(fence)).await;
+        for member in page.items {
+            end_member(store, member, state.clone(), fence).await;
         }
     }
 }

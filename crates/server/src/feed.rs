@@ -134,10 +134,7 @@ fn ephemeral(kind: &str) -> Frame {
 /// The resume position: `Last-Event-ID` wins over `?after=`; an empty one is none (as an
 /// EventSource sends before it has seen an id).
 fn cursor(headers: &HeaderMap, params: &HashMap<String, String>) -> ApiResult<Option<u64>> {
-    let header = headers
-        .get("last-event-id")
-        .map(|value| value.to_str().unwrap_or_default().trim().to_owned())
-        .filter(|text| !text.is_empty());
+    let header = crate::sse::last_event_id(headers);
     let after = params.get("after").filter(|text| !text.trim().is_empty());
     let (name, text) = match (header, after) {
         (Some(text), _) => ("Last-Event-ID", text),

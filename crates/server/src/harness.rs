@@ -414,12 +414,9 @@ async fn subscribe(
     headers: HeaderMap,
     JsonBody(body): JsonBody<Subscribe>,
 ) -> ApiResult<Response> {
-    let header = headers
-        .get("last-event-id")
-        // An empty one is none (as an EventSource sends before it has seen an id).
-        .filter(|value| !value.as_bytes().trim_ascii().is_empty())
-        .map(|value| {
-            value.to_str().ok().map(str::trim).and_then(|text| text.parse::<u64>().ok()).ok_or_else(|| {
+    let header = crate::sse::last_event_id(&headers)
+        .map(|text| {
+            text.parse::<u64>().map_err(|_| {
                 ApiError::bad_param("Last-Event-ID", "Last-Event-ID must be a sequence number (an integer)")
             })
         })

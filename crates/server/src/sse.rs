@@ -20,6 +20,15 @@ pub(crate) struct Frame {
     pub(crate) data: String,
 }
 
+/// The `Last-Event-ID` header, trimmed; `None` when absent or empty (as an EventSource
+/// sends before it has seen an id). Bytes that are not text are kept (lossily) for the
+/// caller to refuse.
+pub(crate) fn last_event_id(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get("last-event-id")?;
+    let text = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
 /// An SSE response of `frames`, cut when the server stops.
 pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
     respond_ending(state, frames.take_until(state.stopped()))

@@ -143,18 +143,11 @@ async fn instances(
     }
     let mut by_id: BTreeMap<String, Instance> = BTreeMap::new();
     for event in team_events(&state, &caller).await? {
-        let value = serde_json::to_value(&event).unwrap_or_default();
-        let properties = value.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+        let properties = properties(&event);
         let Some(id) = properties.get("instanceID").and_then(Value::as_str).map(str::to_owned) else {
             continue;
         };
-        let status = match event {
-            AgentTeamEvent::InstanceStarted(_) => "running",
-            AgentTeamEvent::InstanceCompleted(_) => "completed",
-            AgentTeamEvent::InstanceCancelled(_) => "cancelled",
-            AgentTeamEvent::InstanceFailed(_) => "failed",
-            _ => continue,
-        };
+        let Some(status) = instance_status(&event) else { continue };
         let entry = by_id.entry(id).or_default();
         for (key, field) in properties {
             if key != "timestampMs" {
@@ -202,8 +195,7 @@ async fn missions(
     let mut missions: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
     let mut usage: BTreeMap<(String, String), Value> = BTreeMap::new();
     for event in team_events(&state, &caller).await? {
-        let value = serde_json::to_value(&event).unwrap_or_default();
-        let properties = value.get("properties").cloned().unwrap_or_default();
+        let properties = properties(&event);
         let Some(mission) = properties.get("missionID").and_then(Value::as_str).map(str::to_owned) else {
             continue;
         };
@@ -226,7 +218,7 @@ async fn missions(
             }
             AgentTeamEvent::BudgetUsage(_) | AgentTeamEvent::BudgetExhausted(_) => {
                 if let Some(instance) = properties.get("instanceID").and_then(Value::as_str) {
-                    usage.insert((mission.clone(), instance.to_owned()), properties.clone());
+                    usage.insert((mission.clone(), instance.to_owned()), Value::Object(properties.clone()));
                 }
             }
             _ => {}
@@ -474,20 +466,39 @@ async fn cancel_instance(
 async fn listed_running(state: &AppState, caller: &Caller, instance_id: &str) -> ApiResult<Option<String>> {
     let mut running = None;
     for event in team_events(state, caller).await? {
-        let value = serde_json::to_value(&event).unwrap_or_default();
-        let properties = &value["properties"];
-        if properties["instanceID"].as_str() != Some(instance_id) {
+        let properties = properties(&event);
+        if properties.get("instanceID").and_then(Value::as_str) != Some(instance_id) {
             continue;
         }
-        running = match event {
-            AgentTeamEvent::InstanceStarted(_) => properties["missionID"].as_str().map(str::to_owned),
-            AgentTeamEvent::InstanceCompleted(_)
-            | AgentTeamEvent::InstanceCancelled(_)
-            | AgentTeamEvent::InstanceFailed(_) => None,
-            _ => running,
-        };
+        if let Some(status) = instance_status(&event) {
+            running = (status == "running")
+                .then(|| properties.get("missionID").and_then(Value::as_str).map(str::to_owned))
+                .flatten();
+        }
     }
     Ok(running)
+}
+
+/// An agent-team event's `properties`, as the feeds render them.
+fn properties(event: &AgentTeamEvent) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(event) {
+        Ok(Value::Object(mut rendered)) => match rendered.remove("properties") {
+            Some(Value::Object(properties)) => properties,
+            _ => serde_json::Map::new(),
+        },
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The status an instance's lifecycle event gives it; `None` for other events.
+const fn instance_status(event: &AgentTeamEvent) -> Option<&'static str> {
+    match event {
+        AgentTeamEvent::InstanceStarted(_) => Some("running"),
+        AgentTeamEvent::InstanceCompleted(_) => Some("completed"),
+        AgentTeamEvent::InstanceCancelled(_) => Some("cancelled"),
+        AgentTeamEvent::InstanceFailed(_) => Some("failed"),
+        _ => None,
+    }
 }
 
 async fn cancel_mission(

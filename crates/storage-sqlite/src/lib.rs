@@ -242,6 +242,28 @@ fn configure(connection: &Connection, options: &SqliteOptions) -> StoreResult<()
     Ok(())
 }
 
+/// Puts the file in WAL mode. Switching needs the file to itself, and SQLite answers
+/// "database is locked" at once (without its busy handler) while another connection reads
+/// it, as several processes opening a new file together do: the switch is tried again for
+/// up to `busy_timeout`.
+fn enable_wal(writer: &Connection, busy_timeout: Duration) -> StoreResult<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match writer.pragma_update(None, "journal_mode", "WAL") {
+            Ok(()) => return Ok(()),
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && started.elapsed() < busy_timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(error) => return Err(sqlite(error)),
+        }
+    }
+}
+
 /// Refuses a main file shorter than its header says, unless a WAL or a rollback journal
 /// beside it accounts for the difference.
 fn check_not_truncated(path: &Path) -> StoreResult<()> {
@@ -307,7 +329,7 @@ impl SqliteStore {
         }
         // Validate before changing anything in the file.
         schema::migrate(&mut writer)?;
-        writer.pragma_update(None, "journal_mode", "WAL").map_err(sqlite)?;
+        enable_wal(&writer, options.busy_timeout)?;
         let synchronous = match options.durability {
             Durability::Strict | Durability::Batched => "FULL",
             Durability::Relaxed => "NORMAL",

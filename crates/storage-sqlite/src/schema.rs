@@ -114,7 +114,13 @@ fn pragma_i64(connection: &Connection, name: &str) -> Result<i64, StoreError> {
 /// older file at once do not both apply a step (the second would fail on a table the
 /// first created).
 pub(crate) fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
-    if checked_version(connection)? == VERSION {
+    // Its three reads in one (deferred, read-only) transaction: read one by one, they could
+    // straddle another process's first migration and see its tables without its id.
+    let current = {
+        let reading = connection.transaction().map_err(sqlite)?;
+        checked_version(&reading)?
+    };
+    if current == VERSION {
         return Ok(());
     }
     loop {

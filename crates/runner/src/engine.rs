@@ -8,7 +8,6 @@
 //! the model context from those and continues from the last boundary.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Ready;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ use agentry_types::{
     TurnMetrics, TurnState, Usage,
 };
 use futures_util::StreamExt;
-use futures_util::future::{BoxFuture, Either};
+use futures_util::future::Either;
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
@@ -195,13 +194,12 @@ struct SinkState {
     messages: Vec<Message>,
     /// Staged journal entries of the turn's own tool calls (starts and lone results).
     journal: Vec<JournalEntry>,
+    /// The step being written: built here rather than in the writing future, so that
+    /// future stays a few words (every emit awaits it, inlined), and its vectors are
+    /// swapped with the staged ones rather than allocated for each step. Empty between
+    /// writes.
+    step: TurnStep,
 }
-
-/// What [`TurnSink::store_staged`] returns: the step's last event, stored but unpublished.
-type StoredStep<'a> = Either<
-    Ready<Result<Option<Arc<EventEnvelope>>, Stop>>,
-    BoxFuture<'a, Result<Option<Arc<EventEnvelope>>, Stop>>,
->;
 
 impl TurnSink {
     pub(crate) fn new(
@@ -220,6 +218,7 @@ impl TurnSink {
             staged: Vec::new(),
             messages: Vec::new(),
             journal: Vec::new(),
+            step: TurnStep::default(),
         };
         Self {
             store,
@@ -245,50 +244,41 @@ impl TurnSink {
     /// Writes what is staged with `last` (if any) and `run` as one step, then publishes the
     /// staged events; returns `last` stored but unpublished.
     ///
-    /// Boxed when there is something to write: every emit awaits it, and inlined its state
-    /// (a step, an envelope, a record) would be copied into each caller's future. With
-    /// nothing to write (each delta asks) it allocates nothing: the boxed step is large
-    /// enough that glibc's malloc consolidates its free lists for every one.
+    /// The step is built before the returned future starts, in `state`: the future holds
+    /// references only, and with nothing to write (each delta asks) it is ready at once.
     fn store_staged<'a>(
         &'a self,
         state: &'a mut SinkState,
         last: Option<Arc<EventEnvelope>>,
         run: Option<RunRecord>,
-    ) -> StoredStep<'a> {
-        let nothing = last.is_none()
-            && run.is_none()
-            && state.raise.is_none()
-            && state.messages.is_empty()
-            && state.journal.is_empty()
-            && state.staged.is_empty();
-        if nothing {
-            return Either::Left(std::future::ready(Ok(None)));
+    ) -> impl std::future::Future<Output = Result<Option<Arc<EventEnvelope>>, Stop>> + Send + 'a {
+        if !state.step.is_empty() {
+            // Left by a write whose future was dropped (a member thread cut off at the end
+            // of a cancellation's grace): dropped with it, as a step kept in its future was.
+            state.step = TurnStep::default();
         }
-        Either::Right(Box::pin(self.store_step(state, last, run)))
-    }
-
-    async fn store_step(
-        &self,
-        state: &mut SinkState,
-        last: Option<Arc<EventEnvelope>>,
-        run: Option<RunRecord>,
-    ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
         let has_last = last.is_some();
         // The turn's end (its record with `turn.done`) also gives its lease back.
-        let release_lease = run.is_some() && has_last;
-        let mut step = TurnStep {
-            high_water: state.raise.take(),
-            messages: std::mem::take(&mut state.messages),
-            events: std::mem::take(&mut state.staged),
-            journal: std::mem::take(&mut state.journal),
-            run,
-            release_lease,
-        };
-        step.events.extend(last);
-        if step.is_empty() {
+        state.step.release_lease = run.is_some() && has_last;
+        state.step.run = run;
+        state.step.high_water = state.raise.take();
+        std::mem::swap(&mut state.step.messages, &mut state.messages);
+        std::mem::swap(&mut state.step.events, &mut state.staged);
+        std::mem::swap(&mut state.step.journal, &mut state.journal);
+        state.step.events.extend(last);
+        self.write_built(state, has_last)
+    }
+
+    /// Writes the step [`Self::store_staged`] built; see there.
+    async fn write_built(
+        &self,
+        state: &mut SinkState,
+        has_last: bool,
+    ) -> Result<Option<Arc<EventEnvelope>>, Stop> {
+        if state.step.is_empty() {
             return Ok(None);
         }
-        if let Err(error) = self.store.write_step(self.turn_id, &step, Some(self.fence)).await {
+        if let Err(error) = self.store.write_step(self.turn_id, &state.step, Some(self.fence)).await {
             // Nothing of the step is stored. Its raise, messages and events go back in front
             // of what is staged, so a later step (at the latest the turn's end) stores them:
             // the history the turn already uses stays whole, and no number is skipped in
@@ -296,6 +286,7 @@ impl TurnSink {
             // end's own `turn.done` is not kept (nothing follows it). Sizes are checked
             // before anything is staged; an event too large to store would still be dropped
             // (it would fail every later step).
+            let step = std::mem::take(&mut state.step);
             state.raise = step.high_water.max(state.raise);
             let mut events = step.events;
             if step.run.is_some() && has_last {
@@ -320,11 +311,16 @@ impl TurnSink {
             }
             return Err(error.into());
         }
+        let step = &mut state.step;
+        step.messages.clear();
+        step.journal.clear();
+        step.run = None;
+        step.release_lease = false;
         if !step.events.is_empty() {
             self.appended.notify_waiters();
         }
         let last = if has_last { step.events.pop() } else { None };
-        for event in step.events {
+        for event in step.events.drain(..) {
             self.live.push(event);
         }
         Ok(last)
@@ -1927,9 +1923,22 @@ impl TurnEngine {
         let grace = self.agent.limits().cancel_grace;
         let (results, stopped) = {
             let this = &*self;
-            let mut running = std::pin::pin!(futures_util::future::join_all(calls.iter().zip(prepared).map(
-                |(call, prepared)| async move { (call.clone(), this.run_tool(call, prepared, alone).await) }
-            )));
+            let mut runs = calls.iter().zip(prepared).map(|(call, prepared)| async move {
+                (call.clone(), this.run_tool(call, prepared, alone).await)
+            });
+            // A lone call (the usual case) runs in place: `join_all` would allocate its
+            // future, large enough to make glibc consolidate its free lists each time.
+            let mut running = std::pin::pin!(if calls.len() == 1 {
+                let lone = runs.next();
+                Either::Left(async move {
+                    match lone {
+                        Some(run) => vec![run.await],
+                        None => Vec::new(),
+                    }
+                })
+            } else {
+                Either::Right(futures_util::future::join_all(runs))
+            });
             // Threads stop by themselves on cancellation and record how they ended: wait for
             // them rather than drop them.
             let patient = calls

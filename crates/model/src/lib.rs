@@ -100,7 +100,7 @@ pub enum ModelError {
         retry_after: Option<Duration>,
     },
     /// The provider could not be reached, or the connection failed.
-    #[error("cannot reach the model provider: {0}")]
+    #[error("the connection to the model provider failed: {0}")]
     Transport(String),
     /// The provider did not answer in time.
     #[error("the model provider did not answer within {0:?}")]

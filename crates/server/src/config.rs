@@ -19,6 +19,8 @@
 //! model = "gpt-4o-mini"
 //! timeout_secs = 60                # until the response's headers arrive
 //! stream_idle_timeout_secs = 300   # the longest silence inside a streamed answer
+//! max_retries = 3                   # after a 429, a 5xx or a failed connection, before any token
+//! headers = { "HTTP-Referer" = "https://example.com" }   # sent with every request
 //!
 //! [[agents]]
 //! name = "helper"
@@ -236,6 +238,9 @@ pub struct ApiKeyConfig {
     pub subject: String,
 }
 
+/// The most retries a provider may be given: each may wait up to 20 seconds.
+const MAX_PROVIDER_RETRIES: u32 = 10;
+
 /// An OpenAI-compatible provider.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -255,6 +260,14 @@ pub struct ProviderConfig {
     /// (default 300).
     #[serde(default)]
     pub stream_idle_timeout_secs: Option<u64>,
+    /// Retries of a request that failed before its response (a 429, a 5xx status, a
+    /// failed connection; default 3, at most 10). Each is logged as a warning.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Headers sent with every request (for example `OpenAI-Organization`, or OpenRouter's
+    /// `HTTP-Referer`); the key is sent as `Authorization: Bearer` from `api_key_env`.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// An MCP server an agent uses.
@@ -434,6 +447,8 @@ impl Default for Config {
                         .unwrap_or_else(|| "gpt-4o-mini".to_owned()),
                     timeout_secs: None,
                     stream_idle_timeout_secs: None,
+                    max_retries: None,
+                    headers: std::collections::BTreeMap::new(),
                 },
             );
             config.agents.push(AgentConfig {
@@ -509,6 +524,11 @@ impl Config {
             }
             if let Some(secs) = provider.stream_idle_timeout_secs {
                 within(format!("providers.{name}.stream_idle_timeout_secs"), secs, 1)?;
+            }
+            if let Some(retries) = provider.max_retries.filter(|retries| *retries > MAX_PROVIDER_RETRIES) {
+                return Err(ConfigError::Invalid(format!(
+                    "providers.{name}.max_retries is {retries}; it must be at most {MAX_PROVIDER_RETRIES}"
+                )));
             }
         }
         for agent in &self.agents {
@@ -708,6 +728,12 @@ impl Config {
         }
         if let Some(secs) = provider.stream_idle_timeout_secs {
             config.stream_idle_timeout = Duration::from_secs(secs);
+        }
+        if let Some(retries) = provider.max_retries {
+            config.max_retries = retries;
+        }
+        for (header, value) in &provider.headers {
+            config = config.with_header(header.clone(), value.clone());
         }
         let model = OpenAiCompatibleModel::new(config)
             .map_err(|error| ConfigError::Invalid(format!("provider {name:?}: {error}")))?;

@@ -379,12 +379,24 @@ impl Message {
         Self { tool_call_id: Some(tool_call_id.into()), ..Self::new(Role::Tool, content) }
     }
 
-    /// The assistant message a model produced.
+    /// The assistant message a model produced. A refusal without text becomes its
+    /// content: it is what the model said, and the model sees it in later requests.
+    ///
+    /// ```
+    /// use agentry_types::{Message, ModelMessage};
+    /// let refused = ModelMessage { refusal: Some("I can't help with that.".into()), ..ModelMessage::default() };
+    /// assert_eq!(Message::from_model(&refused).text(), "I can't help with that.");
+    /// ```
     #[must_use]
     pub fn from_model(message: &ModelMessage) -> Self {
+        let content = match (&message.content, &message.refusal) {
+            (Some(text), Some(refusal)) if text.is_empty() => Some(refusal.clone()),
+            (None, Some(refusal)) => Some(refusal.clone()),
+            (content, _) => content.clone(),
+        };
         Self {
             role: Role::Assistant,
-            content: message.content.clone().map(MessageContent::Text),
+            content: content.map(MessageContent::Text),
             name: message.name.clone(),
             tool_calls: message.tool_calls.clone(),
             tool_call_id: None,

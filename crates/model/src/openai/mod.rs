@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentry_types::ModelMessageDelta;
+use agentry_types::{FinishReason, ModelMessageDelta};
 use async_trait::async_trait;
 use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
@@ -259,10 +259,11 @@ impl OpenAiCompatibleModel {
             Ok(Err(error)) if error.is_timeout() => {
                 return Err(AttemptError::fatal(ModelError::Timeout(timeout)));
             }
-            Ok(Err(error)) if error.is_connect() => {
+            // Refused, reset or closed before any response: nothing was streamed, so the
+            // request is sent again (a completion request changes nothing on the server).
+            Ok(Err(error)) => {
                 return Err(AttemptError::retryable(ModelError::Transport(describe(&error)), None));
             }
-            Ok(Err(error)) => return Err(AttemptError::fatal(ModelError::Transport(describe(&error)))),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
@@ -273,6 +274,8 @@ impl OpenAiCompatibleModel {
         let body = read_error_body(response, deadline).await;
         let message = wire::error_body_message(&body);
         if status == StatusCode::TOO_MANY_REQUESTS && !wire::is_quota_exhausted(&body) {
+            // `RateLimited` carries no message: the server's is logged here.
+            tracing::warn!(url = %self.url, %message, "the model provider is rate limiting requests (429)");
             return Err(AttemptError::retryable(ModelError::RateLimited { retry_after }, retry_after));
         }
         let error = ModelError::Http { status: status.as_u16(), message };
@@ -307,8 +310,12 @@ impl Model for OpenAiCompatibleModel {
     /// reason or `[DONE]`; [`ModelError::Stalled`] when it sends nothing for
     /// [`OpenAiConfig::stream_idle_timeout`]. Once a finish reason has arrived the response
     /// is complete, so a failure after it ends the stream normally (only the usage can be
-    /// missing). A stream ended by `[DONE]` without any finish reason ends normally,
-    /// without one.
+    /// missing). A stream ended by `[DONE]` without any finish reason ends normally, its
+    /// last delta finishing with `tool_calls` when it called tools and `stop` otherwise.
+    /// Tool calls are numbered densely from 0 whatever the server's indexes, and a call
+    /// without an id gets one. A `200 OK` response with a JSON body is read whole: a
+    /// completion becomes one delta, an error object [`ModelError::Http`]; an HTML page or
+    /// newline-delimited JSON is [`ModelError::Http`] with what it likely means.
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         if request.messages.is_empty() {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
@@ -318,12 +325,21 @@ impl Model for OpenAiCompatibleModel {
         let mut retry = 0;
         loop {
             match self.attempt(body.clone()).await {
-                Ok(response) => return Ok(delta_stream(response, self.config.stream_idle_timeout)),
-                Err(AttemptError { retry: Some(retry_after), .. }) if retry < self.config.max_retries => {
-                    tokio::time::sleep(self.config.backoff(retry, retry_after)).await;
+                Ok(response) => return response_stream(response, self.config.stream_idle_timeout).await,
+                Err(AttemptError { retry: Some(retry_after), error }) if retry < self.config.max_retries => {
+                    let wait = self.config.backoff(retry, retry_after);
+                    tracing::warn!(url = %self.url, model = %self.config.model, %error, attempt = retry + 1,
+                        wait_ms = wait.as_millis(), "a model request failed before its response; retrying");
+                    tokio::time::sleep(wait).await;
                     retry += 1;
                 }
-                Err(AttemptError { error, .. }) => return Err(error),
+                Err(AttemptError { error, .. }) => {
+                    if retry > 0 {
+                        tracing::warn!(url = %self.url, model = %self.config.model, %error, attempts = retry + 1,
+                            "a model request failed on every attempt");
+                    }
+                    return Err(error);
+                }
             }
         }
     }
@@ -396,6 +412,74 @@ fn describe(error: &reqwest::Error) -> String {
     message
 }
 
+/// The deltas of a successful response, by its content type: an event stream (or no
+/// type) as [`delta_stream`]; a JSON body (a server that ignores `stream: true` answers
+/// with the whole completion, and some send an error object with `200 OK`) read whole;
+/// an HTML page or Ollama's native newline-delimited JSON refused with what it means.
+async fn response_stream(response: reqwest::Response, idle: Duration) -> Result<ModelStream, ModelError> {
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let status = response.status().as_u16();
+    match content_type.as_str() {
+        "application/json" => {
+            let body = read_body(response, idle).await?;
+            let delta = wire::parse_completion(&body)?;
+            Ok(deltas_of_one(delta))
+        }
+        "text/html" => Err(ModelError::Http {
+            status,
+            message: "the server answered with an HTML page, not an event stream: is the base URL \
+                      the API root (often ending in /v1)?"
+                .to_owned(),
+        }),
+        "application/x-ndjson" => Err(ModelError::Http {
+            status,
+            message: "the server answered with newline-delimited JSON, as Ollama's native API does, \
+                      not an event stream: Ollama's OpenAI-compatible API is at http://host:11434/v1"
+                .to_owned(),
+        }),
+        _ => Ok(delta_stream(response, idle)),
+    }
+}
+
+/// A whole (non-streamed) body, of at most [`sse::MAX_EVENT_BYTES`], each read bounded by
+/// `idle`.
+async fn read_body(mut response: reqwest::Response, idle: Duration) -> Result<Vec<u8>, ModelError> {
+    let idle = idle.min(agentry_types::LONGEST_WAIT);
+    let mut body = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => {
+                body.extend_from_slice(&bytes);
+                if body.len() > sse::MAX_EVENT_BYTES {
+                    let limit = sse::MAX_EVENT_BYTES;
+                    return Err(ModelError::MalformedChunk(format!(
+                        "a JSON response larger than {limit} bytes"
+                    )));
+                }
+            }
+            Ok(Ok(None)) => return Ok(body),
+            Ok(Err(_)) => return Err(ModelError::Disconnected),
+            Err(_elapsed) => return Err(ModelError::Stalled(idle)),
+        }
+    }
+}
+
+/// The stream of a whole completion read as one delta (renumbered and finished as a
+/// streamed one is).
+fn deltas_of_one(delta: ModelMessageDelta) -> ModelStream {
+    let mut state =
+        DeltaStream::new(futures_util::stream::empty::<Result<&'static [u8], ModelError>>(), |e| e);
+    state.apply(StreamEvent::Delta(delta));
+    state.apply(StreamEvent::Done);
+    state.ended = true;
+    futures_util::stream::iter(std::mem::take(&mut state.ready)).boxed()
+}
+
 /// The deltas of a response body. The body is owned by the stream, so dropping the
 /// stream drops the response and closes its connection.
 fn delta_stream(response: reqwest::Response, idle: Duration) -> ModelStream {
@@ -459,15 +543,7 @@ where
     B: AsRef<[u8]>,
     E: 'static,
 {
-    let state = DeltaStream {
-        body,
-        explain,
-        parser: SseParser::default(),
-        ready: VecDeque::new(),
-        finishing: None,
-        complete: false,
-        ended: false,
-    };
+    let state = DeltaStream::new(body, explain);
     futures_util::stream::unfold(state, |mut state| async move {
         let item = state.next().await?;
         Some((item, state))
@@ -494,6 +570,59 @@ struct DeltaStream<S, E> {
     complete: bool,
     /// Whether nothing is to be read any more.
     ended: bool,
+    /// The tool calls seen so far, to number them densely.
+    calls: ToolCallSlots,
+}
+
+/// Numbers a response's tool calls densely (0, 1, 2, … in the order they start), whatever
+/// the server's indexes, and gives a call without an id one. Servers differ: most number
+/// calls from 0 and send the id once, but Ollama sends every call whole at index 0 with its
+/// own id, some proxies start at 1 or send -1, and some send no id at all. A chunk with an
+/// id not seen yet starts a call, unless the latest call at its index got an id made up
+/// here (the server's id then came late, and the made-up one stays); a chunk without an id
+/// continues the latest call at its index, or starts one.
+#[derive(Debug, Default)]
+struct ToolCallSlots {
+    /// Per call, in order: the server's index, the call's id, whether the id was made up.
+    calls: Vec<(u32, String, bool)>,
+}
+
+impl ToolCallSlots {
+    fn renumber(&mut self, delta: &mut ModelMessageDelta) {
+        for call in &mut delta.tool_calls {
+            let at_index = self.calls.iter().rposition(|(index, _, _)| *index == call.index);
+            let known =
+                call.id.as_deref().and_then(|id| self.calls.iter().position(|(_, seen, _)| seen == id));
+            let slot = match (known, call.id.is_some(), at_index) {
+                (Some(slot), _, _) => {
+                    self.calls[slot].0 = call.index;
+                    slot
+                }
+                (None, true, Some(slot)) if self.calls[slot].2 => {
+                    call.id = None;
+                    slot
+                }
+                (None, false, Some(slot)) => slot,
+                (None, has_id, _) => {
+                    let id = match &call.id {
+                        Some(id) if has_id => id.clone(),
+                        _ => {
+                            let id = format!("call_{}", agentry_types::EventId::new());
+                            call.id = Some(id.clone());
+                            id
+                        }
+                    };
+                    self.calls.push((call.index, id, !has_id));
+                    self.calls.len() - 1
+                }
+            };
+            call.index = u32::try_from(slot).unwrap_or(u32::MAX);
+        }
+    }
+
+    const fn any(&self) -> bool {
+        !self.calls.is_empty()
+    }
 }
 
 impl<S, B, E> DeltaStream<S, E>
@@ -501,6 +630,19 @@ where
     S: Stream<Item = Result<B, E>> + Unpin,
     B: AsRef<[u8]>,
 {
+    fn new(body: S, explain: fn(E) -> ModelError) -> Self {
+        Self {
+            body,
+            explain,
+            parser: SseParser::default(),
+            ready: VecDeque::new(),
+            finishing: None,
+            complete: false,
+            ended: false,
+            calls: ToolCallSlots::default(),
+        }
+    }
+
     async fn next(&mut self) -> Option<Result<ModelMessageDelta, ModelError>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
@@ -538,7 +680,7 @@ where
         }
     }
 
-    fn handle(&mut self, events: Vec<String>) {
+    fn handle(&mut self, events: Vec<sse::SseEvent>) {
         for data in events {
             if self.ended {
                 return;
@@ -560,6 +702,15 @@ where
         }
         match event {
             StreamEvent::Done => {
+                if self.finishing.is_none() && !self.complete {
+                    // `[DONE]` without a finish reason (llama.cpp and some proxies): the
+                    // response is whole, so it finishes as a response of its kind does.
+                    let reason = if self.calls.any() { FinishReason::ToolCalls } else { FinishReason::Stop };
+                    self.finishing = Some(ModelMessageDelta {
+                        finish_reason: Some(reason),
+                        ..ModelMessageDelta::default()
+                    });
+                }
                 self.release();
                 self.complete = true;
             }
@@ -572,6 +723,7 @@ where
         if self.complete {
             return;
         }
+        self.calls.renumber(&mut delta);
         let Some(finishing) = &mut self.finishing else {
             if delta.finish_reason.is_some() {
                 self.finishing = Some(delta);

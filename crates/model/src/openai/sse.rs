@@ -2,8 +2,10 @@
 //!
 //! It follows the HTML server-sent events grammar: lines end with CRLF, LF or a lone CR;
 //! a blank line dispatches the event; `data` fields (with or without a space after the
-//! colon) are joined with `\n`; lines starting with `:` are comments; `event`, `id`,
-//! `retry` and unknown fields are ignored. Bytes may arrive split anywhere, even inside a
+//! colon) are joined with `\n`; lines starting with `:` are comments; `id`, `retry` and
+//! unknown fields are ignored. An event named `error` (`event: error`, as some proxies
+//! send), and an `error` field (llama.cpp's server writes `error: {…}` in place of `data`),
+//! are marked as errors. Bytes may arrive split anywhere, even inside a
 //! line terminator or a multi-byte character.
 
 /// The largest event the parser buffers; a larger one is a broken stream, not a response.
@@ -14,8 +16,19 @@ pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 pub(crate) struct EventTooLarge;
 
 /// Turns body bytes into event data, keeping what is incomplete until more bytes come.
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SseEvent {
+    /// Its data lines, joined with `\n`.
+    pub(crate) data: String,
+    /// Whether the server marked it as an error (see the module's documentation).
+    pub(crate) error: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct SseParser {
+    /// The pending event is marked as an error.
+    error: bool,
     /// The bytes of the current, unterminated line.
     line: Vec<u8>,
     /// The data of the current event so far.
@@ -28,7 +41,7 @@ pub(crate) struct SseParser {
 
 impl SseParser {
     /// Feeds body bytes and appends the data of every event they complete to `events`.
-    pub(crate) fn push(&mut self, bytes: &[u8], events: &mut Vec<String>) -> Result<(), EventTooLarge> {
+    pub(crate) fn push(&mut self, bytes: &[u8], events: &mut Vec<SseEvent>) -> Result<(), EventTooLarge> {
         let mut rest = bytes;
         if self.after_cr && !rest.is_empty() {
             self.after_cr = false;
@@ -59,7 +72,7 @@ impl SseParser {
 
     /// Ends the body: an unterminated last line and an undispatched last event still
     /// count, since some servers close the connection right after their last `data` line.
-    pub(crate) fn finish(&mut self, events: &mut Vec<String>) {
+    pub(crate) fn finish(&mut self, events: &mut Vec<SseEvent>) {
         if !self.line.is_empty() {
             self.end_line(events);
         }
@@ -70,7 +83,7 @@ impl SseParser {
         if self.line.len() + self.data.len() > MAX_EVENT_BYTES { Err(EventTooLarge) } else { Ok(()) }
     }
 
-    fn end_line(&mut self, events: &mut Vec<String>) {
+    fn end_line(&mut self, events: &mut Vec<SseEvent>) {
         let line = std::mem::take(&mut self.line);
         if line.is_empty() {
             self.dispatch(events);
@@ -86,7 +99,12 @@ impl SseParser {
             }
             None => (&line[..], &[][..]),
         };
-        if field == b"data" {
+        if field == b"event" {
+            self.error = value == b"error";
+        } else if field == b"error" {
+            self.error = true;
+        }
+        if field == b"data" || field == b"error" {
             if self.has_data {
                 self.data.push(b'\n');
             }
@@ -95,13 +113,13 @@ impl SseParser {
         }
     }
 
-    fn dispatch(&mut self, events: &mut Vec<String>) {
+    fn dispatch(&mut self, events: &mut Vec<SseEvent>) {
+        let error = std::mem::take(&mut self.error);
         if std::mem::take(&mut self.has_data) {
             let data = std::mem::take(&mut self.data);
-            events.push(
-                String::from_utf8(data)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-            );
+            let data = String::from_utf8(data)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            events.push(SseEvent { data, error });
         }
     }
 }
@@ -111,6 +129,10 @@ mod tests {
     use super::*;
 
     fn parse_in_pieces(body: &[u8], piece: usize) -> Vec<String> {
+        events_in_pieces(body, piece).into_iter().map(|event| event.data).collect()
+    }
+
+    fn events_in_pieces(body: &[u8], piece: usize) -> Vec<SseEvent> {
         let mut parser = SseParser::default();
         let mut events = Vec::new();
         for chunk in body.chunks(piece.max(1)) {
@@ -158,5 +180,15 @@ mod tests {
         parser.push(b"data: ", &mut events).unwrap();
         let big = vec![b'x'; MAX_EVENT_BYTES];
         assert_eq!(parser.push(&big, &mut events), Err(EventTooLarge));
+    }
+
+    #[test]
+    fn error_events_and_llama_cpp_error_fields_are_marked() {
+        let body =
+            b"event: error\ndata: {\"message\":\"Overloaded\"}\n\nerror: {\"code\":400}\n\ndata: {}\n\n";
+        let events = events_in_pieces(body, 3);
+        let marked: Vec<(&str, bool)> =
+            events.iter().map(|event| (event.data.as_str(), event.error)).collect();
+        assert_eq!(marked, [("{\"message\":\"Overloaded\"}", true), ("{\"code\":400}", true), ("{}", false)]);
     }
 }

@@ -14,6 +14,7 @@ use agentry_types::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::sse::SseEvent;
 use crate::{ModelError, ModelRequest, ToolChoice};
 
 /// How much of a malformed chunk or a non-JSON error body an error message quotes.
@@ -251,7 +252,8 @@ struct ChoiceDelta {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct WireToolCallDelta {
-    index: Option<u32>,
+    /// Signed: some servers (GLM behind proxies) send `-1`.
+    index: Option<i64>,
     id: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
@@ -316,11 +318,16 @@ pub(crate) enum StreamEvent {
     Error(ModelError),
 }
 
-/// Reads one event's data.
+/// Reads one event's data. An event the server marked as an error is one, whatever its
+/// data.
 ///
 /// Data that is not one JSON value is retried line by line, for servers that send
 /// several `data:` lines without the blank line between events.
-pub(crate) fn parse_event(data: &str) -> Result<Vec<StreamEvent>, ModelError> {
+pub(crate) fn parse_event(event: &SseEvent) -> Result<Vec<StreamEvent>, ModelError> {
+    let data = event.data.as_str();
+    if event.error {
+        return Ok(vec![StreamEvent::Error(marked_error(data))]);
+    }
     match parse_one(data) {
         Ok(event) => Ok(vec![event]),
         Err(error) if data.contains('\n') => {
@@ -344,6 +351,18 @@ fn parse_one(data: &str) -> Result<StreamEvent, serde_json::Error> {
         return Ok(StreamEvent::Error(stream_error(error)));
     }
     Ok(StreamEvent::Delta(chunk_delta(chunk)))
+}
+
+/// The error of an event marked as one: its JSON `error` member, or the JSON value itself,
+/// or else its text.
+fn marked_error(data: &str) -> ModelError {
+    match serde_json::from_str::<Value>(data) {
+        Ok(value) => match value.get("error") {
+            Some(error) if !error.is_null() => stream_error(error),
+            _ => stream_error(&value),
+        },
+        Err(_) => ModelError::Http { status: 0, message: excerpt(data.trim()) },
+    }
 }
 
 /// An error object sent inside a `200 OK` stream, as [`ModelError::Http`]: its status is
@@ -394,6 +413,50 @@ fn chunk_delta(chunk: Chunk) -> ModelMessageDelta {
     }
 }
 
+/// A whole (non-streamed) `chat.completion`, or an error object in its place.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Completion {
+    choices: Option<Vec<CompletionChoice>>,
+    usage: Option<WireUsage>,
+    error: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CompletionChoice {
+    index: Option<u32>,
+    message: Option<ChoiceDelta>,
+    finish_reason: Option<String>,
+}
+
+/// Reads a JSON body sent in place of an event stream: a whole completion, as one delta
+/// (its tool calls numbered by position), or the error object it carries.
+pub(crate) fn parse_completion(body: &[u8]) -> Result<ModelMessageDelta, ModelError> {
+    let text = String::from_utf8_lossy(body);
+    let completion: Completion = serde_json::from_str(&text).map_err(|error| malformed(&text, &error))?;
+    if let Some(error) = &completion.error {
+        return Err(stream_error(error));
+    }
+    let choices: Vec<Choice> = completion
+        .choices
+        .unwrap_or_default()
+        .into_iter()
+        .map(|choice| Choice {
+            index: choice.index,
+            delta: choice.message,
+            finish_reason: choice.finish_reason,
+        })
+        .collect();
+    if choices.is_empty() {
+        return Err(ModelError::MalformedChunk(format!(
+            "a JSON response with neither choices nor an error: {:?}",
+            excerpt(&text)
+        )));
+    }
+    Ok(chunk_delta(Chunk { choices: Some(choices), usage: completion.usage, error: None }))
+}
+
 /// Text content: a string, or the `text` of each part of a content array.
 fn content_text(content: Value) -> Option<String> {
     match content {
@@ -405,10 +468,14 @@ fn content_text(content: Value) -> Option<String> {
     }
 }
 
-/// A tool-call chunk; a chunk without `index` takes its position in the list, and one
-/// that carries nothing is dropped.
+/// A tool-call chunk; a chunk without a usable `index` (none, or negative) takes its
+/// position in the list, and one that carries nothing is dropped. The index is the
+/// server's: the stream renumbers calls densely (see `ToolCallSlots` in the provider).
 fn tool_call_delta(position: usize, call: WireToolCallDelta) -> Option<ToolCallDelta> {
-    let index = call.index.unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX));
+    let index = call
+        .index
+        .and_then(|index| u32::try_from(index).ok())
+        .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX));
     let function = call.function.unwrap_or_default();
     let name = function.name.filter(|name| !name.is_empty());
     let arguments = match function.arguments {

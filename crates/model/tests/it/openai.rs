@@ -26,6 +26,10 @@ enum Reply {
     Status { status: u16, headers: Vec<(&'static str, String)>, body: String },
     /// No answer at all; the connection stays open until the client closes it.
     Silence,
+    /// The connection closed after the request, before any response.
+    Reset,
+    /// `200 OK` with this content type and body, whole.
+    Whole { content_type: &'static str, body: String },
     /// Part of an event stream, then waiting until the client closes the connection,
     /// which is reported with the number of bytes read meanwhile.
     SseUntilClosed { body: Vec<u8>, closed: oneshot::Sender<usize> },
@@ -113,6 +117,10 @@ async fn serve(mut socket: TcpStream, reply: Option<Reply>, recorded: Arc<Mutex<
         }
         Reply::Silence => {
             let _ = read_until_closed(&mut socket).await;
+        }
+        Reply::Reset => drop(socket),
+        Reply::Whole { content_type, body } => {
+            let _ = write_status(&mut socket, 200, &[("content-type", content_type.to_owned())], &body).await;
         }
         Reply::SseUntilClosed { body, closed } => {
             socket.write_all(SSE_HEAD.as_bytes()).await.unwrap();
@@ -804,4 +812,189 @@ async fn a_server_that_keeps_the_connection_open_after_the_usage_does_not_hold_t
         .await
         .expect("the connection was closed")
         .unwrap();
+}
+
+/// An event stream of these chunks (each a JSON value), then `[DONE]` when `done`.
+fn stream_of(chunks: &[Value], done: bool) -> Vec<u8> {
+    let mut body: String = chunks.iter().map(|chunk| format!("data: {chunk}\n\n")).collect();
+    if done {
+        body.push_str("data: [DONE]\n\n");
+    }
+    body.into_bytes()
+}
+
+fn call_chunk(index: Option<i64>, id: Option<&str>, name: Option<&str>, arguments: Option<&str>) -> Value {
+    let mut call = json!({"type": "function", "function": {}});
+    if let Some(index) = index {
+        call["index"] = json!(index);
+    }
+    if let Some(id) = id {
+        call["id"] = json!(id);
+    }
+    if let Some(name) = name {
+        call["function"]["name"] = json!(name);
+    }
+    if let Some(arguments) = arguments {
+        call["function"]["arguments"] = json!(arguments);
+    }
+    json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+}
+
+fn finish(reason: &str) -> Value {
+    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+}
+
+/// The calls of a response: per dense index, id, name and arguments.
+async fn calls_of(chunks: &[Value]) -> Vec<(u32, (String, String, String))> {
+    let server = TestServer::start(vec![Reply::sse(stream_of(chunks, true))]).await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    let merged = merge(&deltas);
+    assert_eq!(merged.finish_reason, Some(FinishReason::ToolCalls));
+    merged.calls.into_iter().collect()
+}
+
+fn call(id: &str, name: &str, arguments: &str) -> (String, String, String) {
+    (id.to_owned(), name.to_owned(), arguments.to_owned())
+}
+
+#[tokio::test]
+async fn tool_calls_are_numbered_densely_whatever_the_server_indexes() {
+    // Ollama: every call whole, each at index 0 with its own id.
+    let ollama = [
+        call_chunk(Some(0), Some("call_a"), Some("add"), Some("{\"a\":1}")),
+        call_chunk(Some(0), Some("call_b"), Some("mul"), Some("{\"b\":2}")),
+        finish("tool_calls"),
+    ];
+    assert_eq!(
+        calls_of(&ollama).await,
+        [(0, call("call_a", "add", "{\"a\":1}")), (1, call("call_b", "mul", "{\"b\":2}"))]
+    );
+    // No index, one call per chunk, each continued by a chunk with neither index nor id.
+    let unindexed = [
+        call_chunk(None, Some("call_a"), Some("add"), Some("{\"a\":")),
+        call_chunk(None, None, None, Some("1}")),
+        call_chunk(None, Some("call_b"), Some("mul"), None),
+        call_chunk(None, None, None, Some("{}")),
+        finish("tool_calls"),
+    ];
+    assert_eq!(
+        calls_of(&unindexed).await,
+        [(0, call("call_a", "add", "{\"a\":1}")), (1, call("call_b", "mul", "{}"))]
+    );
+    // Proxies for Claude start at 1; GLM sends -1.
+    for first in [1, -1] {
+        let chunks = [
+            call_chunk(Some(first), Some("call_a"), Some("add"), None),
+            call_chunk(Some(first), None, None, Some("{}")),
+            finish("tool_calls"),
+        ];
+        assert_eq!(calls_of(&chunks).await, [(0, call("call_a", "add", "{}"))], "first index {first}");
+    }
+}
+
+#[tokio::test]
+async fn a_tool_call_without_an_id_gets_one_and_a_late_server_id_does_not_split_it() {
+    let chunks = [
+        call_chunk(Some(0), None, Some("add"), Some("{\"a\":")),
+        call_chunk(Some(0), Some(""), None, Some("1}")),
+        call_chunk(Some(1), None, Some("mul"), None),
+        call_chunk(Some(1), Some("call_late"), None, Some("{}")),
+        finish("tool_calls"),
+    ];
+    let calls = calls_of(&chunks).await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let ids: Vec<&str> = calls.iter().map(|(_, (id, _, _))| id.as_str()).collect();
+    assert!(ids.iter().all(|id| id.starts_with("call_") && id.len() > 10), "{ids:?}");
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!((calls[0].1.1.as_str(), calls[0].1.2.as_str()), ("add", "{\"a\":1}"));
+    assert_eq!((calls[1].1.1.as_str(), calls[1].1.2.as_str()), ("mul", "{}"));
+}
+
+#[tokio::test]
+async fn done_without_a_finish_reason_finishes_the_message_by_its_kind() {
+    let text = [json!({"choices": [{"index": 0, "delta": {"content": "Hi"}}]})];
+    let server = TestServer::start(vec![
+        Reply::sse(stream_of(&text, true)),
+        Reply::sse(stream_of(&[call_chunk(Some(0), Some("call_a"), Some("add"), Some("{}"))], true)),
+        Reply::sse(stream_of(&text, false)),
+    ])
+    .await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    let merged = merge(&deltas);
+    assert_eq!((merged.content.as_str(), merged.finish_reason), ("Hi", Some(FinishReason::Stop)));
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    assert_eq!(merge(&deltas).finish_reason, Some(FinishReason::ToolCalls));
+    // Without `[DONE]` nor a finish reason the response may be cut short: still an error.
+    let (_, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, Some(ModelError::Disconnected));
+}
+
+#[tokio::test]
+async fn error_events_and_llama_cpp_error_lines_keep_the_servers_message() {
+    let named = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n\nevent: error\ndata: {\"message\":\"Overloaded\"}\n\n";
+    let llama = b"error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\"}\n\n";
+    let server = TestServer::start(vec![Reply::sse(named.to_vec()), Reply::sse(llama.to_vec())]).await;
+    let (_, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, Some(ModelError::Http { status: 0, message: "Overloaded".into() }));
+    let (_, error) = run(&server.model(), hello()).await;
+    let message = "the request exceeds the available context size".to_owned();
+    assert_eq!(error, Some(ModelError::Http { status: 400, message }));
+}
+
+#[tokio::test]
+async fn a_whole_json_completion_is_read_as_one_finished_delta() {
+    let completion = json!({
+        "id": "chatcmpl-1", "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me add.",
+            "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}]
+        }}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+    });
+    let server = TestServer::start(vec![Reply::Whole {
+        content_type: "application/json; charset=utf-8",
+        body: completion.to_string(),
+    }])
+    .await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    let merged = merge(&deltas);
+    assert_eq!(merged.content, "Let me add.");
+    assert_eq!(merged.calls.into_iter().collect::<Vec<_>>(), [(0, call("call_a", "add", "{\"a\":1}"))]);
+    assert_eq!(merged.finish_reason, Some(FinishReason::ToolCalls));
+    assert_eq!(merged.usage, Some(Usage::new(12, 5)));
+}
+
+#[tokio::test]
+async fn a_200_json_error_an_html_page_and_ndjson_are_refused_with_what_they_mean() {
+    let server = TestServer::start(vec![
+        Reply::Whole {
+            content_type: "application/json",
+            body: json!({"error": {"message": "model 'gpt-5' not found", "code": 404}}).to_string(),
+        },
+        Reply::Whole { content_type: "text/html", body: "<html><body>Welcome</body></html>".into() },
+        Reply::Whole { content_type: "application/x-ndjson", body: "{\"message\":{}}\n".into() },
+    ])
+    .await;
+    let model = server.model();
+    let (_, error) = run(&model, hello()).await;
+    assert_eq!(error, Some(ModelError::Http { status: 404, message: "model 'gpt-5' not found".into() }));
+    for hint in ["HTML page", "newline-delimited JSON"] {
+        let (_, error) = run(&model, hello()).await;
+        let Some(ModelError::Http { status: 200, message }) = error else { panic!("{error:?}") };
+        assert!(message.contains(hint), "{message}");
+    }
+    assert_eq!(server.requests().len(), 3, "none of them is retried");
+}
+
+#[tokio::test]
+async fn a_connection_closed_before_any_response_is_retried() {
+    let server = TestServer::start(vec![Reply::Reset, Reply::sse(fixture("openai_text.sse"))]).await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    assert_eq!(merge(&deltas).finish_reason, Some(FinishReason::Stop));
+    assert_eq!(server.requests().len(), 2);
 }

@@ -599,3 +599,98 @@ async fn an_agui_thread_continues_its_session_after_a_restart_behind_a_thousand_
     lookalikes.sort_unstable();
     assert_eq!(lookalikes, [0, 1]);
 }
+
+/// A loopback OpenAI-compatible provider answering each request with the next of
+/// `replies` (a whole HTTP response), and recording each request (head and body).
+async fn fake_provider(replies: Vec<String>) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let requests = std::sync::Arc::clone(&recorded);
+    tokio::spawn(async move {
+        let mut replies = replies.into_iter();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let mut reader = BufReader::new(stream);
+            let mut head = String::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap();
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).await.unwrap();
+            requests.lock().unwrap().push(format!("{head}\r\n{}", String::from_utf8_lossy(&body)));
+            let reply = replies.next().unwrap_or_else(|| "HTTP/1.1 599 No reply left\r\n\r\n".to_owned());
+            let mut stream = reader.into_inner();
+            stream.write_all(reply.as_bytes()).await.unwrap();
+            stream.shutdown().await.unwrap();
+        }
+    });
+    (address, recorded)
+}
+
+/// A `200 OK` event stream of these `data:` payloads, closed after them.
+fn sse_reply(events: &[&str]) -> String {
+    let body: String = events.iter().map(|data| format!("data: {data}\n\n")).collect();
+    format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}")
+}
+
+#[tokio::test]
+async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_are_understood() {
+    let dir = tempfile::tempdir().unwrap();
+    let failure = r#"{"error":{"message":"upstream hiccup"}}"#;
+    let (provider, requests) = fake_provider(vec![
+        format!("HTTP/1.1 503 Busy\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{failure}", failure.len()),
+        // A proxy numbering its one tool call from 1, with no finish reason before `[DONE]`.
+        sse_reply(&[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_x","type":"function","function":{"name":"calculator","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"expression\":\"6 * 7\"}"}}]}}]}"#,
+            "[DONE]",
+        ]),
+        // An answer ended by `[DONE]` only.
+        sse_reply(&[r#"{"choices":[{"index":0,"delta":{"content":"The answer is 42."}}]}"#, "[DONE]"]),
+    ])
+    .await;
+    let mut config = Config::parse(
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
+             max_retries = 1\nheaders = {{ \"X-Title\" = \"agentry-test\" }}\n\
+             [[agents]]\nname = \"calc\"\nmodel = \"fake\"\ntools = [\"calculator\"]\n"
+        ),
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "calc"})).await;
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": "What is 6 * 7?"}], "stream": true});
+    let (status, events) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
+    assert_eq!(status, 200);
+    assert!(events.contains(r#""type":"tool.response""#) && events.contains(r#""content":"42""#), "{events}");
+    assert!(events.contains(r#""status":"done""#) && events.contains("The answer is 42."), "{events}");
+    let requests = requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 3, "the 503 is retried once, then two model calls");
+    for request in &requests {
+        assert!(request.to_ascii_lowercase().contains("x-title: agentry-test"), "{request}");
+    }
+    // The tool call went back to the provider under its id, with its result.
+    assert!(requests[2].contains(r#""tool_call_id":"call_x""#), "{}", requests[2]);
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
+#[test]
+fn too_many_provider_retries_are_refused_naming_the_key() {
+    let error = Config::parse("[providers.p]\nmodel = \"m\"\nmax_retries = 11\n", None).unwrap_err();
+    assert!(error.to_string().contains("providers.p.max_retries is 11"), "{error}");
+}

@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::error::StoreError;
 use crate::page::PageRequest;
-use crate::store::{HistoryQuery, SessionQuery, SessionUpdate, Store};
+use crate::store::{HistoryQuery, SessionQuery, SessionUpdate, Store, TurnStep};
 
 /// How a new user profile combines with the stored one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub enum MemoryError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A session exists with another type than the call's.
-    #[error("session {session_id} is a {found} session, not a {expected} session")]
+    #[error("session {session_id} is of type {found}, not {expected}")]
     SessionTypeMismatch {
         /// The session.
         session_id: SessionId,
@@ -326,6 +326,8 @@ impl Memory {
                 RunStatus::Running,
             ],
             skip_history_messages: true,
+            // Each saved run's system prompt is the task's own, not conversation.
+            skip_roles: vec![Role::System],
             ..HistoryQuery::default()
         };
         Ok(self
@@ -378,16 +380,20 @@ impl Memory {
         run.status = facts.status;
         run.output = Some(document);
         run.updated_at = Timestamp::now();
-        self.store.put_run(&run, None).await?;
-
         let completed = facts.status == RunStatus::Completed;
         let newly_completed =
             completed && previous.as_ref().is_none_or(|run| run.status != RunStatus::Completed);
+        // The record and its messages are one write: a run stored as completed always has
+        // its history, so a retry after a failure stores both or finds both.
+        let messages = if newly_completed && self.config.full_session_memory {
+            facts.messages.to_vec()
+        } else {
+            Vec::new()
+        };
+        let step = TurnStep { run: Some(run.clone()), messages, ..TurnStep::default() };
+        self.store.write_step(run.id, &step, None).await?;
         if !newly_completed {
             return Ok(run);
-        }
-        if self.config.full_session_memory && !facts.messages.is_empty() {
-            self.store.append_messages(run.id, facts.messages, None).await?;
         }
         if let Err(reason) = self.process_memory(session_id, facts.messages, None).await {
             return Err(MemoryError::MemoryUpdate { run_id: run.id, reason });
@@ -421,6 +427,12 @@ impl Memory {
         self.process_memory(self.session_id, messages, fence)
             .await
             .map_err(|reason| MemoryError::MemoryUpdate { run_id, reason })
+    }
+
+    /// The settings.
+    #[must_use]
+    pub const fn config(&self) -> &MemoryConfig {
+        &self.config
     }
 
     /// Whether a completed run updates anything (a summary or a user profile).
@@ -705,7 +717,7 @@ impl<'a> OutputFacts<'a> {
 
 /// The turn state a run's status stands for (an output document has no required actions
 /// of the harness's kind; a paused run keeps its details in the document).
-fn state_for(status: RunStatus) -> TurnState {
+pub(crate) fn state_for(status: RunStatus) -> TurnState {
     let now = Timestamp::now();
     match status {
         RunStatus::Pending | RunStatus::Running => TurnState::Running,
@@ -742,8 +754,9 @@ fn parse_json_object(answer: &str) -> Result<Map<String, Value>, String> {
         trimmed.find('{').ok_or_else(|| format!("the model's profile is not a JSON object: {trimmed:?}"))?;
     let end =
         trimmed.rfind('}').ok_or_else(|| format!("the model's profile is not a JSON object: {trimmed:?}"))?;
-    match serde_json::from_str::<Value>(&trimmed[start..=end]) {
-        Ok(Value::Object(object)) => Ok(object),
+    // The last `}` may come before the first `{` (an answer cut short).
+    match trimmed.get(start..=end).map(serde_json::from_str::<Value>) {
+        Some(Ok(Value::Object(object))) => Ok(object),
         _ => Err(format!("the model's profile is not a JSON object: {trimmed:?}")),
     }
 }

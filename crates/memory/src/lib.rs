@@ -48,7 +48,7 @@ pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, enc
 pub use remembered::{RememberedTurns, TurnFacts};
 pub use store::{
     BudgetStore, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore,
-    MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore,
-    SessionUpdate, Store, StoredEvent, TurnStart, TurnStep, UserStore,
+    MAX_HISTORY_SCAN, MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery,
+    SessionStore, SessionUpdate, Store, StoredEvent, TurnStart, TurnStep, UserStore,
 };
 pub use views::{LastRunsQuery, TeamSession, run_output};

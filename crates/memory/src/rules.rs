@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use agentry_events::{EventEnvelope, EventPayload, TeamContext};
 use agentry_types::{
-    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, RunStatus, SessionId,
-    ThreadId, Timestamp, ToolResult, TurnId,
+    BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, Role, RunRecord, RunStatus,
+    SessionId, ThreadId, Timestamp, ToolResult, TurnId,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -1001,15 +1001,19 @@ where
     L: FnMut(TurnId) -> StoreResult<Vec<HistoryMessage>>,
 {
     let run_bound = query.run_bound();
+    let scan_bound = query.scan_bound();
     let mut taken_runs = 0usize;
     let mut collected: Vec<Vec<HistoryMessage>> = Vec::new();
     let mut message_count = 0usize;
-    for run in runs {
+    let mut runs = runs.into_iter();
+    // Bounds are checked before the next run is read, so none is read beyond them.
+    for _ in 0..scan_bound {
         if run_bound.is_some_and(|bound| taken_runs >= bound)
             || query.last_messages.is_some_and(|bound| message_count >= bound)
         {
             break;
         }
+        let Some(run) = runs.next() else { break };
         let run = run?;
         if !run.in_window(query) {
             continue;
@@ -1027,6 +1031,9 @@ where
         && window.len() > bound
     {
         window.drain(..window.len() - bound);
+        // A tool result whose call was cut off would be refused by every provider.
+        let orphans = window.iter().take_while(|message| message.message.role == Role::Tool).count();
+        window.drain(..orphans);
     }
     Ok(window)
 }

@@ -188,11 +188,17 @@ impl RunQuery {
 /// The runs considered when neither bound of a [`HistoryQuery`] is set.
 pub const DEFAULT_HISTORY_RUNS: usize = 100;
 
+/// The most runs a history window looks at (matching or not), unless its `last_runs` is
+/// larger: runs skipped by the filters, or without messages, count too.
+pub const MAX_HISTORY_SCAN: usize = 1000;
+
 /// A window of a session's history: the messages of its latest runs, oldest first.
 ///
 /// Runs are taken newest first, skipping those that do not match the filters, until
 /// `last_runs` runs are taken or `last_messages` messages are collected; with neither set,
-/// the last [`DEFAULT_HISTORY_RUNS`] runs. A window never reads the whole session.
+/// the last [`DEFAULT_HISTORY_RUNS`] runs. A window never reads the whole session: it
+/// looks at most at the latest [`MAX_HISTORY_SCAN`] runs, or `last_runs` when more. Cut to
+/// `last_messages`, it never starts with a tool result (its call was cut off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HistoryQuery {
     /// Take the messages of at most this many runs.
@@ -253,6 +259,12 @@ impl HistoryQuery {
             (None, None) => Some(DEFAULT_HISTORY_RUNS),
             (runs, _) => runs,
         }
+    }
+
+    /// The most runs to look at, matching or not ([`MAX_HISTORY_SCAN`]).
+    #[must_use]
+    pub fn scan_bound(&self) -> usize {
+        self.last_runs.map_or(MAX_HISTORY_SCAN, |runs| runs.max(MAX_HISTORY_SCAN))
     }
 }
 

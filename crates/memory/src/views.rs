@@ -64,7 +64,7 @@ impl TeamSession {
         let session = store.get_session(session_id).await?;
         if session.session_type != agentry_types::SessionType::Team {
             return Err(StoreError::InvalidInput(format!(
-                "session {session_id} is a {} session, not a team session",
+                "session {session_id} is of type {}, not team",
                 session.session_type.as_str()
             )));
         }
@@ -124,6 +124,9 @@ impl TeamSession {
         record.parent_run_id = parent;
         record.agent_id = agent.map(str::to_owned);
         record.team_id = team.map(str::to_owned);
+        // The state agrees with the status, as the facade's saved runs do: a completed run
+        // left `running` would look like a turn a dead process left behind.
+        record.state = crate::facade::state_for(status);
         record.status = status;
         record.output = Some(serde_json::to_value(run).map_err(|e| StoreError::InvalidInput(e.to_string()))?);
         record.updated_at = agentry_types::Timestamp::now();

@@ -290,8 +290,11 @@ impl AgentBuilder {
     /// summary, user profile and metadata are injected into the system prompt; after a
     /// completed turn the summary and profile are updated through `analysis_model` (the
     /// turn emits `memory.update.started` and `memory.update.completed`). The session and
-    /// user of each turn replace `session_id` and `user_id` of the settings. History stays
-    /// the runner's own window ([`AgentLimits::history_runs`]).
+    /// user of each turn replace `session_id` and `user_id` of the settings, and the
+    /// session's own type (agent or team) is the one served. History stays the runner's
+    /// own window ([`AgentLimits::history_runs`]; the runner stores every turn's messages
+    /// whatever `full_session_memory` says), cut to the last `num_last_messages` messages
+    /// when that is set.
     #[must_use]
     pub fn memory(mut self, config: MemoryConfig, analysis_model: Option<Arc<dyn Model>>) -> Self {
         self.inner.memory = Some(AgentMemory { config, analysis_model });

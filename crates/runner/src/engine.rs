@@ -23,8 +23,8 @@ use agentry_types::agno::ReasoningStep;
 use agentry_types::{
     ApprovalDecision, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message,
     ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId,
-    SessionType, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem,
-    TurnMetrics, TurnState, Usage,
+    ThreadId, ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
+    Usage,
 };
 use futures_util::StreamExt;
 use futures_util::future::Either;
@@ -1407,12 +1407,16 @@ impl TurnEngine {
         let config = MemoryConfig {
             session_id: Some(session.id),
             user_id: Some(session.user_id.clone().unwrap_or_else(|| self.run.created_by.subject_id.clone())),
+            full_session_memory: false,
             ..settings.config.clone()
         };
         let memory = Memory::new(self.store.clone(), settings.analysis_model.clone(), config)
             .map_err(|error| Stop::Failed(format!("memory: {error}")))?;
+        // History is the runner's own window (read by `load_context`), limited here as
+        // the settings say; the facade (without `full_session_memory`) does not read it again.
+        self.limit_history(memory.config().num_last_messages);
         let prepared = memory
-            .prepare_inputs_for_task(Some(SessionType::Agent), None)
+            .prepare_inputs_for_task(Some(session.session_type), None)
             .await
             .map_err(|error| Stop::Failed(format!("memory: {error}")))?;
         let injections: Vec<String> =
@@ -1432,6 +1436,22 @@ impl TurnEngine {
             }
         }
         Ok(Some(memory))
+    }
+
+    /// Keeps at most `last` messages of the earlier turns' history in the context (all
+    /// when `None`), never starting with a tool result whose call was cut off (providers
+    /// refuse one).
+    fn limit_history(&mut self, last: Option<usize>) {
+        let first = usize::from(self.context.first().is_some_and(|message| message.role == Role::System));
+        let earlier = self.own_start.saturating_sub(first);
+        let mut cut = earlier - last.map_or(earlier, |last| last.min(earlier));
+        while cut < earlier && self.context[first + cut].role == Role::Tool {
+            cut += 1;
+        }
+        if cut > 0 {
+            Arc::make_mut(&mut self.context).drain(first..first + cut);
+            self.own_start -= cut;
+        }
     }
 
     /// After a completed turn: updates the summary and the profile. A failure is logged and

@@ -1112,7 +1112,11 @@ impl Session {
         lease: &Lease,
     ) -> RuntimeResult<Leased> {
         let previous = self.previous_turn(request).await?;
-        if let Some(running) = previous.as_ref().filter(|run| !run.state.is_terminal()) {
+        // A run with an output document was saved by the Memory facade or the session
+        // views (another runner's checkpoint), not left running by an engine: never resumed.
+        if let Some(running) =
+            previous.as_ref().filter(|run| !run.state.is_terminal() && run.output.is_none())
+        {
             // No engine runs it here: that was checked before the lease was taken (a log
             // left by an engine that stopped without its end does not count).
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;

@@ -986,6 +986,65 @@ pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected
 }
 
 /// Scenario.
+pub async fn memory_serves_a_team_session_and_cuts_history_to_its_last_messages(harness: Harness) {
+    let analysis = analysis_model("A sum was asked.", r#"{"likes": "sums"}"#);
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 2, "b": 3})),
+        ScriptedResponse::text("It is 5."),
+        ScriptedResponse::text("You asked for a sum."),
+    ]));
+    // Two messages: the last two of turn 1 are its tool result and answer; the result
+    // would stand without its call, so it is left out too.
+    let config = agentry_memory::MemoryConfig {
+        summary_memory: true,
+        num_last_messages: Some(2),
+        ..agentry_memory::MemoryConfig::default()
+    };
+    let agent = Agent::builder("lead", model.clone())
+        .instructions("Lead the team.")
+        .session_type(agentry_types::SessionType::Team)
+        .tool(add_tool(Arc::new(AtomicUsize::new(0))))
+        .memory(config, Some(analysis))
+        .build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "lead").await;
+    let first =
+        session.create_turn(TurnRequest::message("What is 2 + 3?")).await.unwrap().wait().await.unwrap();
+    assert!(matches!(first, TurnState::Done { .. }), "{first:?}");
+    let stored = harness.store.get_session(session.id()).await.unwrap();
+    assert_eq!(stored.session_type, agentry_types::SessionType::Team);
+    assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("A sum was asked."));
+
+    let second =
+        session.create_turn(TurnRequest::message("What did I ask?")).await.unwrap().wait().await.unwrap();
+    assert!(matches!(second, TurnState::Done { .. }), "{second:?}");
+    let request = model.requests().last().unwrap().clone();
+    let roles: Vec<Role> = request.messages.iter().map(|message| message.role).collect();
+    assert_eq!(roles, [Role::System, Role::Assistant, Role::User], "{:?}", request.messages);
+    assert_eq!(request.messages[1].text(), "It is 5.");
+    assert!(request.messages[0].text().contains("A sum was asked."));
+}
+
+/// Scenario.
+pub async fn a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Fresh answer.")));
+    let agent =
+        Agent::builder("keeper", model.clone()).session_type(agentry_types::SessionType::Team).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "keeper").await;
+    let view = agentry_memory::TeamSession::load(harness.store.clone(), session.id()).await.unwrap();
+    let mut checkpoint = agentry_types::agno::RunOutput::new(1_800_000_000);
+    checkpoint.run_id = Some(agentry_types::TurnId::new().to_string());
+    checkpoint.status = agentry_types::RunStatus::Running;
+    view.upsert_run(&agentry_types::agno::MemberResponse::Agent(Box::new(checkpoint))).await.unwrap();
+    let turn =
+        session.create_turn(TurnRequest::message("Hello")).await.expect("a new turn, not a resumption");
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Fresh answer."), "{state:?}");
+    assert_eq!(model.requests().len(), 1);
+}
+
+/// Scenario.
 pub async fn a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period(harness: Harness) {
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     struct Nothing {}
@@ -1948,6 +2007,8 @@ macro_rules! runner_scenarios {
             a_paused_turn_is_resumed_by_another_runtime_on_the_same_store,
             a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,
             memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
+            memory_serves_a_team_session_and_cuts_history_to_its_last_messages,
+            a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
             a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
             a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,

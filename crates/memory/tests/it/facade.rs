@@ -6,7 +6,7 @@ use std::sync::Arc;
 use agentry_memory::{InMemoryStore, Memory, MemoryConfig, MemoryError, Store, UserMemoryMode};
 use agentry_model::{Model, ModelError, ScriptedModel, ScriptedResponse};
 use agentry_types::agno::{MemberResponse, RunOutput, TeamRunOutput};
-use agentry_types::{Message, RunStatus, SessionId, SessionType, ToolCall, TurnId};
+use agentry_types::{Message, Role, RunStatus, SessionId, SessionType, ToolCall, TurnId};
 use serde_json::{Map, Value, json};
 
 fn store() -> Arc<dyn Store> {
@@ -366,4 +366,92 @@ async fn sessions_can_be_found_listed_deleted_and_carry_metadata_into_the_prompt
     assert!(memory.delete_session(None).await.unwrap());
     assert!(!memory.delete_session(None).await.unwrap());
     assert_eq!(memory.find_session(None).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_profile_answer_with_a_brace_before_its_object_is_an_update_error_not_a_panic() {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Noted :} Profile: {\"name\": \"Al")]));
+    let config = MemoryConfig { user_analysis_memory: true, ..MemoryConfig::default() };
+    let memory = memory(store(), Some(model), config);
+    let error = memory
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("I am Al", "Hi Al")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap_err();
+    let MemoryError::MemoryUpdate { reason, .. } = error else { panic!("expected MemoryUpdate: {error:?}") };
+    assert!(reason.contains("not a JSON object"), "{reason}");
+}
+
+#[tokio::test]
+async fn replayed_history_leaves_out_system_prompts_and_never_starts_with_an_orphaned_tool_result() {
+    let call = ToolCall::function("call_1", "add", "{}");
+    let messages = vec![
+        Message::system("You add numbers."),
+        Message::user("add"),
+        Message { tool_calls: vec![call], ..Message::assistant("") },
+        Message::tool("call_1", "5"),
+        Message::assistant("It is 5."),
+    ];
+    let store = store();
+    let saver =
+        memory(store.clone(), None, MemoryConfig { full_session_memory: true, ..MemoryConfig::default() });
+    saver.save_session(&agent_run(RunStatus::Completed, messages), SessionType::Agent, None).await.unwrap();
+    let window = |last| {
+        let config = MemoryConfig {
+            session_id: Some(saver.session_id()),
+            full_session_memory: true,
+            num_last_messages: Some(last),
+            ..MemoryConfig::default()
+        };
+        memory(store.clone(), None, config)
+    };
+    let roles = |history: Vec<Message>| history.iter().map(|message| message.role).collect::<Vec<_>>();
+    let prepared = window(2).prepare_inputs_for_task(None, None).await.unwrap();
+    assert_eq!(roles(prepared.message_history), [Role::Assistant], "the tool result lost its call");
+    let prepared = window(10).prepare_inputs_for_task(None, None).await.unwrap();
+    assert_eq!(roles(prepared.message_history), [Role::User, Role::Assistant, Role::Tool, Role::Assistant]);
+}
+
+#[tokio::test]
+async fn a_completed_run_whose_messages_cannot_be_stored_is_not_stored_at_all() {
+    let memory = memory(store(), None, MemoryConfig { full_session_memory: true, ..MemoryConfig::default() });
+    let huge = "x".repeat(agentry_memory::MAX_RECORD_BYTES + 1);
+    let run = agent_run(RunStatus::Completed, exchange("q", &huge));
+    let MemberResponse::Agent(output) = &run else { unreachable!() };
+    let run_id: TurnId = output.run_id.as_deref().unwrap().parse().unwrap();
+    let error = memory.save_session(&run, SessionType::Agent, None).await.unwrap_err();
+    assert!(matches!(error, MemoryError::Store(agentry_memory::StoreError::TooLarge { .. })), "{error:?}");
+    assert!(
+        memory.load_run(run_id, None).await.unwrap().is_none(),
+        "a retry would find it completed without history"
+    );
+    // Saved again within the limit, it is stored with its history.
+    memory
+        .save_session(&agent_run(RunStatus::Completed, exchange("q", "a")), SessionType::Agent, None)
+        .await
+        .unwrap();
+    assert_eq!(memory.get_messages().await.unwrap().len(), 2);
+}
+
+#[test]
+fn a_history_window_of_last_messages_looks_at_a_bounded_number_of_runs() {
+    use agentry_memory::rules::history_window;
+    use agentry_memory::{HistoryQuery, MAX_HISTORY_SCAN};
+    use agentry_types::{RunRecord, Subject};
+    let session = SessionId::new();
+    let read = std::cell::Cell::new(0usize);
+    // Runs without messages (saved while history was off): none fills the window.
+    let runs = std::iter::repeat_with(|| {
+        read.set(read.get() + 1);
+        Ok(RunRecord::new(session, Vec::new(), Subject::user("u")))
+    })
+    .take(5 * MAX_HISTORY_SCAN);
+    let query = HistoryQuery { last_messages: Some(20), ..HistoryQuery::default() };
+    let window = history_window(runs, &query, |_| Ok(Vec::new())).unwrap();
+    assert!(window.is_empty());
+    assert_eq!(read.get(), MAX_HISTORY_SCAN);
 }

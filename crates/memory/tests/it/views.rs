@@ -68,6 +68,9 @@ async fn upsert_run_replaces_a_run_with_the_same_run_id_and_get_run_reads_it() {
     let MemberResponse::Team(team) = &run else { unreachable!() };
     let stored = view.get_run(team.run_id.as_deref().unwrap()).await.unwrap().unwrap();
     assert_eq!(stored, run);
+    let record = store.get_run(team.run_id.as_deref().unwrap().parse().unwrap()).await.unwrap();
+    assert!(record.state.is_terminal(), "the state follows the status: {:?}", record.state);
+    assert_eq!(record.state.run_status(), RunStatus::Completed);
     assert_eq!(view.runs(10).await.unwrap().len(), 1, "replaced, not added");
     assert_eq!(view.get_run("not-an-id").await.unwrap(), None);
     let mut no_id = TeamRunOutput::new(0);

@@ -315,7 +315,10 @@ impl Model for OpenAiCompatibleModel {
     /// Tool calls are numbered densely from 0 whatever the server's indexes, and a call
     /// without an id gets one. A `200 OK` response with a JSON body is read whole: a
     /// completion becomes one delta, an error object [`ModelError::Http`]; an HTML page or
-    /// newline-delimited JSON is [`ModelError::Http`] with what it likely means.
+    /// newline-delimited JSON is [`ModelError::Http`] with what it likely means. The first
+    /// delta is awaited before the stream is returned: an error object with a 429 or 5xx
+    /// code in its place, or a body that ends before any event, is retried as an error
+    /// status is. A finished answer waits at most 2 seconds for its usage.
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         if request.messages.is_empty() {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
@@ -325,7 +328,22 @@ impl Model for OpenAiCompatibleModel {
         let mut retry = 0;
         loop {
             match self.attempt(body.clone()).await {
-                Ok(response) => return response_stream(response, self.config.stream_idle_timeout).await,
+                Ok(response) => {
+                    // The first item is read before the stream is handed out: an error in
+                    // place of any delta is retried like an error status.
+                    let mut stream = response_stream(response, self.config.stream_idle_timeout).await?;
+                    let first = stream.next().await;
+                    match first {
+                        Some(Err(error)) if retry < self.config.max_retries && retried_in_stream(&error) => {
+                            let wait = self.config.backoff(retry, None);
+                            tracing::warn!(url = %self.url, model = %self.config.model, %error, attempt = retry + 1,
+                                wait_ms = wait.as_millis(), "a model response failed before its first delta; retrying");
+                            tokio::time::sleep(wait).await;
+                            retry += 1;
+                        }
+                        first => return Ok(futures_util::stream::iter(first).chain(stream).boxed()),
+                    }
+                }
                 Err(AttemptError { retry: Some(retry_after), error }) if retry < self.config.max_retries => {
                     let wait = self.config.backoff(retry, retry_after);
                     tracing::warn!(url = %self.url, model = %self.config.model, %error, attempt = retry + 1,
@@ -342,6 +360,17 @@ impl Model for OpenAiCompatibleModel {
                 }
             }
         }
+    }
+}
+
+/// Whether an error in place of a response's first delta is retried: an error object with
+/// a 429 or 5xx code (a model still loading, an overloaded upstream), or a body that ended
+/// before any event.
+const fn retried_in_stream(error: &ModelError) -> bool {
+    match error {
+        ModelError::Http { status, .. } => *status == 429 || (*status >= 500 && *status <= 599),
+        ModelError::Disconnected => true,
+        _ => false,
     }
 }
 
@@ -494,7 +523,9 @@ fn delta_stream(response: reqwest::Response, idle: Duration) -> ModelStream {
             Err(_elapsed) => Some((Err(ModelError::Stalled(idle)), None)),
         }
     });
-    deltas_of(Box::pin(body), |error| error)
+    let mut state = DeltaStream::new(Box::pin(body), |error| error);
+    state.finish_grace = Some(FINISH_GRACE);
+    unfold_deltas(state)
 }
 
 /// The deltas of an OpenAI-compatible chat-completions response body (server-sent
@@ -543,7 +574,16 @@ where
     B: AsRef<[u8]>,
     E: 'static,
 {
-    let state = DeltaStream::new(body, explain);
+    unfold_deltas(DeltaStream::new(body, explain))
+}
+
+/// The deltas `state` reads, as a stream.
+fn unfold_deltas<S, B, E>(state: DeltaStream<S, E>) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + Unpin + 'static,
+    B: AsRef<[u8]>,
+    E: 'static,
+{
     futures_util::stream::unfold(state, |mut state| async move {
         let item = state.next().await?;
         Some((item, state))
@@ -572,7 +612,13 @@ struct DeltaStream<S, E> {
     ended: bool,
     /// The tool calls seen so far, to number them densely.
     calls: ToolCallSlots,
+    /// How long a finished answer waits for its usage before it goes out without it (over
+    /// HTTP only: a body given to [`sse_deltas`] may be read without a timer).
+    finish_grace: Option<Duration>,
 }
+
+/// [`DeltaStream::finish_grace`] over HTTP.
+const FINISH_GRACE: Duration = Duration::from_secs(2);
 
 /// Numbers a response's tool calls densely (0, 1, 2, … in the order they start), whatever
 /// the server's indexes, and gives a call without an id one. Servers differ: most number
@@ -640,6 +686,7 @@ where
             complete: false,
             ended: false,
             calls: ToolCallSlots::default(),
+            finish_grace: None,
         }
     }
 
@@ -656,7 +703,21 @@ where
                 continue;
             }
             let mut events = Vec::new();
-            match self.body.next().await {
+            let read = match (self.finishing.is_some(), self.finish_grace) {
+                // The answer is finished: its usage (or `[DONE]`, or the body's end) comes at
+                // once from a server that sends it, and a server that keeps the connection
+                // open without either must not hold the answer for the idle timeout.
+                (true, Some(grace)) => match tokio::time::timeout(grace, self.body.next()).await {
+                    Ok(read) => read,
+                    Err(_elapsed) => {
+                        self.release();
+                        self.ended = true;
+                        continue;
+                    }
+                },
+                _ => self.body.next().await,
+            };
+            match read {
                 Some(Ok(bytes)) => {
                     if self.parser.push(bytes.as_ref(), &mut events).is_err() {
                         let limit = sse::MAX_EVENT_BYTES;
@@ -726,7 +787,12 @@ where
         self.calls.renumber(&mut delta);
         let Some(finishing) = &mut self.finishing else {
             if delta.finish_reason.is_some() {
+                // With its usage in the same chunk, nothing more is awaited.
+                let whole = delta.usage.is_some();
                 self.finishing = Some(delta);
+                if whole {
+                    self.release();
+                }
             } else if !delta.is_empty() {
                 self.ready.push_back(Ok(delta));
             }

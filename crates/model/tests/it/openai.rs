@@ -998,3 +998,33 @@ async fn a_connection_closed_before_any_response_is_retried() {
     assert_eq!(merge(&deltas).finish_reason, Some(FinishReason::Stop));
     assert_eq!(server.requests().len(), 2);
 }
+
+#[tokio::test]
+async fn an_error_object_or_an_empty_body_in_place_of_the_first_delta_is_retried() {
+    let loading = json!({"error": {"message": "model is loading", "code": 503}});
+    let server = TestServer::start(vec![
+        Reply::sse(stream_of(&[loading], false)),
+        Reply::sse(Vec::new()),
+        Reply::sse(fixture("openai_text.sse")),
+    ])
+    .await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    assert_eq!(merge(&deltas).content, "Hello! How can I help you today?");
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_finished_answer_without_usage_is_not_held_by_a_server_that_keeps_the_connection_open() {
+    let (closed_tx, _closed_rx) = oneshot::channel();
+    let body =
+        stream_of(&[json!({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}), finish("stop")], false);
+    let server = TestServer::start(vec![Reply::SseUntilClosed { body, closed: closed_tx }]).await;
+    // Well within the idle timeout the test server's config leaves (5 minutes by default).
+    let (deltas, error) = tokio::time::timeout(Duration::from_secs(30), run(&server.model(), hello()))
+        .await
+        .expect("the finished answer was not held until the idle timeout");
+    assert_eq!(error, None);
+    let merged = merge(&deltas);
+    assert_eq!((merged.content.as_str(), merged.finish_reason), ("Hi", Some(FinishReason::Stop)));
+}

@@ -312,6 +312,7 @@ impl TurnSink {
             return Err(error.into());
         }
         let step = &mut state.step;
+        step.high_water = None;
         step.messages.clear();
         step.journal.clear();
         step.run = None;
@@ -1438,15 +1439,16 @@ impl TurnEngine {
         Ok(Some(memory))
     }
 
-    /// Keeps at most `last` messages of the earlier turns' history in the context (all
-    /// when `None`), never starting with a tool result whose call was cut off (providers
-    /// refuse one).
+    /// Keeps about the last `last` messages of the earlier turns' history in the context
+    /// (all when `None`): the cut moves back to before the calls of any tool result right
+    /// after it (a result without its call is refused by providers; this turn's own
+    /// messages may start with results of calls the previous turn paused on).
     fn limit_history(&mut self, last: Option<usize>) {
         let first = usize::from(self.context.first().is_some_and(|message| message.role == Role::System));
         let earlier = self.own_start.saturating_sub(first);
         let mut cut = earlier - last.map_or(earlier, |last| last.min(earlier));
-        while cut < earlier && self.context[first + cut].role == Role::Tool {
-            cut += 1;
+        while cut > 0 && self.context.get(first + cut).is_some_and(|message| message.role == Role::Tool) {
+            cut -= 1;
         }
         if cut > 0 {
             Arc::make_mut(&mut self.context).drain(first..first + cut);
@@ -1645,8 +1647,17 @@ impl TurnEngine {
                             chunk.tool_info = Some(self.agent.tool_info(name));
                         }
                     }
-                    if let Some(message) = self.sink.delta(self.thread.clone(), message_id, delta).await? {
-                        break message;
+                    match self.sink.delta(self.thread.clone(), message_id, delta).await {
+                        Ok(Some(message)) => break message,
+                        Ok(None) => {}
+                        // A delta that does not merge: what the client saw so far is kept,
+                        // as when the stream breaks off.
+                        Err(Stop::Failed(error)) => {
+                            drop(stream);
+                            self.adopt_partial(sent).await?;
+                            return Err(Stop::Failed(error));
+                        }
+                        Err(stop) => return Err(stop),
                     }
                 }
                 Some(Err(error)) => {

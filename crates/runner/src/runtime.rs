@@ -513,11 +513,13 @@ impl Runtime {
         Ok(())
     }
 
-    /// A session's running top-level turns, newest first, at most `limit`.
+    /// A session's running top-level turns, newest first, at most `limit` read (see
+    /// [`left_running`]).
     async fn running_turns(&self, session: SessionId, limit: usize) -> RuntimeResult<Vec<RunRecord>> {
         let query =
             RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
-        Ok(self.inner.store.list_runs(session, &query, &PageRequest::first(limit)).await?.items)
+        let runs = self.inner.store.list_runs(session, &query, &PageRequest::first(limit)).await?.items;
+        Ok(runs.into_iter().filter(left_running).collect())
     }
 
     /// Whether this runtime is starting a turn of the session (see [`Starting`]).
@@ -1112,11 +1114,7 @@ impl Session {
         lease: &Lease,
     ) -> RuntimeResult<Leased> {
         let previous = self.previous_turn(request).await?;
-        // A run with an output document was saved by the Memory facade or the session
-        // views (another runner's checkpoint), not left running by an engine: never resumed.
-        if let Some(running) =
-            previous.as_ref().filter(|run| !run.state.is_terminal() && run.output.is_none())
-        {
+        if let Some(running) = previous.as_ref().filter(|run| left_running(run)) {
             // No engine runs it here: that was checked before the lease was taken (a log
             // left by an engine that stopped without its end does not count).
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
@@ -1199,6 +1197,13 @@ async fn cancel_if_requested(store: &dyn Store, turn: &LiveTurn) {
             turn.request_cancel(CancellationReason::ClientCancelled);
         }
     }
+}
+
+/// Whether a run not in a terminal state was left so by an engine (a turn to resume). A
+/// run with an output document was saved by the Memory facade or the session views
+/// (another runner's checkpoint): it is never resumed as a turn.
+fn left_running(run: &RunRecord) -> bool {
+    !run.state.is_terminal() && run.output.is_none()
 }
 
 /// Gives back a lease that a turn start or a recovery pass took and will not use, by

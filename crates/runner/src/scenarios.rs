@@ -994,7 +994,7 @@ pub async fn memory_serves_a_team_session_and_cuts_history_to_its_last_messages(
         ScriptedResponse::text("You asked for a sum."),
     ]));
     // Two messages: the last two of turn 1 are its tool result and answer; the result
-    // would stand without its call, so it is left out too.
+    // would stand without its call, so the call is kept too.
     let config = agentry_memory::MemoryConfig {
         summary_memory: true,
         num_last_messages: Some(2),
@@ -1020,8 +1020,10 @@ pub async fn memory_serves_a_team_session_and_cuts_history_to_its_last_messages(
     assert!(matches!(second, TurnState::Done { .. }), "{second:?}");
     let request = model.requests().last().unwrap().clone();
     let roles: Vec<Role> = request.messages.iter().map(|message| message.role).collect();
-    assert_eq!(roles, [Role::System, Role::Assistant, Role::User], "{:?}", request.messages);
-    assert_eq!(request.messages[1].text(), "It is 5.");
+    let expected = [Role::System, Role::Assistant, Role::Tool, Role::Assistant, Role::User];
+    assert_eq!(roles, expected, "{:?}", request.messages);
+    assert_eq!(request.messages[1].tool_calls.len(), 1);
+    assert_eq!(request.messages[3].text(), "It is 5.");
     assert!(request.messages[0].text().contains("A sum was asked."));
 }
 
@@ -1042,6 +1044,61 @@ pub async fn a_running_checkpoint_saved_through_the_session_views_is_not_resumed
     let state = turn.wait().await.unwrap();
     assert_eq!(answer_text(&state).as_deref(), Some("Fresh answer."), "{state:?}");
     assert_eq!(model.requests().len(), 1);
+}
+
+/// A model whose first answer sends text, then a tool-call chunk that cannot merge (its
+/// index skips 0); later answers are plain text.
+#[derive(Debug, Default)]
+struct UnmergeableModel {
+    calls: AtomicUsize,
+    last: std::sync::Mutex<Option<ModelRequest>>,
+}
+
+#[async_trait::async_trait]
+impl Model for UnmergeableModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo { id: "unmergeable".to_owned(), provider: "test".to_owned() }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        *self.last.lock().unwrap() = Some(request.clone());
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return Ok(Box::pin(futures_util::stream::iter(
+                ScriptedResponse::text("Again.").deltas(2, &request).into_iter().map(Ok),
+            )));
+        }
+        let text = agentry_types::ModelMessageDelta { content: Some("Partial".into()), ..Default::default() };
+        let call = agentry_types::ToolCallDelta {
+            index: 1,
+            id: Some("call_1".into()),
+            kind: None,
+            function: None,
+            tool_info: None,
+        };
+        let broken = agentry_types::ModelMessageDelta { tool_calls: vec![call], ..Default::default() };
+        Ok(Box::pin(futures_util::stream::iter([Ok(text), Ok(broken)])))
+    }
+}
+
+/// Scenario.
+pub async fn a_delta_that_does_not_merge_keeps_the_text_already_streamed(harness: Harness) {
+    let model = Arc::new(UnmergeableModel::default());
+    let runtime = runtime(&harness, Agent::builder("odd", model.clone()).build());
+    let session = session_for(&runtime, "odd").await;
+    let turn = session.create_turn(TurnRequest::message("Hi")).await.unwrap();
+    let state = turn.wait().await.unwrap();
+    let TurnState::Error { message, .. } = &state else { panic!("{state:?}") };
+    assert!(message.contains("does not merge"), "{message}");
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let kept = stored.iter().find_map(|event| match &event.payload {
+        EventPayload::ModelMessage(message) => message.content.clone(),
+        _ => None,
+    });
+    assert_eq!(kept.as_deref(), Some("Partial"), "the streamed text has its model.message");
+    session.create_turn(TurnRequest::message("Once more")).await.unwrap().wait().await.unwrap();
+    let request = model.last.lock().unwrap().clone().unwrap();
+    let texts: Vec<String> = request.messages.iter().map(agentry_types::Message::text).collect();
+    assert!(texts.iter().any(|text| text == "Partial"), "the next turn sees it: {texts:?}");
 }
 
 /// Scenario.
@@ -2009,6 +2066,7 @@ macro_rules! runner_scenarios {
             memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
             memory_serves_a_team_session_and_cuts_history_to_its_last_messages,
             a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn,
+            a_delta_that_does_not_merge_keeps_the_text_already_streamed,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
             a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
             a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,

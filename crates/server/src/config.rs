@@ -241,8 +241,8 @@ pub struct ApiKeyConfig {
 /// The most retries a provider may be given: each may wait up to 20 seconds.
 const MAX_PROVIDER_RETRIES: u32 = 10;
 
-/// An OpenAI-compatible provider.
-#[derive(Debug, Clone, Deserialize)]
+/// An OpenAI-compatible provider. Its `Debug` output shows header names, not values.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// The API base URL (default `https://api.openai.com/v1`).
@@ -268,6 +268,20 @@ pub struct ProviderConfig {
     /// `HTTP-Referer`); the key is sent as `Authorization: Bearer` from `api_key_env`.
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("model", &self.model)
+            .field("timeout_secs", &self.timeout_secs)
+            .field("stream_idle_timeout_secs", &self.stream_idle_timeout_secs)
+            .field("max_retries", &self.max_retries)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// An MCP server an agent uses.

@@ -331,7 +331,10 @@ impl Model for OpenAiCompatibleModel {
                 Ok(response) => {
                     // The first item is read before the stream is handed out: an error in
                     // place of any delta is retried like an error status.
-                    let mut stream = response_stream(response, self.config.stream_idle_timeout).await?;
+                    let mut stream = match response_stream(response, self.config.stream_idle_timeout).await {
+                        Ok(stream) => stream,
+                        Err(error) => futures_util::stream::iter([Err(error)]).boxed(),
+                    };
                     let first = stream.next().await;
                     match first {
                         Some(Err(error)) if retry < self.config.max_retries && retried_in_stream(&error) => {
@@ -456,6 +459,10 @@ async fn response_stream(response: reqwest::Response, idle: Duration) -> Result<
     match content_type.as_str() {
         "application/json" => {
             let body = read_body(response, idle).await?;
+            if body.trim_ascii_start().starts_with(b"data:") {
+                // An event stream labelled as JSON (some proxies), read whole.
+                return Ok(deltas_of(futures_util::stream::iter([Ok::<_, ModelError>(body)]), |error| error));
+            }
             let delta = wire::parse_completion(&body)?;
             Ok(deltas_of_one(delta))
         }
@@ -615,6 +622,10 @@ struct DeltaStream<S, E> {
     /// How long a finished answer waits for its usage before it goes out without it (over
     /// HTTP only: a body given to [`sse_deltas`] may be read without a timer).
     finish_grace: Option<Duration>,
+    /// When the finished answer goes out at the latest (set at its first wait).
+    finish_deadline: Option<Instant>,
+    /// Whether any delta with something in it arrived.
+    answered: bool,
 }
 
 /// [`DeltaStream::finish_grace`] over HTTP.
@@ -623,42 +634,35 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 /// Numbers a response's tool calls densely (0, 1, 2, … in the order they start), whatever
 /// the server's indexes, and gives a call without an id one. Servers differ: most number
 /// calls from 0 and send the id once, but Ollama sends every call whole at index 0 with its
-/// own id, some proxies start at 1 or send -1, and some send no id at all. A chunk with an
-/// id not seen yet starts a call, unless the latest call at its index got an id made up
-/// here (the server's id then came late, and the made-up one stays); a chunk without an id
-/// continues the latest call at its index, or starts one.
+/// own id, some proxies start at 1 or send -1, some send no id at all, and some send
+/// another id in a call's later chunks. A chunk continues the call at its index with its
+/// id (or, without an id, the latest call at its index); a chunk with a new id starts a
+/// call when it names a function or no call is at its index, and otherwise continues the
+/// latest call there (its id dropped: the first one stays).
 #[derive(Debug, Default)]
 struct ToolCallSlots {
-    /// Per call, in order: the server's index, the call's id, whether the id was made up.
-    calls: Vec<(u32, String, bool)>,
+    /// Per call, in order: the server's index and the call's id.
+    calls: Vec<(u32, String)>,
 }
 
 impl ToolCallSlots {
     fn renumber(&mut self, delta: &mut ModelMessageDelta) {
         for call in &mut delta.tool_calls {
-            let at_index = self.calls.iter().rposition(|(index, _, _)| *index == call.index);
-            let known =
-                call.id.as_deref().and_then(|id| self.calls.iter().position(|(_, seen, _)| seen == id));
-            let slot = match (known, call.id.is_some(), at_index) {
-                (Some(slot), _, _) => {
-                    self.calls[slot].0 = call.index;
-                    slot
-                }
-                (None, true, Some(slot)) if self.calls[slot].2 => {
+            let at_index = self.calls.iter().rposition(|(index, _)| *index == call.index);
+            let same = call.id.as_deref().and_then(|id| {
+                self.calls.iter().position(|(index, seen)| *index == call.index && seen == id)
+            });
+            let names = call.function.as_ref().is_some_and(|function| function.name.is_some());
+            let slot = match (same, &call.id, at_index) {
+                (Some(slot), _, _) => slot,
+                (None, Some(_), Some(slot)) if !names => {
                     call.id = None;
                     slot
                 }
-                (None, false, Some(slot)) => slot,
-                (None, has_id, _) => {
-                    let id = match &call.id {
-                        Some(id) if has_id => id.clone(),
-                        _ => {
-                            let id = format!("call_{}", agentry_types::EventId::new());
-                            call.id = Some(id.clone());
-                            id
-                        }
-                    };
-                    self.calls.push((call.index, id, !has_id));
+                (None, None, Some(slot)) => slot,
+                (None, _, _) => {
+                    let id = call.id.get_or_insert_with(|| format!("call_{}", agentry_types::EventId::new()));
+                    self.calls.push((call.index, id.clone()));
                     self.calls.len() - 1
                 }
             };
@@ -687,6 +691,8 @@ where
             ended: false,
             calls: ToolCallSlots::default(),
             finish_grace: None,
+            finish_deadline: None,
+            answered: false,
         }
     }
 
@@ -707,7 +713,12 @@ where
                 // The answer is finished: its usage (or `[DONE]`, or the body's end) comes at
                 // once from a server that sends it, and a server that keeps the connection
                 // open without either must not hold the answer for the idle timeout.
-                (true, Some(grace)) => match tokio::time::timeout(grace, self.body.next()).await {
+                (true, Some(grace)) => match tokio::time::timeout_at(
+                    *self.finish_deadline.get_or_insert_with(|| Instant::now() + grace),
+                    self.body.next(),
+                )
+                .await
+                {
                     Ok(read) => read,
                     Err(_elapsed) => {
                         self.release();
@@ -762,6 +773,11 @@ where
             return;
         }
         match event {
+            StreamEvent::Done if !self.answered && self.finishing.is_none() && !self.complete => {
+                // `[DONE]` with nothing before it (a proxy that dropped its upstream's error):
+                // no answer, as a body that ends at once.
+                self.fail(ModelError::Disconnected);
+            }
             StreamEvent::Done => {
                 if self.finishing.is_none() && !self.complete {
                     // `[DONE]` without a finish reason (llama.cpp and some proxies): the
@@ -785,6 +801,7 @@ where
             return;
         }
         self.calls.renumber(&mut delta);
+        self.answered |= !delta.is_empty();
         let Some(finishing) = &mut self.finishing else {
             if delta.finish_reason.is_some() {
                 // With its usage in the same chunk, nothing more is awaited.

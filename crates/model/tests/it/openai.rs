@@ -1028,3 +1028,41 @@ async fn a_finished_answer_without_usage_is_not_held_by_a_server_that_keeps_the_
     let merged = merge(&deltas);
     assert_eq!((merged.content.as_str(), merged.finish_reason), ("Hi", Some(FinishReason::Stop)));
 }
+
+#[tokio::test]
+async fn a_call_whose_later_chunks_carry_another_id_stays_one_call_and_a_reused_id_elsewhere_is_another() {
+    // Poolside and older mlx servers send another id with a call's arguments.
+    let changed = [
+        call_chunk(Some(0), Some("call_a"), Some("add"), None),
+        call_chunk(Some(0), Some("call_b"), None, Some("{\"a\":1}")),
+        finish("tool_calls"),
+    ];
+    assert_eq!(calls_of(&changed).await, [(0, call("call_a", "add", "{\"a\":1}"))]);
+    // One id at two indexes: two calls (the engine answers the second with an error).
+    let reused = [
+        call_chunk(Some(0), Some("call_a"), Some("add"), Some("{}")),
+        call_chunk(Some(1), Some("call_a"), Some("mul"), Some("{}")),
+        finish("tool_calls"),
+    ];
+    assert_eq!(calls_of(&reused).await, [(0, call("call_a", "add", "{}")), (1, call("call_a", "mul", "{}"))]);
+}
+
+#[tokio::test]
+async fn an_empty_done_stream_and_a_json_503_are_retried_and_a_stream_labelled_json_is_read() {
+    let busy = json!({"error": {"message": "busy", "code": 503}}).to_string();
+    let labelled = String::from_utf8(fixture("openai_text.sse")).unwrap();
+    let server = TestServer::start(vec![
+        Reply::sse(b"data: [DONE]\n\n".to_vec()),
+        Reply::Whole { content_type: "application/json", body: busy },
+        Reply::Whole { content_type: "application/json", body: labelled },
+    ])
+    .await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    let merged = merge(&deltas);
+    assert_eq!(
+        (merged.content.as_str(), merged.finish_reason),
+        ("Hello! How can I help you today?", Some(FinishReason::Stop))
+    );
+    assert_eq!(server.requests().len(), 3);
+}

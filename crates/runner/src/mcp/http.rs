@@ -7,11 +7,12 @@
 //! does. It wraps reqwest only to record the `Mcp-Session-Id` the server assigns, which
 //! `rmcp` keeps to itself, so `mcp.initialize` can report it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
@@ -63,6 +64,34 @@ impl SessionRecordingClient {
         }
     }
 
+    /// Records the session id of a response, and turns a JSON-RPC error that names no
+    /// request (`id` null or absent: TypeScript SDK servers answer so, with 400, when
+    /// their session is gone) into a transport error: forwarded as is, no request waiting
+    /// for an answer would ever get it, and the call would wait for its whole timeout. A
+    /// lost session (the error says so while one was attached) counts as expired, so the
+    /// transport opens a new one and sends the request again.
+    fn check_response(
+        &self,
+        response: Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>,
+        session_attached: bool,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        self.record_response(&response);
+        match response {
+            Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(error), _)) if error.id.is_none() => {
+                let message = error.error.message;
+                if session_attached && message.to_ascii_lowercase().contains("session") {
+                    Err(StreamableHttpError::SessionExpired)
+                } else {
+                    Err(StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+                        "the server answered with an error for no request: {message} (JSON-RPC error {})",
+                        error.error.code.0
+                    ))))
+                }
+            }
+            other => other,
+        }
+    }
+
     fn record_response(
         &self,
         response: &Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>,
@@ -106,9 +135,9 @@ impl StreamableHttpClient for SessionRecordingClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         self.record(session_id.as_deref());
+        let attached = session_id.is_some();
         let response = self.inner.post_message(uri, message, session_id, auth_header, custom_headers).await;
-        self.record_response(&response);
-        response
+        self.check_response(response, attached)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -121,6 +150,7 @@ impl StreamableHttpClient for SessionRecordingClient {
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         self.record(session_id.as_deref());
+        let attached = session_id.is_some();
         let response = self
             .inner
             .post_message_with_max_sse_event_size(
@@ -132,8 +162,7 @@ impl StreamableHttpClient for SessionRecordingClient {
                 max_sse_event_size,
             )
             .await;
-        self.record_response(&response);
-        response
+        self.check_response(response, attached)
     }
 
     async fn delete_session(

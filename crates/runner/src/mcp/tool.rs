@@ -112,8 +112,9 @@ impl McpTool {
             ServiceError::TransportClosed => {
                 self.failure("cannot be called: the connection to the server is closed")
             }
+            // The transport's own error, without rmcp's wrapper naming its Rust type.
             ServiceError::TransportSend(error) => {
-                self.failure(format_args!("cannot be called: sending to the server failed: {error}"))
+                self.failure(format_args!("cannot be called: sending to the server failed: {}", error.error))
             }
             ServiceError::Timeout { timeout } => {
                 self.failure(format_args!("did not answer within {timeout:?}"))

@@ -351,9 +351,9 @@ fn free_port() -> u16 {
     listener.local_addr().expect("its address").port()
 }
 
-#[tokio::test]
-async fn the_streamable_http_server_serves_the_tools_with_its_own_session_id() {
-    let port = free_port();
+/// server-everything over streamable HTTP on `port`, once it accepts connections (polled,
+/// for at most 20 seconds; it has no readiness signal).
+async fn start_http_server(port: u16) -> tokio::process::Child {
     let mut server = tokio::process::Command::new(server_everything())
         .arg("streamableHttp")
         .env("PORT", port.to_string())
@@ -363,7 +363,6 @@ async fn the_streamable_http_server_serves_the_tools_with_its_own_session_id() {
         .kill_on_drop(true)
         .spawn()
         .expect("the HTTP server starts");
-    // Ready once it accepts connections: polled, for at most 20 seconds.
     let mut ready = false;
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
@@ -376,6 +375,32 @@ async fn the_streamable_http_server_serves_the_tools_with_its_own_session_id() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ready, "the HTTP server listens on port {port}");
+    server
+}
+
+#[tokio::test]
+async fn a_restarted_http_server_gets_a_new_session_and_the_call_goes_through() {
+    let port = free_port();
+    let mut server = start_http_server(port).await;
+    let config = McpServerConfig::streamable_http("restarting", format!("http://127.0.0.1:{port}/mcp"));
+    let connection = McpConnection::connect(config).await.expect("connects over streamable HTTP");
+    let echo = tool(&connection, "echo");
+    assert_eq!(echo.call(json!({"message": "before"}), context()).await, Ok("Echo: before".to_owned()));
+    server.kill().await.expect("the server stops");
+    let _server = start_http_server(port).await;
+    // The new server answers the old session with a 400 JSON-RPC error naming no request;
+    // the call must neither wait for its timeout (60 s) nor fail: the session is opened
+    // again and the call sent once more.
+    let call = echo.call(json!({"message": "after"}), context());
+    let answer = tokio::time::timeout(Duration::from_secs(30), call).await.expect("answered, not timed out");
+    assert_eq!(answer, Ok("Echo: after".to_owned()));
+    connection.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn the_streamable_http_server_serves_the_tools_with_its_own_session_id() {
+    let port = free_port();
+    let mut server = start_http_server(port).await;
 
     let config = McpServerConfig::streamable_http("everything-http", format!("http://127.0.0.1:{port}/mcp"))
         .bearer_token("not-checked-by-this-server");

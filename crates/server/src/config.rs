@@ -644,6 +644,7 @@ impl Config {
         }
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();
+        let mut mcp = Vec::new();
         if self.demo_agents {
             built.push(demo::demo_agent());
             let (team, policy) = demo::demo_team(approvals, control);
@@ -654,7 +655,7 @@ impl Config {
             if built.iter().any(|existing| existing.name() == agent.name) {
                 return Err(ConfigError::Invalid(format!("agent {:?} is defined twice", agent.name)));
             }
-            built.push(self.build_agent(agent).await?);
+            built.push(self.build_agent(agent, &mut mcp).await?);
         }
         for team in &self.teams {
             if built.iter().any(|existing| existing.name() == team.name) {
@@ -706,7 +707,7 @@ impl Config {
             }
             built.push(builder.build());
         }
-        Ok(BuiltAgents { agents: built, policies })
+        Ok(BuiltAgents { agents: built, policies, mcp })
     }
 
     fn model(&self, name: &str, agent: &str) -> Result<Arc<dyn Model>, ConfigError> {
@@ -754,7 +755,12 @@ impl Config {
         Ok(Arc::new(model))
     }
 
-    async fn build_agent(&self, config: &AgentConfig) -> Result<Agent, ConfigError> {
+    /// Builds an agent; its MCP connections are also added to `mcp`.
+    async fn build_agent(
+        &self,
+        config: &AgentConfig,
+        mcp: &mut Vec<Arc<McpConnection>>,
+    ) -> Result<Agent, ConfigError> {
         let mut limits = AgentLimits::default();
         if let Some(max) = config.max_iterations {
             limits.max_iterations = max;
@@ -852,7 +858,9 @@ impl Config {
                     config.name, server.name
                 ))
             })?;
-            builder = builder.mcp(Arc::new(connection));
+            let connection = Arc::new(connection);
+            mcp.push(Arc::clone(&connection));
+            builder = builder.mcp(connection);
         }
         let agent = builder.build();
         // A name that matches no tool would gate nothing: a typo must not turn the
@@ -879,6 +887,8 @@ pub struct BuiltAgents {
     pub agents: Vec<Agent>,
     /// Each team's spawn policy, by team name.
     pub policies: Vec<(String, SpawnPolicy)>,
+    /// Every MCP connection the agents use, to shut down with the server.
+    pub mcp: Vec<Arc<McpConnection>>,
 }
 
 /// The subject a key name stands for.

@@ -184,6 +184,8 @@ pub struct Server {
     stop: watch::Sender<bool>,
     body_limit: usize,
     grace: Duration,
+    /// The agents' MCP connections, shut down when serving ends.
+    mcp: Vec<Arc<agentry_runner::McpConnection>>,
 }
 
 impl Server {
@@ -282,6 +284,7 @@ impl Server {
             stop,
             body_limit: config.limits.body_bytes,
             grace: Duration::from_secs(config.limits.shutdown_grace_secs),
+            mcp: built.mcp,
         })
     }
 
@@ -303,7 +306,7 @@ impl Server {
     /// Serves until `shutdown` resolves; then stops accepting connections, ends event
     /// streams, and gives running turns the configured grace to finish (their progress
     /// is stored at every step either way; a turn still running afterwards is recovered by
-    /// the next start).
+    /// the next start); last, it shuts down the agents' MCP servers.
     ///
     /// Errors: `Serve` when the listener fails.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
@@ -331,6 +334,14 @@ impl Server {
                 );
             }
         }
+        // Every MCP session ends, and every stdio server's process group is shut down and
+        // reaped, before the process exits: none is left behind, orphaned.
+        let closing = self.mcp.iter().map(|connection| async move {
+            if let Err(error) = connection.shutdown().await {
+                tracing::warn!(server = %connection.session().name, %error, "an MCP server did not shut down cleanly");
+            }
+        });
+        futures_util::future::join_all(closing).await;
         Ok(())
     }
 }

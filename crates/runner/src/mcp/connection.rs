@@ -60,7 +60,8 @@ pub struct McpConnection {
     /// The session id the HTTP server assigned, kept current by the HTTP client.
     http_session_id: Option<SessionIdCell>,
     /// Absent only while closing.
-    service: Option<RunningService<RoleClient, ClientConfig>>,
+    /// Taken by the first shutdown.
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
     tools: Vec<Arc<McpTool>>,
     server_info: Option<Implementation>,
     process_id: Option<u32>,
@@ -234,7 +235,8 @@ impl McpConnection {
                 Arc::new(McpTool::new(tool, server.clone(), service.peer().clone(), config.request_timeout))
             })
             .collect();
-        Ok(Self { session, http_session_id, service: Some(service), tools, server_info, process_id, stderr })
+        let service = tokio::sync::Mutex::new(Some(service));
+        Ok(Self { session, http_session_id, service, tools, server_info, process_id, stderr })
     }
 
     /// The session as `mcp.initialize` reports it: the server's id and name, the transport,
@@ -289,8 +291,18 @@ impl McpConnection {
     /// Errors: [`McpError::Timeout`] when the shutdown took longer than 10 s (the process
     /// is still killed when the connection's background task ends), [`McpError::Transport`]
     /// when the background task failed.
-    pub async fn close(mut self) -> Result<(), McpError> {
-        let Some(mut service) = self.service.take() else {
+    pub async fn close(self) -> Result<(), McpError> {
+        self.shutdown().await
+    }
+
+    /// [`McpConnection::close`] through a shared reference, for a connection an agent
+    /// shares: a server shutting down ends every session and stdio process this way, so
+    /// none outlives it. Later calls of its tools fail with a clear error; shutting down
+    /// again does nothing.
+    ///
+    /// Errors: as [`McpConnection::close`].
+    pub async fn shutdown(&self) -> Result<(), McpError> {
+        let Some(mut service) = self.service.lock().await.take() else {
             return Ok(());
         };
         match service.close_with_timeout(CLOSE_TIMEOUT).await {

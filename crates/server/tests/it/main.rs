@@ -694,3 +694,33 @@ fn too_many_provider_retries_are_refused_naming_the_key() {
     let error = Config::parse("[providers.p]\nmodel = \"m\"\nmax_retries = 11\n", None).unwrap_err();
     assert!(error.to_string().contains("providers.p.max_retries is 11"), "{error}");
 }
+
+#[tokio::test]
+async fn stopping_the_server_shuts_its_mcp_servers_down_and_leaves_no_process_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(launcher.exists(), "run `npm ci --prefix tools/mcp` first: {}", launcher.display());
+    let pid_file = dir.path().join("mcp.pid");
+    // The shell records its pid, then becomes the server (same pid).
+    let script = format!("echo $$ > '{}'; exec '{}' stdio", pid_file.display(), launcher.display());
+    let mut config = Config::parse(
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"tooled\"\nmodel = \"p\"\n\
+             [[agents.mcp]]\nname = \"everything\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\n"
+        ),
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (_address, stop, serving) = serve(config).await;
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "the MCP server runs");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+    // Shut down and reaped before `run` returned: not even a zombie is left.
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the MCP server {pid} outlived the server"
+    );
+}

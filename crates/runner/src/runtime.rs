@@ -881,9 +881,14 @@ impl Runtime {
         let ttl = self.inner.options.lease_ttl;
         let rounds = self.inner.keeper_round.clone();
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval((ttl / 3).max(Duration::from_millis(1)));
+            // Leases are renewed every third of their time; cancellations another process
+            // stored are looked for more often, so a cancel sent to any server of a shared
+            // store stops the turn (and its model request) within about that interval.
+            let renew_every = (ttl / 3).max(Duration::from_millis(1));
+            let mut interval = tokio::time::interval(renew_every.min(CANCEL_POLL));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval.tick().await;
+            let mut renewed_at = tokio::time::Instant::now();
             loop {
                 interval.tick().await;
                 let _round = rounds.lock().await;
@@ -894,13 +899,19 @@ impl Runtime {
                 let store = inner.store.clone();
                 let running = inner.running_turns();
                 drop(inner);
+                let renew = renewed_at.elapsed() >= renew_every;
+                if renew {
+                    renewed_at = tokio::time::Instant::now();
+                }
                 for turn in running {
-                    // A transient failure is retried at the next tick, before expiry.
-                    let renewed =
-                        store.renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now()).await;
-                    if let Err(StoreError::Conflict(_)) = renewed {
-                        turn.request_cancel(CancellationReason::Abandoned);
-                        continue;
+                    if renew {
+                        // A transient failure is retried at the next renewal, before expiry.
+                        let renewed =
+                            store.renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now()).await;
+                        if let Err(StoreError::Conflict(_)) = renewed {
+                            turn.request_cancel(CancellationReason::Abandoned);
+                            continue;
+                        }
                     }
                     // A cancellation asked for by another process sharing the store.
                     cancel_if_requested(store.as_ref(), &turn).await;
@@ -1186,6 +1197,10 @@ impl Session {
         Ok(())
     }
 }
+
+/// How often a runtime looks for cancellations of its running turns that another process
+/// stored (one session read per running turn).
+const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 /// Cancels a turn running here when its session asks for it: the session is cancelled, or
 /// the cancellation of this turn was stored (by a process where it was not running).

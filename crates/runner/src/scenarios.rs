@@ -1291,7 +1291,9 @@ pub async fn calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_tu
 /// Scenario.
 pub async fn a_turn_running_in_one_runtime_is_cancelled_from_another_on_the_same_store(harness: Harness) {
     let (model, _gate) = GatedModel::new("never finishes");
-    let options = RuntimeOptions { lease_ttl: Duration::from_millis(300), ..RuntimeOptions::default() };
+    // The default lease time (30 s): the cancellation is looked for far more often than
+    // leases are renewed, so it lands well within the wait below.
+    let options = RuntimeOptions::default();
     let owner = Runtime::with_options(harness.store.clone(), options.clone());
     owner.register(Agent::builder("held", model).build());
     let session = owner.create_session("held", None).await.unwrap();
@@ -1300,7 +1302,7 @@ pub async fn a_turn_running_in_one_runtime_is_cancelled_from_another_on_the_same
     let remote = other.get_turn(turn.id()).await.unwrap();
     remote.cancel().await.unwrap();
     let state =
-        tokio::time::timeout(Duration::from_secs(10), turn.wait()).await.expect("cancelled in time").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), turn.wait()).await.expect("cancelled in time").unwrap();
     assert!(
         matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
         "{state:?}"

@@ -428,6 +428,24 @@ def closed(process, log):
 
 
 class Durable(unittest.TestCase):
+    def test_a_stream_cut_by_shutdown_raises_in_the_client_instead_of_ending_as_if_finished(self):
+        sections = "[limits]\nshutdown_grace_secs = 1\n[runtime]\nlease_ttl_secs = 300\n"
+        workdir, config = write_config("cut-stream", sections)
+        first, url, log = start_server(workdir, config)
+        try:
+            _, _, seen, stream = stream_a_turn(url, "slow please", 5)
+            first.send_signal(signal.SIGTERM)
+            rest = []
+            with self.assertRaises(httpx.RemoteProtocolError):
+                for item in stream:
+                    rest.append(item)
+            self.assertFalse(any(isinstance(item.event, TurnDoneEvent) for item in seen + rest))
+            self.assertEqual(first.wait(timeout=30), 0)
+        finally:
+            if first.poll() is None:
+                first.kill()
+            closed(first, log)
+
     def test_a_killed_server_finishes_the_turn_after_restart(self):
         workdir, config = write_config("durable", "[runtime]\nlease_ttl_secs = 2\n", durability="strict")
         first, url, log = start_server(workdir, config)

@@ -1,7 +1,9 @@
 //! Server-Sent Events responses: `id:` on every numbered frame, keep-alive comments,
 //! `Cache-Control: no-cache`, `X-Accel-Buffering: no`, never compressed (no compression
-//! layer exists; `X-Accel-Buffering` also keeps proxies from buffering), and ended when
-//! the server stops (clients reconnect with their cursor).
+//! layer exists; `X-Accel-Buffering` also keeps proxies from buffering), and cut when
+//! the server stops: the connection is aborted rather than closed cleanly (no last empty
+//! chunk), so a client tells a cut stream from a finished one, and reconnects with its
+//! cursor (an SDK's event iterator raises instead of ending as if the turn were over).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,9 +31,35 @@ pub(crate) fn last_event_id(headers: &axum::http::HeaderMap) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
-/// An SSE response of `frames`, cut when the server stops.
+/// Why a stream was cut: the server is stopping. Ending the body with it aborts the
+/// connection.
+#[derive(Debug)]
+struct Stopping;
+
+impl std::fmt::Display for Stopping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the server is stopping")
+    }
+}
+
+impl std::error::Error for Stopping {}
+
+/// An SSE response of `frames`, cut (the connection aborted) when the server stops.
 pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
-    respond_ending(state, frames.take_until(state.stopped()))
+    let cut = futures_util::stream::unfold(
+        (Box::pin(frames), Box::pin(state.stopped()), false),
+        |(mut frames, mut stopped, over)| async move {
+            if over {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                () = &mut stopped => Some((Err(Stopping), (frames, stopped, true))),
+                next = frames.next() => next.map(|frame| (Ok(frame), (frames, stopped, false))),
+            }
+        },
+    );
+    respond_results(state, cut)
 }
 
 /// An SSE response of `frames`, which end by themselves when the server stops (so that a
@@ -40,13 +68,22 @@ pub(crate) fn respond_ending(
     state: &Arc<AppState>,
     frames: impl Stream<Item = Frame> + Send + 'static,
 ) -> Response {
+    respond_results(state, frames.map(Ok::<_, Infallible>))
+}
+
+/// An SSE response of `frames`; an error ends the body with it, which aborts the connection.
+fn respond_results<E: std::error::Error + Send + Sync + 'static>(
+    state: &Arc<AppState>,
+    frames: impl Stream<Item = Result<Frame, E>> + Send + 'static,
+) -> Response {
     let client = state.metrics.sse_client();
     let counting = state.clone();
     let events = frames.map(move |frame| {
         let _client = &client;
+        let frame = frame?;
         counting.metrics.event_streamed();
         let event = Event::default().data(frame.data);
-        Ok::<_, Infallible>(match frame.id {
+        Ok::<_, E>(match frame.id {
             Some(id) => event.id(id),
             None => event,
         })

@@ -1715,6 +1715,11 @@ impl TurnEngine {
             && let EventPayload::ModelMessage(message) = &event.payload
         {
             self.charge(sent, message);
+            // The provider bills a cut-off call too, but sent no usage for it: the turn's
+            // metrics count the same estimate its budget is charged.
+            if let Some(usage) = &self.charged {
+                self.metrics.add(usage);
+            }
             let mut message = Message::from_model(message);
             // A cut-off message cannot carry tool calls: they have no results.
             message.tool_calls.clear();

@@ -1188,8 +1188,7 @@ impl Session {
                 .update_session(self.id(), &SessionUpdate { state: Some(state), ..SessionUpdate::default() })
                 .await?;
         }
-        // A turn running in another process sees the cancelled session when it renews its
-        // lease.
+        // A turn running in another process sees the cancelled session within 500 ms.
         if let Some(turn) = self.runtime.running_turn_of(self.id()) {
             turn.request_cancel(CancellationReason::ClientCancelled);
             turn.wait_done().await;
@@ -1424,8 +1423,8 @@ impl TurnHandle {
     /// Requests cancellation. Idempotent: cancelling a finished turn does nothing. A turn
     /// running here is cancelled at once and this waits for its end; for a turn running in
     /// another process sharing the store, the request is stored in the session and that
-    /// process acts on it when it next renews the turn's lease (within a third of the lease
-    /// time); this returns once the request is stored.
+    /// process acts on it when it next looks (every 500 ms); this returns once the request
+    /// is stored.
     ///
     /// Errors: `NotFound` when the turn or its session was deleted; `Store` when the request
     /// cannot be stored.

@@ -37,6 +37,7 @@
 //! args = ["-y", "@modelcontextprotocol/server-everything"]
 //! env = { LOG_LEVEL = "info" }     # stdio: variables to set (it inherits only PATH, HOME, …)
 //! inherit_env = ["GITHUB_TOKEN"]   # stdio: variables of the server's own to pass on
+//! tools = ["get-sum", "echo"]      # only these of its tools (two tools may not share a name)
 //!
 //! [[teams]]
 //! name = "crew"
@@ -311,6 +312,10 @@ pub struct McpConfig {
     /// set), for example the token it needs, or `HTTPS_PROXY` for one behind a proxy.
     #[serde(default)]
     pub inherit_env: Vec<String>,
+    /// Offers only these tools of the server (all when absent); each must be one of its
+    /// tools. Two tools of one agent may not share a name: this leaves one out.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
 }
 
 /// An agent.
@@ -807,6 +812,18 @@ impl Config {
             builder = builder.ask_user_question();
         }
         builder = builder.limits(limits);
+        // Where each tool name comes from: two tools of one name would be offered twice
+        // (some providers refuse that), and every call of it would reach the first.
+        let mut sources: Vec<(String, String)> = config
+            .tools
+            .iter()
+            .map(|tool| (tool.clone(), "the built-in tools".to_owned()))
+            .chain(
+                config
+                    .ask_user_question
+                    .then(|| ("ask_user_question".to_owned(), "ask_user_question".to_owned())),
+            )
+            .collect();
         for server in &config.mcp {
             let transport = match (&server.command, &server.url) {
                 (Some(command), None) => {
@@ -852,12 +869,37 @@ impl Config {
                     )));
                 }
             };
+            let transport = match &server.tools {
+                Some(tools) => transport.allow_tools(tools.iter().cloned()),
+                None => transport,
+            };
             let connection = McpConnection::connect(transport).await.map_err(|error| {
                 ConfigError::Invalid(format!(
                     "agent {:?}: MCP server {:?}: {error}",
                     config.name, server.name
                 ))
             })?;
+            let offered: Vec<String> =
+                connection.tools().iter().map(|tool| tool.spec().name.clone()).collect();
+            if let Some(missing) =
+                server.tools.iter().flatten().find(|name| !offered.iter().any(|offered| offered == *name))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: MCP server {:?} has no tool {missing:?} (its `tools` list names it)",
+                    config.name, server.name
+                )));
+            }
+            for name in offered {
+                let source = format!("MCP server {:?}", server.name);
+                if let Some((_, first)) = sources.iter().find(|(known, _)| *known == name) {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: two tools are named {name:?} (from {first} and from {source}); leave \
+                         one out with the MCP server's `tools` list",
+                        config.name
+                    )));
+                }
+                sources.push((name, source));
+            }
             let connection = Arc::new(connection);
             mcp.push(Arc::clone(&connection));
             builder = builder.mcp(connection);

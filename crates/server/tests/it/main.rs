@@ -724,3 +724,37 @@ async fn stopping_the_server_shuts_its_mcp_servers_down_and_leaves_no_process_be
         "the MCP server {pid} outlived the server"
     );
 }
+
+#[tokio::test]
+async fn tools_sharing_a_name_are_refused_at_start_and_an_mcp_tools_list_leaves_one_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(launcher.exists(), "run `npm ci --prefix tools/mcp` first: {}", launcher.display());
+    let config = |tools: &str| {
+        let mut config = Config::parse(
+            &format!(
+                "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
+                 tools = [\"echo\"]\n[[agents.mcp]]\nname = \"everything\"\ncommand = {:?}\nargs = [\"stdio\"]\n{tools}",
+                launcher.display().to_string()
+            ),
+            None,
+        )
+        .unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        config
+    };
+    // server-everything has an `echo` too.
+    let error = Server::start(config("")).await.unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "two tools are named \"echo\" (from the built-in tools and from MCP server \"everything\")"
+        ),
+        "{error}"
+    );
+    let error = Server::start(config("tools = [\"get-sum\", \"nope\"]\n")).await.unwrap_err().to_string();
+    assert!(error.contains("MCP server \"everything\" has no tool \"nope\""), "{error}");
+    let (_address, stop, serving) = serve(config("tools = [\"get-sum\"]\n")).await;
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}

@@ -24,7 +24,15 @@ pub struct AgentLimits {
     pub cancel_grace: Duration,
     /// Runs of history given to the model (the latest ones).
     pub history_runs: usize,
+    /// The most bytes of one tool result kept (for the model, the events and the
+    /// history); a longer result is cut at this size and says how much was left out. A
+    /// result goes back to the model with every later turn's history, so one huge output
+    /// would fill every later context window.
+    pub max_tool_output_bytes: usize,
 }
+
+/// [`AgentLimits::max_tool_output_bytes`] by default: 128 KiB, about 32,000 tokens.
+pub const DEFAULT_MAX_TOOL_OUTPUT_BYTES: usize = 128 * 1024;
 
 impl Default for AgentLimits {
     fn default() -> Self {
@@ -34,6 +42,7 @@ impl Default for AgentLimits {
             tool_timeout: Duration::from_secs(120),
             cancel_grace: Duration::from_secs(5),
             history_runs: 50,
+            max_tool_output_bytes: DEFAULT_MAX_TOOL_OUTPUT_BYTES,
         }
     }
 }

@@ -2146,6 +2146,7 @@ impl TurnEngine {
             Ok(Err(error)) => error_result(error.to_string()),
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
         };
+        let result = cap_output(result, self.agent.limits().max_tool_output_bytes);
         // A result the store cannot keep would fail the journal after the call ran: the
         // model gets an error result instead, journaled, so the call is not run again.
         let completed = |result: ToolResult| JournalEntry {
@@ -2204,6 +2205,23 @@ fn approved_calls(input: &[TurnInputItem]) -> HashSet<String> {
             _ => None,
         })
         .collect()
+}
+
+/// A tool result cut to at most `limit` bytes of its output (at a character boundary),
+/// followed by a note of how much was left out.
+fn cap_output(mut result: ToolResult, limit: usize) -> ToolResult {
+    if result.content.len() > limit {
+        let mut end = limit;
+        while !result.content.is_char_boundary(end) {
+            end -= 1;
+        }
+        let left_out = result.content.len() - end;
+        result.content.truncate(end);
+        result.content.push_str(&format!(
+            "\n[{left_out} more bytes of the tool's output were left out: at most {limit} bytes are kept]"
+        ));
+    }
+    result
 }
 
 fn error_result(content: String) -> ToolResult {

@@ -50,7 +50,7 @@ pub mod scenarios;
 mod streaming;
 mod tool;
 
-pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory};
+pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory, DEFAULT_MAX_TOOL_OUTPUT_BYTES};
 pub use budget::{Exhausted, Settled, Spent, Step, StepBudget};
 pub use engine::CancelToken;
 pub use error::{RunnerError, RuntimeResult};

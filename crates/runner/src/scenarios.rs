@@ -1102,6 +1102,35 @@ pub async fn a_delta_that_does_not_merge_keeps_the_text_already_streamed(harness
 }
 
 /// Scenario.
+pub async fn a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    // 10,000 bytes of two-byte characters, against an odd limit: the cut falls inside one.
+    let huge = FunctionTool::new("huge", "Returns a lot.", |_: Nothing, _| async {
+        Ok::<_, ToolError>("é".repeat(5_000))
+    })
+    .shared();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("huge", &json!({})),
+        ScriptedResponse::text("Done."),
+    ]));
+    let limits = AgentLimits { max_tool_output_bytes: 1_001, ..AgentLimits::default() };
+    let runtime = runtime(&harness, Agent::builder("cut", model.clone()).tool(huge).limits(limits).build());
+    let session = session_for(&runtime, "cut").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    assert!(matches!(turn.wait().await.unwrap(), TurnState::Done { .. }));
+    let sent = model.requests().last().unwrap().messages.last().unwrap().text();
+    let note = "\n[9000 more bytes of the tool's output were left out: at most 1001 bytes are kept]";
+    assert_eq!(sent, format!("{}{note}", "é".repeat(500)));
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let response = stored.iter().find_map(|event| match &event.payload {
+        EventPayload::ToolResponse { content, .. } => Some(content.clone()),
+        _ => None,
+    });
+    assert_eq!(response.as_deref(), Some(sent.as_str()), "the event and the history keep the same cut");
+}
+
+/// Scenario.
 pub async fn a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period(harness: Harness) {
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     struct Nothing {}
@@ -2071,6 +2100,7 @@ macro_rules! runner_scenarios {
             memory_serves_a_team_session_and_cuts_history_to_its_last_messages,
             a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn,
             a_delta_that_does_not_merge_keeps_the_text_already_streamed,
+            a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
             a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
             a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,

@@ -31,6 +31,7 @@
 //! ask_user_question = true
 //! max_iterations = 25
 //! timeout_secs = 300
+//! max_tool_output_bytes = 131072   # a longer tool result is cut, saying how much was left out
 //! [[agents.mcp]]
 //! name = "everything"
 //! command = "npx"                  # stdio; or `url = "http://…/mcp"` for streamable HTTP
@@ -347,6 +348,10 @@ pub struct AgentConfig {
     /// Seconds a turn may take before it is cancelled (`server-execution-timeout`).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// The most bytes of one tool result kept (default 128 KiB); a longer one is cut and
+    /// says how much was left out.
+    #[serde(default)]
+    pub max_tool_output_bytes: Option<usize>,
 }
 
 /// A team (coordinate mode).
@@ -480,6 +485,7 @@ impl Default for Config {
                 mcp: Vec::new(),
                 max_iterations: None,
                 timeout_secs: None,
+                max_tool_output_bytes: None,
             });
         }
         config
@@ -556,6 +562,12 @@ impl Config {
             }
             if let Some(secs) = agent.timeout_secs {
                 within(format!("agent {:?}: timeout_secs", agent.name), secs, 1)?;
+            }
+            if agent.max_tool_output_bytes == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: max_tool_output_bytes is 0; it must be at least 1",
+                    agent.name
+                )));
             }
         }
         if self.teams.iter().any(|team| team.name.trim().is_empty()) {
@@ -771,6 +783,9 @@ impl Config {
             limits.max_iterations = max;
         }
         limits.timeout = config.timeout_secs.map(Duration::from_secs);
+        if let Some(bytes) = config.max_tool_output_bytes {
+            limits.max_tool_output_bytes = bytes;
+        }
         if config.model == "demo" {
             let given: Vec<&str> = [
                 ("instructions", config.instructions.is_some()),

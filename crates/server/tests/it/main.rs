@@ -121,6 +121,10 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
             "agent \"a\": timeout_secs",
         ),
         ("[[agents]]\nname = \" \"\nmodel = \"demo\"\n", "an agent's name must not be empty"),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\nmax_tool_output_bytes = 0\n",
+            "agent \"a\": max_tool_output_bytes is 0",
+        ),
         ("[[teams]]\nname = \"\"\nmodel = \"demo\"\n", "a team's name must not be empty"),
         (
             "[[teams]]\nname = \"t\"\nmodel = \"demo\"\ntokens_per_step = 0\n",

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use agentry_events::{McpServerSession, McpTransport};
 use agentry_types::McpServerRef;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
-use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::service::{Peer, RoleClient, RunningService, ServiceExt};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::io::AsyncBufReadExt;
@@ -40,6 +41,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// long as an agent may call its tools: closing it ([`McpConnection::close`]) or dropping
 /// it ends the session, and for a stdio server shuts the process (and the process group
 /// it leads) down and reaps it. After that, calls of its tools fail with a clear error.
+/// Until then, a stdio server that exits (or is killed) is started again by the next call
+/// of one of its tools, with a warning in the log (the call that was under way fails).
 ///
 /// ```no_run
 /// # async fn demo(model: std::sync::Arc<dyn agentry_model::Model>) -> Result<(), agentry_runner::McpError> {
@@ -59,9 +62,8 @@ pub struct McpConnection {
     session: McpServerSession,
     /// The session id the HTTP server assigned, kept current by the HTTP client.
     http_session_id: Option<SessionIdCell>,
-    /// Absent only while closing.
-    /// Taken by the first shutdown.
-    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    /// The running service, shared with the tools.
+    link: Arc<Link>,
     tools: Vec<Arc<McpTool>>,
     server_info: Option<Implementation>,
     process_id: Option<u32>,
@@ -228,15 +230,20 @@ impl McpConnection {
             Vec::new()
         };
         let server = McpServerRef { id: config.id.clone(), name: config.name.clone() };
+        let link = Arc::new(Link {
+            config: config.clone(),
+            peer: std::sync::RwLock::new(service.peer().clone()),
+            service: tokio::sync::Mutex::new(Some(service)),
+            shut: AtomicBool::new(false),
+        });
         let tools = listed
             .into_iter()
             .filter(|tool| config.allows(&tool.name))
             .map(|tool| {
-                Arc::new(McpTool::new(tool, server.clone(), service.peer().clone(), config.request_timeout))
+                Arc::new(McpTool::new(tool, server.clone(), Arc::clone(&link), config.request_timeout))
             })
             .collect();
-        let service = tokio::sync::Mutex::new(Some(service));
-        Ok(Self { session, http_session_id, service, tools, server_info, process_id, stderr })
+        Ok(Self { session, http_session_id, link, tools, server_info, process_id, stderr })
     }
 
     /// The session as `mcp.initialize` reports it: the server's id and name, the transport,
@@ -302,7 +309,8 @@ impl McpConnection {
     ///
     /// Errors: as [`McpConnection::close`].
     pub async fn shutdown(&self) -> Result<(), McpError> {
-        let Some(mut service) = self.service.lock().await.take() else {
+        self.link.shut.store(true, Ordering::Release);
+        let Some(mut service) = self.link.service.lock().await.take() else {
             return Ok(());
         };
         match service.close_with_timeout(CLOSE_TIMEOUT).await {
@@ -317,6 +325,77 @@ impl McpConnection {
                 reason: format!("the connection's task failed while closing: {error}"),
             }),
         }
+    }
+}
+
+impl Drop for McpConnection {
+    /// Ends the session as [`McpConnection::close`] would, without waiting: the tools,
+    /// which share it, must not keep the server running (nor start it again).
+    fn drop(&mut self) {
+        self.link.shut.store(true, Ordering::Release);
+        if let Ok(mut service) = self.link.service.try_lock() {
+            drop(service.take());
+        }
+    }
+}
+
+/// The running service of a connection, shared with its tools, which call through its
+/// peer. When the server's transport has closed (a stdio server exited or was killed), the
+/// next call connects again ([`Link::revive`]) instead of failing for the life of the
+/// process.
+pub(crate) struct Link {
+    config: McpServerConfig,
+    peer: std::sync::RwLock<Peer<RoleClient>>,
+    /// Taken by the first shutdown; replaced by a revival.
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    /// Set by a shutdown: nothing connects again.
+    shut: AtomicBool,
+}
+
+impl Link {
+    /// The peer calls go through.
+    pub(crate) fn peer(&self) -> Peer<RoleClient> {
+        self.peer.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Connects again when the transport has closed (a stdio server that exited is started
+    /// again, with the same configuration), and returns the peer to call through. One
+    /// revival at a time; a call that finds the peer revived meanwhile uses it.
+    ///
+    /// Errors: as [`McpConnection::connect`]; [`McpError::Transport`] after a shutdown.
+    pub(crate) async fn revive(&self) -> Result<Peer<RoleClient>, McpError> {
+        let mut service = self.service.lock().await;
+        if self.shut.load(Ordering::Acquire) {
+            return Err(McpError::Transport {
+                server: self.config.name.clone(),
+                reason: "the connection was shut down".to_owned(),
+            });
+        }
+        let current = self.peer();
+        if !current.is_transport_closed() {
+            return Ok(current);
+        }
+        tracing::warn!(server = %self.config.name, "the MCP server's connection closed; connecting again");
+        let fresh = McpConnection::connect(self.config.clone()).await?;
+        if self.shut.load(Ordering::Acquire) {
+            // Shut down (or dropped) while connecting: the new server goes too.
+            return Err(McpError::Transport {
+                server: self.config.name.clone(),
+                reason: "the connection was shut down".to_owned(),
+            });
+        }
+        let Some(started) = fresh.link.service.lock().await.take() else {
+            return Err(McpError::Transport {
+                server: self.config.name.clone(),
+                reason: "the new connection closed at once".to_owned(),
+            });
+        };
+        let peer = started.peer().clone();
+        *self.peer.write().unwrap_or_else(PoisonError::into_inner) = peer.clone();
+        // The dead service goes: its process is reaped.
+        *service = Some(started);
+        tracing::info!(server = %self.config.name, "the MCP server is connected again");
+        Ok(peer)
     }
 }
 

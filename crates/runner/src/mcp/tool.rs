@@ -1,14 +1,16 @@
 //! A tool of an MCP server, as a runner [`Tool`].
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_types::{McpServerRef, ToolInfo, ToolSpec};
 use async_trait::async_trait;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
-use rmcp::service::{Peer, RoleClient, ServiceError};
+use rmcp::service::ServiceError;
 use serde_json::Value;
 
+use super::connection::Link;
 use crate::tool::{SchemaValidator, Tool, ToolContext, ToolError};
 
 /// Base64 strings longer than this are left out of a non-text result shown to the model.
@@ -34,7 +36,7 @@ pub struct McpTool {
     /// Absent only when the server's schema does not compile; the server checks then.
     validator: Option<SchemaValidator>,
     idempotent: bool,
-    peer: Peer<RoleClient>,
+    link: Arc<Link>,
     request_timeout: Duration,
 }
 
@@ -52,7 +54,7 @@ impl McpTool {
     pub(crate) fn new(
         tool: rmcp::model::Tool,
         server: McpServerRef,
-        peer: Peer<RoleClient>,
+        link: Arc<Link>,
         request_timeout: Duration,
     ) -> Self {
         let schema = Value::Object((*tool.input_schema).clone());
@@ -75,7 +77,7 @@ impl McpTool {
             server,
             validator,
             idempotent,
-            peer,
+            link,
             request_timeout,
         }
     }
@@ -205,8 +207,18 @@ impl Tool for McpTool {
                 )));
             }
         }
+        let mut peer = self.link.peer();
+        if peer.is_transport_closed() {
+            // The server is gone (a stdio server exited): nothing of this call was sent, so
+            // the server is connected again first.
+            peer = self.link.revive().await.map_err(|error| {
+                self.failure(format_args!(
+                    "cannot be called: its server stopped and connecting again failed: {error}"
+                ))
+            })?;
+        }
         // Dropping the request future on timeout tells the server the call was cancelled.
-        let response = tokio::time::timeout(self.request_timeout, self.peer.call_tool_once(params))
+        let response = tokio::time::timeout(self.request_timeout, peer.call_tool_once(params))
             .await
             .map_err(|_| self.failure(format_args!("did not answer within {:?}", self.request_timeout)))?
             .map_err(|error| self.service_error(&error))?;

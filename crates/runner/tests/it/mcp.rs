@@ -271,6 +271,35 @@ async fn dropping_the_connection_shuts_the_server_down_and_its_tools_then_fail()
 }
 
 #[tokio::test]
+async fn a_stdio_server_that_was_killed_is_started_again_by_the_next_call() {
+    let connection = connect_stdio().await;
+    let pid = connection.process_id().expect("a stdio server has a process");
+    let echo = tool(&connection, "echo");
+    let killed =
+        std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill runs");
+    assert!(killed.success());
+    assert!(process_is_gone(pid).await, "the server process {pid} was killed");
+    // A call racing the connection's own notice of the death may fail (it cannot know
+    // whether its request left); the one after it finds the server started again.
+    match echo.call(json!({"message": "again"}), context()).await {
+        Ok(answer) => assert_eq!(answer, "Echo: again"),
+        Err(ToolError::Failed(message)) => {
+            assert!(message.contains("closed"), "{message}");
+            assert_eq!(echo.call(json!({"message": "again"}), context()).await, Ok("Echo: again".to_owned()));
+        }
+        Err(other) => panic!("{other:?}"),
+    }
+    let sum = tool(&connection, "get-sum");
+    assert_eq!(sum.call(json!({"a": 1, "b": 2}), context()).await, Ok("The sum of 1 and 2 is 3.".to_owned()));
+    connection.close().await.expect("closes the new server too");
+    let Err(ToolError::Failed(message)) = echo.call(json!({"message": "after close"}), context()).await
+    else {
+        panic!("a closed connection is not started again");
+    };
+    assert!(message.contains("everything"), "{message}");
+}
+
+#[tokio::test]
 async fn the_stderr_of_a_stdio_server_is_kept_for_diagnostics() {
     let connection = connect_stdio().await;
     // The server writes its banner before it answers `initialize`; the reader may lag.

@@ -1559,8 +1559,10 @@ impl TurnEngine {
             match item {
                 TurnInputItem::Message(user) => slots[slot] = Some(Message::user(user.content.clone())),
                 TurnInputItem::ToolResponse(response) => {
-                    slots[slot] =
-                        Some(Message::tool(response.tool_call_id.clone(), response.content.clone()));
+                    // A client's result is cut as a server-side tool's is.
+                    let result = ToolResult { content: response.content.clone(), is_error: false };
+                    let content = cap_output(result, self.agent.limits().max_tool_output_bytes).content;
+                    slots[slot] = Some(Message::tool(response.tool_call_id.clone(), content));
                 }
                 TurnInputItem::ToolApproval(approval) => {
                     let Some(call) = pending.get(approval.tool_call_id.as_str()) else { continue };
@@ -1679,10 +1681,11 @@ impl TurnEngine {
                 "the sequencer completed a message that is not a model.message".to_owned(),
             ));
         };
-        if let Some(usage) = &message.usage {
+        self.charge(sent, message);
+        // The provider's usage, or the estimate the budget is charged when it sent none.
+        if let Some(usage) = &self.charged {
             self.metrics.add(usage);
         }
-        self.charge(sent, message);
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };

@@ -884,13 +884,17 @@ impl Runtime {
             // Leases are renewed every third of their time; cancellations another process
             // stored are looked for more often, so a cancel sent to any server of a shared
             // store stops the turn (and its model request) within about that interval.
+            // Counted in wake-ups, not measured: a renewal never slips past its third.
             let renew_every = (ttl / 3).max(Duration::from_millis(1));
-            let mut interval = tokio::time::interval(renew_every.min(CANCEL_POLL));
+            let per_renewal = renew_every.as_nanos().div_ceil(CANCEL_POLL.as_nanos()).max(1);
+            let wake_every = renew_every / u32::try_from(per_renewal).unwrap_or(u32::MAX);
+            let mut interval = tokio::time::interval(wake_every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval.tick().await;
-            let mut renewed_at = tokio::time::Instant::now();
+            let mut wake_ups: u128 = 0;
             loop {
                 interval.tick().await;
+                wake_ups += 1;
                 let _round = rounds.lock().await;
                 let Some(inner) = runtime.upgrade() else { return };
                 if inner.handed_over.load(Ordering::Acquire) {
@@ -899,10 +903,7 @@ impl Runtime {
                 let store = inner.store.clone();
                 let running = inner.running_turns();
                 drop(inner);
-                let renew = renewed_at.elapsed() >= renew_every;
-                if renew {
-                    renewed_at = tokio::time::Instant::now();
-                }
+                let renew = wake_ups.is_multiple_of(per_renewal);
                 for turn in running {
                     if renew {
                         // A transient failure is retried at the next renewal, before expiry.

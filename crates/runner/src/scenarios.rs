@@ -1953,7 +1953,10 @@ pub async fn a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_r
         ScriptedResponse::tool_call("huge", &json!({})),
         ScriptedResponse::text("Recovered."),
     ]));
-    let runtime = runtime(&harness, Agent::builder("huge", model.clone()).tool(huge.shared()).build());
+    // No output limit (one above the record limit would cut the result first).
+    let limits = AgentLimits { max_tool_output_bytes: usize::MAX, ..AgentLimits::default() };
+    let agent = Agent::builder("huge", model.clone()).tool(huge.shared()).limits(limits).build();
+    let runtime = runtime(&harness, agent);
     let session = session_for(&runtime, "huge").await;
     let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
     dense_stream(&turn).await;

@@ -829,16 +829,14 @@ impl Config {
         builder = builder.limits(limits);
         // Where each tool name comes from: two tools of one name would be offered twice
         // (some providers refuse that), and every call of it would reach the first.
-        let mut sources: Vec<(String, String)> = config
-            .tools
-            .iter()
-            .map(|tool| (tool.clone(), "the built-in tools".to_owned()))
-            .chain(
-                config
-                    .ask_user_question
-                    .then(|| ("ask_user_question".to_owned(), "ask_user_question".to_owned())),
-            )
-            .collect();
+        let mut sources: Vec<(String, String)> = Vec::new();
+        let builtins = config.tools.iter().map(|tool| (tool.clone(), "the built-in tools".to_owned()));
+        let asking = config
+            .ask_user_question
+            .then(|| ("ask_user_question".to_owned(), "ask_user_question".to_owned()));
+        for (name, source) in builtins.chain(asking) {
+            claim(&config.name, &mut sources, name, source)?;
+        }
         for server in &config.mcp {
             let transport = match (&server.command, &server.url) {
                 (Some(command), None) => {
@@ -905,15 +903,7 @@ impl Config {
                 )));
             }
             for name in offered {
-                let source = format!("MCP server {:?}", server.name);
-                if let Some((_, first)) = sources.iter().find(|(known, _)| *known == name) {
-                    return Err(ConfigError::Invalid(format!(
-                        "agent {:?}: two tools are named {name:?} (from {first} and from {source}); leave \
-                         one out with the MCP server's `tools` list",
-                        config.name
-                    )));
-                }
-                sources.push((name, source));
+                claim(&config.name, &mut sources, name, format!("MCP server {:?}", server.name))?;
             }
             let connection = Arc::new(connection);
             mcp.push(Arc::clone(&connection));
@@ -935,6 +925,28 @@ impl Config {
         }
         Ok(agent)
     }
+}
+
+/// Records that `source` offers agent `agent` a tool `name`; refuses a name offered twice.
+fn claim(
+    agent: &str,
+    sources: &mut Vec<(String, String)>,
+    name: String,
+    source: String,
+) -> Result<(), ConfigError> {
+    if let Some((_, first)) = sources.iter().find(|(known, _)| *known == name) {
+        if *first == source {
+            return Err(ConfigError::Invalid(format!(
+                "agent {agent:?}: {source} list the tool {name:?} twice"
+            )));
+        }
+        return Err(ConfigError::Invalid(format!(
+            "agent {agent:?}: two tools are named {name:?} (from {first} and from {source}); leave one out \
+             (an MCP server's `tools` list keeps only the tools it names)"
+        )));
+    }
+    sources.push((name, source));
+    Ok(())
 }
 
 /// What [`Config::build_agents`] builds.

@@ -117,9 +117,9 @@ fn calls_chars(calls: &[ToolCall]) -> usize {
         .sum()
 }
 
-/// Usage summed over every model call of a turn, and its cost. A call cut off before
-/// the provider reported its usage (cancelled, or its stream broke) counts an estimate
-/// ([`Usage::estimate`]), as the turn's budget is charged.
+/// Usage summed over every model call of a turn, and its cost. A call the provider
+/// reported no usage for (it sends none, or the call was cut off: cancelled, or its stream
+/// broke) counts an estimate ([`Usage::estimate`]), as the turn's budget is charged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TurnMetrics {
     /// Sum of input tokens.

@@ -41,8 +41,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// long as an agent may call its tools: closing it ([`McpConnection::close`]) or dropping
 /// it ends the session, and for a stdio server shuts the process (and the process group
 /// it leads) down and reaps it. After that, calls of its tools fail with a clear error.
-/// Until then, a stdio server that exits (or is killed) is started again by the next call
-/// of one of its tools, with a warning in the log (the call that was under way fails).
+/// Until then, a server whose connection closed (a stdio server that exited or was killed,
+/// an HTTP connection whose worker stopped) is connected again by the next call of one of
+/// its tools, with a warning in the log (the call that was under way fails).
 ///
 /// ```no_run
 /// # async fn demo(model: std::sync::Arc<dyn agentry_model::Model>) -> Result<(), agentry_runner::McpError> {
@@ -234,6 +235,7 @@ impl McpConnection {
             config: config.clone(),
             peer: std::sync::RwLock::new(service.peer().clone()),
             service: tokio::sync::Mutex::new(Some(service)),
+            reviving: tokio::sync::Mutex::new(()),
             shut: AtomicBool::new(false),
         });
         let tools = listed
@@ -278,14 +280,15 @@ impl McpConnection {
         self.server_info.as_ref().map(|info| (info.name.as_str(), info.version.as_str()))
     }
 
-    /// The process id of a stdio server.
+    /// The process id of a stdio server, as started by [`McpConnection::connect`] (a
+    /// server started again after it exited has another).
     #[must_use]
     pub fn process_id(&self) -> Option<u32> {
         self.process_id
     }
 
     /// The last lines a stdio server wrote to stderr (at most 4 KiB), for diagnostics;
-    /// `None` for other transports.
+    /// `None` for other transports. Those of the process started at connect.
     #[must_use]
     pub fn stderr_tail(&self) -> Option<String> {
         self.stderr.as_ref().map(StderrTail::text)
@@ -346,8 +349,11 @@ impl Drop for McpConnection {
 pub(crate) struct Link {
     config: McpServerConfig,
     peer: std::sync::RwLock<Peer<RoleClient>>,
-    /// Taken by the first shutdown; replaced by a revival.
+    /// Taken by the first shutdown; replaced by a revival. Held only briefly, never while
+    /// connecting, so a shutdown does not wait for a revival's connect.
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    /// One revival at a time.
+    reviving: tokio::sync::Mutex<()>,
     /// Set by a shutdown: nothing connects again.
     shut: AtomicBool,
 }
@@ -364,12 +370,13 @@ impl Link {
     ///
     /// Errors: as [`McpConnection::connect`]; [`McpError::Transport`] after a shutdown.
     pub(crate) async fn revive(&self) -> Result<Peer<RoleClient>, McpError> {
-        let mut service = self.service.lock().await;
+        let shut_down = || McpError::Transport {
+            server: self.config.name.clone(),
+            reason: "the connection was shut down".to_owned(),
+        };
+        let _reviving = self.reviving.lock().await;
         if self.shut.load(Ordering::Acquire) {
-            return Err(McpError::Transport {
-                server: self.config.name.clone(),
-                reason: "the connection was shut down".to_owned(),
-            });
+            return Err(shut_down());
         }
         let current = self.peer();
         if !current.is_transport_closed() {
@@ -377,19 +384,21 @@ impl Link {
         }
         tracing::warn!(server = %self.config.name, "the MCP server's connection closed; connecting again");
         let fresh = McpConnection::connect(self.config.clone()).await?;
-        if self.shut.load(Ordering::Acquire) {
-            // Shut down (or dropped) while connecting: the new server goes too.
-            return Err(McpError::Transport {
-                server: self.config.name.clone(),
-                reason: "the connection was shut down".to_owned(),
-            });
-        }
         let Some(started) = fresh.link.service.lock().await.take() else {
             return Err(McpError::Transport {
                 server: self.config.name.clone(),
                 reason: "the new connection closed at once".to_owned(),
             });
         };
+        let mut service = self.service.lock().await;
+        if self.shut.load(Ordering::Acquire) {
+            // Shut down (or dropped) while connecting: the new server is closed and reaped
+            // too, not left behind.
+            drop(service);
+            let mut started = started;
+            let _closed = started.close_with_timeout(CLOSE_TIMEOUT).await;
+            return Err(shut_down());
+        }
         let peer = started.peer().clone();
         *self.peer.write().unwrap_or_else(PoisonError::into_inner) = peer.clone();
         // The dead service goes: its process is reaped.

@@ -756,6 +756,11 @@ async fn tools_sharing_a_name_are_refused_at_start_and_an_mcp_tools_list_leaves_
         ),
         "{error}"
     );
+    let mut twice = config("");
+    twice.agents[0].mcp.clear();
+    twice.agents[0].tools.push("echo".to_owned());
+    let error = Server::start(twice).await.unwrap_err().to_string();
+    assert!(error.contains("agent \"a\": the built-in tools list the tool \"echo\" twice"), "{error}");
     let error = Server::start(config("tools = [\"get-sum\", \"nope\"]\n")).await.unwrap_err().to_string();
     assert!(error.contains("MCP server \"everything\" has no tool \"nope\""), "{error}");
     let (_address, stop, serving) = serve(config("tools = [\"get-sum\"]\n")).await;

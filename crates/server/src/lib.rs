@@ -91,7 +91,7 @@ pub(crate) struct AppState {
     pub(crate) heartbeat: Duration,
     /// New stored events, for the feeds.
     pub(crate) feed: feed::FeedHub,
-    /// Becomes true when the server is asked to stop: event streams end.
+    /// Becomes true when the server is asked to stop: event streams are cut.
     pub(crate) stopping: watch::Receiver<bool>,
     /// AG-UI threads begun before derived session ids, mapped to their sessions.
     pub(crate) agui_threads: agui::Threads,
@@ -315,7 +315,9 @@ impl Server {
         let stopped = self.state.stopped();
         let serving = axum::serve(self.listener, app).with_graceful_shutdown(async move {
             shutdown.await;
-            tracing::info!("stopping: no new connections; event streams end");
+            tracing::info!(
+                "stopping: no new connections; event streams are cut (clients reconnect with their cursor)"
+            );
             let _ = stop.send(true);
             stopped.await;
         });

@@ -904,19 +904,32 @@ impl Runtime {
                 let running = inner.running_turns();
                 drop(inner);
                 let renew = wake_ups.is_multiple_of(per_renewal);
-                for turn in running {
-                    if renew {
-                        // A transient failure is retried at the next renewal, before expiry.
-                        let renewed =
-                            store.renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now()).await;
-                        if let Err(StoreError::Conflict(_)) = renewed {
-                            turn.request_cancel(CancellationReason::Abandoned);
-                            continue;
+                // Several turns at once: a round over many turns stays within its interval
+                // (a SQLite store reads them in its reader pool and commits the renewals
+                // together).
+                let keep = |turn: Arc<LiveTurn>| {
+                    let store = &store;
+                    async move {
+                        if renew {
+                            // A transient failure is retried at the next renewal, before expiry.
+                            let renewed = store
+                                .renew_lease(turn.session_id, turn.lease_token, ttl, Timestamp::now())
+                                .await;
+                            if let Err(StoreError::Conflict(_)) = renewed {
+                                turn.request_cancel(CancellationReason::Abandoned);
+                                return;
+                            }
                         }
+                        // A cancellation asked for by another process sharing the store.
+                        cancel_if_requested(store.as_ref(), &turn).await;
                     }
-                    // A cancellation asked for by another process sharing the store.
-                    cancel_if_requested(store.as_ref(), &turn).await;
-                }
+                };
+                futures_util::StreamExt::for_each_concurrent(
+                    futures_util::stream::iter(running),
+                    KEEPER_CONCURRENCY,
+                    keep,
+                )
+                .await;
             }
         });
     }
@@ -1201,6 +1214,9 @@ impl Session {
 /// How often a runtime looks for cancellations of its running turns that another process
 /// stored (one session read per running turn).
 const CANCEL_POLL: Duration = Duration::from_millis(500);
+
+/// How many running turns a keeper round renews and checks at once.
+const KEEPER_CONCURRENCY: usize = 16;
 
 /// Cancels a turn running here when its session asks for it: the session is cancelled, or
 /// the cancellation of this turn was stored (by a process where it was not running).

@@ -39,6 +39,7 @@
 //! env = { LOG_LEVEL = "info" }     # stdio: variables to set (it inherits only PATH, HOME, …)
 //! inherit_env = ["GITHUB_TOKEN"]   # stdio: variables of the server's own to pass on
 //! tools = ["get-sum", "echo"]      # only these of its tools (two tools may not share a name)
+//! optional = false                 # true: start without its tools when it cannot be reached
 //!
 //! [[teams]]
 //! name = "crew"
@@ -317,6 +318,10 @@ pub struct McpConfig {
     /// tools. Two tools of one agent may not share a name: this leaves one out.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
+    /// When the server cannot be reached (or started) at start, start the agent without
+    /// its tools, logging an error, instead of refusing to start (the default).
+    #[serde(default)]
+    pub optional: bool,
 }
 
 /// An agent.
@@ -886,12 +891,20 @@ impl Config {
                 Some(tools) => transport.allow_tools(tools.iter().cloned()),
                 None => transport,
             };
-            let connection = McpConnection::connect(transport).await.map_err(|error| {
-                ConfigError::Invalid(format!(
-                    "agent {:?}: MCP server {:?}: {error}",
-                    config.name, server.name
-                ))
-            })?;
+            let connection = match McpConnection::connect(transport).await {
+                Ok(connection) => connection,
+                Err(error) if server.optional => {
+                    tracing::error!(agent = %config.name, server = %server.name, %error,
+                        "an optional MCP server cannot be reached: the agent starts without its tools");
+                    continue;
+                }
+                Err(error) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {:?}: {error} (`optional = true` starts the agent without it)",
+                        config.name, server.name
+                    )));
+                }
+            };
             let offered: Vec<String> =
                 connection.tools().iter().map(|tool| tool.spec().name.clone()).collect();
             if let Some(missing) =

@@ -767,3 +767,28 @@ async fn tools_sharing_a_name_are_refused_at_start_and_an_mcp_tools_list_leaves_
     stop.send(()).unwrap();
     serving.await.unwrap();
 }
+
+#[tokio::test]
+async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |optional: bool| {
+        let mut config = Config::parse(
+            &format!(
+                "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
+                 [[agents.mcp]]\nname = \"down\"\nurl = \"http://127.0.0.1:9/mcp\"\noptional = {optional}\n"
+            ),
+            None,
+        )
+        .unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        config
+    };
+    let error = Server::start(config(false)).await.unwrap_err().to_string();
+    assert!(error.contains("MCP server \"down\"") && error.contains("`optional = true`"), "{error}");
+    assert!(!dir.path().join("agentry.db").exists(), "a refused start created the store");
+    let (address, stop, serving) = serve(config(true)).await;
+    let (status, body) = request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "a"})).await;
+    assert_eq!(status, 200, "the agent serves without the server's tools: {body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}

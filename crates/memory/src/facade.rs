@@ -429,12 +429,6 @@ impl Memory {
             .map_err(|reason| MemoryError::MemoryUpdate { run_id, reason })
     }
 
-    /// The settings.
-    #[must_use]
-    pub const fn config(&self) -> &MemoryConfig {
-        &self.config
-    }
-
     /// Whether a completed run updates anything (a summary or a user profile).
     #[must_use]
     pub const fn updates_after_runs(&self) -> bool {

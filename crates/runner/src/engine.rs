@@ -1404,6 +1404,7 @@ impl TurnEngine {
     /// profile and metadata injected into the system prompt.
     async fn prepare_memory(&mut self) -> Result<Option<Memory>, Stop> {
         let Some(settings) = self.agent.memory() else { return Ok(None) };
+        let last_messages = settings.config.num_last_messages;
         let session = self.store.get_session(self.session_id()).await?;
         let config = MemoryConfig {
             session_id: Some(session.id),
@@ -1415,7 +1416,7 @@ impl TurnEngine {
             .map_err(|error| Stop::Failed(format!("memory: {error}")))?;
         // History is the runner's own window (read by `load_context`), limited here as
         // the settings say; the facade (without `full_session_memory`) does not read it again.
-        self.limit_history(memory.config().num_last_messages);
+        self.limit_history(last_messages);
         let prepared = memory
             .prepare_inputs_for_task(Some(session.session_type), None)
             .await
@@ -1560,8 +1561,8 @@ impl TurnEngine {
                 TurnInputItem::Message(user) => slots[slot] = Some(Message::user(user.content.clone())),
                 TurnInputItem::ToolResponse(response) => {
                     // A client's result is cut as a server-side tool's is.
-                    let result = ToolResult { content: response.content.clone(), is_error: false };
-                    let content = cap_output(result, self.agent.limits().max_tool_output_bytes).content;
+                    let mut content = response.content.clone();
+                    cap_output(&mut content, self.agent.limits().max_tool_output_bytes);
                     slots[slot] = Some(Message::tool(response.tool_call_id.clone(), content));
                 }
                 TurnInputItem::ToolApproval(approval) => {
@@ -1682,10 +1683,6 @@ impl TurnEngine {
             ));
         };
         self.charge(sent, message);
-        // The provider's usage, or the estimate the budget is charged when it sent none.
-        if let Some(usage) = &self.charged {
-            self.metrics.add(usage);
-        }
         if reasoning_started {
             let step =
                 ReasoningStep { reasoning: message.reasoning_content.clone(), ..ReasoningStep::default() };
@@ -1703,9 +1700,12 @@ impl TurnEngine {
     }
 
     /// Records what a model call that sent the context's first `sent` messages and produced
-    /// `message` is charged: its usage, or an estimate when the provider sent none.
+    /// `message` is charged: its usage, or an estimate when the provider sent none (it sends
+    /// none for a call cut off, which it bills too). The turn's metrics count the same.
     fn charge(&mut self, sent: usize, message: &ModelMessage) {
-        self.charged = Some(message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message)));
+        let usage = message.usage.unwrap_or_else(|| Usage::estimate(&self.context[..sent], message));
+        self.metrics.add(&usage);
+        self.charged = Some(usage);
     }
 
     /// Keeps what a stopped model stream produced: stored as an event and in the history,
@@ -1718,11 +1718,6 @@ impl TurnEngine {
             && let EventPayload::ModelMessage(message) = &event.payload
         {
             self.charge(sent, message);
-            // The provider bills a cut-off call too, but sent no usage for it: the turn's
-            // metrics count the same estimate its budget is charged.
-            if let Some(usage) = &self.charged {
-                self.metrics.add(usage);
-            }
             let mut message = Message::from_model(message);
             // A cut-off message cannot carry tool calls: they have no results.
             message.tool_calls.clear();
@@ -2138,7 +2133,7 @@ impl TurnEngine {
         } else {
             tool.timeout().unwrap_or(self.agent.limits().tool_timeout)
         };
-        let result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
+        let mut result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
             Ok(Ok(content)) => ToolResult { content, is_error: false },
             Ok(Err(ToolError::Paused { required })) => return Ok(Ran::Paused(required)),
             Ok(Err(ToolError::AuthRequired { server, auth_url })) => {
@@ -2149,7 +2144,7 @@ impl TurnEngine {
             Ok(Err(error)) => error_result(error.to_string()),
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
         };
-        let result = cap_output(result, self.agent.limits().max_tool_output_bytes);
+        cap_output(&mut result.content, self.agent.limits().max_tool_output_bytes);
         // A result the store cannot keep would fail the journal after the call ran: the
         // model gets an error result instead, journaled, so the call is not run again.
         let completed = |result: ToolResult| JournalEntry {
@@ -2210,21 +2205,20 @@ fn approved_calls(input: &[TurnInputItem]) -> HashSet<String> {
         .collect()
 }
 
-/// A tool result cut to at most `limit` bytes of its output (at a character boundary),
-/// followed by a note of how much was left out.
-fn cap_output(mut result: ToolResult, limit: usize) -> ToolResult {
-    if result.content.len() > limit {
+/// Cuts a tool's output to at most `limit` bytes (at a character boundary), followed by a
+/// note of how much was left out.
+fn cap_output(content: &mut String, limit: usize) {
+    if content.len() > limit {
         let mut end = limit;
-        while !result.content.is_char_boundary(end) {
+        while !content.is_char_boundary(end) {
             end -= 1;
         }
-        let left_out = result.content.len() - end;
-        result.content.truncate(end);
-        result.content.push_str(&format!(
+        let left_out = content.len() - end;
+        content.truncate(end);
+        content.push_str(&format!(
             "\n[{left_out} more bytes of the tool's output were left out: at most {limit} bytes are kept]"
         ));
     }
-    result
 }
 
 fn error_result(content: String) -> ToolResult {

@@ -242,6 +242,15 @@ impl OpenAiCompatibleModel {
         &self.config
     }
 
+    /// Waits before retry number `retry` (from 0) after `error`, which came `when`, saying
+    /// so in the log.
+    async fn wait_to_retry(&self, retry: u32, retry_after: Option<Duration>, error: &ModelError, when: &str) {
+        let wait = self.config.backoff(retry, retry_after);
+        tracing::warn!(url = %self.url, model = %self.config.model, %error, when, attempt = retry + 1,
+            wait_ms = wait.as_millis(), "a model request failed; retrying");
+        tokio::time::sleep(wait).await;
+    }
+
     /// One attempt: the response if its status is a success.
     async fn attempt(&self, body: Vec<u8>) -> Result<reqwest::Response, AttemptError> {
         let timeout = self.config.request_timeout;
@@ -338,20 +347,14 @@ impl Model for OpenAiCompatibleModel {
                     let first = stream.next().await;
                     match first {
                         Some(Err(error)) if retry < self.config.max_retries && retried_in_stream(&error) => {
-                            let wait = self.config.backoff(retry, None);
-                            tracing::warn!(url = %self.url, model = %self.config.model, %error, attempt = retry + 1,
-                                wait_ms = wait.as_millis(), "a model response failed before its first delta; retrying");
-                            tokio::time::sleep(wait).await;
+                            self.wait_to_retry(retry, None, &error, "in place of the first delta").await;
                             retry += 1;
                         }
                         first => return Ok(futures_util::stream::iter(first).chain(stream).boxed()),
                     }
                 }
                 Err(AttemptError { retry: Some(retry_after), error }) if retry < self.config.max_retries => {
-                    let wait = self.config.backoff(retry, retry_after);
-                    tracing::warn!(url = %self.url, model = %self.config.model, %error, attempt = retry + 1,
-                        wait_ms = wait.as_millis(), "a model request failed before its response; retrying");
-                    tokio::time::sleep(wait).await;
+                    self.wait_to_retry(retry, retry_after, &error, "before the response").await;
                     retry += 1;
                 }
                 Err(AttemptError { error, .. }) => {

@@ -236,9 +236,15 @@ pub enum EventPayload {
     /// Memory (summary, user profile) is being updated after a run.
     #[serde(rename = "memory.update.started")]
     MemoryUpdateStarted {},
-    /// The memory update finished.
+    /// The memory update finished: the summary and the profile are written, or `error`
+    /// says what failed. A failure does not fail the run, whose answer stands.
     #[serde(rename = "memory.update.completed")]
-    MemoryUpdateCompleted {},
+    MemoryUpdateCompleted {
+        /// What failed (the model, its answer, the store), when the update did not
+        /// complete; absent when it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// One step of the agent loop finished: a tool call and its observation, or the answer.
     #[serde(rename = "step.completed")]
     StepCompleted {
@@ -385,7 +391,7 @@ impl EventPayload {
             Self::ReasoningStep { .. } => "reasoning.step",
             Self::ReasoningCompleted {} => "reasoning.completed",
             Self::MemoryUpdateStarted {} => "memory.update.started",
-            Self::MemoryUpdateCompleted {} => "memory.update.completed",
+            Self::MemoryUpdateCompleted { .. } => "memory.update.completed",
             Self::StepCompleted { .. } => "step.completed",
             Self::SpawnRequested { .. } => "agent_team.spawn.requested",
             Self::SpawnDenied { .. } => "agent_team.spawn.denied",

@@ -417,7 +417,7 @@ pub fn everything_turn() -> Result<Vec<EventEnvelope>, MergeError> {
     turn.push(Some(main.clone()), EventPayload::ToolResponseRequired { tool_calls: questions.clone() });
     turn.push(Some(main.clone()), EventPayload::McpAuthRequired { servers: servers.clone() });
     turn.push(Some(main.clone()), EventPayload::MemoryUpdateStarted {});
-    turn.push(Some(main.clone()), EventPayload::MemoryUpdateCompleted {});
+    turn.push(Some(main.clone()), EventPayload::MemoryUpdateCompleted { error: None });
 
     let required: Vec<RequiredActionRecord> = turn
         .events()

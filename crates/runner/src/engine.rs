@@ -15,8 +15,8 @@ use agentry_events::{
     EventEnvelope, EventPayload, TeamContext, ThreadAgent, ThreadOutcome, ThreadParent, TurnEmitter,
 };
 use agentry_memory::{
-    Conflict, HistoryQuery, MAX_PAGE, Memory, MemoryConfig, Order, PageRequest, ParentFilter, RunQuery,
-    Store, StoreError, TurnStep, rules,
+    Conflict, HistoryQuery, MAX_PAGE, Memory, MemoryConfig, MemoryError, Order, PageRequest, ParentFilter,
+    RunQuery, Store, StoreError, TurnStep, rules,
 };
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
@@ -1043,7 +1043,7 @@ impl TurnEngine {
         // A turn recovered after its answer was stored may not have updated its memory: its
         // process stopped (or handed the turn over) first, or its summary was refused.
         let memory_updated = recovered.as_ref().is_some_and(|stored| {
-            stored.iter().any(|event| matches!(event.payload, EventPayload::MemoryUpdateCompleted {}))
+            stored.iter().any(|event| matches!(event.payload, EventPayload::MemoryUpdateCompleted { .. }))
         });
         if let Some(stored) = recovered {
             self.reconcile(&stored).await?;
@@ -1458,17 +1458,22 @@ impl TurnEngine {
     }
 
     /// After a completed turn: updates the summary and the profile. A failure is logged and
-    /// does not fail the turn, whose answer stands.
+    /// named in `memory.update.completed`; it does not fail the turn, whose answer stands.
     async fn update_memory(&mut self, memory: &Memory) -> Result<(), Stop> {
         if !memory.updates_after_runs() {
             return Ok(());
         }
         self.emit(EventPayload::MemoryUpdateStarted {}).await?;
         let messages = self.context[self.own_start..].to_vec();
-        if let Err(error) = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)).await {
+        let error = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)).await.err();
+        if let Some(error) = &error {
             tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
         }
-        self.emit(EventPayload::MemoryUpdateCompleted {}).await?;
+        let error = error.map(|error| match error {
+            MemoryError::MemoryUpdate { reason, .. } => reason,
+            other => other.to_string(),
+        });
+        self.emit(EventPayload::MemoryUpdateCompleted { error }).await?;
         Ok(())
     }
 

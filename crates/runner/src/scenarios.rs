@@ -973,6 +973,7 @@ pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected
     let memory_events: Vec<&str> =
         kinds(&events).into_iter().filter(|kind| kind.starts_with("memory.")).collect();
     assert_eq!(memory_events, ["memory.update.started", "memory.update.completed"]);
+    assert!(events.iter().any(|event| event.payload == EventPayload::MemoryUpdateCompleted { error: None }));
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Ada asked about tea."));
     let profile = harness.store.profile("local").await.unwrap().unwrap();
@@ -983,6 +984,40 @@ pub async fn memory_summaries_and_profiles_are_updated_after_a_turn_and_injected
     assert!(system.starts_with("Be kind."), "{system}");
     assert!(system.contains("Ada asked about tea."), "{system}");
     assert!(system.contains("\"name\": \"Ada\""), "{system}");
+}
+
+/// Scenario: a memory update that fails does not fail the turn, and says what failed.
+pub async fn a_failed_memory_update_keeps_the_answer_and_names_the_failure(harness: Harness) {
+    let analysis = analysis_model("Ada asked about tea.", "I would rather not say.");
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
+    let config = agentry_memory::MemoryConfig {
+        summary_memory: true,
+        user_analysis_memory: true,
+        ..agentry_memory::MemoryConfig::default()
+    };
+    let agent = Agent::builder("remember", model).memory(config, Some(analysis)).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "remember").await;
+    let turn = session.create_turn(TurnRequest::message("I am Ada.")).await.unwrap();
+    let live = collect(turn.stream(None)).await;
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Noted."), "{state:?}");
+    let failure = |events: &[Arc<EventEnvelope>]| {
+        events.iter().find_map(|event| match &event.payload {
+            EventPayload::MemoryUpdateCompleted { error } => Some(error.clone()),
+            _ => None,
+        })
+    };
+    let error = failure(&live).flatten().expect("the failure is named");
+    assert!(error.contains("profile is not a JSON object"), "{error}");
+    assert!(!error.contains("was saved"), "only the reason: {error}");
+    // The stored event says the same, and the summary (which did not fail) is written.
+    let stored: Vec<Arc<EventEnvelope>> =
+        turn.events(Order::Asc).await.unwrap().into_iter().map(Arc::new).collect();
+    assert_eq!(failure(&stored).flatten().as_deref(), Some(error.as_str()));
+    let stored = harness.store.get_session(session.id()).await.unwrap();
+    assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Ada asked about tea."));
+    assert!(harness.store.profile("local").await.unwrap().is_none());
 }
 
 /// Scenario.
@@ -2101,6 +2136,7 @@ macro_rules! runner_scenarios {
             a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,
             memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,
             memory_serves_a_team_session_and_cuts_history_to_its_last_messages,
+            a_failed_memory_update_keeps_the_answer_and_names_the_failure,
             a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn,
             a_delta_that_does_not_merge_keeps_the_text_already_streamed,
             a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out,

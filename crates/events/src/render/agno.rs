@@ -372,7 +372,7 @@ impl AgnoRenderer {
             EventPayload::MemoryUpdateStarted {} => {
                 Some(AgnoEvent::TeamMemoryUpdateStarted { base: self.base(event, None) })
             }
-            EventPayload::MemoryUpdateCompleted {} => {
+            EventPayload::MemoryUpdateCompleted { .. } => {
                 Some(AgnoEvent::TeamMemoryUpdateCompleted { base: self.base(event, None) })
             }
             EventPayload::TurnDone { state } => self.finish(event, state),

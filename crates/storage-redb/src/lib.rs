@@ -593,8 +593,11 @@ fn write_loop(
                 }
                 Outcome::Refused => {
                     // A refused job changed nothing, so neither does what it remembered.
+                    // Its refusal is answered after the commit: it may rest on what a job
+                    // before it in this batch wrote, which a caller told of it must be able
+                    // to read, and which a failed commit undoes.
                     tx.turns.write_undone();
-                    finish(Ok(()));
+                    finishes.push(finish);
                 }
                 Outcome::Poisoned(error) => {
                     finish(Ok(()));

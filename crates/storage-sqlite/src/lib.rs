@@ -603,10 +603,12 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 }
                 (_, false) => Ok(()),
             };
-            match (settled, ok) {
-                (Ok(()), true) => finishes.push(finish),
-                (Ok(()), false) => finish(Ok(())),
-                (Err(error), _) => {
+            match settled {
+                // A refusal is answered after the commit too: it may rest on what a job
+                // before it in this batch wrote (a session it created), which a caller
+                // told of it must be able to read, and which a failed commit undoes.
+                Ok(()) => finishes.push(finish),
+                Err(error) => {
                     finish(Err(error.clone()));
                     aborted = Some(error);
                     break;

@@ -69,6 +69,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $factory;
             session_create_and_get_round_trips,
             session_created_twice_conflicts,
+            a_session_refused_as_existing_is_readable_at_once,
             session_unknown_is_not_found_everywhere,
             session_update_merges_metadata_and_state_and_null_removes_keys,
             session_delete_removes_its_runs_events_messages_journal_and_lease,
@@ -337,6 +338,36 @@ pub async fn session_created_twice_conflicts(store: Arc<dyn Store>) {
         "{error:?}"
     );
     assert_eq!(store.get_session(session.id).await.unwrap().name, "agent");
+}
+
+/// A creation refused because the session exists is answered only once that session
+/// can be read: when concurrent creations of one id meet (two first requests of one
+/// conversation), the losers read the winner's session at once.
+pub async fn a_session_refused_as_existing_is_readable_at_once(store: Arc<dyn Store>) {
+    for _ in 0..40 {
+        let session = session_named("agent");
+        let creators: Vec<_> = (0..6)
+            .map(|_| {
+                let (store, session) = (store.clone(), session.clone());
+                tokio::spawn(async move {
+                    match store.create_session(&session).await {
+                        Ok(()) => true,
+                        Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {
+                            let read = store.get_session(session.id).await;
+                            assert_eq!(read.as_ref().ok(), Some(&session), "{read:?}");
+                            false
+                        }
+                        Err(error) => panic!("{error:?}"),
+                    }
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for creator in creators {
+            created += usize::from(creator.await.unwrap());
+        }
+        assert_eq!(created, 1);
+    }
 }
 
 /// Every session operation on an unknown id is not found.

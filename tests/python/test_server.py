@@ -1277,6 +1277,30 @@ class AgUi(unittest.TestCase):
             content = {"interruptId": question, "status": "resolved", "payload": {"content": "green"}}
             self.assertEqual(answered(h, "agui-strict-question", content), "You chose green.")
 
+    def test_an_agui_client_that_goes_away_cancels_its_run_and_the_thread_goes_on(self):
+        # AG-UI's abortRun closes the connection: the turn must not run on for no one,
+        # holding the thread's session (the next run would be refused as turn_running).
+        thread = f"abandoned-{os.urandom(4).hex()}"
+        body = {"threadId": thread, "runId": "r1", "messages": [{"id": "m1", "role": "user", "content": "slow"}]}
+        with http() as h:
+            with h.stream("POST", "/agui/demo", json=body) as response:
+                self.assertEqual(response.status_code, 200)
+                for line in response.iter_lines():
+                    if '"TEXT_MESSAGE_CONTENT"' in line:
+                        break
+        alice = client()
+        session = next(s for s in alice.list_sessions(agent_name="demo", limit=100) if s.title == thread)
+        turn = next(iter(alice.get_session(session.id).list_turns()))
+        events = [item.event for item in alice.get_session(session.id).get_turn(turn.id).stream(after_sequence_number=0)]
+        self.assertIsInstance(events[-1], TurnDoneEvent)
+        self.assertEqual(events[-1].state.status, "cancelled")
+        with http() as h:
+            again = [{"id": "m1", "role": "user", "content": "slow"}, {"id": "m2", "role": "user", "content": "hello again"}]
+            answered = agui_run(h, {"threadId": thread, "runId": "r2", "messages": again})
+        self.assertEqual(kind(answered[-1]), "RUN_FINISHED")
+        text = "".join(e.delta for e in answered if kind(e) == "TEXT_MESSAGE_CONTENT")
+        self.assertEqual(text, "Echo: hello again")
+
     def test_an_agui_run_without_a_user_message_is_refused_naming_messages(self):
         with http() as h:
             for messages in ([], [{"id": "s", "role": "system", "content": "be brief"}], [{"id": "u", "role": "user", "content": ""}]):

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
 use agentry_memory::{Conflict, Order, PageRequest, StoreError};
-use agentry_runner::{RunnerError, Session, TurnRequest};
+use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
 use agentry_types::{RequiredAction, SessionId, Timestamp, TurnInputItem};
 use axum::Router;
 use axum::extract::{Path, State};
@@ -376,14 +376,22 @@ async fn run(
     // the end was sent is noted as frames leave, after the cut.
     let ended = Arc::new(AtomicBool::new(false));
     let sent_end = ended.clone();
+    // A client that goes away before the run's end aborted it (AG-UI has no other
+    // cancellation: `abortRun` closes the connection, and a run's stream cannot be
+    // resumed), so the turn is cancelled rather than left running for no one.
+    let abort = AbortOnDisconnect { turn: Some(turn), over: ended.clone(), state: Arc::clone(&state) };
     let frames = frames.take_until(state.stopped()).map(move |(frame, last)| {
+        let _ = &abort;
         if last {
             sent_end.store(true, Ordering::Relaxed);
         }
         frame
     });
     let interrupted = futures_util::stream::once(async move {
-        (!ended.load(Ordering::Relaxed)).then(|| {
+        // The frames ended by themselves (the run ended, its stream failed, or the server
+        // is stopping): not a client going away.
+        let cut = !ended.swap(true, Ordering::Relaxed);
+        cut.then(|| {
             let error = AguiEvent::RunError {
                 message:
                     "the stream was cut before the run finished; its outcome will be in the thread's session"
@@ -396,6 +404,30 @@ async fn run(
     })
     .filter_map(std::future::ready);
     Ok(sse::respond_ending(&state, frames.chain(interrupted)))
+}
+
+/// Cancels a run's turn when dropped before the run's frames were over: its client went
+/// away. Not while the server stops, whose turns go on in the next server.
+struct AbortOnDisconnect {
+    turn: Option<TurnHandle>,
+    over: Arc<AtomicBool>,
+    state: Arc<AppState>,
+}
+
+impl Drop for AbortOnDisconnect {
+    fn drop(&mut self) {
+        if self.over.load(Ordering::Relaxed) || *self.state.stopping.borrow() {
+            return;
+        }
+        let Some(turn) = self.turn.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            tracing::info!(turn = %turn.id(), "the AG-UI client went away before the run's end: cancelling it");
+            if let Err(error) = turn.cancel().await {
+                tracing::warn!(turn = %turn.id(), %error, "cancelling an abandoned AG-UI run failed");
+            }
+        });
+    }
 }
 
 /// Removes the session a refused first run of a thread created, unless a run of the same

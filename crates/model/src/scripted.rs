@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_types::{FinishReason, ModelMessage, ModelMessageDelta, ToolCall, Usage};
+use agentry_types::{EventId, FinishReason, ModelMessage, ModelMessageDelta, ToolCall, Usage};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
@@ -165,6 +165,8 @@ pub struct ScriptedModel {
     id: String,
     script: Script,
     calls: AtomicUsize,
+    /// Tool calls without an id get one unique across processes.
+    unique_ids: bool,
     /// The latest requests, at most [`RECORDED_REQUESTS`]; `None` when not recorded.
     requests: Option<Mutex<VecDeque<ModelRequest>>>,
 }
@@ -197,6 +199,7 @@ impl ScriptedModel {
             id: "scripted".to_owned(),
             script,
             calls: AtomicUsize::new(0),
+            unique_ids: false,
             requests: Some(Mutex::new(VecDeque::new())),
         }
     }
@@ -208,6 +211,16 @@ impl ScriptedModel {
     #[must_use]
     pub fn without_request_log(mut self) -> Self {
         self.requests = None;
+        self
+    }
+
+    /// The same model, giving each tool call it makes without an id one that is unique
+    /// across processes (`call_` and 32 hex digits), as a real provider does, instead of
+    /// `call_<call>_<index>`, which a restarted process repeats (clients that keep a
+    /// conversation's calls by id, such as AG-UI's, would take a new call for an old one).
+    #[must_use]
+    pub fn with_unique_call_ids(mut self) -> Self {
+        self.unique_ids = true;
         self
     }
 
@@ -264,7 +277,12 @@ impl Model for ScriptedModel {
             }
             requests.push_back(request.clone());
         }
-        let response = self.next_response(call, &request)?;
+        let mut response = self.next_response(call, &request)?;
+        if self.unique_ids {
+            for tool_call in &mut response.tool_calls {
+                tool_call.id.get_or_insert_with(|| format!("call_{}", EventId::new().as_uuid().simple()));
+            }
+        }
         if let Some(error) = response.error.clone() {
             return Err(error);
         }

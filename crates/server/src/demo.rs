@@ -257,7 +257,10 @@ pub fn demo_agent() -> Agent {
 /// The demo agent's rules under another name, with these limits.
 #[must_use]
 pub fn demo_agent_with(name: &str, limits: AgentLimits) -> Agent {
-    let model = ScriptedModel::responder(demo_response).named("demo-rules").without_request_log();
+    let model = ScriptedModel::responder(demo_response)
+        .named("demo-rules")
+        .without_request_log()
+        .with_unique_call_ids();
     Agent::builder(name, Arc::new(model))
         .instructions("You are Agentry's demo agent.")
         .tool(calculator_tool())
@@ -274,7 +277,8 @@ fn member(name: &str, prefix: &'static str) -> Agent {
         ScriptedResponse::text(format!("{prefix} {}", latest_user_text(request))).chunked(6)
     })
     .named(format!("demo-{name}"))
-    .without_request_log();
+    .without_request_log()
+    .with_unique_call_ids();
     Agent::builder(name, Arc::new(model)).instructions(format!("You are the team's {name}.")).build()
 }
 
@@ -348,8 +352,10 @@ fn called_member(request: &ModelRequest, result: &Message) -> Option<String> {
 /// Never: the embedded policy is valid (a unit test parses it).
 #[must_use]
 pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, SpawnPolicy) {
-    let model =
-        ScriptedModel::responder(coordinator_response).named("demo-coordinator").without_request_log();
+    let model = ScriptedModel::responder(coordinator_response)
+        .named("demo-coordinator")
+        .without_request_log()
+        .with_unique_call_ids();
     let analyst: Arc<dyn agentry_model::Model> = Arc::new(
         ScriptedModel::responder(|request: &ModelRequest| {
             let task = latest_user_text(request);
@@ -362,7 +368,8 @@ pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, S
             }
         })
         .named("demo-analyst")
-        .without_request_log(),
+        .without_request_log()
+        .with_unique_call_ids(),
     );
     #[allow(clippy::expect_used)]
     let policy = SpawnPolicy::parse(DEMO_SPAWN_POLICY).expect("the embedded spawn policy is valid");

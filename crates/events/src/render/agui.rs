@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use agentry_types::{
     EventId, ModelMessage, ModelMessageDelta, PendingToolCall, RequiredAction, RequiredActionRecord,
-    ThreadId, TurnState,
+    ThreadId, TurnInputItem, TurnState,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -299,6 +299,9 @@ pub enum AguiEvent {
         name: String,
         /// The canonical payload.
         value: Value,
+        /// The sub-agent thread it happened on.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subagent_run_id: Option<String>,
         /// Milliseconds since the Unix epoch.
         timestamp: i64,
     },
@@ -359,11 +362,28 @@ impl AguiRenderer {
         let subagent = event.thread_id.as_ref().filter(|thread| !thread.is_main()).map(ThreadId::to_string);
         let mut out = Vec::new();
         match &event.payload {
-            EventPayload::TurnCreated { .. } => out.push(AguiEvent::RunStarted {
-                thread_id: event.session_id.to_string(),
-                run_id: event.turn_id.to_string(),
-                timestamp,
-            }),
+            EventPayload::TurnCreated { input, .. } => {
+                out.push(AguiEvent::RunStarted {
+                    thread_id: event.session_id.to_string(),
+                    run_id: event.turn_id.to_string(),
+                    timestamp,
+                });
+                // Answers to client-side calls are results no tool of the turn reports:
+                // the client's message list gets them here, so no call is left dangling.
+                for item in input {
+                    if let TurnInputItem::ToolResponse(answer) = item {
+                        out.push(AguiEvent::ToolCallResult {
+                            message_id: format!("{}-{}", event.event_id, answer.tool_call_id),
+                            tool_call_id: answer.tool_call_id.clone(),
+                            content: answer.content.clone(),
+                            role: "tool".to_owned(),
+                            subagent_run_id: (!answer.thread_id.is_main())
+                                .then(|| answer.thread_id.to_string()),
+                            timestamp,
+                        });
+                    }
+                }
+            }
             EventPayload::ModelMessageDelta(delta) => {
                 let message_id = event.event_id.to_string();
                 let open = self
@@ -434,6 +454,7 @@ impl AguiRenderer {
                     .and_then(|frame| serde_json::to_value(frame).ok())
                     .or_else(|| serde_json::to_value(other).ok())
                     .unwrap_or(Value::Null),
+                subagent_run_id: subagent,
                 timestamp,
             }),
         }

@@ -10,7 +10,7 @@ use agentry_events::render::agui::{AguiEvent, AguiRenderer, RunFinishedOutcome};
 use agentry_events::render::harness::{self, HarnessEvent};
 use agentry_events::sample;
 use agentry_events::{EventEnvelope, EventPayload};
-use agentry_types::{BudgetLimit, BudgetUsage, RunStatus, Timestamp};
+use agentry_types::{BudgetLimit, BudgetUsage, RunStatus, ThreadId, Timestamp, TurnInputItem};
 use serde_json::{Value, json};
 
 fn context(session: Option<&str>, message: Option<&str>, instance: Option<&str>) -> AgentTeamContext {
@@ -294,6 +294,39 @@ fn ag_ui_replays_a_stored_log_without_deltas_as_the_same_text() {
         replayed.last(),
         Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Success {}, result: Some(_), .. })
     ));
+}
+
+#[test]
+fn ag_ui_reports_answers_to_client_calls_as_results_and_attributes_sub_agent_custom_events() {
+    let mut events = sample::answer_turn("Hi", "Hello there, friend").unwrap();
+    let sub = ThreadId::new_sub_thread();
+    let EventPayload::TurnCreated { input, .. } = &mut events[0].payload else { panic!("{:?}", events[0]) };
+    *input = vec![
+        TurnInputItem::respond(ThreadId::main(), "call_main", "Blue"),
+        TurnInputItem::respond(sub.clone(), "call_sub", "Formal"),
+        TurnInputItem::allow(ThreadId::main(), "call_gated"),
+    ];
+    let mut custom = events[1].clone();
+    custom.thread_id = Some(sub.clone());
+    custom.payload = EventPayload::MemoryUpdateStarted {};
+    events.insert(1, custom);
+    let frames = agui(&events);
+    assert_well_formed(&frames);
+    let results: Vec<(&str, &str, Option<&String>)> = frames
+        .iter()
+        .filter_map(|frame| match frame {
+            AguiEvent::ToolCallResult { tool_call_id, content, subagent_run_id, .. } => {
+                Some((tool_call_id.as_str(), content.as_str(), subagent_run_id.as_ref()))
+            }
+            _ => None,
+        })
+        .collect();
+    // An approval is answered by the tool's own result, when it runs: not here.
+    assert_eq!(results, [("call_main", "Blue", None), ("call_sub", "Formal", Some(&sub.to_string()))]);
+    assert!(matches!(frames[1], AguiEvent::ToolCallResult { .. }), "right after RUN_STARTED");
+    assert!(frames.iter().any(|frame| matches!(frame,
+        AguiEvent::Custom { name, subagent_run_id: Some(thread), .. }
+            if name == "memory.update.started" && *thread == sub.to_string())));
 }
 
 #[test]

@@ -59,6 +59,35 @@ async fn tool_calls_open_with_id_and_name_then_stream_their_arguments() {
 }
 
 #[tokio::test]
+async fn unique_call_ids_do_not_repeat_in_a_new_model_and_given_ids_stay() {
+    let script = || {
+        ScriptedModel::responder(|_| {
+            ScriptedResponse::tool_call("search", &json!({})).with_tool_call("fetch", &json!({}))
+        })
+        .with_unique_call_ids()
+    };
+    let ids = |deltas: Vec<agentry_types::ModelMessageDelta>| -> Vec<String> {
+        deltas.iter().flat_map(|d| d.tool_calls.iter()).filter_map(|c| c.id.clone()).collect()
+    };
+    // A restarted process: a new model answering the same script.
+    let (first, again) = (script(), script());
+    let mut seen = ids(collect(&first, "a").await.unwrap());
+    seen.extend(ids(collect(&first, "b").await.unwrap()));
+    seen.extend(ids(collect(&again, "a").await.unwrap()));
+    assert_eq!(seen.len(), 6);
+    assert!(seen.iter().all(|id| id.starts_with("call_") && id.len() == 37), "{seen:?}");
+    let distinct: std::collections::BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(distinct.len(), 6, "{seen:?}");
+    let given =
+        ScriptedModel::new(vec![ScriptedResponse::tool_call("search", &json!({}))]).with_unique_call_ids();
+    let mut response = ScriptedResponse::tool_call("search", &json!({}));
+    response.tool_calls[0].id = Some("mine".to_owned());
+    let given_id = ScriptedModel::new(vec![response]).with_unique_call_ids();
+    assert_ne!(ids(collect(&given, "a").await.unwrap()), ["call_1_0"]);
+    assert_eq!(ids(collect(&given_id, "a").await.unwrap()), ["mine"]);
+}
+
+#[tokio::test]
 async fn the_script_is_used_in_order_and_then_runs_out() {
     let model = ScriptedModel::new(vec![ScriptedResponse::text("one"), ScriptedResponse::text("two")]);
     let first = collect(&model, "a").await.unwrap();

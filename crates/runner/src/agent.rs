@@ -62,7 +62,7 @@ pub struct Agent {
     inner: Arc<AgentInner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct AgentInner {
     name: String,
     instructions: Option<String>,
@@ -172,6 +172,19 @@ impl Agent {
     #[must_use]
     pub fn may_call(&self, name: &str) -> bool {
         self.inner.capabilities.as_ref().is_none_or(|allowed| allowed.iter().any(|tool| tool == name))
+    }
+
+    /// The same agent, allowed to call only `tools` (a role's capabilities; see
+    /// [`AgentBuilder::capabilities`]). Its tools and connections are shared, not copied.
+    #[must_use]
+    pub fn with_capabilities<I, S>(&self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut inner = (*self.inner).clone();
+        inner.capabilities = Some(tools.into_iter().map(Into::into).collect());
+        Self { inner: Arc::new(inner) }
     }
 
     /// The tool choice of each turn's first model call.

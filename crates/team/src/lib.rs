@@ -218,8 +218,24 @@ impl TeamBuilder {
                     .collect()
             })
             .unwrap_or_default();
+        // A member is an instance of the role of its name: it may call only that role's
+        // capabilities, as a spawned instance of the role may.
+        let agents = self
+            .members
+            .into_iter()
+            .map(|member| {
+                let capabilities = policy
+                    .as_ref()
+                    .and_then(|policy| policy.roles.get(member.name()))
+                    .and_then(|role| role.capabilities.clone());
+                match capabilities {
+                    Some(capabilities) => member.with_capabilities(capabilities),
+                    None => member,
+                }
+            })
+            .collect();
         let members = Arc::new(Crew {
-            agents: self.members,
+            agents,
             control: self.control,
             budgets: budget::Budgets {
                 mission,

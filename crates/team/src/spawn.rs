@@ -617,6 +617,19 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             *count = count.saturating_sub(1);
         }
     };
+    // The instance is made before anyone is asked to approve it: a template that cannot be
+    // built is denied at once, never after an approval (`spawn.approved` is final).
+    let instance_id = format!("ins_{}", EventId::new());
+    // Named by the random end of its id (the start is a timestamp, shared by instances
+    // spawned in the same minute).
+    let name = format!("{}-{}", args.role, &instance_id[instance_id.len() - 8..]);
+    let agent = match spawner.build_agent(&name, &args.role, &role, &template, &instance_id) {
+        Ok(agent) => agent,
+        Err(Refusal(code, error)) => {
+            uncount();
+            return deny(code, error).await;
+        }
+    };
     let mut approval_id = None;
     if role.require_approval {
         let id = format!("appr_{}", EventId::new());
@@ -655,15 +668,6 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             agentry_events::EventPayload::SpawnApproved { requested_role: args.role.clone(), approval_id },
         )
         .await?;
-    let instance_id = format!("ins_{}", EventId::new());
-    let name = format!("{}-{}", args.role, &instance_id[4..12]);
-    let agent = match spawner.build_agent(&name, &args.role, &role, &template, &instance_id) {
-        Ok(agent) => agent,
-        Err(Refusal(code, error)) => {
-            uncount();
-            return deny(code, error).await;
-        }
-    };
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
     let title = crate::title(&args.role, &args.task);
     let skills = crate::skill_hash(&template.instructions, &template.skills);

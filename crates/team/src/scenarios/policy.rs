@@ -43,12 +43,26 @@ pub async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_not
             ScriptedResponse::text(format!("I could not: {}", tool_results(request)[0]))
         }
     }));
-    // The member has the tool, but its role may only read.
-    let member = Agent::builder("intern", member_model)
-        .tool(delete.shared())
-        .tool(read.shared())
+    // The member has the tool, but its role may only read: set on the agent, or by the
+    // team's spawn policy for the role of the member's name.
+    let (delete, read) = (delete.shared(), read.shared());
+    let on_agent = Agent::builder("intern", member_model.clone())
+        .tool(delete.clone())
+        .tool(read.clone())
         .capabilities(["read"])
         .build();
+    refuses_the_call_outside_its_capabilities(&harness, on_agent, None, &deleted).await;
+    let by_policy = Agent::builder("intern", member_model).tool(delete).tool(read).build();
+    let policy = crate::SpawnPolicy::parse("[roles.intern]\ncapabilities = [\"read\"]\n").unwrap();
+    refuses_the_call_outside_its_capabilities(&harness, by_policy, Some(policy), &deleted).await;
+}
+
+async fn refuses_the_call_outside_its_capabilities(
+    harness: &Harness,
+    member: Agent,
+    policy: Option<crate::SpawnPolicy>,
+    deleted: &AtomicUsize,
+) {
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call(
@@ -59,9 +73,8 @@ pub async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_not
             ScriptedResponse::text("Done.")
         }
     }));
-    let (_runtime, _session, turn) =
-        super::start(&harness, Team::builder("office", coordinator).member(member).build(), "Clean up.")
-            .await;
+    let team = Team::builder("office", coordinator).member(member).spawn_policy(policy).build();
+    let (_runtime, _session, turn) = super::start(harness, team, "Clean up.").await;
     let mut denied = Vec::new();
     let mut stream = turn.stream(None);
     while let Some(event) = stream.next().await {

@@ -18,7 +18,7 @@ const POLICY: &str = r#"
 coordinator_role = "lead"
 
 [roles.lead]
-can_spawn = ["worker", "auditor"]
+can_spawn = ["worker", "auditor", "broken"]
 
 [roles.worker]
 require_justification = true
@@ -37,6 +37,13 @@ model = "small"
 [roles.intruder]
 [roles.intruder.templates.default]
 instructions = "You should not exist."
+
+[roles.broken]
+require_approval = true
+approval_timeout_secs = 1
+[roles.broken.templates.default]
+instructions = "You cannot be made."
+model = "missing"
 "#;
 
 /// A coordinator that makes the given `spawn_agent` calls, one model message each, then
@@ -142,6 +149,8 @@ pub async fn each_refusal_of_the_policy_has_its_own_code(harness: Harness) {
             json!({"role": "worker", "task": "Work.", "justification": "x", "budget_override": {"max_tokens": 9000}}),
             "budget_override_too_large",
         ),
+        // Refused before anyone is asked to approve it: never approved, then denied.
+        (json!({"role": "broken", "task": "Break."}), "invalid_template"),
     ];
     for (arguments, code) in cases {
         let (events, _) =
@@ -187,6 +196,14 @@ pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_
     let frame = serde_json::to_value(agentry_events::render::agent_team::render(requested).unwrap()).unwrap();
     assert_eq!(frame["properties"]["messageID"], asking.as_str());
     assert!(skill_hash.starts_with("sha256:") && skill_hash.len() == 7 + 64, "{skill_hash}");
+    // The instance is named by the random end of its id, not its timestamp start.
+    let started = events.iter().find(|event| event.payload.kind() == "agent_team.instance.started").unwrap();
+    let instance = started.team.as_ref().and_then(|team| team.instance_id.clone()).unwrap();
+    let name = events.iter().find_map(|event| match &event.payload {
+        EventPayload::ThreadCreated { agent, .. } => Some(agent.name.clone()),
+        _ => None,
+    });
+    assert_eq!(name, Some(format!("worker-{}", &instance[instance.len() - 8..])));
 }
 
 /// Scenario: a gated spawn no one decides within its role's `approval_timeout_secs` is

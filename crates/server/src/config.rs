@@ -46,7 +46,9 @@
 //! model = "openai"
 //! members = ["helper"]
 //! spawn_policy = "spawn-policy.toml" # must exist (relative to the working directory); checked
-//!                                  # at start: budgets that allow no model call are refused
+//!                                  # at start: budgets that allow no model call are refused, and
+//!                                  # templates may name as `model` only `demo` or a provider, as
+//!                                  # `tools` only built-in tools or tools of configured agents
 //! tokens_per_step = 1000           # held from budgets before each model call of an instance
 //!
 //! [limits]
@@ -78,7 +80,7 @@ use agentry_model::{Model, OpenAiCompatibleModel, OpenAiConfig, ScriptedModel, S
 use agentry_runner::{
     Agent, AgentLimits, FunctionTool, McpConnection, McpServerConfig, RuntimeOptions, ToolError,
 };
-use agentry_team::{SpawnApprovals, SpawnPolicy, Team, TeamControl};
+use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team, TeamControl};
 use agentry_types::Subject;
 use serde::Deserialize;
 
@@ -724,12 +726,55 @@ impl Config {
                 policy
                     .check_for_team(&members, hold)
                     .map_err(|error| invalid(format!("{}: {error}", path.display())))?;
+                let catalog = self.spawn_catalog(&team.name, &policy, &built)?;
                 policies.push((team.name.clone(), policy.clone()));
-                builder = builder.spawn_policy(Some(policy));
+                builder = builder.spawn_policy(Some(policy)).catalog(catalog);
             }
             built.push(builder.build());
         }
         Ok(BuiltAgents { agents: built, policies, mcp })
+    }
+
+    /// The models and tools a team's spawn templates name, each checked at start: a model
+    /// is `demo` or a configured provider; a tool is a built-in one or a tool of one of the
+    /// configured agents (an MCP server's, say).
+    fn spawn_catalog(
+        &self,
+        team: &str,
+        policy: &SpawnPolicy,
+        agents: &[Agent],
+    ) -> Result<SpawnCatalog, ConfigError> {
+        let mut catalog = SpawnCatalog::default();
+        for (role_name, role) in &policy.roles {
+            for (template_name, template) in &role.templates {
+                let whose = format!("team {team:?}: role {role_name:?}, template {template_name:?}");
+                if let Some(model) = &template.model
+                    && !catalog.models.contains_key(model)
+                {
+                    if model != "demo" && !self.providers.contains_key(model) {
+                        return Err(ConfigError::Invalid(format!(
+                            "{whose} names the model {model:?}, which is neither `demo` nor a configured provider"
+                        )));
+                    }
+                    catalog.models.insert(model.clone(), self.model(model, team)?);
+                }
+                for tool in &template.tools {
+                    if catalog.tools.iter().any(|known| known.spec().name == *tool) {
+                        continue;
+                    }
+                    let found = builtin_tool(tool)
+                        .or_else(|| agents.iter().find_map(|agent| agent.tool(tool).cloned()))
+                        .ok_or_else(|| {
+                            ConfigError::Invalid(format!(
+                                "{whose} names the tool {tool:?}, which is neither a built-in tool (calculator, \
+                                 echo, send_email) nor a tool of a configured agent"
+                            ))
+                        })?;
+                    catalog.tools.push(found);
+                }
+            }
+        }
+        Ok(catalog)
     }
 
     fn model(&self, name: &str, agent: &str) -> Result<Arc<dyn Model>, ConfigError> {

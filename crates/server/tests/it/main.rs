@@ -268,6 +268,59 @@ async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_ar
     serving.await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown_ones_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("spawn.toml");
+    let template = |model: &str, tool: &str| {
+        format!(
+            "coordinator_role = \"coordinator\"\n[roles.coordinator]\ncan_spawn = [\"analyst\"]\n[roles.analyst]\n\
+             [roles.analyst.templates.default]\ninstructions = \"You analyse.\"\nmodel = \"{model}\"\ntools = [\"{tool}\"]\n"
+        )
+    };
+    let config = || {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[[teams]]\nname = \"crew\"\nmodel = \"demo\"\nspawn_policy = {:?}\n",
+            policy.display().to_string()
+        );
+        let mut config = Config::parse(&text, None).unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        config
+    };
+    for (model, tool, problem) in [
+        ("demo", "nope", "names the tool \"nope\", which is neither a built-in tool"),
+        (
+            "nowhere",
+            "calculator",
+            "names the model \"nowhere\", which is neither `demo` nor a configured provider",
+        ),
+    ] {
+        std::fs::write(&policy, template(model, tool)).unwrap();
+        let error = Server::start(config()).await.unwrap_err().to_string();
+        assert!(error.contains("team \"crew\": role \"analyst\", template \"default\""), "{error}");
+        assert!(error.contains(problem), "{error}");
+    }
+    std::fs::write(&policy, template("demo", "calculator")).unwrap();
+    let (address, stop, serving) = serve(config()).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "crew"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let spawn = json!({"session_id": session, "role": "analyst", "task": "Look into it."});
+    let (status, body) = request(address, "POST", "/v1/agent-team/spawn", &spawn).await;
+    assert_eq!(status, 202, "{body}");
+    let turn = serde_json::from_str::<Value>(&body).unwrap()["turnID"].as_str().unwrap().to_owned();
+    let subscribe = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
+    let (status, events) = request(address, "POST", &subscribe, &json!({"after_sequence_number": 0})).await;
+    assert_eq!(status, 200, "{events}");
+    // The instance ran on its thread, on the template's model, and answered the spawn.
+    assert!(events.contains(r#""name":"analyst-"#), "{events}");
+    assert!(events.contains("The analyst instance answered: Hello from the demo model."), "{events}");
+    assert!(!events.contains("spawn denied"), "{events}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unknown_member_provider_or_gated_tool_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -46,6 +46,10 @@ pub struct Settled {
     pub usage: BudgetUsage,
     /// Its limit.
     pub limit: Option<BudgetLimit>,
+    /// The step took the instance's budget or its mission's past its limit (a model call
+    /// that used more tokens than were held, a step slower than the time left): the thread
+    /// stops as if its next reservation had been refused.
+    pub exhausted: Option<Exhausted>,
 }
 
 /// Budget checks around each model and tool call of a thread.

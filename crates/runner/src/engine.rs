@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
-use crate::budget::{Spent, Step, StepBudget};
+use crate::budget::{Exhausted, Spent, Step, StepBudget};
 use crate::live::LiveTurn;
 use crate::tool::{ThreadInstance, ToolContext, ToolError};
 
@@ -856,32 +856,38 @@ impl TurnEngine {
     async fn reserve_from(&self, ledger: &Arc<dyn StepBudget>, step: Step) -> Result<Option<String>, Stop> {
         match ledger.reserve(step).await {
             Ok(reservation) => Ok(Some(reservation)),
-            Err(exhausted) => {
-                if exhausted.first {
-                    let payload = if exhausted.mission {
-                        EventPayload::MissionBudgetExhausted {
-                            exhausted_by: exhausted.exhausted_by,
-                            usage: exhausted.usage,
-                        }
-                    } else {
-                        EventPayload::BudgetExhausted {
-                            exhausted_by: exhausted.exhausted_by,
-                            usage: exhausted.usage,
-                        }
-                    };
-                    self.emit(payload).await?;
-                }
-                Err(Stop::Cancelled(CancellationReason::BudgetExhausted))
-            }
+            Err(exhausted) => Err(self.exhausted(exhausted).await),
         }
     }
 
-    /// Settles a reservation and reports the instance's usage.
+    /// Emits a budget's exhaustion (the first time it is found) and stops the thread.
+    async fn exhausted(&self, exhausted: Exhausted) -> Stop {
+        if exhausted.first {
+            let payload = if exhausted.mission {
+                EventPayload::MissionBudgetExhausted {
+                    exhausted_by: exhausted.exhausted_by,
+                    usage: exhausted.usage,
+                }
+            } else {
+                EventPayload::BudgetExhausted { exhausted_by: exhausted.exhausted_by, usage: exhausted.usage }
+            };
+            if let Err(stop) = self.emit(payload).await {
+                return stop;
+            }
+        }
+        Stop::Cancelled(CancellationReason::BudgetExhausted)
+    }
+
+    /// Settles a reservation and reports the instance's usage; a step that took a budget
+    /// past its limit stops the thread there.
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         Box::pin(async move {
             if let Some(settled) = ledger.settle(reservation, spent).await {
                 self.stage(EventPayload::BudgetUsage { usage: settled.usage, limit: settled.limit }).await?;
+                if let Some(exhausted) = settled.exhausted {
+                    return Err(self.exhausted(exhausted).await);
+                }
             }
             Ok(())
         })

@@ -125,45 +125,7 @@ pub(crate) struct InstanceLedger {
 #[async_trait]
 impl StepBudget for InstanceLedger {
     async fn reserve(&self, step: Step) -> Result<String, Exhausted> {
-        let amount = match step {
-            Step::Model => {
-                BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
-            }
-            Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
-        };
-        let now = Timestamp::now();
-        let reservation = BudgetReservation {
-            id: format!("res_{}", EventId::new()),
-            scopes: vec![self.instance.clone(), self.mission.clone()],
-            amount,
-            expires_at: lease_expiry(now, RESERVATION_TTL),
-            lease: self.lease,
-        };
-        match self.store.reserve(&reservation, now).await {
-            Ok(()) => Ok(reservation.id),
-            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
-                let mission = scope == self.mission;
-                let usage =
-                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
-                let flag = if mission { &self.mission_reported.0 } else { &self.instance_reported };
-                let first = !flag.swap(true, Ordering::AcqRel);
-                if mission && first {
-                    self.control.cancel_mission_for(&self.mission, CancellationReason::BudgetExhausted);
-                }
-                Err(Exhausted {
-                    exhausted_by: if mission { format!("mission_{dimension}") } else { dimension.to_owned() },
-                    usage,
-                    mission,
-                    first,
-                })
-            }
-            Err(error) => Err(Exhausted {
-                exhausted_by: format!("ledger_unavailable: {error}"),
-                usage: BudgetUsage::default(),
-                mission: false,
-                first: !self.instance_reported.swap(true, Ordering::AcqRel),
-            }),
-        }
+        self.reserve_step(step).await
     }
 
     async fn release(&self, reservation: &str) {
@@ -190,7 +152,92 @@ impl StepBudget for InstanceLedger {
             tracing::warn!(reservation, %error, "settling a budget reservation failed");
             return None;
         }
-        let ledger = self.store.budget(&self.instance, Timestamp::now()).await.ok()?;
-        Some(Settled { usage: ledger.used, limit: Some(self.limit) })
+        let now = Timestamp::now();
+        let ledger = self.store.budget(&self.instance, now).await.ok()?;
+        // A step may use more than it held (a model call's real tokens, its time): past a
+        // limit, the budget is exhausted now, not at the instance's next step (which a
+        // member answering in one call never takes).
+        let over =
+            |scope: &str, limit: &BudgetLimit, used: &BudgetUsage| match agentry_memory::rules::check_room(
+                scope,
+                limit,
+                used,
+                &BudgetUsage::default(),
+            ) {
+                Err(StoreError::Conflict(Conflict::BudgetExceeded { dimension, .. })) => Some(dimension),
+                _ => None,
+            };
+        let mut exhausted = over(&self.instance, &ledger.limit, &ledger.used)
+            .map(|dimension| self.exhausted(false, dimension, ledger.used));
+        if exhausted.is_none()
+            && let Ok(mission) = self.store.budget(&self.mission, now).await
+        {
+            exhausted = over(&self.mission, &mission.limit, &mission.used)
+                .map(|dimension| self.exhausted(true, dimension, mission.used));
+        }
+        Some(Settled { usage: ledger.used, limit: Some(self.limit), exhausted })
+    }
+}
+
+impl InstanceLedger {
+    /// The instance's time (`max_elapsed_ms`) ran out while a step was under way: its
+    /// exhaustion, with its usage and the time it has run.
+    pub(crate) async fn out_of_time(&self) -> Exhausted {
+        let mut usage = self
+            .store
+            .budget(&self.instance, Timestamp::now())
+            .await
+            .map(|ledger| ledger.used)
+            .unwrap_or_default();
+        usage.elapsed_ms = Some(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        self.exhausted(false, "max_elapsed_ms", usage)
+    }
+
+    /// The exhaustion of the instance's budget or (`mission`) its mission's, by
+    /// `dimension`; the first time the mission's is found, every instance of it is
+    /// cancelled.
+    fn exhausted(&self, mission: bool, dimension: &str, usage: BudgetUsage) -> Exhausted {
+        let flag = if mission { &self.mission_reported.0 } else { &self.instance_reported };
+        let first = !flag.swap(true, Ordering::AcqRel);
+        if mission && first {
+            self.control.cancel_mission_for(&self.mission, CancellationReason::BudgetExhausted);
+        }
+        Exhausted {
+            exhausted_by: if mission { format!("mission_{dimension}") } else { dimension.to_owned() },
+            usage,
+            mission,
+            first,
+        }
+    }
+
+    async fn reserve_step(&self, step: Step) -> Result<String, Exhausted> {
+        let amount = match step {
+            Step::Model => {
+                BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
+            }
+            Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
+        };
+        let now = Timestamp::now();
+        let reservation = BudgetReservation {
+            id: format!("res_{}", EventId::new()),
+            scopes: vec![self.instance.clone(), self.mission.clone()],
+            amount,
+            expires_at: lease_expiry(now, RESERVATION_TTL),
+            lease: self.lease,
+        };
+        match self.store.reserve(&reservation, now).await {
+            Ok(()) => Ok(reservation.id),
+            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
+                let usage =
+                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
+                Err(self.exhausted(scope == self.mission, dimension, usage))
+            }
+            Err(error) => Err(Exhausted {
+                exhausted_by: format!("ledger_unavailable: {error}"),
+                usage: BudgetUsage::default(),
+                mission: false,
+                first: !self.instance_reported.swap(true, Ordering::AcqRel),
+            }),
+        }
     }
 }

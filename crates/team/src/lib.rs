@@ -30,8 +30,9 @@ mod tasks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use agentry_events::{EventSource, TeamContext};
+use agentry_events::{EventPayload, EventSource, TeamContext};
 use agentry_model::{Model, ToolChoice};
 use agentry_runner::{
     Agent, AgentLimits, CancelToken, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
@@ -504,6 +505,7 @@ pub(crate) async fn run_instance(
         .instance(context, &mission_id, &instance_id, limit, crew.control.clone())
         .await
         .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?;
+    let ledger = ledger.map(Arc::new);
     let token = CancelToken::new();
     let info = InstanceInfo {
         instance_id: instance_id.clone(),
@@ -520,14 +522,37 @@ pub(crate) async fn run_instance(
         },
         role: role.to_owned(),
         budget: limit,
-        ledger: ledger.map(|ledger| Arc::new(ledger) as Arc<dyn agentry_runner::StepBudget>),
+        ledger: ledger.clone().map(|ledger| ledger as Arc<dyn agentry_runner::StepBudget>),
         cancel: Some(token.clone()),
         skill_hash: Some(skill_hash),
     };
-    crew.control.start(info, token);
+    let team = instance.team.clone();
+    crew.control.start(info, token.clone());
     // Listed while it runs, even if the call is dropped part way.
     let _listed = Listed { control: &crew.control, instance_id: &instance_id };
-    context.run_instance(agent, task, title, instance).await
+    let run = context.run_instance(agent, task, title, instance);
+    let Some(limit_ms) = limit.max_elapsed_ms else { return run.await };
+    // Its time runs out when it does, not at the next step after: a model call or tool
+    // still under way is stopped (with the cancellation grace tools get).
+    let mut run = std::pin::pin!(run);
+    tokio::select! {
+        result = &mut run => return result,
+        () = tokio::time::sleep(Duration::from_millis(limit_ms)) => {}
+    }
+    if let Some(ledger) = &ledger {
+        let exhausted = ledger.out_of_time().await;
+        if exhausted.first {
+            let payload = EventPayload::BudgetExhausted {
+                exhausted_by: exhausted.exhausted_by,
+                usage: exhausted.usage,
+            };
+            if let Err(error) = context.emit_team_event(team, payload).await {
+                tracing::warn!(instance = %instance_id, %error, "reporting an instance out of time failed");
+            }
+        }
+    }
+    token.cancel(CancellationReason::BudgetExhausted);
+    run.await
 }
 
 /// Removes a running instance from its control's list when dropped.

@@ -143,6 +143,131 @@ budget = { max_elapsed_ms = 40 }
     assert!(most > 0.02 && most < 0.04, "the spender stopped within one call of its limit: {most}");
 }
 
+/// Scenario: a step that uses more than its instance's budget, or its mission's, allows
+/// (one model call reporting 700 tokens against 100 held) exhausts it at once: a member
+/// answering in one call never reaches a next reservation that would be refused.
+pub async fn a_step_past_a_budget_exhausts_it_at_once_not_at_the_next_step(harness: Harness) {
+    let verbose = |name: &str| {
+        let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse {
+            usage: Some(Usage::new(500, 200)),
+            ..ScriptedResponse::text("A long answer.")
+        }));
+        Agent::builder(name, model).build()
+    };
+    let coordinator = || {
+        Arc::new(ScriptedModel::responder(|request| {
+            if tool_results(request).is_empty() {
+                ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Explain."}))
+            } else {
+                ScriptedResponse::text("Done.")
+            }
+        }))
+    };
+    let kinds = |events: &[Arc<EventEnvelope>], kind: &str| {
+        events.iter().filter(|event| event.payload.kind() == kind).count()
+    };
+    // The instance's own budget.
+    let policy = crate::SpawnPolicy::parse("[roles.talker]\nbudget = { max_tokens = 100 }\n").unwrap();
+    let team = Team::builder("talkers", coordinator())
+        .member(verbose("talker"))
+        .spawn_policy(Some(policy))
+        .tokens_per_step(10)
+        .build();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Go.").await;
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let exhausted: Vec<(String, u64)> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::BudgetExhausted { exhausted_by, usage } => {
+                Some((exhausted_by.clone(), usage.tokens_used))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exhausted, [("max_tokens".to_owned(), 700)]);
+    assert_eq!(kinds(&events, "agent_team.instance.cancelled"), 1);
+    assert_eq!(kinds(&events, "agent_team.instance.completed"), 0, "its answer is past its budget");
+    // The mission's: two members of 700 tokens each against 1,000 for the mission.
+    let team = Team::builder("pair", coordinator())
+        .member(verbose("first"))
+        .member(verbose("second"))
+        .mission_budget(BudgetLimit { max_tokens: Some(1_000), ..BudgetLimit::default() })
+        .tokens_per_step(10)
+        .build();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Go.").await;
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let by: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::MissionBudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(by, ["mission_max_tokens"], "reported once");
+    assert!(kinds(&events, "agent_team.instance.cancelled") >= 1);
+    assert!(matches!(turn.wait().await.unwrap(), agentry_types::TurnState::Done { .. }));
+}
+
+/// Scenario: an instance's time runs out while its model call is still streaming: it is
+/// stopped then, not when the call ends.
+pub async fn an_instance_out_of_time_is_stopped_in_the_middle_of_a_step(harness: Harness) {
+    let slow = Arc::new(ScriptedModel::responder(|_| {
+        // 400 pieces, 50 ms apart: 20 s, far past its 100 ms.
+        ScriptedResponse::text("x".repeat(400)).chunked(1).delayed(std::time::Duration::from_millis(50))
+    }));
+    let policy = crate::SpawnPolicy::parse("[roles.dawdler]\nbudget = { max_elapsed_ms = 100 }\n").unwrap();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "dawdler", "task": "Go."}),
+            )
+        } else {
+            ScriptedResponse::text("Stopped.")
+        }
+    }));
+    let team = Team::builder("slow", coordinator)
+        .member(Agent::builder("dawdler", slow).build())
+        .spawn_policy(Some(policy))
+        .build();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Go.").await;
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let exhausted: Vec<(String, Option<u64>)> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::BudgetExhausted { exhausted_by, usage } => {
+                Some((exhausted_by.clone(), usage.elapsed_ms))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exhausted.len(), 1, "{exhausted:?}");
+    assert_eq!(exhausted[0].0, "max_elapsed_ms");
+    assert!(exhausted[0].1.is_some_and(|ms| ms >= 100), "{exhausted:?}");
+    let cancelled: Vec<Option<String>> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::InstanceCancelled { reason } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, [Some("budget-exhausted".to_owned())]);
+    // It streamed only part of its answer.
+    let streamed: usize = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ModelMessageDelta(delta)
+                if event.thread_id.as_ref().is_some_and(|t| !t.is_main()) =>
+            {
+                delta.content.as_ref().map(String::len)
+            }
+            _ => None,
+        })
+        .sum();
+    assert!(streamed < 400, "{streamed} characters streamed");
+    assert!(matches!(turn.wait().await.unwrap(), agentry_types::TurnState::Done { .. }));
+}
+
 /// Scenario: a member's reservations are made under its turn's lease, so they stop holding
 /// the mission's budget when the lease ends: given back (here, from outside), or taken
 /// over by another process (the conformance case `budget_reservations_end_with_their_lease`

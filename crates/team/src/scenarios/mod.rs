@@ -72,6 +72,8 @@ macro_rules! team_scenarios {
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
             policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
             budgets::an_instance_stops_when_its_cost_or_its_time_runs_out,
+            budgets::a_step_past_a_budget_exhausts_it_at_once_not_at_the_next_step,
+            budgets::an_instance_out_of_time_is_stopped_in_the_middle_of_a_step,
             budgets::a_members_reservations_end_with_the_turns_lease,
             coordinate::a_team_session_is_read_through_the_team_session_view,
             policy::an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish,

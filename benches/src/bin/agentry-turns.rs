@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_benches::open_store;
-use agentry_memory::{Durability, Store};
+use agentry_events::EventPayload;
+use agentry_memory::{Durability, Order, Store};
 use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{
     Agent, FunctionTool, RunnerError, Runtime, RuntimeOptions, ToolError, TurnHandle, TurnRequest,
@@ -185,6 +186,24 @@ async fn recover(backend: &str, path: &Path, counter: PathBuf, turn: &str, after
         state = next.wait().await?;
     }
     say(&format!("final {}", describe(&state)));
+    // The recovered turn's metrics against the usage its stored model messages carry.
+    let metrics = match store.get_run(turn_id).await?.state {
+        TurnState::Done { metrics, .. }
+        | TurnState::Cancelled { metrics, .. }
+        | TurnState::Error { metrics, .. } => metrics.map_or(0, |metrics| metrics.total_tokens),
+        TurnState::Running => 0,
+    };
+    let stored: u64 = handle
+        .events(Order::Asc)
+        .await?
+        .iter()
+        .filter(|event| event.thread_or_main().is_main())
+        .filter_map(|event| match &event.payload {
+            EventPayload::ModelMessage(message) => message.usage.map(|usage| usage.total_tokens()),
+            _ => None,
+        })
+        .sum();
+    say(&format!("tokens {metrics} {stored}"));
     Ok(())
 }
 

@@ -24,6 +24,8 @@ struct Round {
     after: Vec<(u64, String)>,
     final_line: String,
     in_doubt: Vec<String>,
+    /// The recovered turn's metered tokens, then those its stored model messages report.
+    tokens: String,
 }
 
 fn event_line(line: &str) -> Option<(u64, String)> {
@@ -71,7 +73,8 @@ fn crash_and_recover(backend: &str, dir: &Path, kill_after: usize) -> Round {
         stdout.lines().filter_map(|line| line.strip_prefix("indoubt ")).map(str::to_owned).collect();
     let final_line =
         stdout.lines().find_map(|line| line.strip_prefix("final ")).unwrap_or_default().to_owned();
-    Round { killed, before, after, final_line, in_doubt }
+    let tokens = stdout.lines().find_map(|line| line.strip_prefix("tokens ")).unwrap_or_default().to_owned();
+    Round { killed, before, after, final_line, in_doubt, tokens }
 }
 
 fn recovers_turns_killed_at_many_points(backend: &str) {
@@ -96,6 +99,9 @@ fn recovers_turns_killed_at_many_points(backend: &str) {
 
         // The turn finished, and every charge ran exactly once.
         assert_eq!(round.final_line, "done All five steps are done.", "{context}");
+        // Its metrics count every model call, those of the killed process included.
+        let tokens: Vec<u64> = round.tokens.split(' ').filter_map(|n| n.parse().ok()).collect();
+        assert!(tokens.len() == 2 && tokens[0] == tokens[1] && tokens[0] > 0, "{context}: tokens {tokens:?}");
         let counter = std::fs::read_to_string(dir.path().join("counter")).unwrap();
         for step in ["step0", "step2", "step4"] {
             let runs = counter.lines().filter(|line| *line == format!("charge {step}")).count();

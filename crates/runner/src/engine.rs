@@ -1519,6 +1519,11 @@ impl TurnEngine {
         let persisted =
             self.context[self.own_start..].iter().filter(|message| message.role == Role::Assistant).count();
         self.model_calls = u32::try_from(messages.len()).unwrap_or(u32::MAX);
+        // The run's metrics count the calls made before the crash too, as their messages
+        // were stored (with the provider's usage; without one, an estimate of the output).
+        for message in &messages {
+            self.metrics.add(&message.usage.unwrap_or_else(|| Usage::estimate(&[], message)));
+        }
         if let Some(last) = messages.get(persisted).filter(|_| messages.len() == persisted + 1) {
             self.persist(vec![Message::from_model(last)]).await?;
         }

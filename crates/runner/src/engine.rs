@@ -80,6 +80,8 @@ pub(crate) enum Resume {
         answers: Vec<TurnInputItem>,
         parent: ThreadParent,
         title: String,
+        /// The agent-team context its `thread.created` carried (the instance it ran as).
+        team: Option<Box<TeamContext>>,
     },
     /// It finished: its answer and final message.
     Answered { thread: ThreadId, run_id: TurnId, answer: String, output: Option<ThreadMessage> },
@@ -544,6 +546,16 @@ impl ThreadScope {
         *self.direct_answer.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(output);
     }
 
+    /// The agent-team context of the paused thread that `agent`, called by `tool_call_id`,
+    /// resumes in this turn: the instance it runs as again.
+    pub(crate) fn resumed_team(&self, tool_call_id: &str, agent: &str) -> Option<TeamContext> {
+        let resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        resumes.get(tool_call_id)?.iter().find_map(|(name, resume)| match resume {
+            Resume::Paused { team, .. } if name == agent => team.as_deref().cloned(),
+            _ => None,
+        })
+    }
+
     /// Runs `agent` on a new thread of the turn, started by `parent` (the calling thread
     /// and tool call): the member run is stored with the calling thread's run as its parent
     /// (the turn, or a member run for nested teams).
@@ -604,6 +616,16 @@ impl ThreadScope {
             Some(answers) => engine.resume_thread(answers, parent, title, instance).await,
             None => engine.run_thread(task, parent, title, instance).await,
         }
+    }
+}
+
+/// An instance's `agent_team.instance.started`.
+fn instance_started(instance: &ThreadInstance) -> EventPayload {
+    EventPayload::InstanceStarted {
+        role: instance.role.clone(),
+        status: "running".to_owned(),
+        budget_limit: instance.budget,
+        skill_hash: instance.skill_hash.clone(),
     }
 }
 
@@ -1138,15 +1160,7 @@ impl TurnEngine {
         let created = EventPayload::ThreadCreated { parent: parent.clone(), agent, title: title.clone() };
         let started = match self.emit(created).await {
             Ok(_) => match instance.as_ref() {
-                Some(instance) => self
-                    .emit(EventPayload::InstanceStarted {
-                        role: instance.role.clone(),
-                        status: "running".to_owned(),
-                        budget_limit: instance.budget,
-                        skill_hash: instance.skill_hash.clone(),
-                    })
-                    .await
-                    .map(|_| ()),
+                Some(instance) => self.emit(instance_started(instance)).await.map(|_| ()),
                 None => Ok(()),
             },
             Err(stop) => Err(stop),
@@ -1168,7 +1182,16 @@ impl TurnEngine {
         title: String,
         instance: Option<ThreadInstance>,
     ) -> ThreadRun {
-        let outcome = self.resumed_loop(answers).await;
+        // The instance goes on in this turn's mission: it says so, under its own id, so its
+        // lifecycle ends in the mission it runs in.
+        let restarted = match instance.as_ref() {
+            Some(instance) => self.emit(instance_started(instance)).await.map(|_| ()),
+            None => Ok(()),
+        };
+        let outcome = match restarted {
+            Ok(()) => self.resumed_loop(answers).await,
+            Err(stop) => Err(stop),
+        };
         self.end_thread(outcome, parent, title, instance).await
     }
 
@@ -1348,14 +1371,14 @@ impl TurnEngine {
         let query = RunQuery { parent: ParentFilter::Of(previous.id), ..RunQuery::default() };
         let members =
             self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
-        let started_by: HashMap<ThreadId, (ThreadParent, String)> =
+        let started_by: HashMap<ThreadId, (ThreadParent, String, Option<TeamContext>)> =
             crate::live::stored_events(self.store.as_ref(), previous.id, Order::Asc)
                 .await
                 .map_err(|error| Stop::Failed(format!("reading the previous turn failed: {error}")))?
                 .into_iter()
                 .filter_map(|event| match &event.payload {
                     EventPayload::ThreadCreated { parent, title, .. } => {
-                        Some((event.thread_or_main(), (parent.clone(), title.clone())))
+                        Some((event.thread_or_main(), (parent.clone(), title.clone(), event.team.clone())))
                     }
                     _ => None,
                 })
@@ -1363,7 +1386,7 @@ impl TurnEngine {
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for run in &members {
             let (Some(thread), Some(agent)) = (run.thread_id.clone(), run.agent_id.clone()) else { continue };
-            let Some((parent, title)) = started_by.get(&thread) else { continue };
+            let Some((parent, title, team)) = started_by.get(&thread) else { continue };
             let call = &parent.tool_call_id;
             let resume = if waiting.contains(&thread) {
                 let answers = self
@@ -1379,6 +1402,7 @@ impl TurnEngine {
                     answers,
                     parent: parent.clone(),
                     title: title.clone(),
+                    team: team.clone().map(Box::new),
                 }
             } else {
                 match &run.state {

@@ -92,6 +92,14 @@ impl ToolContext {
         self.start_thread(agent, task.into(), title.into(), Some(instance)).await
     }
 
+    /// When this call resumes a thread of `agent` that paused in the previous turn (a
+    /// member waiting for an approval or an answer): the agent-team context it ran with,
+    /// so that it goes on as the same instance.
+    #[must_use]
+    pub fn resumed_instance(&self, agent: &Agent) -> Option<TeamContext> {
+        self.scope.as_ref()?.resumed_team(&self.tool_call_id, agent.name())
+    }
+
     async fn start_thread(
         &self,
         agent: &Agent,

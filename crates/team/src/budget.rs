@@ -62,13 +62,15 @@ impl Budgets {
     /// A ledger for a new instance of `mission` started by the tool call of `context`,
     /// creating the mission's ledger on first use; `None` outside a turn. The turn's
     /// session owns the ledgers (deleting it deletes them), its [`MissionReported`] is
-    /// shared by the mission's instances, and reservations are made under its lease.
+    /// shared by the mission's instances, and reservations are made under its lease. An
+    /// instance that `resumes` (it paused in an earlier turn) keeps the ledger it has.
     pub(crate) async fn instance(
         &self,
         context: &ToolContext,
         mission: &str,
         instance: &str,
         limit: BudgetLimit,
+        resumes: bool,
         control: crate::TeamControl,
     ) -> Result<Option<InstanceLedger>, StoreError> {
         let (Some(store), Some(mission_reported)) =
@@ -82,7 +84,11 @@ impl Budgets {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
             Err(error) => return Err(error),
         }
-        store.create_budget(instance, &limit, session).await?;
+        match store.create_budget(instance, &limit, session).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) if resumes => {}
+            Err(error) => return Err(error),
+        }
         Ok(Some(InstanceLedger {
             control,
             prices: self.prices.clone(),

@@ -499,10 +499,13 @@ pub(crate) async fn run_instance(
 ) -> Result<ThreadResult, ToolError> {
     let InstanceSpec { role, limit, instance_id, parent_instance_id, skill_hash } = spec;
     let mission_id = format!("mis_{}", context.turn_id);
-    let instance_id = instance_id.unwrap_or_else(|| format!("ins_{}", EventId::new()));
+    // A member that paused in the previous turn (for an approval, an answer) goes on as the
+    // same instance, with the usage its ledger holds, in this turn's mission.
+    let resumed = context.resumed_instance(agent).and_then(|team| team.instance_id);
+    let instance_id = resumed.clone().or(instance_id).unwrap_or_else(|| format!("ins_{}", EventId::new()));
     let ledger = crew
         .budgets
-        .instance(context, &mission_id, &instance_id, limit, crew.control.clone())
+        .instance(context, &mission_id, &instance_id, limit, resumed.is_some(), crew.control.clone())
         .await
         .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?;
     let ledger = ledger.map(Arc::new);

@@ -347,6 +347,37 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
         .iter()
         .any(|event| event.payload.kind() == "thread.done" && event.thread_id.as_ref() == Some(&thread));
     assert!(done_on_member, "the member's thread finished in the second turn");
+    // The member goes on as the same instance, in the second turn's mission, and ends
+    // there; its ledger holds the model calls of both turns.
+    let lifecycle = |events: &[Arc<EventEnvelope>]| -> Vec<(&'static str, String, String)> {
+        events
+            .iter()
+            .filter(|event| event.payload.kind().starts_with("agent_team.instance."))
+            .map(|event| {
+                let team = event.team.clone().unwrap_or_default();
+                (
+                    event.payload.kind(),
+                    team.instance_id.unwrap_or_default(),
+                    team.mission_id.unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let first_lifecycle = lifecycle(&first_events);
+    let [("agent_team.instance.started", instance, mission)] = first_lifecycle.as_slice() else {
+        panic!("{first_lifecycle:?}")
+    };
+    assert_eq!(*mission, format!("mis_{}", first.id()));
+    let second_mission = format!("mis_{}", second.id());
+    assert_eq!(
+        lifecycle(&second_events),
+        [
+            ("agent_team.instance.started", instance.clone(), second_mission.clone()),
+            ("agent_team.instance.completed", instance.clone(), second_mission),
+        ]
+    );
+    let ledger = harness.store.budget(instance, agentry_types::Timestamp::now()).await.unwrap();
+    assert_eq!(ledger.used.steps_used, 2, "{ledger:?}");
 }
 
 /// Scenario.

@@ -1277,6 +1277,60 @@ class AgUi(unittest.TestCase):
             content = {"interruptId": question, "status": "resolved", "payload": {"content": "green"}}
             self.assertEqual(answered(h, "agui-strict-question", content), "You chose green.")
 
+    def test_agui_runs_answer_only_what_the_client_added_after_the_last_assistant_message(self):
+        tag = os.urandom(4).hex()
+        text = lambda events: "".join(e.delta for e in events if kind(e) == "TEXT_MESSAGE_CONTENT")
+        alice = client()
+
+        def turns(thread):
+            session = next(s for s in alice.list_sessions(agent_name="demo", limit=100) if s.title == thread)
+            return list(alice.get_session(session.id).list_turns())
+
+        with http() as h:
+            # A run sent again with nothing new (a retry, a re-render) is refused, not
+            # answered a second time.
+            thread = f"again-{tag}"
+            hello = {"id": "u1", "role": "user", "content": "hello there"}
+            first = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [hello]})
+            reply = {"id": "a1", "role": "assistant", "content": text(first)}
+            again = h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [hello, reply]})
+            self.assertEqual(again.status_code, 400, again.text)
+            self.assertEqual(again.json()["error"]["param"], "messages")
+            self.assertIn("nothing new to answer", again.json()["error"]["message"])
+            self.assertEqual(len(turns(thread)), 1)
+
+            # A client tool answered the AG-UI way, with a tool message for its call.
+            thread = f"tool-message-{tag}"
+            ask = {"id": "u1", "role": "user", "content": "ask me"}
+            asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [ask]})
+            call = asked[-1].outcome.interrupts[0].id
+            calling = {"id": "a1", "role": "assistant", "toolCalls": [
+                {"id": call, "type": "function", "function": {"name": "ask_user_question", "arguments": "{}"}}]}
+            answer = {"id": "t1", "role": "tool", "toolCallId": call, "content": "Blue"}
+            answered = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [ask, calling, answer]})
+            self.assertEqual(text(answered), "You chose Blue.")
+            results = [e for e in answered if kind(e) == "TOOL_CALL_RESULT"]
+            self.assertEqual([(e.tool_call_id, e.content) for e in results], [(call, "Blue")])
+
+            # A new user message sent with the answers is refused, not dropped; nothing is
+            # decided, and the interrupt is still there to answer.
+            thread = f"resume-and-message-{tag}"
+            email = {"id": "u1", "role": "user", "content": "email the team"}
+            asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [email]})
+            approval = asked[-1].outcome.interrupts[0].id
+            deny = {"interruptId": approval, "status": "cancelled"}
+            other = {"id": "u2", "role": "user", "content": "never mind, calculate 1 + 1"}
+            both = h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [email, other], "resume": [deny]})
+            self.assertEqual(both.status_code, 400, both.text)
+            self.assertEqual(both.json()["error"]["param"], "resume")
+            self.assertIn("a new user message cannot be sent with `resume`", both.json()["error"]["message"])
+            self.assertEqual(len(turns(thread)), 1)
+            # The first message sent again with the answer is no new message.
+            denied = agui_run(h, {"threadId": thread, "runId": "r3", "messages": [email], "resume": [deny]})
+            self.assertEqual(text(denied), "Email not sent: cancelled.")
+            followed = agui_run(h, {"threadId": thread, "runId": "r4", "messages": [email, other]})
+            self.assertTrue(text(followed).endswith("The result is 2."), text(followed))
+
     def test_an_agui_client_that_goes_away_cancels_its_run_and_the_thread_goes_on(self):
         # AG-UI's abortRun closes the connection: the turn must not run on for no one,
         # holding the thread's session (the next run would be refused as turn_running).

@@ -60,9 +60,12 @@ struct AguiMessage {
     role: String,
     #[serde(default)]
     content: Option<Value>,
+    /// A tool message's call.
+    #[serde(default)]
+    tool_call_id: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ResumeEntry {
     interrupt_id: String,
@@ -208,6 +211,74 @@ fn text_of(content: Option<&Value>) -> String {
     }
 }
 
+/// The turn input of a run. A client sends the whole conversation each run: what this
+/// run adds is what follows the last assistant message. A user message there is answered
+/// (the last one); tool messages there answer pending client-side calls, as `resume`
+/// does; `resume` answers the interrupts. Nothing new is refused rather than answered
+/// again, and so is a new user message sent with answers (seed 002: answers and messages
+/// go in separate turns), rather than dropped.
+async fn run_input(body: &RunAgentInput, session: Option<&Session>) -> ApiResult<Vec<TurnInputItem>> {
+    let added = body.messages.iter().rposition(|message| message.role == "assistant").map_or(0, |at| at + 1);
+    let added = &body.messages[added..];
+    let user_text = added
+        .iter()
+        .rev()
+        .find(|message| message.role == "user")
+        .map(|message| text_of(message.content.as_ref()))
+        .filter(|text| !text.is_empty());
+    let mut answers: Vec<ResumeEntry> = body.resume.clone().unwrap_or_default();
+    let resumed = !answers.is_empty();
+    let given = answers.len();
+    answers.extend(added.iter().filter(|message| message.role == "tool").map(|message| ResumeEntry {
+        interrupt_id: message.tool_call_id.clone().unwrap_or_default(),
+        status: "resolved".to_owned(),
+        payload: Some(Value::String(text_of(message.content.as_ref()))),
+    }));
+    let by_tool_messages = answers.len() > given;
+    if answers.is_empty() {
+        return match user_text {
+            Some(text) => Ok(vec![TurnInputItem::message(text)]),
+            None if body.messages.last().is_some_and(|message| message.role == "assistant") => {
+                Err(ApiError::bad_param(
+                    "messages",
+                    "nothing new to answer: the last message is the assistant's; add the user's next message \
+                     (or answer the thread's interrupts with `resume`)",
+                ))
+            }
+            None => Err(ApiError::bad_param(
+                "messages",
+                "a run needs a user message with text in `messages` (its last one is answered), or `resume` \
+                 answers to the thread's interrupts",
+            )),
+        };
+    }
+    let field = if resumed { "resume" } else { "messages" };
+    let Some(session) = session else {
+        return Err(ApiError::bad_param(
+            field,
+            format!("interrupt {} is not pending on this thread: it has no runs", answers[0].interrupt_id),
+        ));
+    };
+    if let Some(text) = user_text {
+        // The message the answered turn began with may come again; a new one may not.
+        let latest = crate::harness::latest_turn(session).await?;
+        let asked = latest.iter().flat_map(|turn| turn.record().input.clone()).any(|item| {
+            matches!(&item, TurnInputItem::Message(message) if message.content.text() == text)
+        });
+        if !asked {
+            let with = if by_tool_messages { "tool results" } else { "`resume`" };
+            return Err(ApiError::bad_param(
+                field,
+                format!(
+                    "a new user message cannot be sent with {with}: the thread's interrupts are answered in this \
+                     run, and the message in the next one"
+                ),
+            ));
+        }
+    }
+    resume_input(session, &answers).await
+}
+
 /// The turn input that answers the latest turn's interrupts with `resume`.
 async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
     let latest = crate::harness::latest_turn(session).await?;
@@ -304,32 +375,7 @@ async fn run(
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
-    let input = match (body.resume.as_deref(), session.as_ref()) {
-        (Some(resume), Some(session)) if !resume.is_empty() => resume_input(session, resume).await?,
-        (Some([first, ..]), None) => {
-            return Err(ApiError::bad_param(
-                "resume",
-                format!("interrupt {} is not pending on this thread: it has no runs", first.interrupt_id),
-            ));
-        }
-        _ => {
-            let text = body
-                .messages
-                .iter()
-                .rev()
-                .find(|message| message.role == "user")
-                .map(|message| text_of(message.content.as_ref()))
-                .unwrap_or_default();
-            if text.is_empty() {
-                return Err(ApiError::bad_param(
-                    "messages",
-                    "a run needs a user message with text in `messages` (its last one is answered), or `resume` \
-                     answers to the thread's interrupts",
-                ));
-            }
-            vec![TurnInputItem::message(text)]
-        }
-    };
+    let input = run_input(&body, session.as_ref()).await?;
     let (session, created) = match session {
         Some(session) => (session, false),
         None => new_thread_session(&state, &caller, &agent_name, &body.thread_id).await?,

@@ -262,9 +262,10 @@ async fn run_input(body: &RunAgentInput, session: Option<&Session>) -> ApiResult
     if let Some(text) = user_text {
         // The message the answered turn began with may come again; a new one may not.
         let latest = crate::harness::latest_turn(session).await?;
-        let asked = latest.iter().flat_map(|turn| turn.record().input.clone()).any(|item| {
-            matches!(&item, TurnInputItem::Message(message) if message.content.text() == text)
-        });
+        let asked = latest
+            .iter()
+            .flat_map(|turn| turn.record().input.clone())
+            .any(|item| matches!(&item, TurnInputItem::Message(message) if message.content.text() == text));
         if !asked {
             let with = if by_tool_messages { "tool results" } else { "`resume`" };
             return Err(ApiError::bad_param(

@@ -166,7 +166,8 @@ async fn recover(backend: &str, path: &Path, counter: PathBuf, turn: &str, after
         if let RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action {
             for call in tool_calls {
                 let made = ran.lines().any(|line| line == format!("{} {}", call.name, call.id));
-                say(&format!("indoubt {} {}", call.id, if made { "ran" } else { "notran" }));
+                let flagged = if call.may_have_run { "flagged" } else { "unflagged" };
+                say(&format!("indoubt {} {} {flagged}", call.id, if made { "ran" } else { "notran" }));
                 let approval = if made {
                     ApprovalDecision::Deny { reason: Some("it already ran".to_owned()) }
                 } else {

@@ -97,6 +97,8 @@ fn recovers_turns_killed_at_many_points(backend: &str) {
             assert_eq!(round.after.last().map(|(_, kind)| kind.as_str()), Some("turn.done"), "{context}");
         }
 
+        // A call asked about again after the crash says it may already have run.
+        assert!(round.in_doubt.iter().all(|line| line.ends_with(" flagged")), "{context}");
         // The turn finished, and every charge ran exactly once.
         assert_eq!(round.final_line, "done All five steps are done.", "{context}");
         // Its metrics count every model call, those of the killed process included.

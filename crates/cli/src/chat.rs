@@ -258,6 +258,15 @@ async fn run_turn(
             }
             "tool.approval_required" => {
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
+                    if call["may_have_run"].as_bool() == Some(true) {
+                        screen.line(
+                            &mut out,
+                            &format!(
+                                "Call {} may already have run: its process stopped before its result was stored.",
+                                call["id"].as_str().unwrap_or_default()
+                            ),
+                        )?;
+                    }
                     pending
                         .approvals
                         .push((thread.clone(), call["id"].as_str().unwrap_or_default().to_owned()));

@@ -136,6 +136,7 @@ fn pending(id: &str, source: EventId, name: &str, arguments: serde_json::Value) 
         source_event_id: source,
         name: name.to_owned(),
         arguments: arguments.to_string(),
+        may_have_run: false,
     }
 }
 

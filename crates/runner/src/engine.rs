@@ -1839,6 +1839,7 @@ impl TurnEngine {
                 source_event_id,
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
+                may_have_run: false,
             };
             if !self.agent.may_call(&call.function.name) {
                 // Refused where it is dispatched, without asking anyone.
@@ -1848,8 +1849,9 @@ impl TurnEngine {
             } else if self.agent.requires_approval(&call.function.name) && !self.approved.contains(&call.id) {
                 approvals.push(pending);
             } else if self.in_doubt(call) {
-                // Started by a process that died, with no result, and not safe to repeat.
-                approvals.push(pending);
+                // Started by a process that died, with no result, and not safe to repeat:
+                // the person deciding is told it may already have run (design §8a).
+                approvals.push(PendingToolCall { may_have_run: true, ..pending });
             } else {
                 runnable.push(call.clone());
             }

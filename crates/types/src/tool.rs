@@ -135,6 +135,11 @@ pub struct PendingToolCall {
     pub name: String,
     /// The call's arguments as a JSON string.
     pub arguments: String,
+    /// The call was started by a process that stopped before its result was stored, and
+    /// its tool is not safe to repeat: it may already have run. Allowing it runs it again;
+    /// a denial (with what happened, say) goes to the model instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub may_have_run: bool,
 }
 
 /// What a model is told about a tool: its name, description and JSON Schema parameters.

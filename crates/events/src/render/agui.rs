@@ -744,7 +744,15 @@ fn tool_interrupt(thread_id: &ThreadId, call: &PendingToolCall, approval: bool) 
     let (reason, message, schema) = if approval {
         (
             "tool_approval",
-            format!("Allow the call to {}?", call.name),
+            if call.may_have_run {
+                format!(
+                    "The call to {} may already have run: its process stopped before its result was stored. \
+                     Allow it to run again?",
+                    call.name
+                )
+            } else {
+                format!("Allow the call to {}?", call.name)
+            },
             json!({
                 "type": "object",
                 "properties": { "approved": { "type": "boolean" }, "reason": { "type": "string" } },
@@ -768,9 +776,12 @@ fn tool_interrupt(thread_id: &ThreadId, call: &PendingToolCall, approval: bool) 
         message: Some(message),
         tool_call_id: Some(call.id.clone()),
         response_schema: Some(schema),
-        metadata: Some(
-            json!({ "threadId": thread_id.to_string(), "toolName": call.name, "arguments": arguments }),
-        ),
+        metadata: Some(json!({
+            "threadId": thread_id.to_string(),
+            "toolName": call.name,
+            "arguments": arguments,
+            "mayHaveRun": call.may_have_run,
+        })),
         subagent_run_id: (!thread_id.is_main()).then(|| thread_id.to_string()),
     }
 }

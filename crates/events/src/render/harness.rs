@@ -253,6 +253,10 @@ pub struct ToolCallRef {
     pub id: String,
     /// The `model.message` that made it.
     pub source_event_id: String,
+    /// It may already have run: a process started it and stopped before its result was
+    /// stored (an agentry extension; absent otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub may_have_run: bool,
 }
 
 /// Tool calls awaiting approval (`ToolApprovalRequiredEvent`).
@@ -894,6 +898,7 @@ fn awaiting(
             .map(|call| ToolCallRef {
                 id: call.id.clone(),
                 source_event_id: call.source_event_id.to_string(),
+                may_have_run: call.may_have_run,
             })
             .collect(),
     }

@@ -528,6 +528,7 @@ fn ag_ui_suspends_a_sub_agent_still_running_when_the_turn_waits_for_its_approval
         source_event_id: agentry_types::EventId::new(),
         name: "send_email".into(),
         arguments: "{}".into(),
+        may_have_run: false,
     };
     let events = turn.finish(TurnState::Done {
         output: None,

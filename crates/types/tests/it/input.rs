@@ -12,6 +12,7 @@ fn call(id: &str) -> PendingToolCall {
         source_event_id: EventId::new(),
         name: "tool".into(),
         arguments: "{}".into(),
+        may_have_run: false,
     }
 }
 

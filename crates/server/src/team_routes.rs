@@ -445,6 +445,16 @@ async fn cancel_instance(
         }
         Some(_) => Err(ApiError::not_found("running instance", &instance_id)),
         None => match listed_running(&state, &caller, &instance_id).await? {
+            // Listed as running in a mission whose turn has ended: the instance paused the
+            // turn (an approval, an answer) and goes on when the session's next turn answers.
+            Some(mission) if mission_ended(&state, &mission).await => Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "instance_paused",
+                format!(
+                    "instance {instance_id} is paused: mission {mission} ended waiting for an approval or an answer \
+                     from it; deny or answer it in the session's next turn, or cancel the session"
+                ),
+            )),
             // Listed as running, but its turn runs in no process here: another server runs
             // it, or it waits for recovery after its process stopped. Only its mission can
             // be cancelled from here (the request is stored for its turn).
@@ -460,6 +470,12 @@ async fn cancel_instance(
             None => Err(ApiError::not_found("running instance", &instance_id)),
         },
     }
+}
+
+/// Whether a mission's turn has ended.
+async fn mission_ended(state: &AppState, mission_id: &str) -> bool {
+    let Some(turn) = mission_turn(mission_id) else { return false };
+    state.runtime.store().get_run(turn).await.is_ok_and(|run| run.state.is_terminal())
 }
 
 /// The mission of an instance of the caller's that the stored events list as running.

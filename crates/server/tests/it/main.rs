@@ -746,6 +746,57 @@ async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_
     serving.await.unwrap();
 }
 
+#[tokio::test]
+async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_to_end_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let call = |id: &str, name: &str, arguments: &str| {
+        let arguments = serde_json::to_string(arguments).unwrap();
+        sse_reply(&[
+            &format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"{id}","type":"function","function":{{"name":"{name}","arguments":{arguments}}}}}]}},"finish_reason":"tool_calls"}}]}}"#
+            ),
+            "[DONE]",
+        ])
+    };
+    let (provider, _requests) = fake_provider(vec![
+        call("call_lead", "delegate_task_to_member", r#"{"member_id":"mailer","task":"Mail the team."}"#),
+        call("call_mail", "send_email", r#"{"to":"team@example.com","subject":"Hi","body":"Hello."}"#),
+    ])
+    .await;
+    let mut config = Config::parse(
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
+             [[agents]]\nname = \"mailer\"\nmodel = \"fake\"\ntools = [\"send_email\"]\nrequires_approval = [\"send_email\"]\n\
+             [[teams]]\nname = \"crew\"\nmodel = \"fake\"\nmembers = [\"mailer\"]\n"
+        ),
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "crew"})).await;
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": "Mail the team."}], "stream": true});
+    let (status, events) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
+    assert_eq!(status, 200);
+    assert!(events.contains("tool.approval_required"), "{events}");
+    let (status, body) = request(address, "GET", "/v1/agent-team/instances?status=running", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let listed = serde_json::from_str::<Value>(&body).unwrap();
+    let instance =
+        listed["data"][0]["instanceID"].as_str().expect("the paused member is listed running").to_owned();
+    let (status, body) =
+        request(address, "POST", &format!("/v1/agent-team/instances/{instance}/cancel"), &json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    let error = serde_json::from_str::<Value>(&body).unwrap();
+    assert_eq!(error["error"]["code"], "instance_paused", "{body}");
+    assert!(error["error"]["message"].as_str().unwrap().contains("cancel the session"), "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[test]
 fn too_many_provider_retries_are_refused_naming_the_key() {
     let error = Config::parse("[providers.p]\nmodel = \"m\"\nmax_retries = 11\n", None).unwrap_err();

@@ -5,8 +5,11 @@
 //! status `resolved` with the payload the interrupt's `responseSchema` asks for (an
 //! approval `{"approved": bool, "reason"?: string}`; an answer as a string,
 //! `{"content": string}`, or any other JSON value, passed on as JSON), or `cancelled`.
-//! Anything else is refused (400) before anything is decided. A run with `resume` does not
-//! read `messages`.
+//! Anything else is refused (400) before anything is decided. Of `messages` (the whole
+//! conversation, as clients send it each run) only what follows the last assistant
+//! message counts: its last user message is answered, and tool messages there for calls
+//! the thread waits on answer them as `resume` does. A client that goes away before its
+//! run's end cancels the turn.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
 //! the agent, titled with the thread id, under an id derived from the caller, the agent and
@@ -216,8 +219,12 @@ fn text_of(content: Option<&Value>) -> String {
 /// (the last one); tool messages there answer pending client-side calls, as `resume`
 /// does; `resume` answers the interrupts. Nothing new is refused rather than answered
 /// again, and so is a new user message sent with answers (seed 002: answers and messages
-/// go in separate turns), rather than dropped.
-async fn run_input(body: &RunAgentInput, session: Option<&Session>) -> ApiResult<Vec<TurnInputItem>> {
+/// go in separate turns), rather than dropped. Also returns the calls answered by tool
+/// messages, which the client has in its list already.
+async fn run_input(
+    body: &RunAgentInput,
+    session: Option<&Session>,
+) -> ApiResult<(Vec<TurnInputItem>, Vec<String>)> {
     let added = body.messages.iter().rposition(|message| message.role == "assistant").map_or(0, |at| at + 1);
     let added = &body.messages[added..];
     let user_text = added
@@ -229,15 +236,28 @@ async fn run_input(body: &RunAgentInput, session: Option<&Session>) -> ApiResult
     let mut answers: Vec<ResumeEntry> = body.resume.clone().unwrap_or_default();
     let resumed = !answers.is_empty();
     let given = answers.len();
-    answers.extend(added.iter().filter(|message| message.role == "tool").map(|message| ResumeEntry {
-        interrupt_id: message.tool_call_id.clone().unwrap_or_default(),
-        status: "resolved".to_owned(),
-        payload: Some(Value::String(text_of(message.content.as_ref()))),
-    }));
+    // Tool messages answer only the calls the thread waits on: the others are results the
+    // client was sent (of tools the server ran), kept in its list.
+    let pending = match session {
+        Some(session) if added.iter().any(|message| message.role == "tool") => pending_calls(session).await?,
+        _ => Vec::new(),
+    };
+    answers.extend(
+        added
+            .iter()
+            .filter(|message| message.role == "tool")
+            .filter(|message| message.tool_call_id.as_ref().is_some_and(|id| pending.contains(id)))
+            .filter(|message| !answers_call(body.resume.as_deref(), message.tool_call_id.as_deref()))
+            .map(|message| ResumeEntry {
+                interrupt_id: message.tool_call_id.clone().unwrap_or_default(),
+                status: "resolved".to_owned(),
+                payload: Some(Value::String(text_of(message.content.as_ref()))),
+            }),
+    );
     let by_tool_messages = answers.len() > given;
     if answers.is_empty() {
         return match user_text {
-            Some(text) => Ok(vec![TurnInputItem::message(text)]),
+            Some(text) => Ok((vec![TurnInputItem::message(text)], Vec::new())),
             None if body.messages.last().is_some_and(|message| message.role == "assistant") => {
                 Err(ApiError::bad_param(
                     "messages",
@@ -277,7 +297,29 @@ async fn run_input(body: &RunAgentInput, session: Option<&Session>) -> ApiResult
             ));
         }
     }
-    resume_input(session, &answers).await
+    let by_client = answers[given..].iter().map(|entry| entry.interrupt_id.clone()).collect();
+    Ok((resume_input(session, &answers).await?, by_client))
+}
+
+/// The ids of the calls the thread's latest turn waits on.
+async fn pending_calls(session: &Session) -> ApiResult<Vec<String>> {
+    let latest = crate::harness::latest_turn(session).await?;
+    let actions = latest.map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
+    Ok(actions
+        .iter()
+        .flat_map(|record| match &record.action {
+            RequiredAction::ToolApproval { tool_calls, .. }
+            | RequiredAction::ToolResponse { tool_calls, .. } => {
+                tool_calls.iter().map(|call| call.id.clone()).collect()
+            }
+            RequiredAction::McpAuth { .. } => Vec::new(),
+        })
+        .collect())
+}
+
+/// Whether `resume` already answers the call `id`.
+fn answers_call(resume: Option<&[ResumeEntry]>, id: Option<&str>) -> bool {
+    resume.unwrap_or_default().iter().any(|entry| Some(entry.interrupt_id.as_str()) == id)
 }
 
 /// The turn input that answers the latest turn's interrupts with `resume`.
@@ -376,7 +418,7 @@ async fn run(
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
-    let input = run_input(&body, session.as_ref()).await?;
+    let (input, answered_by_client) = run_input(&body, session.as_ref()).await?;
     let (session, created) = match session {
         Some(session) => (session, false),
         None => new_thread_session(&state, &caller, &agent_name, &body.thread_id).await?,
@@ -403,7 +445,7 @@ async fn run(
     };
     state.track(&turn);
     let (thread_id, run_id) = (body.thread_id, body.run_id);
-    let mut renderer = AguiRenderer::new();
+    let mut renderer = AguiRenderer::new().with_known_results(answered_by_client);
     // Each frame with whether it ends the run.
     let frames =
         turn.stream(None).filter_map(|event| std::future::ready(event.ok())).flat_map(move |event| {
@@ -426,9 +468,10 @@ async fn run(
     // A client that goes away before the run's end aborted it (AG-UI has no other
     // cancellation: `abortRun` closes the connection, and a run's stream cannot be
     // resumed), so the turn is cancelled rather than left running for no one.
+    // The guard lives in the closing part of the stream, which is dropped unpolled when
+    // the connection goes first, and run only once the frames are over.
     let abort = AbortOnDisconnect { turn: Some(turn), over: ended.clone(), state: Arc::clone(&state) };
     let frames = frames.take_until(state.stopped()).map(move |(frame, last)| {
-        let _ = &abort;
         if last {
             sent_end.store(true, Ordering::Relaxed);
         }
@@ -438,6 +481,7 @@ async fn run(
         // The frames ended by themselves (the run ended, its stream failed, or the server
         // is stopping): not a client going away.
         let cut = !ended.swap(true, Ordering::Relaxed);
+        drop(abort);
         cut.then(|| {
             let error = AguiEvent::RunError {
                 message:

@@ -335,6 +335,8 @@ pub struct AguiRenderer {
     open: HashMap<EventId, OpenMessage>,
     /// Sub-agents started and not yet finished, in start order.
     subagents: Vec<String>,
+    /// Calls whose answers the client sent as tool messages: it has them already.
+    known_results: Vec<String>,
 }
 
 struct Frame<'a> {
@@ -356,6 +358,14 @@ impl AguiRenderer {
         Self::default()
     }
 
+    /// The same renderer, sending no `TOOL_CALL_RESULT` for the answers to these client-side
+    /// calls in the turn's input (the client sent them as tool messages, so it has them).
+    #[must_use]
+    pub fn with_known_results(mut self, tool_call_ids: Vec<String>) -> Self {
+        self.known_results = tool_call_ids;
+        self
+    }
+
     /// The AG-UI events for the next canonical event of the turn.
     pub fn render(&mut self, event: &EventEnvelope) -> Vec<AguiEvent> {
         let timestamp = event.created_at.unix_millis();
@@ -371,7 +381,9 @@ impl AguiRenderer {
                 // Answers to client-side calls are results no tool of the turn reports:
                 // the client's message list gets them here, so no call is left dangling.
                 for item in input {
-                    if let TurnInputItem::ToolResponse(answer) = item {
+                    if let TurnInputItem::ToolResponse(answer) = item
+                        && !self.known_results.contains(&answer.tool_call_id)
+                    {
                         out.push(AguiEvent::ToolCallResult {
                             message_id: format!("{}-{}", event.event_id, answer.tool_call_id),
                             tool_call_id: answer.tool_call_id.clone(),

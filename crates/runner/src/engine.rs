@@ -1873,10 +1873,15 @@ impl TurnEngine {
             }
         }
         let ran = self.run_tools(&runnable).await;
+        // Every reservation is settled, even after one that took a budget past its limit:
+        // the calls ran, and a hold left unsettled would keep the ledgers held.
+        let mut exhausted = None;
         for reservation in &reservations {
             let spent =
                 Spent { usage: BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }, model: None };
-            self.settle(reservation, spent).await?;
+            if let Err(stop) = self.settle(reservation, spent).await {
+                exhausted.get_or_insert(stop);
+            }
         }
         let ToolRuns { results, auth, paused } = ran?;
         for (call, result) in &results {
@@ -1886,6 +1891,10 @@ impl TurnEngine {
             results.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
         )
         .await?;
+        // The results of calls that ran are kept; then the thread stops for its budget.
+        if let Some(stop) = exhausted {
+            return Err(stop);
+        }
         let direct = self.direct_answer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(direct) = direct {
             self.complete_step(None, direct.message.content.clone()).await?;

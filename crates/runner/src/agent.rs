@@ -174,8 +174,9 @@ impl Agent {
         self.inner.capabilities.as_ref().is_none_or(|allowed| allowed.iter().any(|tool| tool == name))
     }
 
-    /// The same agent, allowed to call only `tools` (a role's capabilities; see
-    /// [`AgentBuilder::capabilities`]). Its tools and connections are shared, not copied.
+    /// The same agent, allowed to call only those of `tools` (a role's capabilities; see
+    /// [`AgentBuilder::capabilities`]) that its own capabilities allow: a role narrows what
+    /// an agent may call, never widens it. Its tools and connections are shared, not copied.
     #[must_use]
     pub fn with_capabilities<I, S>(&self, tools: I) -> Self
     where
@@ -183,7 +184,8 @@ impl Agent {
         S: Into<String>,
     {
         let mut inner = (*self.inner).clone();
-        inner.capabilities = Some(tools.into_iter().map(Into::into).collect());
+        let allowed = tools.into_iter().map(Into::into).filter(|tool| self.may_call(tool)).collect();
+        inner.capabilities = Some(allowed);
         Self { inner: Arc::new(inner) }
     }
 

@@ -89,9 +89,19 @@ pub(crate) enum Resume {
     Failed { thread: ThreadId, run_id: TurnId, error: String },
 }
 
-/// The previous turn's member threads by the tool call that started them, and the agent
-/// that ran each.
-type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<(String, Resume)>>>>;
+/// The previous turn's member threads by the tool call that started them.
+type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<ResumeSlot>>>>;
+
+/// A member thread of the previous turn, waiting for the call that started it to run again.
+#[derive(Debug)]
+struct ResumeSlot {
+    /// The agent that ran it.
+    agent: String,
+    resume: Resume,
+    /// A paused thread whose instance a call has taken up (`ThreadScope::resumed_team`):
+    /// only the thread of that instance resumes it.
+    claimed: bool,
+}
 
 /// What a batch of tool calls produced: results, MCP servers waiting for authorization, and
 /// what paused member threads wait for.
@@ -548,10 +558,15 @@ impl ThreadScope {
 
     /// The agent-team context of the paused thread that `agent`, called by `tool_call_id`,
     /// resumes in this turn: the instance it runs as again.
+    /// Each paused thread is taken up once: a call running the same agent twice (tasks
+    /// assigned to one member) takes up its threads one each.
     pub(crate) fn resumed_team(&self, tool_call_id: &str, agent: &str) -> Option<TeamContext> {
-        let resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        resumes.get(tool_call_id)?.iter().find_map(|(name, resume)| match resume {
-            Resume::Paused { team, .. } if name == agent => team.as_deref().cloned(),
+        let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        resumes.get_mut(tool_call_id)?.iter_mut().find_map(|slot| match &slot.resume {
+            Resume::Paused { team: Some(team), .. } if slot.agent == agent && !slot.claimed => {
+                slot.claimed = true;
+                Some(team.as_ref().clone())
+            }
             _ => None,
         })
     }
@@ -569,9 +584,20 @@ impl ThreadScope {
     ) -> ThreadRun {
         let resume = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let instance_id = instance.as_ref().and_then(|instance| instance.team.instance_id.as_deref());
             resumes.get_mut(&parent.tool_call_id).and_then(|threads| {
-                let index = threads.iter().position(|(name, _)| name == agent.name())?;
-                Some(threads.remove(index).1)
+                // The thread of the instance this call took up, or else the agent's next
+                // thread no other call took up.
+                let claimed = |slot: &ResumeSlot| match &slot.resume {
+                    Resume::Paused { team: Some(team), .. } => {
+                        slot.claimed && team.instance_id.as_deref() == instance_id
+                    }
+                    _ => false,
+                };
+                let index = threads.iter().position(claimed).or_else(|| {
+                    threads.iter().position(|slot| slot.agent == agent.name() && !slot.claimed)
+                })?;
+                Some(threads.remove(index).resume)
             })
         };
         let (run, thread, answers) = match resume {
@@ -1004,7 +1030,7 @@ impl TurnEngine {
     async fn end_abandoned_resumptions(&mut self) {
         let left: Vec<Resume> = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            resumes.drain().flat_map(|(_, threads)| threads).map(|(_, resume)| resume).collect()
+            resumes.drain().flat_map(|(_, threads)| threads).map(|slot| slot.resume).collect()
         };
         for resume in left {
             let Resume::Paused { run, thread, parent, title, .. } = resume else { continue };
@@ -1425,7 +1451,7 @@ impl TurnEngine {
                     _ => continue,
                 }
             };
-            resumes.entry(call.clone()).or_default().push((agent, resume));
+            resumes.entry(call.clone()).or_default().push(ResumeSlot { agent, resume, claimed: false });
         }
         Ok(())
     }

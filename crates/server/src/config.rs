@@ -49,6 +49,7 @@
 //!                                  # at start: budgets that allow no model call are refused, and
 //!                                  # templates may name as `model` only `demo` or a provider, as
 //!                                  # `tools` only built-in tools or tools of configured agents
+//!                                  # (not of teams, nor tools an agent gates: spawns ask no approval)
 //! tokens_per_step = 1000           # held from budgets before each model call of an instance
 //!
 //! [limits]
@@ -762,14 +763,31 @@ impl Config {
                     if catalog.tools.iter().any(|known| known.spec().name == *tool) {
                         continue;
                     }
-                    let found = builtin_tool(tool)
-                        .or_else(|| agents.iter().find_map(|agent| agent.tool(tool).cloned()))
-                        .ok_or_else(|| {
-                            ConfigError::Invalid(format!(
-                                "{whose} names the tool {tool:?}, which is neither a built-in tool (calculator, \
-                                 echo, send_email) nor a tool of a configured agent"
-                            ))
-                        })?;
+                    // A team's coordinator tools work for their own team only, and a tool an
+                    // agent gates would run ungated: a spawned instance asks no approval.
+                    let mut owners = agents
+                        .iter()
+                        .filter(|agent| agent.session_type() != agentry_types::SessionType::Team)
+                        .filter_map(|agent| agent.tool(tool).map(|found| (agent, found.clone())));
+                    let found = match builtin_tool(tool) {
+                        Some(builtin) => builtin,
+                        None => {
+                            let (owner, found) = owners.next().ok_or_else(|| {
+                                ConfigError::Invalid(format!(
+                                    "{whose} names the tool {tool:?}, which is neither a built-in tool (calculator, \
+                                     echo, send_email) nor a tool of a configured agent"
+                                ))
+                            })?;
+                            if owner.requires_approval(tool) {
+                                return Err(ConfigError::Invalid(format!(
+                                    "{whose} names the tool {tool:?}, which agent {:?} runs only with approval; a \
+                                     spawned instance asks for none, so a template may not name it",
+                                    owner.name()
+                                )));
+                            }
+                            found
+                        }
+                    };
                     catalog.tools.push(found);
                 }
             }

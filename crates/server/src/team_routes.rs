@@ -194,6 +194,11 @@ async fn missions(
     }
     let mut missions: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
     let mut usage: BTreeMap<(String, String), Value> = BTreeMap::new();
+    // An instance that paused one turn goes on in the next turn's mission with the same
+    // ledger: that mission counts only what it used there, from its usage when it left the
+    // mission before.
+    let mut left_at: BTreeMap<(String, String), Value> = BTreeMap::new();
+    let mut latest_mission: BTreeMap<String, String> = BTreeMap::new();
     for event in team_events(&state, &caller).await? {
         let properties = properties(&event);
         let Some(mission) = properties.get("missionID").and_then(Value::as_str).map(str::to_owned) else {
@@ -218,20 +223,32 @@ async fn missions(
             }
             AgentTeamEvent::BudgetUsage(_) | AgentTeamEvent::BudgetExhausted(_) => {
                 if let Some(instance) = properties.get("instanceID").and_then(Value::as_str) {
-                    usage.insert((mission.clone(), instance.to_owned()), Value::Object(properties.clone()));
+                    let key = (mission.clone(), instance.to_owned());
+                    if let Some(before) = latest_mission.insert(instance.to_owned(), mission.clone())
+                        && before != mission
+                        && !left_at.contains_key(&key)
+                        && let Some(last) = usage.get(&(before, instance.to_owned()))
+                    {
+                        left_at.insert(key.clone(), last.clone());
+                    }
+                    usage.insert(key, Value::Object(properties.clone()));
                 }
             }
             _ => {}
         }
     }
-    for ((mission, _), latest) in usage {
-        let Some(entry) = missions.get_mut(&mission) else { continue };
+    for (key, latest) in usage {
+        let before = left_at.get(&key);
+        let Some(entry) = missions.get_mut(&key.0) else { continue };
         for field in ["tokensUsed", "stepsUsed", "toolCallsUsed"] {
-            let add = latest.get(field).and_then(Value::as_u64).unwrap_or(0);
+            let earlier = before.and_then(|before| before.get(field)).and_then(Value::as_u64).unwrap_or(0);
+            let add = latest.get(field).and_then(Value::as_u64).unwrap_or(0).saturating_sub(earlier);
             let total = entry.get(field).and_then(Value::as_u64).unwrap_or(0) + add;
             entry.insert(field.to_owned(), json!(total));
         }
-        let add = latest.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0);
+        let earlier =
+            before.and_then(|before| before.get("costUsedUsd")).and_then(Value::as_f64).unwrap_or(0.0);
+        let add = latest.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0) - earlier;
         let total = entry.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0) + add;
         entry.insert("costUsedUsd".to_owned(), json!(total));
     }

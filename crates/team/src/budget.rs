@@ -84,15 +84,19 @@ impl Budgets {
             Ok(()) | Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {}
             Err(error) => return Err(error),
         }
-        match store.create_budget(instance, &limit, session).await {
-            Ok(()) => {}
-            Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) if resumes => {}
+        // A resumed instance keeps its ledger, and the time it ran before counts.
+        let earlier_ms = match store.create_budget(instance, &limit, session).await {
+            Ok(()) => 0,
+            Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) if resumes => {
+                store.budget(instance, Timestamp::now()).await?.used.elapsed_ms.unwrap_or(0)
+            }
             Err(error) => return Err(error),
-        }
+        };
         Ok(Some(InstanceLedger {
             control,
             prices: self.prices.clone(),
             started: Instant::now(),
+            earlier_ms,
             settled_ms: AtomicU64::new(0),
             store,
             instance: instance.to_owned(),
@@ -113,8 +117,10 @@ pub(crate) struct InstanceLedger {
     /// each one's next step.
     control: crate::TeamControl,
     prices: Arc<HashMap<String, Price>>,
-    /// When the instance started: its elapsed time counts against `max_elapsed_ms`.
+    /// When the instance started (here): its elapsed time counts against `max_elapsed_ms`.
     started: Instant,
+    /// Milliseconds it ran before it paused in an earlier turn (a resumed instance).
+    earlier_ms: u64,
     /// Elapsed milliseconds already settled.
     settled_ms: AtomicU64,
     store: Arc<dyn Store>,
@@ -173,13 +179,15 @@ impl StepBudget for InstanceLedger {
                 Err(StoreError::Conflict(Conflict::BudgetExceeded { dimension, .. })) => Some(dimension),
                 _ => None,
             };
-        let mut exhausted = over(&self.instance, &ledger.limit, &ledger.used)
-            .map(|dimension| self.exhausted(false, dimension, ledger.used));
-        if exhausted.is_none()
-            && let Ok(mission) = self.store.budget(&self.mission, now).await
-        {
-            exhausted = over(&self.mission, &mission.limit, &mission.used)
-                .map(|dimension| self.exhausted(true, dimension, mission.used));
+        // The mission's first: past both, every instance of the mission stops.
+        let mut exhausted = match self.store.budget(&self.mission, now).await {
+            Ok(mission) => over(&self.mission, &mission.limit, &mission.used)
+                .map(|dimension| self.exhausted(true, dimension, mission.used)),
+            Err(_) => None,
+        };
+        if exhausted.is_none() {
+            exhausted = over(&self.instance, &ledger.limit, &ledger.used)
+                .map(|dimension| self.exhausted(false, dimension, ledger.used));
         }
         Some(Settled { usage: ledger.used, limit: Some(self.limit), exhausted })
     }
@@ -195,8 +203,14 @@ impl InstanceLedger {
             .await
             .map(|ledger| ledger.used)
             .unwrap_or_default();
-        usage.elapsed_ms = Some(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        let here = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        usage.elapsed_ms = Some(self.earlier_ms.saturating_add(here));
         self.exhausted(false, "max_elapsed_ms", usage)
+    }
+
+    /// How long the instance may still run before `limit_ms` (counting its earlier turns).
+    pub(crate) fn time_left(&self, limit_ms: u64) -> Duration {
+        Duration::from_millis(limit_ms.saturating_sub(self.earlier_ms))
     }
 
     /// The exhaustion of the instance's budget or (`mission`) its mission's, by

@@ -534,15 +534,19 @@ pub(crate) async fn run_instance(
     // Listed while it runs, even if the call is dropped part way.
     let _listed = Listed { control: &crew.control, instance_id: &instance_id };
     let run = context.run_instance(agent, task, title, instance);
-    let Some(limit_ms) = limit.max_elapsed_ms else { return run.await };
+    let (Some(limit_ms), Some(ledger)) = (limit.max_elapsed_ms, ledger) else { return run.await };
     // Its time runs out when it does, not at the next step after: a model call or tool
     // still under way is stopped (with the cancellation grace tools get).
     let mut run = std::pin::pin!(run);
     tokio::select! {
+        biased;
         result = &mut run => return result,
-        () = tokio::time::sleep(Duration::from_millis(limit_ms)) => {}
+        () = tokio::time::sleep(ledger.time_left(limit_ms)) => {}
     }
-    if let Some(ledger) = &ledger {
+    token.cancel(CancellationReason::BudgetExhausted);
+    let result = run.await;
+    // Reported only when the instance did stop for it (it may have finished meanwhile).
+    if result.is_err() {
         let exhausted = ledger.out_of_time().await;
         if exhausted.first {
             let payload = EventPayload::BudgetExhausted {
@@ -554,8 +558,7 @@ pub(crate) async fn run_instance(
             }
         }
     }
-    token.cancel(CancellationReason::BudgetExhausted);
-    run.await
+    result
 }
 
 /// Removes a running instance from its control's list when dropped.

@@ -294,6 +294,8 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
             "calculator",
             "names the model \"nowhere\", which is neither `demo` nor a configured provider",
         ),
+        // A team's own tools are not a template's to take.
+        ("demo", "spawn_agent", "names the tool \"spawn_agent\", which is neither a built-in tool"),
     ] {
         std::fs::write(&policy, template(model, tool)).unwrap();
         let error = Server::start(config()).await.unwrap_err().to_string();
@@ -761,6 +763,14 @@ async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_
     let (provider, _requests) = fake_provider(vec![
         call("call_lead", "delegate_task_to_member", r#"{"member_id":"mailer","task":"Mail the team."}"#),
         call("call_mail", "send_email", r#"{"to":"team@example.com","subject":"Hi","body":"Hello."}"#),
+        sse_reply(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"Mailed."},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ]),
+        sse_reply(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"The team is mailed."},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ]),
     ])
     .await;
     let mut config = Config::parse(
@@ -793,6 +803,33 @@ async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_
     let error = serde_json::from_str::<Value>(&body).unwrap();
     assert_eq!(error["error"]["code"], "instance_paused", "{body}");
     assert!(error["error"]["message"].as_str().unwrap().contains("cancel the session"), "{body}");
+
+    // Approved, it goes on as the same instance in the next turn's mission, which counts
+    // only the model call it made there (its ledger holds both turns').
+    let asked = events.lines().find(|line| line.contains("tool.approval_required")).unwrap();
+    let thread = serde_json::from_str::<Value>(asked).unwrap()["thread_id"].as_str().unwrap().to_owned();
+    let approve = json!({"input": [{"type": "user.tool_approval", "thread_id": thread, "tool_call_id": "call_mail",
+        "approval": {"status": "allow"}}], "stream": true});
+    let (status, events) =
+        request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &approve).await;
+    assert_eq!(status, 200);
+    assert!(events.contains("The team is mailed."), "{events}");
+    let (status, body) = request(address, "GET", "/v1/agent-team/instances", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let listed = serde_json::from_str::<Value>(&body).unwrap();
+    let ids: Vec<(&str, &str)> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| (item["instanceID"].as_str().unwrap(), item["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(ids, [(instance.as_str(), "completed")]);
+    let (status, body) = request(address, "GET", "/v1/agent-team/missions", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let missions = serde_json::from_str::<Value>(&body).unwrap();
+    let steps: Vec<u64> =
+        missions["data"].as_array().unwrap().iter().map(|m| m["stepsUsed"].as_u64().unwrap_or(0)).collect();
+    assert_eq!(steps, [1, 1], "{body}");
     stop.send(()).unwrap();
     serving.await.unwrap();
 }

@@ -52,9 +52,17 @@ pub async fn a_member_calling_a_tool_outside_its_capabilities_is_refused_and_not
         .capabilities(["read"])
         .build();
     refuses_the_call_outside_its_capabilities(&harness, on_agent, None, &deleted).await;
-    let by_policy = Agent::builder("intern", member_model).tool(delete).tool(read).build();
+    let by_policy =
+        Agent::builder("intern", member_model.clone()).tool(delete.clone()).tool(read.clone()).build();
     let policy = crate::SpawnPolicy::parse("[roles.intern]\ncapabilities = [\"read\"]\n").unwrap();
     refuses_the_call_outside_its_capabilities(&harness, by_policy, Some(policy), &deleted).await;
+    // A role allowing more than the agent does narrows nothing back open.
+    let narrow =
+        Agent::builder("intern", member_model).tool(delete).tool(read).capabilities(["read"]).build();
+    let wide =
+        crate::SpawnPolicy::parse("[roles.intern]\ncapabilities = [\"read\", \"delete_everything\"]\n")
+            .unwrap();
+    refuses_the_call_outside_its_capabilities(&harness, narrow, Some(wide), &deleted).await;
 }
 
 async fn refuses_the_call_outside_its_capabilities(

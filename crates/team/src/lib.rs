@@ -30,7 +30,6 @@ mod tasks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentry_events::{EventPayload, EventSource, TeamContext};
 use agentry_model::{Model, ToolChoice};

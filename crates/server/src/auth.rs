@@ -1,5 +1,7 @@
 //! Bearer API keys mapped to subjects. With no keys configured the server serves loopback
-//! clients only and every request acts as subject `local`.
+//! clients only and every request acts as subject `local`; a request a web page makes
+//! (its `Origin` not a loopback one) or one that names another host (DNS rebinding) is
+//! refused, so a site open in the local browser cannot drive the agents.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +61,7 @@ impl FromRequestParts<Arc<AppState>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
         if state.keys.is_empty() {
+            check_local(parts)?;
             return Ok(Self(crate::config::subject("local")));
         }
         let unauthorized = |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
@@ -76,6 +79,50 @@ impl FromRequestParts<Arc<AppState>> for Caller {
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
         state.keys.subject(presented).cloned().map(Self).ok_or_else(|| unauthorized("invalid API key"))
     }
+}
+
+/// Without keys, only loopback clients are served, and a browser on this machine is one:
+/// a page of another site may send it requests (a form's plain-text POST needs no CORS
+/// preflight), or reach it under its own name after a DNS rebinding. Such requests carry
+/// a foreign `Origin` or `Host`, and are refused.
+fn check_local(parts: &Parts) -> ApiResult<()> {
+    let forbidden = |what: String| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "without API keys this server serves local clients only, and {what}; configure API keys to serve \
+                 other clients"
+            ),
+        )
+    };
+    if let Some(host) = parts.headers.get(axum::http::header::HOST) {
+        let host = host.to_str().unwrap_or_default();
+        if !is_loopback_authority(host) {
+            return Err(forbidden(format!("this request names the host {host:?}")));
+        }
+    }
+    if let Some(origin) = parts.headers.get(axum::http::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        let authority = origin.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
+        if !authority.is_some_and(is_loopback_authority) {
+            return Err(forbidden(format!("this request comes from a web page of {origin:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `host[:port]` names this machine: `localhost` (or a name under it), a
+/// 127.0.0.0/8 address or `[::1]`.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let host = host.to_ascii_lowercase();
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|address| address.is_loopback())
 }
 
 impl Caller {

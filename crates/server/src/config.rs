@@ -601,8 +601,16 @@ impl Config {
 
     /// The API keys and their subjects, read from the environment where the file says so.
     ///
-    /// Errors: `Invalid` for a key with neither `key` nor a set `key_env`, or an empty one.
+    /// A key is trimmed (a variable set from a file often ends with a newline; a client's
+    /// `Bearer` key is trimmed too, so surrounding spaces could never match).
+    ///
+    /// Errors: `Invalid`, naming the configuration file, for a key with neither `key` nor a
+    /// set `key_env`, or an empty one.
     pub fn api_keys(&self) -> Result<Vec<(String, Subject)>, ConfigError> {
+        self.read_api_keys().map_err(|error| self.in_file(error))
+    }
+
+    fn read_api_keys(&self) -> Result<Vec<(String, Subject)>, ConfigError> {
         self.keys
             .iter()
             .map(|entry| {
@@ -621,10 +629,16 @@ impl Config {
                         )));
                     }
                 };
-                if key.trim().is_empty() || entry.subject.trim().is_empty() {
-                    return Err(ConfigError::Invalid(
-                        "an API key and its subject must not be empty".to_owned(),
-                    ));
+                let key = key.trim().to_owned();
+                if entry.subject.trim().is_empty() {
+                    return Err(ConfigError::Invalid("a [[keys]] entry has an empty subject".to_owned()));
+                }
+                if key.is_empty() {
+                    let from = entry.key_env.as_ref().map_or_else(|| "`key`".to_owned(), |var| format!("${var}"));
+                    return Err(ConfigError::Invalid(format!(
+                        "the key of subject {:?} ({from}) is empty",
+                        entry.subject
+                    )));
                 }
                 Ok((key, subject(&entry.subject)))
             })

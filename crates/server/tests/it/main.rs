@@ -19,7 +19,7 @@ async fn request(address: SocketAddr, method: &str, path: &str, body: &Value) ->
     let mut stream = TcpStream::connect(address).await.unwrap();
     let body = body.to_string();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -146,6 +146,18 @@ fn two_subjects_with_one_api_key_are_refused() {
     assert!(error.to_string().contains("subjects \"alice\" and \"bob\" have the same API key"), "{error}");
     let twice = "[[keys]]\nkey = \"k\"\nsubject = \"alice\"\n[[keys]]\nkey = \"k\"\nsubject = \"alice\"\n";
     assert_eq!(Config::parse(twice, None).unwrap().api_keys().unwrap().len(), 2, "one subject listed twice");
+    // A key is trimmed, as the key a client presents is: one with a newline (a variable
+    // read from a file) still matches.
+    let padded = "[[keys]]\nkey = \" k-1\\n\"\nsubject = \"alice\"\n";
+    assert_eq!(Config::parse(padded, None).unwrap().api_keys().unwrap()[0].0, "k-1");
+    // Key errors name the file, the subject and where the key came from.
+    let file = std::path::Path::new("agentry.toml");
+    let empty = "[[keys]]\nkey = \"  \"\nsubject = \"carol\"\n";
+    let error = Config::parse(empty, Some(file)).unwrap().api_keys().unwrap_err().to_string();
+    assert!(error.contains("agentry.toml: the key of subject \"carol\" (`key`) is empty"), "{error}");
+    let unset = "[[keys]]\nkey_env = \"AGENTRY_TEST_NEVER_SET\"\nsubject = \"dan\"\n";
+    let error = Config::parse(unset, Some(file)).unwrap().api_keys().unwrap_err().to_string();
+    assert!(error.starts_with("invalid configuration: agentry.toml: the key of subject \"dan\""), "{error}");
 }
 
 #[tokio::test]
@@ -538,6 +550,49 @@ async fn without_keys_only_loopback_is_served() {
 }
 
 #[tokio::test]
+async fn without_keys_requests_from_web_pages_or_for_other_hosts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::parse("listen = \"127.0.0.1:0\"\n", None).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    // A plain-text POST, as any site's page may send without a CORS preflight.
+    let post = |headers: &str| {
+        let body = r#"{"agent_name": "demo"}"#;
+        format!(
+            "POST /v1/agents/sessions HTTP/1.1\r\n{headers}Connection: close\r\nContent-Type: text/plain\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let status_of = |raw: String| async move {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(raw.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        BufReader::new(stream).read_to_string(&mut answer).await.unwrap();
+        (answer.split_whitespace().nth(1).unwrap().to_owned(), answer)
+    };
+    for refused in [
+        "Host: 127.0.0.1\r\nOrigin: http://evil.example\r\n",
+        "Host: evil.example:8787\r\n",
+        "Host: 127.0.0.1\r\nOrigin: null\r\n",
+    ] {
+        let (status, answer) = status_of(post(refused)).await;
+        assert_eq!(status, "403", "{refused:?}: {answer}");
+        assert!(answer.contains("configure API keys"), "{answer}");
+    }
+    for allowed in [
+        "Host: localhost:8787\r\nOrigin: http://localhost:3000\r\n",
+        "Host: [::1]:8787\r\nOrigin: http://127.0.0.1:5173\r\n",
+        "Host: 127.0.0.1\r\n",
+    ] {
+        let (status, answer) = status_of(post(allowed)).await;
+        assert_eq!(status, "200", "{allowed:?}: {answer}");
+    }
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
+#[tokio::test]
 async fn a_key_is_required_when_keys_are_configured() {
     let dir = tempfile::tempdir().unwrap();
     let mut config =
@@ -552,7 +607,7 @@ async fn a_key_is_required_when_keys_are_configured() {
     assert!(error["error"]["message"].as_str().unwrap().contains("missing API key"));
     // The 401 names the scheme (RFC 9110).
     let mut raw = TcpStream::connect(address).await.unwrap();
-    raw.write_all(b"GET /v1/agents/sessions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+    raw.write_all(b"GET /v1/agents/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut answer = String::new();

@@ -634,7 +634,8 @@ impl Config {
                     return Err(ConfigError::Invalid("a [[keys]] entry has an empty subject".to_owned()));
                 }
                 if key.is_empty() {
-                    let from = entry.key_env.as_ref().map_or_else(|| "`key`".to_owned(), |var| format!("${var}"));
+                    let from =
+                        entry.key_env.as_ref().map_or_else(|| "`key`".to_owned(), |var| format!("${var}"));
                     return Err(ConfigError::Invalid(format!(
                         "the key of subject {:?} ({from}) is empty",
                         entry.subject

@@ -705,6 +705,27 @@ class Chat(unittest.TestCase):
             second.stdout.close()
             log.close()
 
+    def test_a_second_ctrl_c_leaves_even_while_the_server_does_not_answer(self):
+        workdir, config = write_config("chat-frozen", "")
+        server, url, log = start_server(workdir, config)
+        try:
+            terminal = Terminal("chat", "demo", "--url", url)
+            terminal.expect("you> ")
+            terminal.type("slow please")
+            terminal.expect("agent> ")
+            server.send_signal(signal.SIGSTOP)  # it answers nothing, not even the cancel
+            terminal.interrupt()
+            terminal.expect("(cancelling…)")
+            terminal.interrupt()
+            # The chat leaves at once: its terminal closes, well before any timeout.
+            with self.assertRaisesRegex(AssertionError, "the chat ended"):
+                terminal.expect("never shown", timeout=20)
+            self.assertEqual(terminal.close(), 130)
+        finally:
+            server.send_signal(signal.SIGCONT)
+            server.send_signal(signal.SIGTERM)
+            closed(server, log)
+
     def test_chat_says_when_a_restart_interrupts_an_answer(self):
         # The answer outlasts the grace: the turn is handed over, and the next server
         # answers again from the start.
@@ -805,6 +826,31 @@ class Cli(unittest.TestCase):
         self.assertNotEqual(done.returncode, 0)
         self.assertIn("Allow send_email(", done.stdout)
         self.assertIn("left with the turn waiting for an answer", done.stderr)
+        # The command it suggests asks the question again, before any message.
+        session = done.stderr.split("--session ")[1].split("`")[0]
+        again = self.agentry("chat", "demo", "--session", session, stdin="y\nhello after\n/quit\n")
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("Allow send_email(", again.stdout)
+        self.assertIn("Email sent.", again.stdout)
+        self.assertIn("Echo: hello after", again.stdout)
+
+    def test_chat_survives_bad_input_and_shows_control_characters_as_escapes(self):
+        env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")
+        lines = b"bad \xff byte\n" + b"x" * (9 * 1024 * 1024) + b"\n" + b"paint \x1b[31mred\x07\n/quit\n"
+        done = subprocess.run(
+            [os.environ["AGENTRY_BIN"], "chat", "demo", "--url", SERVER["url"]],
+            input=lines, capture_output=True, env=env, timeout=120,
+        )
+        out = done.stdout.decode()
+        self.assertEqual(done.returncode, 0, done.stderr.decode())
+        self.assertIn("Echo: bad \ufffd byte", out)
+        # The message too large to send is reported (the server refuses it as the body
+        # arrives), and the chat goes on.
+        self.assertEqual(out.count("error: "), 1, out)
+        # The echo comes back with the escape and the bell shown, not sent to the terminal.
+        self.assertIn("Echo: paint \\u{1b}[31mred\\u{7}", out)
+        self.assertNotIn("\x1b", out)
+        self.assertNotIn("\x07", out)
 
 
 class BadInput(unittest.TestCase):

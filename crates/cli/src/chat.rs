@@ -1,7 +1,10 @@
 //! `agentry chat`: the terminal client of seed 002 over the HTTP API. It streams tokens as
 //! they arrive, shows tool calls and results, asks to allow or deny approvals and to
 //! answer `ask_user_question`, follows sub-agent threads, and continues the conversation
-//! across turns.
+//! across turns. A session left waiting for answers is asked again first; a turn that
+//! fails is reported and the chat goes on; Ctrl-C cancels a reply, and a second one (or
+//! one while a request waits) leaves at once. What models and tools send is shown with
+//! control characters escaped.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -9,26 +12,33 @@ use std::io::Write;
 use anyhow::{Result, bail};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
+use tokio::io::{AsyncBufReadExt, BufReader, Stdin};
 
 use crate::client::Api;
 
 /// Reads the user's lines.
 pub struct Terminal {
-    lines: Lines<BufReader<Stdin>>,
+    input: BufReader<Stdin>,
 }
 
 impl Terminal {
     pub fn new() -> Self {
-        Self { lines: BufReader::new(tokio::io::stdin()).lines() }
+        Self { input: BufReader::new(tokio::io::stdin()) }
     }
 
-    /// Prints `prompt` and reads one line; `None` at end of input or on Ctrl-C.
+    /// Prints `prompt` and reads one line (bytes that are not UTF-8 become U+FFFD rather
+    /// than ending the chat); `None` at end of input or on Ctrl-C.
     async fn ask(&mut self, prompt: &str) -> Result<Option<String>> {
         write!(std::io::stdout(), "{prompt}")?;
         std::io::stdout().flush()?;
+        let mut line = Vec::new();
         tokio::select! {
-            line = self.lines.next_line() => Ok(line?.map(|line| line.trim().to_owned())),
+            read = self.input.read_until(b'\n', &mut line) => {
+                if read? == 0 {
+                    return Ok(None);
+                }
+                Ok(Some(String::from_utf8_lossy(&line).trim().to_owned()))
+            }
             _ = tokio::signal::ctrl_c() => {
                 writeln!(std::io::stdout())?;
                 Ok(None)
@@ -82,29 +92,82 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     writeln!(std::io::stdout(), "Chatting with {agent} in session {session_id}. Type /quit to leave.")?;
     let mut terminal = Terminal::new();
     let mut calls: HashMap<String, Call> = HashMap::new();
+    // A session whose last turn waits for answers (left that way by an earlier chat) is
+    // answered first: a message would be refused until then.
+    let mut pending = waiting(api, &session_id, &mut calls).await?;
     loop {
-        let Some(line) = terminal.ask("you> ").await? else { break };
-        if line.is_empty() {
-            continue;
-        }
-        if line == "/quit" {
-            break;
-        }
-        let mut input = vec![json!({"type": "user.message", "content": line})];
-        loop {
-            let pending = run_turn(api, &session_id, &input, &mut calls).await?;
-            if pending.approvals.is_empty() && pending.responses.is_empty() {
+        let input = if pending.approvals.is_empty() && pending.responses.is_empty() {
+            let Some(line) = terminal.ask("you> ").await? else { break };
+            if line.is_empty() {
+                continue;
+            }
+            if line == "/quit" {
                 break;
             }
-            input = answer(&mut terminal, &pending, &calls).await?;
+            vec![json!({"type": "user.message", "content": line})]
+        } else {
+            let input = answer(&mut terminal, &pending, &calls).await?;
             if input.is_empty() {
                 bail!(
                     "left with the turn waiting for an answer; answer it with `agentry chat {agent} --session {session_id}`"
                 );
             }
-        }
+            input
+        };
+        // A turn that could not run (too large, refused, the server unreachable) is
+        // reported, and the chat goes on.
+        pending = match run_turn(api, &session_id, &input, &mut calls).await {
+            Ok(pending) => pending,
+            Err(error) => {
+                writeln!(std::io::stdout(), "error: {}", clean(&format!("{error:#}")))?;
+                waiting(api, &session_id, &mut calls).await.unwrap_or_default()
+            }
+        };
     }
     Ok(())
+}
+
+/// What the session's latest turn waits for, with the calls it names (those of its own
+/// answer; a member's calls are named by id).
+async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) -> Result<Pending> {
+    let turns = api.get(&format!("/v1/agents/sessions/{session}/turns?limit=1")).await?;
+    let state = &turns["data"][0]["state"];
+    for call in state["output"]["tool_calls"].as_array().into_iter().flatten() {
+        let id = call["id"].as_str().unwrap_or_default().to_owned();
+        let name = call["function"]["name"].as_str().unwrap_or_default().to_owned();
+        let arguments = call["function"]["arguments"].as_str().unwrap_or_default().to_owned();
+        calls.insert(id, Call { name, arguments });
+    }
+    let mut pending = Pending::default();
+    for action in state["required_actions"].as_array().into_iter().flatten() {
+        let thread = action["thread_id"].as_str().unwrap_or("main").to_owned();
+        let list = match action["type"].as_str() {
+            Some("tool.approval_required") => &mut pending.approvals,
+            Some("tool.response_required") => &mut pending.responses,
+            _ => continue,
+        };
+        for call in action["tool_calls"].as_array().into_iter().flatten() {
+            list.push((thread.clone(), call["id"].as_str().unwrap_or_default().to_owned()));
+        }
+    }
+    Ok(pending)
+}
+
+/// `text` with control characters (other than line breaks and tabs) shown as escapes:
+/// what a model or a tool sends must not drive the terminal.
+fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
 }
 
 /// Where the terminal is: mid-line in one thread's text, or at the start of a line.
@@ -126,7 +189,7 @@ impl Screen {
     /// Prints a whole line (after ending a half-printed one).
     fn line(&mut self, out: &mut impl Write, text: &str) -> Result<()> {
         self.end_line(out)?;
-        writeln!(out, "{text}")?;
+        writeln!(out, "{}", clean(text))?;
         Ok(())
     }
 
@@ -138,7 +201,7 @@ impl Screen {
             write!(out, "{label} ")?;
             self.printing = Some(thread.to_owned());
         }
-        write!(out, "{text}")?;
+        write!(out, "{}", clean(text))?;
         out.flush()?;
         Ok(())
     }
@@ -154,7 +217,10 @@ async fn run_turn(
     calls: &mut HashMap<String, Call>,
 ) -> Result<Pending> {
     let body = json!({"input": input, "previous_turn_id": "auto", "stream": true});
-    let mut events = api.stream(&format!("/v1/agents/sessions/{session}/turns"), Some(&body), None).await?;
+    let turns = format!("/v1/agents/sessions/{session}/turns");
+    let opening = api.stream(&turns, Some(&body), None);
+    let mut events =
+        until_interrupted(opening, "before the turn's stream opened (the turn may have started)").await?;
     let mut pending = Pending::default();
     let mut threads: HashMap<String, String> = HashMap::new();
     // Per thread, the message whose deltas are being printed (until its `model.message`):
@@ -178,7 +244,14 @@ async fn run_turn(
                 }
                 cancelled = true;
                 screen.line(&mut out, "(cancelling…)")?;
-                api.post(&format!("/v1/agents/sessions/{session}/cancel"), &json!({})).await?;
+                // Asked in the background: the stream (and a second Ctrl-C) are still
+                // heard while a slow or unreachable server takes its time to answer.
+                let (api, path) = (api.clone(), format!("/v1/agents/sessions/{session}/cancel"));
+                tokio::spawn(async move {
+                    if let Err(error) = api.post(&path, &json!({})).await {
+                        eprintln!("the cancellation was not sent: {error:#}");
+                    }
+                });
                 continue;
             }
         };
@@ -197,7 +270,8 @@ async fn run_turn(
                     bail!("the turn's stream keeps breaking; see `agentry events {turn} --follow`");
                 }
                 let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
-                events = api.resume(&path, last_id.as_deref()).await?;
+                events =
+                    until_interrupted(api.resume(&path, last_id.as_deref()), "while reconnecting").await?;
                 continue;
             }
         };
@@ -314,6 +388,17 @@ async fn run_turn(
     Ok(pending)
 }
 
+/// Waits for `work`; Ctrl-C meanwhile leaves the chat at once (exit 130), saying `when`.
+async fn until_interrupted<T>(work: impl std::future::Future<Output = Result<T>>, when: &str) -> Result<T> {
+    tokio::select! {
+        done = work => done,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\ninterrupted {when}");
+            std::process::exit(130);
+        }
+    }
+}
+
 /// Prints streamed `text` of message `id` on a thread (`place`: the thread, its label and
 /// its prefix for notes). Text of another message before the first one's `model.message`
 /// means the server stopped mid-answer and the process that resumed the turn answers
@@ -351,7 +436,7 @@ async fn answer(
             "n" | "no" => Some(false),
             _ => None,
         };
-        let prompt = format!("Allow {}({})? [y/n] ", call.name, call.arguments);
+        let prompt = clean(&format!("Allow {}({})? [y/n] ", call.name, call.arguments)).into_owned();
         let Some(allowed) = terminal.ask_until(&prompt, yes_or_no).await? else {
             return Ok(Vec::new());
         };
@@ -372,11 +457,11 @@ async fn answer(
         let arguments: Value =
             calls.get(id).and_then(|call| serde_json::from_str(&call.arguments).ok()).unwrap_or_default();
         let question = arguments["question"].as_str().unwrap_or("The agent asks:");
-        writeln!(std::io::stdout(), "? {question}")?;
+        writeln!(std::io::stdout(), "? {}", clean(question))?;
         let options: Vec<&str> =
             arguments["options"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         for (number, option) in options.iter().enumerate() {
-            writeln!(std::io::stdout(), "  {}. {option}", number + 1)?;
+            writeln!(std::io::stdout(), "  {}. {}", number + 1, clean(option))?;
         }
         // A number picks an option; any other text is the answer itself.
         let pick = |reply: &str| match reply.parse::<usize>() {

@@ -977,11 +977,11 @@ class BadInput(unittest.TestCase):
         self.assertIn("agentry_store_read_seconds", text)
 
 
-def feed_frames(h, path, count=None, until=None, headers=None, connected=None):
+def feed_frames(h, path, count=None, until=None, headers=None, connected=None, params=None):
     """Reads SSE frames of a feed: (id, json) pairs, heartbeats skipped; sets the
     ``connected`` event when the feed's first frame arrives."""
     frames = []
-    with h.stream("GET", path, headers=headers or {}) as response:
+    with h.stream("GET", path, headers=headers or {}, params=params) as response:
         assert response.status_code == 200, response.read()
         event_id, data = None, []
         for line in response.iter_lines():
@@ -1095,6 +1095,23 @@ class Feeds(unittest.TestCase):
             self.assertEqual(h.get(f"/event?session_id={session.id}").status_code, 404)
             instances = h.get("/v1/agent-team/instances").json()["data"]
             self.assertEqual(instances, [])
+        # Cursors are read alike in the header and the query: trimmed, digits only; an
+        # empty session_id is a missing one.
+        with http() as h:
+            for bad in ("+1", "-1", "1.0", "0x1"):
+                refused = h.get("/global/event", params={"after": bad})
+                self.assertEqual(refused.status_code, 400, (bad, refused.text))
+                self.assertEqual(refused.json()["error"]["param"], "after")
+            empty = h.get("/event", params={"session_id": ""})
+            self.assertEqual(empty.status_code, 400, empty.text)
+            self.assertEqual(empty.json()["error"]["param"], "session_id")
+            spaced = feed_frames(
+                h,
+                "/global/event",
+                until=lambda f: f["type"] == "agent_team.instance.completed",
+                params={"after": f" {cut} "},
+            )
+            self.assertEqual([(int(i), f) for i, f in spaced if i is not None], [(p, f) for p, f in numbered if p > cut])
         with http() as h:
             instances = h.get("/v1/agent-team/instances", params={"status": "completed"}).json()["data"]
             self.assertIn(started["instanceID"], [i["instanceID"] for i in instances])

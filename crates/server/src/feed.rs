@@ -132,16 +132,18 @@ fn ephemeral(kind: &str) -> Frame {
 }
 
 /// The resume position: `Last-Event-ID` wins over `?after=`; an empty one is none (as an
-/// EventSource sends before it has seen an id).
+/// EventSource sends before it has seen an id). Both are read alike: surrounding spaces
+/// trimmed, then decimal digits only (no sign).
 fn cursor(headers: &HeaderMap, params: &HashMap<String, String>) -> ApiResult<Option<u64>> {
     let header = crate::sse::last_event_id(headers);
-    let after = params.get("after").filter(|text| !text.trim().is_empty());
+    let after = params.get("after").map(|text| text.trim()).filter(|text| !text.is_empty());
     let (name, text) = match (header, after) {
         (Some(text), _) => ("Last-Event-ID", text),
-        (None, Some(text)) => ("after", text.clone()),
+        (None, Some(text)) => ("after", text.to_owned()),
         (None, None) => return Ok(None),
     };
-    text.parse::<u64>().map(Some).map_err(|_| {
+    let digits = !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+    digits.then(|| text.parse::<u64>().ok()).flatten().map(Some).ok_or_else(|| {
         ApiError::bad_param(name, format!("{name} must be a feed position (an integer), not {text:?}"))
     })
 }
@@ -160,9 +162,13 @@ async fn session_feed(
     headers: HeaderMap,
     Params(params): Params,
 ) -> ApiResult<Response> {
-    let id = params.get("session_id").or_else(|| params.get("sessionID")).ok_or_else(|| {
-        ApiError::bad_param("session_id", "session_id is required (use /global/event for every session)")
-    })?;
+    let id = params
+        .get("session_id")
+        .or_else(|| params.get("sessionID"))
+        .filter(|id| !id.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_param("session_id", "session_id is required (use /global/event for every session)")
+        })?;
     let session = caller.session(&state, id).await?;
     let after = cursor(&headers, &params)?;
     Ok(sse::respond(&state, feed(state.clone(), Scope::Session(session.id()), after)))

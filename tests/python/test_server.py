@@ -1396,6 +1396,35 @@ class AgUi(unittest.TestCase):
             followed = agui_run(h, {"threadId": thread, "runId": "r4", "messages": [email, other]})
             self.assertTrue(text(followed).endswith("The result is 2."), text(followed))
 
+    def test_agui_frontend_tools_are_offered_and_their_calls_left_to_the_client(self):
+        thread = f"frontend-{os.urandom(4).hex()}"
+        tools = [{"name": "get_weather", "description": "The weather here.",
+                  "parameters": {"type": "object", "properties": {}}}]
+        use = {"id": "u1", "role": "user", "content": "use get_weather"}
+        with http() as h:
+            first = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [use], "tools": tools})
+            finished = first[-1]
+            self.assertEqual(kind(finished), "RUN_FINISHED")
+            # A completed run leaving the frontend tool's call to the client, not an interrupt.
+            self.assertEqual(finished.outcome.type, "success")
+            calls = [e for e in first if kind(e) == "TOOL_CALL_START"]
+            self.assertEqual([c.tool_call_name for c in calls], ["get_weather"])
+            self.assertEqual(finished.outcome.pending_tool_call_ids, [calls[0].tool_call_id])
+            call = calls[0].tool_call_id
+            calling = {"id": "a1", "role": "assistant", "toolCalls": [
+                {"id": call, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
+            result = {"id": "t1", "role": "tool", "toolCallId": call, "content": "sunny"}
+            second = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [use, calling, result], "tools": tools})
+            text = "".join(e.delta for e in second if kind(e) == "TEXT_MESSAGE_CONTENT")
+            self.assertEqual(text, "Done: sunny")
+            # A frontend tool may not take the name of one of the agent's.
+            clash = [{"name": "calculator", "parameters": {"type": "object"}}]
+            refused = h.post("/agui/demo", json={"threadId": thread, "runId": "r3", "messages": [
+                use, calling, result, {"id": "a2", "role": "assistant", "content": text},
+                {"id": "u2", "role": "user", "content": "hi"}], "tools": clash})
+            self.assertEqual(refused.status_code, 400, refused.text)
+            self.assertEqual(refused.json()["error"]["param"], "tools")
+
     def test_an_agui_client_that_goes_away_cancels_its_run_and_the_thread_goes_on(self):
         # AG-UI's abortRun closes the connection: the turn must not run on for no one,
         # holding the thread's session (the next run would be refused as turn_running).

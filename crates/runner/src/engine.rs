@@ -23,8 +23,8 @@ use agentry_types::agno::ReasoningStep;
 use agentry_types::{
     ApprovalDecision, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message,
     ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId,
-    ThreadId, ThreadMessage, Timestamp, ToolCall, ToolResult, TurnId, TurnInputItem, TurnMetrics, TurnState,
-    Usage,
+    ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo, ToolResult, ToolSpec, TurnId, TurnInputItem,
+    TurnMetrics, TurnState, Usage,
 };
 use futures_util::StreamExt;
 use futures_util::future::Either;
@@ -1671,7 +1671,7 @@ impl TurnEngine {
     async fn call_model(&mut self) -> Result<ThreadMessage, Stop> {
         // Everything before the call is stored and published before the wait on the model.
         self.sink.flush().await?;
-        let mut request = ModelRequest::new(self.context.clone()).with_tools(self.agent.tool_specs());
+        let mut request = ModelRequest::new(self.context.clone()).with_tools(self.tool_specs());
         if self.model_calls == 0 {
             request.tool_choice = self.agent.first_tool_choice().cloned();
         }
@@ -1713,7 +1713,7 @@ impl TurnEngine {
                             chunk.function.as_ref().and_then(|function| function.name.as_deref())
                             && chunk.tool_info.is_none()
                         {
-                            chunk.tool_info = Some(self.agent.tool_info(name));
+                            chunk.tool_info = Some(self.tool_info(name));
                         }
                     }
                     match self.sink.delta(self.thread.clone(), message_id, delta).await {
@@ -1870,7 +1870,7 @@ impl TurnEngine {
             if !self.agent.may_call(&call.function.name) {
                 // Refused where it is dispatched, without asking anyone.
                 runnable.push(call.clone());
-            } else if self.agent.is_client_tool(&call.function.name) {
+            } else if self.is_client_tool(&call.function.name) {
                 responses.push(pending);
             } else if self.agent.requires_approval(&call.function.name) && !self.approved.contains(&call.id) {
                 approvals.push(pending);
@@ -1975,6 +1975,29 @@ impl TurnEngine {
         self.steps += 1;
         let payload = EventPayload::StepCompleted { step: self.steps, tool_call, observation };
         self.stage(payload).await
+    }
+
+    /// The tools the model is offered: the agent's, then the turn's own client-side tools.
+    fn tool_specs(&self) -> Arc<[ToolSpec]> {
+        let specs = self.agent.tool_specs();
+        if self.run.client_tools.is_empty() {
+            return specs;
+        }
+        specs.iter().chain(&self.run.client_tools).cloned().collect()
+    }
+
+    /// Whether `name` is a client-side tool: the agent's, or one the turn's caller offered.
+    fn is_client_tool(&self, name: &str) -> bool {
+        self.agent.is_client_tool(name) || self.run.client_tools.iter().any(|tool| tool.name == name)
+    }
+
+    /// The routing metadata of a call of `name`.
+    fn tool_info(&self, name: &str) -> ToolInfo {
+        let mut info = self.agent.tool_info(name);
+        if self.run.client_tools.iter().any(|tool| tool.name == name) {
+            info.is_client_side = true;
+        }
+        info
     }
 
     fn in_doubt(&self, call: &ToolCall) -> bool {

@@ -11,7 +11,7 @@ use agentry_memory::{
 };
 use agentry_types::{
     CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
-    Timestamp, TurnId, TurnInputItem, TurnState,
+    Timestamp, ToolSpec, TurnId, TurnInputItem, TurnState,
 };
 // Keyed by turn and session ids this process made, and agent names: nothing a client
 // picks to collide.
@@ -192,6 +192,12 @@ pub struct TurnRequest {
     pub previous_turn_id: PreviousTurn,
     /// Who creates it; the runtime's default subject when absent.
     pub created_by: Option<Subject>,
+    /// Client-side tools offered for this turn alone, beside the agent's (an AG-UI
+    /// client's frontend tools): the model may call them, and a call ends the turn with
+    /// `tool.response_required`, answered by the next turn's `user.tool_response`. A name
+    /// must be a valid tool name (letters, digits, `_` and `-`, at most 64) that none of
+    /// the agent's tools has; the parameters must be a JSON Schema object.
+    pub client_tools: Vec<ToolSpec>,
 }
 
 impl TurnRequest {
@@ -206,6 +212,36 @@ impl TurnRequest {
     pub fn input(input: Vec<TurnInputItem>) -> Self {
         Self { input, ..Self::default() }
     }
+}
+
+/// Checks a turn's own client-side tools: valid names, none twice and none of the agent's,
+/// and object schemas.
+fn check_client_tools(agent: &Agent, tools: &[ToolSpec]) -> RuntimeResult<()> {
+    let invalid = |message: String| Err(RunnerError::InvalidInput(message));
+    for (at, tool) in tools.iter().enumerate() {
+        let name = tool.name.as_str();
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-');
+        if !valid {
+            return invalid(format!(
+                "client tool {at}: {name:?} is not a tool name (letters, digits, `_` and `-`, at most 64)"
+            ));
+        }
+        if tools[..at].iter().any(|earlier| earlier.name == name) {
+            return invalid(format!("client tool {name:?} is offered twice"));
+        }
+        if agent.tool(name).is_some() || agent.is_client_tool(name) {
+            return invalid(format!(
+                "client tool {name:?} has the name of one of agent {:?}'s tools",
+                agent.name()
+            ));
+        }
+        if !tool.parameters.is_object() {
+            return invalid(format!("client tool {name:?}: its parameters must be a JSON Schema object"));
+        }
+    }
+    Ok(())
 }
 
 impl Runtime {
@@ -1116,6 +1152,11 @@ impl Session {
             request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
         let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
         run.previous_turn_id = chained_on;
+        if !request.client_tools.is_empty() {
+            let agent = self.runtime.require_agent(&self.record.name)?;
+            check_client_tools(&agent, &request.client_tools)?;
+            run.client_tools = request.client_tools.clone();
+        }
         if self.record.session_type == SessionType::Team {
             run.team_id = Some(self.record.name.clone());
         } else {

@@ -337,6 +337,75 @@ pub async fn ask_user_question_pauses_for_the_client_and_its_answer_resumes_the_
     assert_eq!(answer_text(&second.wait().await.unwrap()).as_deref(), Some("You chose tea."));
 }
 
+/// Scenario: a turn's own client-side tools (an AG-UI client's frontend tools) are offered
+/// beside the agent's, a call of one ends the turn for the caller's result, and bad ones
+/// are refused before anything is stored.
+pub async fn a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_caller(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|request| match request.messages.last().map(|m| m.role) {
+        Some(Role::Tool) => {
+            ScriptedResponse::text(format!("It is {}.", request.messages.last().unwrap().text()))
+        }
+        _ => ScriptedResponse::tool_call("get_weather", &json!({"city": "Oslo"})),
+    }));
+    let runtime =
+        runtime(&harness, Agent::builder("weather", model.clone()).tool(add_tool(Arc::default())).build());
+    let session = session_for(&runtime, "weather").await;
+    let weather = agentry_types::ToolSpec {
+        name: "get_weather".to_owned(),
+        description: Some("The weather in a city.".to_owned()),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    };
+    let spec = |name: &str, parameters: serde_json::Value| agentry_types::ToolSpec {
+        name: name.to_owned(),
+        description: None,
+        parameters,
+    };
+    for (tools, problem) in [
+        (vec![spec("add", json!({"type": "object"}))], "has the name of one of agent"),
+        (vec![spec("get weather", json!({"type": "object"}))], "is not a tool name"),
+        (vec![weather.clone(), weather.clone()], "is offered twice"),
+        (vec![spec("x", json!("not a schema"))], "must be a JSON Schema object"),
+    ] {
+        let request = TurnRequest { client_tools: tools, ..TurnRequest::message("hi") };
+        let error = session.create_turn(request).await.map(|turn| turn.id()).unwrap_err();
+        assert!(
+            matches!(&error, RunnerError::InvalidInput(message) if message.contains(problem)),
+            "{error:?}"
+        );
+    }
+    assert!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.is_empty());
+
+    let request =
+        TurnRequest { client_tools: vec![weather.clone()], ..TurnRequest::message("Weather in Oslo?") };
+    let first = session.create_turn(request).await.unwrap();
+    let events = collect(first.stream(None)).await;
+    let state = first.wait().await.unwrap();
+    let call = match &state.required_actions()[..] {
+        [record] => match &record.action {
+            agentry_types::RequiredAction::ToolResponse { tool_calls, .. } => tool_calls[0].clone(),
+            other => panic!("unexpected {other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(call.name, "get_weather");
+    assert!(kinds(&events).contains(&"tool.response_required"));
+    let offered: Vec<String> = model.requests()[0].tools.iter().map(|tool| tool.name.clone()).collect();
+    assert_eq!(offered, ["add", "get_weather"]);
+    let client_side = events.iter().any(|event| match &event.payload {
+        EventPayload::ModelMessageDelta(delta) => delta
+            .tool_calls
+            .iter()
+            .any(|chunk| chunk.tool_info.as_ref().is_some_and(|info| info.is_client_side)),
+        _ => false,
+    });
+    assert!(client_side, "the call is marked client-side");
+    // The record keeps the turn's tools (a process recovering it offers them again).
+    assert_eq!(harness.store.get_run(first.id()).await.unwrap().client_tools, [weather]);
+    let answer = TurnInputItem::respond(agentry_types::ThreadId::main(), call.id, "sunny");
+    let second = session.create_turn(TurnRequest::input(vec![answer])).await.unwrap();
+    assert_eq!(answer_text(&second.wait().await.unwrap()).as_deref(), Some("It is sunny."));
+}
+
 /// Scenario.
 pub async fn input_that_breaks_the_rules_is_refused_and_stores_nothing(harness: Harness) {
     let model =
@@ -2165,6 +2234,7 @@ macro_rules! runner_scenarios {
             unknown_agents_sessions_and_turns_are_not_found,
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,
+            a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_caller,
             a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,

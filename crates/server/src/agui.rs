@@ -26,14 +26,14 @@ use std::time::Duration;
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
 use agentry_memory::{Conflict, Order, PageRequest, StoreError};
 use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
-use agentry_types::{RequiredAction, SessionId, Timestamp, TurnInputItem};
+use agentry_types::{RequiredAction, SessionId, Timestamp, ToolSpec, TurnInputItem};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::routing::post;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::AppState;
@@ -55,6 +55,20 @@ struct RunAgentInput {
     messages: Vec<AguiMessage>,
     #[serde(default)]
     resume: Option<Vec<ResumeEntry>>,
+    /// The client's frontend tools: offered to the model for this run, their calls left to
+    /// the client (answered with tool messages in its next run).
+    #[serde(default)]
+    tools: Vec<AguiTool>,
+}
+
+/// A frontend tool of `RunAgentInput.tools`.
+#[derive(Deserialize)]
+struct AguiTool {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -423,7 +437,21 @@ async fn run(
         Some(session) => (session, false),
         None => new_thread_session(&state, &caller, &agent_name, &body.thread_id).await?,
     };
-    let request = TurnRequest { input, created_by: Some(caller.0.clone()), ..TurnRequest::default() };
+    let client_tools: Vec<ToolSpec> = body
+        .tools
+        .iter()
+        .map(|tool| ToolSpec {
+            name: tool.name.clone(),
+            description: tool.description.clone(),
+            parameters: tool
+                .parameters
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        })
+        .collect();
+    let frontend_tools: Vec<String> = client_tools.iter().map(|tool| tool.name.clone()).collect();
+    let request =
+        TurnRequest { input, created_by: Some(caller.0.clone()), client_tools, ..TurnRequest::default() };
     let turn = match session.create_turn(request).await {
         Ok(turn) => turn,
         Err(error) => {
@@ -433,7 +461,9 @@ async fn run(
             let mut error = ApiError::from(error);
             // The run's input came from these fields, not from a turn's `input`.
             if error.param.as_deref() == Some("input") {
-                let field = if body.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
+                let field = if error.message.contains("client tool") {
+                    "tools"
+                } else if body.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
                     "resume"
                 } else {
                     "messages"
@@ -445,7 +475,8 @@ async fn run(
     };
     state.track(&turn);
     let (thread_id, run_id) = (body.thread_id, body.run_id);
-    let mut renderer = AguiRenderer::new().with_known_results(answered_by_client);
+    let mut renderer =
+        AguiRenderer::new().with_known_results(answered_by_client).with_frontend_tools(frontend_tools);
     // Each frame with whether it ends the run.
     let frames =
         turn.stream(None).filter_map(|event| std::future::ready(event.ok())).flat_map(move |event| {

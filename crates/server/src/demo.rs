@@ -214,6 +214,14 @@ fn demo_response(request: &ModelRequest) -> ScriptedResponse {
             &json!({"question": "Which color do you like best?", "options": ["red", "green", "blue"]}),
         );
     }
+    // `use <tool>` calls a tool the request offers by that name: a client's own (an AG-UI
+    // frontend tool), whose result the client sends with its next run.
+    if let Some(name) = lower.strip_prefix("use ").map(str::trim)
+        && let Some(tool) = request.tools.iter().find(|tool| tool.name.to_ascii_lowercase() == name)
+    {
+        return ScriptedResponse::text(format!("Calling {}.", tool.name))
+            .with_tool_call(tool.name.clone(), &json!({}));
+    }
     if lower.contains("slow") {
         let text: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
         return ScriptedResponse::text(text).chunked(1).delayed(Duration::from_millis(50));

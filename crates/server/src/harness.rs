@@ -291,8 +291,12 @@ async fn create_turn(
         }
         Some(id) => PreviousTurn::Turn(id.parse().map_err(|_| ApiError::not_found("turn", id))?),
     };
-    let request =
-        TurnRequest { input: body.input.unwrap_or_default(), previous_turn_id, created_by: Some(caller.0) };
+    let request = TurnRequest {
+        input: body.input.unwrap_or_default(),
+        previous_turn_id,
+        created_by: Some(caller.0),
+        ..TurnRequest::default()
+    };
     let turn = session.create_turn(request).await?;
     state.track(&turn);
     if body.stream.unwrap_or(false) {

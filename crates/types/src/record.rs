@@ -14,6 +14,7 @@ use crate::input::TurnInputItem;
 use crate::message::Message;
 use crate::status::{RunStatus, Subject, TurnState};
 use crate::time::Timestamp;
+use crate::tool::ToolSpec;
 
 /// What a session belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
@@ -117,6 +118,10 @@ pub struct RunRecord {
     /// The input that started it.
     #[serde(default)]
     pub input: Vec<TurnInputItem>,
+    /// Client-side tools the turn's caller offered for this turn alone (an AG-UI client's
+    /// frontend tools): a call of one ends the turn waiting for the caller's result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ToolSpec>,
     /// Where it is in its life (output, required actions and metrics once it ended).
     pub state: TurnState,
     /// Its status. For turns it follows `state` ([`RunRecord::set_state`]); a run saved from
@@ -147,6 +152,7 @@ impl RunRecord {
             agent_id: None,
             team_id: None,
             input,
+            client_tools: Vec::new(),
             state: TurnState::Running,
             status: RunStatus::Running,
             output: None,

@@ -52,10 +52,15 @@ pub struct Interrupt {
 
 /// Why a run finished.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[serde(tag = "type", rename_all = "lowercase", rename_all_fields = "camelCase")]
 pub enum RunFinishedOutcome {
     /// It completed.
-    Success {},
+    Success {
+        /// Calls of the client's frontend tools it left for the client to answer (with tool
+        /// messages in its next run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pending_tool_call_ids: Option<Vec<String>>,
+    },
     /// It paused for outside input.
     Interrupt {
         /// What it waits for (at least one).
@@ -337,6 +342,9 @@ pub struct AguiRenderer {
     subagents: Vec<String>,
     /// Calls whose answers the client sent as tool messages: it has them already.
     known_results: Vec<String>,
+    /// The client's own (frontend) tools: the run completes leaving their calls to it,
+    /// rather than being interrupted.
+    frontend_tools: Vec<String>,
 }
 
 struct Frame<'a> {
@@ -356,6 +364,15 @@ impl AguiRenderer {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same renderer, finishing a run that waits only for calls of these tools (the
+    /// client's frontend tools) as a success naming them in `pendingToolCallIds`, not as an
+    /// interrupt.
+    #[must_use]
+    pub fn with_frontend_tools(mut self, names: Vec<String>) -> Self {
+        self.frontend_tools = names;
+        self
     }
 
     /// The same renderer, sending no `TOOL_CALL_RESULT` for the answers to these client-side
@@ -452,7 +469,7 @@ impl AguiRenderer {
             EventPayload::TurnDone { state } => {
                 self.close_all(timestamp, &mut out);
                 self.close_subagents(state, timestamp, &mut out);
-                out.extend(finish(event, state, timestamp));
+                out.extend(finish(event, state, timestamp, &self.frontend_tools));
             }
             // Reflected in the run's interrupt outcome and in the tool-call frames.
             EventPayload::ToolApprovalRequired { .. }
@@ -688,11 +705,35 @@ fn reasoning_message_id(message_id: &str) -> String {
     format!("{message_id}-reasoning")
 }
 
-fn finish(event: &EventEnvelope, state: &TurnState, timestamp: i64) -> Option<AguiEvent> {
+fn finish(
+    event: &EventEnvelope,
+    state: &TurnState,
+    timestamp: i64,
+    frontend: &[String],
+) -> Option<AguiEvent> {
     let thread_id = event.session_id.to_string();
     let run_id = event.turn_id.to_string();
     Some(match state {
         TurnState::Running => return None,
+        TurnState::Done { output, required_actions, .. }
+            if !required_actions.is_empty() && only_frontend_calls(required_actions, frontend) =>
+        {
+            let pending = required_actions
+                .iter()
+                .flat_map(|record| match &record.action {
+                    RequiredAction::ToolResponse { tool_calls, .. } => tool_calls.clone(),
+                    _ => Vec::new(),
+                })
+                .map(|call| call.id)
+                .collect();
+            AguiEvent::RunFinished {
+                thread_id,
+                run_id,
+                result: output.as_ref().and_then(|output| output.message.content.clone()).map(Value::String),
+                outcome: RunFinishedOutcome::Success { pending_tool_call_ids: Some(pending) },
+                timestamp,
+            }
+        }
         TurnState::Done { required_actions, .. } if !required_actions.is_empty() => AguiEvent::RunFinished {
             thread_id,
             run_id,
@@ -704,7 +745,7 @@ fn finish(event: &EventEnvelope, state: &TurnState, timestamp: i64) -> Option<Ag
             thread_id,
             run_id,
             result: output.as_ref().and_then(|output| output.message.content.clone()).map(Value::String),
-            outcome: RunFinishedOutcome::Success {},
+            outcome: RunFinishedOutcome::Success { pending_tool_call_ids: None },
             timestamp,
         },
         TurnState::Cancelled { .. } => AguiEvent::RunFinished {
@@ -718,6 +759,17 @@ fn finish(event: &EventEnvelope, state: &TurnState, timestamp: i64) -> Option<Ag
             AguiEvent::RunError { message: message.clone(), code: Some("turn_error".to_owned()), timestamp }
         }
     })
+}
+
+/// Whether a turn waits only for calls of the client's frontend tools, on the main thread.
+fn only_frontend_calls(actions: &[RequiredActionRecord], frontend: &[String]) -> bool {
+    !frontend.is_empty()
+        && actions.iter().all(|record| match &record.action {
+            RequiredAction::ToolResponse { thread_id, tool_calls } => {
+                thread_id.is_main() && tool_calls.iter().all(|call| frontend.contains(&call.name))
+            }
+            _ => false,
+        })
 }
 
 /// The interrupts of a turn that ended with required actions: one per pending tool call

@@ -292,7 +292,11 @@ fn ag_ui_replays_a_stored_log_without_deltas_as_the_same_text() {
     assert_eq!(text(&replayed), "Hello there, friend");
     assert!(matches!(
         replayed.last(),
-        Some(AguiEvent::RunFinished { outcome: RunFinishedOutcome::Success {}, result: Some(_), .. })
+        Some(AguiEvent::RunFinished {
+            outcome: RunFinishedOutcome::Success { pending_tool_call_ids: None },
+            result: Some(_),
+            ..
+        })
     ));
 }
 

@@ -380,7 +380,7 @@ pub async fn a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_c
     let first = session.create_turn(request).await.unwrap();
     let events = collect(first.stream(None)).await;
     let state = first.wait().await.unwrap();
-    let call = match &state.required_actions()[..] {
+    let call = match state.required_actions() {
         [record] => match &record.action {
             agentry_types::RequiredAction::ToolResponse { tool_calls, .. } => tool_calls[0].clone(),
             other => panic!("unexpected {other:?}"),

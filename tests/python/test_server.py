@@ -1417,6 +1417,16 @@ class AgUi(unittest.TestCase):
             second = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [use, calling, result], "tools": tools})
             text = "".join(e.delta for e in second if kind(e) == "TEXT_MESSAGE_CONTENT")
             self.assertEqual(text, "Done: sunny")
+            # A call left unanswered blocks the next message, and the error says how to go on.
+            left = agui_run(h, {"threadId": thread + "-left", "runId": "r1", "messages": [use], "tools": tools})
+            pending = left[-1].outcome.pending_tool_call_ids
+            ignored = h.post("/agui/demo", json={"threadId": thread + "-left", "runId": "r2", "messages": [
+                use, {"id": "u2", "role": "user", "content": "never mind"}], "tools": tools})
+            self.assertEqual(ignored.status_code, 400, ignored.text)
+            self.assertIn("send a tool message for each pending toolCallId", ignored.json()["error"]["message"])
+            cancelled = [{"interruptId": pending[0], "status": "cancelled"}]
+            gone = agui_run(h, {"threadId": thread + "-left", "runId": "r3", "messages": [use], "resume": cancelled, "tools": tools})
+            self.assertEqual(kind(gone[-1]), "RUN_FINISHED")
             # A frontend tool may not take the name of one of the agent's.
             clash = [{"name": "calculator", "parameters": {"type": "object"}}]
             refused = h.post("/agui/demo", json={"threadId": thread, "runId": "r3", "messages": [

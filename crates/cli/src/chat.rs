@@ -69,6 +69,14 @@ struct Call {
 struct Pending {
     approvals: Vec<(String, String)>,
     responses: Vec<(String, String)>,
+    /// MCP servers to authorize (name, URL): the next turn, with no input, goes on.
+    authorizations: Vec<(String, String)>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.approvals.is_empty() && self.responses.is_empty() && self.authorizations.is_empty()
+    }
 }
 
 /// Runs the chat until the input ends or the user types `/quit`.
@@ -94,9 +102,21 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     let mut calls: HashMap<String, Call> = HashMap::new();
     // A session whose last turn waits for answers (left that way by an earlier chat) is
     // answered first: a message would be refused until then.
-    let mut pending = waiting(api, &session_id, &mut calls).await?;
+    let mut pending =
+        until_interrupted(waiting(api, &session_id, &mut calls), "while reading the session").await?;
     loop {
-        let input = if pending.approvals.is_empty() && pending.responses.is_empty() {
+        let input = if !pending.authorizations.is_empty() {
+            // Authorizing happens elsewhere; an empty turn then goes on.
+            for (name, url) in &pending.authorizations {
+                writeln!(std::io::stdout(), "Authorize MCP server {}: {}", clean(name), clean(url))?;
+            }
+            if terminal.ask("Press Enter once authorized: ").await?.is_none() {
+                bail!(
+                    "left with the turn waiting for an authorization; go on with `agentry chat {agent} --session {session_id}`"
+                );
+            }
+            Vec::new()
+        } else if pending.is_empty() {
             let Some(line) = terminal.ask("you> ").await? else { break };
             if line.is_empty() {
                 continue;
@@ -120,7 +140,9 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
             Ok(pending) => pending,
             Err(error) => {
                 writeln!(std::io::stdout(), "error: {}", clean(&format!("{error:#}")))?;
-                waiting(api, &session_id, &mut calls).await.unwrap_or_default()
+                until_interrupted(waiting(api, &session_id, &mut calls), "while reading the session")
+                    .await
+                    .unwrap_or_default()
             }
         };
     }
@@ -144,10 +166,23 @@ async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) ->
         let list = match action["type"].as_str() {
             Some("tool.approval_required") => &mut pending.approvals,
             Some("tool.response_required") => &mut pending.responses,
+            Some("mcp.auth_required") => {
+                for server in action["mcp_servers"].as_array().into_iter().flatten() {
+                    let name = server["name"].as_str().unwrap_or_default().to_owned();
+                    pending
+                        .authorizations
+                        .push((name, server["auth_url"].as_str().unwrap_or_default().to_owned()));
+                }
+                continue;
+            }
             _ => continue,
         };
         for call in action["tool_calls"].as_array().into_iter().flatten() {
-            list.push((thread.clone(), call["id"].as_str().unwrap_or_default().to_owned()));
+            let id = call["id"].as_str().unwrap_or_default().to_owned();
+            if call["may_have_run"].as_bool() == Some(true) {
+                writeln!(std::io::stdout(), "{}", may_have_run(&id))?;
+            }
+            list.push((thread.clone(), id));
         }
     }
     Ok(pending)
@@ -333,13 +368,7 @@ async fn run_turn(
             "tool.approval_required" => {
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
                     if call["may_have_run"].as_bool() == Some(true) {
-                        screen.line(
-                            &mut out,
-                            &format!(
-                                "Call {} may already have run: its process stopped before its result was stored.",
-                                call["id"].as_str().unwrap_or_default()
-                            ),
-                        )?;
+                        screen.line(&mut out, &may_have_run(call["id"].as_str().unwrap_or_default()))?;
                     }
                     pending
                         .approvals
@@ -355,14 +384,10 @@ async fn run_turn(
             }
             "mcp.auth_required" => {
                 for server in event["mcp_servers"].as_array().into_iter().flatten() {
-                    screen.line(
-                        &mut out,
-                        &format!(
-                            "MCP server {} needs authorization: {}",
-                            server["name"].as_str().unwrap_or_default(),
-                            server["auth_url"].as_str().unwrap_or_default()
-                        ),
-                    )?;
+                    let name = server["name"].as_str().unwrap_or_default().to_owned();
+                    let url = server["auth_url"].as_str().unwrap_or_default().to_owned();
+                    screen.line(&mut out, &format!("MCP server {name} needs authorization: {url}"))?;
+                    pending.authorizations.push((name, url));
                 }
             }
             "turn.done" => {
@@ -386,6 +411,11 @@ async fn run_turn(
     }
     out.flush()?;
     Ok(pending)
+}
+
+/// The note for a call a stopped process may already have run.
+fn may_have_run(id: &str) -> String {
+    format!("Call {} may already have run: its process stopped before its result was stored.", clean(id))
 }
 
 /// Waits for `work`; Ctrl-C meanwhile leaves the chat at once (exit 130), saying `when`.

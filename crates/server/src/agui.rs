@@ -469,6 +469,14 @@ async fn run(
                     "messages"
                 };
                 error.param = Some(field.to_owned());
+                if error.message.contains("awaiting answers") {
+                    // Say it in this protocol's terms: a frontend tool's call, say, that
+                    // the client never answered.
+                    error.message.push_str(
+                        " (over AG-UI: send a tool message for each pending toolCallId, or `resume` with status \
+                         \"cancelled\" for it)",
+                    );
+                }
             }
             return Err(error);
         }

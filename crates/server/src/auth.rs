@@ -61,7 +61,6 @@ impl FromRequestParts<Arc<AppState>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
         if state.keys.is_empty() {
-            check_local(parts)?;
             return Ok(Self(crate::config::subject("local")));
         }
         let unauthorized = |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
@@ -79,6 +78,22 @@ impl FromRequestParts<Arc<AppState>> for Caller {
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
         state.keys.subject(presented).cloned().map(Self).ok_or_else(|| unauthorized("invalid API key"))
     }
+}
+
+/// Middleware for every route: without keys, [`check_local`].
+pub(crate) async fn local_only(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if state.keys.is_empty() {
+        let (parts, body) = request.into_parts();
+        if let Err(error) = check_local(&parts) {
+            return axum::response::IntoResponse::into_response(error);
+        }
+        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+    }
+    next.run(request).await
 }
 
 /// Without keys, only loopback clients are served, and a browser on this machine is one:

@@ -468,6 +468,7 @@ fn router(state: Arc<AppState>, body_limit: usize) -> Router {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::local_only))
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
         .with_state(state)

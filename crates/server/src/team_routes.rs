@@ -464,12 +464,12 @@ async fn cancel_instance(
         None => match listed_running(&state, &caller, &instance_id).await? {
             // Listed as running in a mission whose turn has ended: the instance paused the
             // turn (an approval, an answer) and goes on when the session's next turn answers.
-            Some(mission) if mission_ended(&state, &mission).await => Err(ApiError::new(
+            Some(mission) if mission_paused(&state, &mission).await => Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
                 "instance_paused",
                 format!(
                     "instance {instance_id} is paused: mission {mission} ended waiting for an approval or an answer \
-                     from it; deny or answer it in the session's next turn, or cancel the session"
+                     from it; deny the approval (or answer) in the session's next turn to end it"
                 ),
             )),
             // Listed as running, but its turn runs in no process here: another server runs
@@ -489,10 +489,12 @@ async fn cancel_instance(
     }
 }
 
-/// Whether a mission's turn has ended.
-async fn mission_ended(state: &AppState, mission_id: &str) -> bool {
+/// Whether a mission's turn ended waiting for approvals or answers.
+async fn mission_paused(state: &AppState, mission_id: &str) -> bool {
     let Some(turn) = mission_turn(mission_id) else { return false };
-    state.runtime.store().get_run(turn).await.is_ok_and(|run| run.state.is_terminal())
+    state.runtime.store().get_run(turn).await.is_ok_and(|run| {
+        matches!(&run.state, agentry_types::TurnState::Done { required_actions, .. } if !required_actions.is_empty())
+    })
 }
 
 /// The mission of an instance of the caller's that the stored events list as running.

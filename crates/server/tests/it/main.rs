@@ -580,6 +580,11 @@ async fn without_keys_requests_from_web_pages_or_for_other_hosts_are_refused() {
         assert_eq!(status, "403", "{refused:?}: {answer}");
         assert!(answer.contains("configure API keys"), "{answer}");
     }
+    // Every route: a rebound page reads no metrics either.
+    let (status, answer) =
+        status_of("GET /metrics HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n".to_owned())
+            .await;
+    assert_eq!(status, "403", "{answer}");
     for allowed in [
         "Host: localhost:8787\r\nOrigin: http://localhost:3000\r\n",
         "Host: [::1]:8787\r\nOrigin: http://127.0.0.1:5173\r\n",
@@ -857,7 +862,7 @@ async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_
     assert_eq!(status, 409, "{body}");
     let error = serde_json::from_str::<Value>(&body).unwrap();
     assert_eq!(error["error"]["code"], "instance_paused", "{body}");
-    assert!(error["error"]["message"].as_str().unwrap().contains("cancel the session"), "{body}");
+    assert!(error["error"]["message"].as_str().unwrap().contains("deny the approval"), "{body}");
 
     // Approved, it goes on as the same instance in the next turn's mission, which counts
     // only the model call it made there (its ledger holds both turns').

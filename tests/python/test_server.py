@@ -833,6 +833,13 @@ class Cli(unittest.TestCase):
         self.assertIn("Allow send_email(", again.stdout)
         self.assertIn("Email sent.", again.stdout)
         self.assertIn("Echo: hello after", again.stdout)
+        # Answers it does not take say what it does; a session id must be one.
+        asked = self.agentry("chat", "demo", stdin="ask me\n7\nteal\n/quit\n")
+        self.assertIn("(choose 1 to 3, or type an answer)", asked.stdout)
+        self.assertIn("You chose teal.", asked.stdout)
+        odd = self.agentry("chat", "demo", "--session", f"{session}?x=1", stdin="hi\n")
+        self.assertNotEqual(odd.returncode, 0)
+        self.assertIn("is not a session id", odd.stderr)
 
     def test_chat_survives_bad_input_and_shows_control_characters_as_escapes(self):
         env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")

@@ -47,12 +47,20 @@ impl Terminal {
     }
 
     /// Asks until the answer is one `accept` takes; `None` at end of input.
-    async fn ask_until<T>(&mut self, prompt: &str, accept: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
+    /// Asks until the answer is one `accept` takes, saying `expected` after one it does
+    /// not; `None` at end of input.
+    async fn ask_until<T>(
+        &mut self,
+        prompt: &str,
+        expected: &str,
+        accept: impl Fn(&str) -> Option<T>,
+    ) -> Result<Option<T>> {
         loop {
             let Some(line) = self.ask(prompt).await? else { return Ok(None) };
             if let Some(answer) = accept(&line) {
                 return Ok(Some(answer));
             }
+            writeln!(std::io::stdout(), "({expected})")?;
         }
     }
 }
@@ -82,6 +90,10 @@ impl Pending {
 /// Runs the chat until the input ends or the user types `/quit`.
 pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> {
     let session_id = match session {
+        // A session id is a UUID: anything else would be read as part of the path.
+        Some(id) if id.len() != 36 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') => {
+            bail!("{id:?} is not a session id (a UUID such as `agentry sessions list` shows)")
+        }
         Some(id) => {
             let found = api.get(&format!("/v1/agents/sessions/{id}")).await?;
             let owner = found["data"]["agent_name"].as_str().unwrap_or_default();
@@ -467,7 +479,7 @@ async fn answer(
             _ => None,
         };
         let prompt = clean(&format!("Allow {}({})? [y/n] ", call.name, call.arguments)).into_owned();
-        let Some(allowed) = terminal.ask_until(&prompt, yes_or_no).await? else {
+        let Some(allowed) = terminal.ask_until(&prompt, "answer y or n", yes_or_no).await? else {
             return Ok(Vec::new());
         };
         if allowed {
@@ -501,7 +513,14 @@ async fn answer(
             _ if reply.is_empty() => None,
             _ => Some(reply.to_owned()),
         };
-        let Some(answer) = terminal.ask_until("answer> ", pick).await? else { return Ok(Vec::new()) };
+        let expected = if options.is_empty() {
+            "type an answer".to_owned()
+        } else {
+            format!("choose 1 to {}, or type an answer", options.len())
+        };
+        let Some(answer) = terminal.ask_until("answer> ", &expected, pick).await? else {
+            return Ok(Vec::new());
+        };
         input.push(
             json!({"type": "user.tool_response", "thread_id": thread, "tool_call_id": id, "content": answer}),
         );

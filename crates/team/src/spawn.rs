@@ -662,9 +662,11 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             }
         }
     }
+    // The approval names the instance it starts (made before it), so a feed reader matches
+    // it with that instance's `instance.started` among parallel spawns of one role.
     context
         .emit_team_event(
-            team(None),
+            team(Some(instance_id.clone())),
             agentry_events::EventPayload::SpawnApproved { requested_role: args.role.clone(), approval_id },
         )
         .await?;

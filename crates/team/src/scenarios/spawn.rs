@@ -204,6 +204,9 @@ pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_
         _ => None,
     });
     assert_eq!(name, Some(format!("worker-{}", &instance[instance.len() - 8..])));
+    // The approval names the instance it starts.
+    let approved = events.iter().find(|event| event.payload.kind() == "agent_team.spawn.approved").unwrap();
+    assert_eq!(approved.team.as_ref().and_then(|team| team.instance_id.as_deref()), Some(instance.as_str()));
 }
 
 /// Scenario: a gated spawn no one decides within its role's `approval_timeout_secs` is

@@ -1362,6 +1362,12 @@ class AgUi(unittest.TestCase):
             thread = f"again-{tag}"
             hello = {"id": "u1", "role": "user", "content": "hello there"}
             first = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [hello]})
+            # The same run sent again (a retry after a dropped connection) is streamed again
+            # from its turn, not run twice.
+            retried = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [hello]})
+            self.assertEqual(text(retried), text(first))
+            self.assertEqual(kind(retried[-1]), "RUN_FINISHED")
+            self.assertEqual(len(turns(thread)), 1)
             reply = {"id": "a1", "role": "assistant", "content": text(first)}
             again = h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [hello, reply]})
             self.assertEqual(again.status_code, 400, again.text)

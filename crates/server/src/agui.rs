@@ -9,7 +9,8 @@
 //! conversation, as clients send it each run) only what follows the last assistant
 //! message counts: its last user message is answered, and tool messages there for calls
 //! the thread waits on answer them as `resume` does. A client that goes away before its
-//! run's end cancels the turn.
+//! run's end cancels the turn. The thread's latest `runId` is kept in its session's state
+//! (`agentry.agui.last_run`): that run sent again is streamed again, not run twice.
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
 //! the agent, titled with the thread id, under an id derived from the caller, the agent and
@@ -24,7 +25,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
-use agentry_memory::{Conflict, Order, PageRequest, StoreError};
+use agentry_memory::{Conflict, Order, PageRequest, SessionUpdate, StoreError};
 use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
 use agentry_types::{RequiredAction, SessionId, Timestamp, ToolSpec, TurnInputItem};
 use axum::Router;
@@ -430,6 +431,14 @@ async fn run(
         return Err(ApiError::bad_param("threadId", "threadId must name the conversation: it is empty"));
     }
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
+    // A run sent again under its `runId` (a client retrying after a dropped connection) is
+    // the same run: its turn is streamed again from its start, not run a second time.
+    if let Some(session) = session.as_ref()
+        && let Some(turn) = same_run(session, &body.run_id).await
+    {
+        let frontend = body.tools.iter().map(|tool| tool.name.clone()).collect();
+        return Ok(stream_turn(&state, turn, body.thread_id, body.run_id, Vec::new(), frontend));
+    }
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
     let (input, answered_by_client) = run_input(&body, session.as_ref()).await?;
@@ -482,7 +491,45 @@ async fn run(
         }
     };
     state.track(&turn);
-    let (thread_id, run_id) = (body.thread_id, body.run_id);
+    remember_run(&state, &session, &body.run_id, &turn).await;
+    Ok(stream_turn(&state, turn, body.thread_id, body.run_id, answered_by_client, frontend_tools))
+}
+
+/// The session-state key under which a thread's latest run is kept: its `runId` and turn.
+const LAST_RUN_KEY: &str = "agentry.agui.last_run";
+
+/// Notes the thread's latest run, so that the same run sent again is recognised (best
+/// effort: a thread whose note is lost answers a retry as a new run).
+async fn remember_run(state: &AppState, session: &Session, run_id: &str, turn: &TurnHandle) {
+    let mut keys = serde_json::Map::new();
+    keys.insert(LAST_RUN_KEY.to_owned(), json!({"run_id": run_id, "turn_id": turn.id().to_string()}));
+    let update = SessionUpdate { state: Some(keys), ..SessionUpdate::default() };
+    if let Err(error) = state.runtime.store().update_session(session.id(), &update).await {
+        tracing::warn!(session = %session.id(), %error, "the AG-UI run could not be noted on its thread");
+    }
+}
+
+/// The turn of the thread's latest run when it is `run_id`: the same run sent again.
+async fn same_run(session: &Session, run_id: &str) -> Option<TurnHandle> {
+    let last = session.record().state.get(LAST_RUN_KEY)?;
+    if last.get("run_id").and_then(Value::as_str) != Some(run_id) {
+        return None;
+    }
+    let turn = last.get("turn_id").and_then(Value::as_str)?.parse().ok()?;
+    session.get_turn(turn).await.ok()
+}
+
+/// A run's response: the turn's events as AG-UI frames, ending with `RUN_FINISHED` or
+/// `RUN_ERROR`; the turn is cancelled if the client goes away before.
+fn stream_turn(
+    state: &Arc<AppState>,
+    turn: TurnHandle,
+    thread_id: String,
+    run_id: String,
+    answered_by_client: Vec<String>,
+    frontend_tools: Vec<String>,
+) -> Response {
+    let state = Arc::clone(state);
     let mut renderer =
         AguiRenderer::new().with_known_results(answered_by_client).with_frontend_tools(frontend_tools);
     // Each frame with whether it ends the run.
@@ -533,7 +580,7 @@ async fn run(
         })
     })
     .filter_map(std::future::ready);
-    Ok(sse::respond_ending(&state, frames.chain(interrupted)))
+    sse::respond_ending(&state, frames.chain(interrupted))
 }
 
 /// Cancels a run's turn when dropped before the run's frames were over: its client went

@@ -464,6 +464,10 @@ impl Memory {
                 "Update the summary of this conversation. Previous summary: {previous}\n\nNew messages:\n{transcript}\n\nAnswer with the new summary only."
             );
             let summary = complete(model, &prompt).await.map_err(|e| e.to_string())?;
+            // An empty answer is no summary: the one the session has is kept.
+            if summary.trim().is_empty() {
+                return Err("the model's summary is empty; the session keeps its previous one".to_owned());
+            }
             let update = SessionUpdate {
                 summary: Some(SessionSummary {
                     summary: summary.trim().to_owned(),

@@ -117,6 +117,22 @@ async fn summary_memory_summarizes_completed_runs_through_the_model_and_injects_
 }
 
 #[tokio::test]
+async fn an_empty_summary_from_the_model_keeps_the_previous_one_and_says_so() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::text("The user greeted the assistant."),
+        ScriptedResponse::text("  "),
+    ]));
+    let config = MemoryConfig { summary_memory: true, ..MemoryConfig::default() };
+    let memory = memory(store(), Some(model), config);
+    let run = |question| agent_run(RunStatus::Completed, exchange(question, "hi!"));
+    memory.save_session(&run("hello there"), SessionType::Agent, None).await.unwrap();
+    let error = memory.save_session(&run("and again"), SessionType::Agent, None).await.unwrap_err();
+    assert!(error.to_string().contains("the model's summary is empty"), "{error}");
+    let session = memory.get_session(None).await.unwrap().unwrap();
+    assert_eq!(session.summary.unwrap().summary, "The user greeted the assistant.");
+}
+
+#[tokio::test]
 async fn incomplete_runs_are_checkpointed_without_memory_processing_and_can_be_resumed() {
     let model = Arc::new(ScriptedModel::new(Vec::new()));
     let config = MemoryConfig {

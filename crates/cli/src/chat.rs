@@ -72,6 +72,15 @@ struct Call {
     arguments: String,
 }
 
+impl Call {
+    /// A tool call of a `model.message` (its id, and the call).
+    fn of(call: &Value) -> (String, Self) {
+        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+        let (name, arguments) = (text(&call["function"]["name"]), text(&call["function"]["arguments"]));
+        (text(&call["id"]), Self { name, arguments })
+    }
+}
+
 /// What a finished turn asks for.
 #[derive(Debug, Default)]
 struct Pending {
@@ -167,10 +176,8 @@ async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) ->
     let turns = api.get(&format!("/v1/agents/sessions/{session}/turns?limit=1")).await?;
     let state = &turns["data"][0]["state"];
     for call in state["output"]["tool_calls"].as_array().into_iter().flatten() {
-        let id = call["id"].as_str().unwrap_or_default().to_owned();
-        let name = call["function"]["name"].as_str().unwrap_or_default().to_owned();
-        let arguments = call["function"]["arguments"].as_str().unwrap_or_default().to_owned();
-        calls.insert(id, Call { name, arguments });
+        let (id, call) = Call::of(call);
+        calls.insert(id, call);
     }
     let mut pending = Pending::default();
     for action in state["required_actions"].as_array().into_iter().flatten() {
@@ -354,11 +361,9 @@ async fn run_turn(
                 partial.remove(&thread);
                 screen.end_line(&mut out)?;
                 for call in event["tool_calls"].as_array().into_iter().flatten() {
-                    let id = call["id"].as_str().unwrap_or_default().to_owned();
-                    let name = call["function"]["name"].as_str().unwrap_or_default().to_owned();
-                    let arguments = call["function"]["arguments"].as_str().unwrap_or_default().to_owned();
-                    screen.line(&mut out, &format!("{who}→ {name}({arguments})"))?;
-                    calls.insert(id, Call { name, arguments });
+                    let (id, call) = Call::of(call);
+                    screen.line(&mut out, &format!("{who}→ {}({})", call.name, call.arguments))?;
+                    calls.insert(id, call);
                 }
             }
             "tool.response" => {

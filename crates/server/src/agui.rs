@@ -27,7 +27,7 @@ use std::time::Duration;
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
 use agentry_memory::{Conflict, Order, PageRequest, SessionUpdate, StoreError};
 use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
-use agentry_types::{RequiredAction, SessionId, Timestamp, ToolSpec, TurnInputItem};
+use agentry_types::{RequiredAction, RequiredActionRecord, SessionId, Timestamp, ToolSpec, TurnInputItem};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -251,12 +251,17 @@ async fn run_input(
     let mut answers: Vec<ResumeEntry> = body.resume.clone().unwrap_or_default();
     let resumed = !answers.is_empty();
     let given = answers.len();
+    // The thread's latest turn, read once: what it waits on, and what it began with.
+    let latest = match session {
+        Some(session) if resumed || added.iter().any(|message| message.role == "tool") => {
+            crate::harness::latest_turn(session).await?
+        }
+        _ => None,
+    };
+    let actions = latest.as_ref().map_or(&[][..], |turn| turn.record().state.required_actions());
     // Tool messages answer only the calls the thread waits on: the others are results the
     // client was sent (of tools the server ran), kept in its list.
-    let pending = match session {
-        Some(session) if added.iter().any(|message| message.role == "tool") => pending_calls(session).await?,
-        _ => Vec::new(),
-    };
+    let pending = pending_calls(actions);
     answers.extend(
         added
             .iter()
@@ -288,19 +293,18 @@ async fn run_input(
         };
     }
     let field = if resumed { "resume" } else { "messages" };
-    let Some(session) = session else {
+    if session.is_none() {
         return Err(ApiError::bad_param(
             field,
             format!("interrupt {} is not pending on this thread: it has no runs", answers[0].interrupt_id),
         ));
-    };
+    }
     if let Some(text) = user_text {
         // The message the answered turn began with may come again; a new one may not.
-        let latest = crate::harness::latest_turn(session).await?;
         let asked = latest
             .iter()
-            .flat_map(|turn| turn.record().input.clone())
-            .any(|item| matches!(&item, TurnInputItem::Message(message) if message.content.text() == text));
+            .flat_map(|turn| &turn.record().input)
+            .any(|item| matches!(item, TurnInputItem::Message(message) if message.content.text() == text));
         if !asked {
             let with = if by_tool_messages { "tool results" } else { "`resume`" };
             return Err(ApiError::bad_param(
@@ -313,14 +317,12 @@ async fn run_input(
         }
     }
     let by_client = answers[given..].iter().map(|entry| entry.interrupt_id.clone()).collect();
-    Ok((resume_input(session, &answers).await?, by_client))
+    Ok((resume_input(actions, &answers)?, by_client))
 }
 
-/// The ids of the calls the thread's latest turn waits on.
-async fn pending_calls(session: &Session) -> ApiResult<Vec<String>> {
-    let latest = crate::harness::latest_turn(session).await?;
-    let actions = latest.map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
-    Ok(actions
+/// The ids of the calls a turn's required actions wait on.
+fn pending_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
+    actions
         .iter()
         .flat_map(|record| match &record.action {
             RequiredAction::ToolApproval { tool_calls, .. }
@@ -329,7 +331,7 @@ async fn pending_calls(session: &Session) -> ApiResult<Vec<String>> {
             }
             RequiredAction::McpAuth { .. } => Vec::new(),
         })
-        .collect())
+        .collect()
 }
 
 /// Whether `resume` already answers the call `id`.
@@ -337,10 +339,9 @@ fn answers_call(resume: Option<&[ResumeEntry]>, id: Option<&str>) -> bool {
     resume.unwrap_or_default().iter().any(|entry| Some(entry.interrupt_id.as_str()) == id)
 }
 
-/// The turn input that answers the latest turn's interrupts with `resume`.
-async fn resume_input(session: &Session, resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
-    let latest = crate::harness::latest_turn(session).await?;
-    let actions = latest.map(|turn| turn.record().state.required_actions().to_vec()).unwrap_or_default();
+/// The turn input that answers the latest turn's interrupts (its required `actions`) with
+/// `resume`.
+fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
     let mut input = Vec::new();
     for (at, entry) in resume.iter().enumerate() {
         let found = actions.iter().find_map(|record| match &record.action {

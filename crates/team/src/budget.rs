@@ -137,7 +137,34 @@ pub(crate) struct InstanceLedger {
 #[async_trait]
 impl StepBudget for InstanceLedger {
     async fn reserve(&self, step: Step) -> Result<String, Exhausted> {
-        self.reserve_step(step).await
+        let amount = match step {
+            Step::Model => {
+                BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
+            }
+            Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
+        };
+        let now = Timestamp::now();
+        let reservation = BudgetReservation {
+            id: format!("res_{}", EventId::new()),
+            scopes: vec![self.instance.clone(), self.mission.clone()],
+            amount,
+            expires_at: lease_expiry(now, RESERVATION_TTL),
+            lease: self.lease,
+        };
+        match self.store.reserve(&reservation, now).await {
+            Ok(()) => Ok(reservation.id),
+            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
+                let usage =
+                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
+                Err(self.exhausted(scope == self.mission, dimension, usage))
+            }
+            Err(error) => Err(Exhausted {
+                exhausted_by: format!("ledger_unavailable: {error}"),
+                usage: BudgetUsage::default(),
+                mission: false,
+                first: !self.instance_reported.swap(true, Ordering::AcqRel),
+            }),
+        }
     }
 
     async fn release(&self, reservation: &str) {
@@ -227,37 +254,6 @@ impl InstanceLedger {
             usage,
             mission,
             first,
-        }
-    }
-
-    async fn reserve_step(&self, step: Step) -> Result<String, Exhausted> {
-        let amount = match step {
-            Step::Model => {
-                BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
-            }
-            Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
-        };
-        let now = Timestamp::now();
-        let reservation = BudgetReservation {
-            id: format!("res_{}", EventId::new()),
-            scopes: vec![self.instance.clone(), self.mission.clone()],
-            amount,
-            expires_at: lease_expiry(now, RESERVATION_TTL),
-            lease: self.lease,
-        };
-        match self.store.reserve(&reservation, now).await {
-            Ok(()) => Ok(reservation.id),
-            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
-                let usage =
-                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
-                Err(self.exhausted(scope == self.mission, dimension, usage))
-            }
-            Err(error) => Err(Exhausted {
-                exhausted_by: format!("ledger_unavailable: {error}"),
-                usage: BudgetUsage::default(),
-                mission: false,
-                first: !self.instance_reported.swap(true, Ordering::AcqRel),
-            }),
         }
     }
 }

@@ -286,10 +286,13 @@ async fn run_turn(
     let mut last_id: Option<String> = None;
     let mut resumes = 0;
     let mut cancelled = false;
+    // One listener for the whole turn: a second Ctrl-C that comes while the first is being
+    // handled is kept for the next round, not lost between two listeners.
+    let mut interrupts = Interrupts::new()?;
     loop {
         let next = tokio::select! {
             next = events.next() => next,
-            _ = tokio::signal::ctrl_c() => {
+            () = interrupts.next() => {
                 // Ctrl-C while the agent works cancels the turn (its stream ends with
                 // turn.done); a second one leaves at once.
                 if cancelled {
@@ -433,6 +436,32 @@ async fn run_turn(
 /// The note for a call a stopped process may already have run.
 fn may_have_run(id: &str) -> String {
     format!("Call {} may already have run: its process stopped before its result was stored.", clean(id))
+}
+
+/// Ctrl-C presses, heard by one listener for as long as it lives (`tokio::signal::ctrl_c`
+/// hears only those after each call, so presses between two calls would be lost).
+struct Interrupts {
+    #[cfg(unix)]
+    signal: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn new() -> Result<Self> {
+        #[cfg(unix)]
+        let interrupts =
+            Self { signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())? };
+        #[cfg(not(unix))]
+        let interrupts = Self {};
+        Ok(interrupts)
+    }
+
+    /// The next press.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        self.signal.recv().await;
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// Waits for `work`; Ctrl-C meanwhile leaves the chat at once (exit 130), saying `when`.

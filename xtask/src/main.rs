@@ -99,10 +99,34 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !status.success() {
-        bail!("cargo {} failed", args.join(" "));
+        bail!("cargo {} failed{}", args.join(" "), low_disk_hint(root));
     }
     Ok(())
 }
+
+/// Free space, in MiB, on the file system holding `root`, as `df` reports it.
+fn free_mib(root: &Path) -> Option<u64> {
+    let out = Command::new("df").args(["-Pk"]).arg(root).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let available = text.lines().nth(1)?.split_whitespace().nth(3)?;
+    Some(available.parse::<u64>().ok()? / 1024)
+}
+
+/// A note for a failed cargo run when the disk is nearly full: the compiler's
+/// own "No space left on device" is easy to miss among hundreds of lines.
+fn low_disk_hint(root: &Path) -> String {
+    match free_mib(root) {
+        Some(mib) if mib < LOW_DISK_MIB => format!(
+            " (only {mib} MiB free on the disk holding {}; a full test run needs about \
+             3.5 GiB with CARGO_INCREMENTAL=0, 6 GiB without)",
+            root.display()
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Below this much free space a cargo failure is reported with the figure.
+const LOW_DISK_MIB: u64 = 2048;
 
 /// Installs the npm packages the tests start (MCP servers), unless already installed.
 fn npm_packages(root: &Path) -> Result<()> {
@@ -123,6 +147,12 @@ fn npm_packages(root: &Path) -> Result<()> {
 }
 
 fn test(root: &Path, quick: bool) -> Result<()> {
+    if let Some(mib) = free_mib(root).filter(|mib| *mib < 4 * LOW_DISK_MIB) {
+        eprintln!(
+            "warning: only {mib} MiB free on the disk holding {}; the test run may not fit",
+            root.display()
+        );
+    }
     npm_packages(root)?;
     if !quick {
         cargo(root, &["fmt", "--all", "--", "--check"])?;

@@ -163,9 +163,13 @@ impl<'a> ser::Serializer for &'a mut Bound {
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
-        _: &'static str,
+        name: &'static str,
         value: &T,
     ) -> Result<(), Unbounded> {
+        // An id or a timestamp: ASCII text of a bounded length, counted unformatted.
+        if name == agentry_types::FIXED_TEXT {
+            return self.add(2 + agentry_types::FIXED_TEXT_MAX_LEN);
+        }
         value.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -328,6 +332,21 @@ mod tests {
             control: "\u{1}\u{1f}",
         };
         assert!(json_len_bound(&all).unwrap() >= exact(&all));
+    }
+
+    #[test]
+    fn ids_and_timestamps_are_bounded_without_being_formatted_and_never_below_their_json() {
+        use agentry_types::{SessionId, Timestamp, TurnId};
+        let stamps = [Timestamp::now(), Timestamp::from_unix_micros(i64::MIN), Timestamp::MAX];
+        let ids: BTreeMap<TurnId, (SessionId, Timestamp)> =
+            stamps.iter().map(|stamp| (TurnId::new(), (SessionId::new(), *stamp))).collect();
+        let (bound, json) = (json_len_bound(&ids).unwrap(), exact(&ids));
+        assert!(bound >= json, "{bound} < {json}");
+        // Counted at the fixed length, not at the six bytes a character of any string gets.
+        assert!(bound < 2 * json, "{bound} is far above {json}");
+        for stamp in stamps {
+            assert!(json_len_bound(&stamp).unwrap() >= exact(&stamp));
+        }
     }
 
     #[test]

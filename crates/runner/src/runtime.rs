@@ -853,9 +853,13 @@ impl Runtime {
         let (panic_sink, panic_run) = (sink.clone(), run.clone());
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
         let runtime = self.clone();
-        // Boxed: the turn's future is large, and tokio would otherwise copy it several times
-        // on the way into its task and again when the task completes.
-        tokio::spawn(Box::pin(async move {
+        // Boxed: the turn's future is large (about 15 KB), and tokio would otherwise copy it
+        // several times on the way into its task and again when the task completes. The box
+        // is allocated before the future is built, which lets the compiler build it in place
+        // rather than on the stack and then copy it (`Box::pin` did: 7% of a turn's
+        // instructions).
+        let task = Box::new_uninit();
+        tokio::spawn(Box::into_pin(Box::write(task, async move {
             if hand_over_first {
                 runtime.hand_over_one(&live).await;
             } else if recovered {
@@ -903,7 +907,7 @@ impl Runtime {
                     give_back(store.as_ref(), live.session_id, live.lease_token).await;
                 }
             }
-        }));
+        })));
     }
 
     /// Starts, once, the task that renews the leases of this runtime's running turns at a

@@ -101,8 +101,7 @@ macro_rules! uuid_id {
 
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                let mut buf = uuid::Uuid::encode_buffer();
-                serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buf))
+                crate::fixed_text::serialize_fixed(serializer, &crate::ids::UuidText(self.0))
             }
         }
 
@@ -220,5 +219,15 @@ impl FromStr for ThreadId {
     type Err = InvalidId;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::parse(s)
+    }
+}
+
+/// An id's text, formatted only when a serializer asks for it (see `fixed_text`).
+pub(crate) struct UuidText(pub(crate) Uuid);
+
+impl Serialize for UuidText {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut buf = Uuid::encode_buffer();
+        serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buf))
     }
 }

@@ -27,6 +27,7 @@
 pub mod adalflow;
 pub mod agno;
 mod budget;
+mod fixed_text;
 mod ids;
 mod input;
 mod message;
@@ -37,6 +38,7 @@ mod tool;
 mod usage;
 
 pub use budget::{BudgetLimit, BudgetUsage};
+pub use fixed_text::{FIXED_TEXT, FIXED_TEXT_MAX_LEN};
 pub use ids::{EventId, InvalidId, SessionId, ThreadId, TurnId};
 pub use input::{
     AnsweredCall, ApprovalDecision, DecidedCall, PendingActions, PendingCall, PendingKind, TurnInputError,

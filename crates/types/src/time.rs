@@ -204,9 +204,18 @@ impl fmt::Debug for Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.fields().text() {
+        crate::fixed_text::serialize_fixed(serializer, &TimestampText(*self))
+    }
+}
+
+/// A timestamp's text, formatted only when a serializer asks for it (see `fixed_text`).
+struct TimestampText(Timestamp);
+
+impl Serialize for TimestampText {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.fields().text() {
             Some(text) => serializer.serialize_str(Rfc3339::as_str(&text)),
-            None => serializer.serialize_str(&self.to_rfc3339()),
+            None => serializer.serialize_str(&self.0.to_rfc3339()),
         }
     }
 }

@@ -498,19 +498,19 @@ impl Memory {
             let answer = complete(model, &prompt).await.map_err(|e| e.to_string())?;
             let extracted = parse_json_object(&answer)?;
             let extracted = self.fit_to_schema(extracted)?;
-            let profile = match (self.config.user_memory_mode, current_profile) {
-                (UserMemoryMode::Update, Value::Object(mut stored)) => {
-                    stored.extend(extracted);
-                    stored
-                }
-                _ => extracted,
-            };
             let profile = UserProfile {
                 user_id: self.user_id.clone(),
-                profile: Value::Object(profile),
+                profile: Value::Object(extracted),
                 updated_at: Timestamp::now(),
             };
-            self.store.put_profile(&profile).await.map_err(|e| e.to_string())?;
+            // An update is merged by the store in one step: another session of the same
+            // user may have updated the profile since it was read above, and its fields
+            // stay.
+            match self.config.user_memory_mode {
+                UserMemoryMode::Update => self.store.merge_profile(&profile).await.map(drop),
+                UserMemoryMode::Replace => self.store.put_profile(&profile).await,
+            }
+            .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

@@ -573,6 +573,15 @@ impl UserStore for InMemoryStore {
         Ok(())
     }
 
+    async fn merge_profile(&self, patch: &UserProfile) -> StoreResult<UserProfile> {
+        rules::check_profile_patch(patch)?;
+        let mut state = self.state();
+        let merged = rules::merged_profile(state.profiles.get(&patch.user_id).cloned(), patch);
+        rules::check_size("user profile", &merged)?;
+        state.profiles.insert(patch.user_id.clone(), merged.clone());
+        Ok(merged)
+    }
+
     async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
         rules::check_size("user memory", memory)?;
         let mut state = self.state();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentry_events::{EventEnvelope, EventPayload, TeamContext};
 use agentry_types::{
     BudgetLimit, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease, Role, RunRecord, RunStatus,
-    SessionId, ThreadId, Timestamp, ToolResult, TurnId,
+    SessionId, ThreadId, Timestamp, ToolResult, TurnId, UserProfile,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -32,6 +32,33 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
         return Err(StoreError::TooLarge { what, size: bytes.len(), limit: MAX_RECORD_BYTES });
     }
     Ok(bytes)
+}
+
+/// Refuses a patch for [`UserStore::merge_profile`](crate::UserStore::merge_profile)
+/// whose profile is not a JSON object. Errors: `InvalidInput`.
+pub fn check_profile_patch(patch: &UserProfile) -> StoreResult<()> {
+    if !patch.profile.is_object() {
+        return Err(StoreError::InvalidInput(format!(
+            "a profile patch is a JSON object of fields, not {}",
+            patch.profile
+        )));
+    }
+    Ok(())
+}
+
+/// The profile [`UserStore::merge_profile`](crate::UserStore::merge_profile) stores:
+/// `patch`'s fields over `current`'s when `current` is a JSON object, `patch` alone
+/// otherwise.
+#[must_use]
+pub fn merged_profile(current: Option<UserProfile>, patch: &UserProfile) -> UserProfile {
+    let profile = match (current.map(|current| current.profile), &patch.profile) {
+        (Some(serde_json::Value::Object(mut stored)), serde_json::Value::Object(fields)) => {
+            stored.extend(fields.iter().map(|(key, value)| (key.clone(), value.clone())));
+            serde_json::Value::Object(stored)
+        }
+        _ => patch.profile.clone(),
+    };
+    UserProfile { user_id: patch.user_id.clone(), profile, updated_at: patch.updated_at }
 }
 
 /// Checks that a record serializes within [`MAX_RECORD_BYTES`] and [`MAX_RECORD_NESTING`],

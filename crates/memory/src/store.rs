@@ -494,6 +494,16 @@ pub trait UserStore: Send + Sync {
     /// Saves (replaces) a user's profile.
     async fn put_profile(&self, profile: &UserProfile) -> StoreResult<()>;
 
+    /// Merges `patch` into its user's profile in one atomic step and returns the result:
+    /// each field of `patch.profile` (a JSON object) replaces the profile's field of that
+    /// name, the others are kept; a user without a profile, or whose profile is not a JSON
+    /// object, gets `patch.profile` as the profile. The result has `patch.updated_at`.
+    /// Merges made at the same time all land, whatever their order, which a read followed
+    /// by [`put_profile`](Self::put_profile) does not promise. Errors: `InvalidInput` when
+    /// `patch.profile` is not an object or the merged profile nests too deeply, `TooLarge`
+    /// when it is over the record limit; nothing changes then.
+    async fn merge_profile(&self, patch: &UserProfile) -> StoreResult<UserProfile>;
+
     /// Adds a memory. `Conflict::AlreadyExists` when its id is taken.
     async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()>;
 

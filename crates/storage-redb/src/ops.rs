@@ -832,6 +832,24 @@ impl UserStore for RedbStore {
         .await
     }
 
+    async fn merge_profile(&self, patch: &UserProfile) -> StoreResult<UserProfile> {
+        rules::check_profile_patch(patch)?;
+        let patch = patch.clone();
+        self.write(move |transaction| {
+            let mut profiles = transaction.open_table(PROFILES).map_err(redb_error)?;
+            let current = profiles
+                .get(patch.user_id.as_str())
+                .map_err(redb_error)?
+                .map(|body| rules::decode("user profile", body.value()))
+                .transpose()?;
+            let merged = rules::merged_profile(current, &patch);
+            let body = rules::encode("user profile", &merged)?;
+            profiles.insert(patch.user_id.as_str(), body.as_slice()).map_err(redb_error)?;
+            Ok(merged)
+        })
+        .await
+    }
+
     async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
         let body = rules::encode("user memory", memory)?;
         let (user, id, created) =

@@ -733,6 +733,29 @@ impl UserStore for SqliteStore {
         .await
     }
 
+    async fn merge_profile(&self, patch: &UserProfile) -> StoreResult<UserProfile> {
+        rules::check_profile_patch(patch)?;
+        let patch = patch.clone();
+        self.write(move |connection| {
+            let body: Option<Vec<u8>> = connection
+                .prepare_cached("SELECT body FROM profiles WHERE user_id = ?1")
+                .map_err(sqlite)?
+                .query_row([&patch.user_id], |row| row.get(0))
+                .optional()
+                .map_err(sqlite)?;
+            let current = body.map(|body| rules::decode("user profile", &body)).transpose()?;
+            let merged = rules::merged_profile(current, &patch);
+            let body = rules::encode("user profile", &merged)?;
+            connection
+                .prepare_cached("INSERT INTO profiles (user_id, body) VALUES (?1, ?2) ON CONFLICT (user_id) DO UPDATE SET body = ?2")
+                .map_err(sqlite)?
+                .execute(params![patch.user_id, body])
+                .map_err(sqlite)?;
+            Ok(merged)
+        })
+        .await
+    }
+
     async fn add_memory(&self, memory: &UserMemory) -> StoreResult<()> {
         let body = rules::encode("user memory", memory)?;
         let (user, id, created) =

@@ -109,6 +109,8 @@ macro_rules! conformance_tests {
             history_includes_member_runs_only_when_asked,
             messages_of_an_unknown_run_or_session_are_not_found,
             profiles_are_saved_and_replaced,
+            profile_merges_keep_other_fields_and_refuse_bad_patches_unchanged,
+            profile_merges_made_at_once_all_land,
             memories_list_newest_first_and_delete,
             memory_ids_are_unique_and_unknown_deletes_are_not_found,
             journal_start_is_idempotent_for_the_same_arguments,
@@ -1354,6 +1356,51 @@ pub async fn profiles_are_saved_and_replaced(store: Arc<dyn Store>) {
     store.put_profile(&replaced).await.unwrap();
     assert_eq!(store.profile("u1").await.unwrap(), Some(replaced));
     assert_eq!(store.profile("u2").await.unwrap(), None);
+}
+
+fn profile(user: &str, profile: serde_json::Value, seconds: i64) -> UserProfile {
+    UserProfile { user_id: user.into(), profile, updated_at: at(seconds) }
+}
+
+/// A merge creates a missing profile, keeps the fields it does not name, replaces a
+/// profile that is not an object, and refuses a patch that is not an object or a result
+/// too large to store, changing nothing.
+pub async fn profile_merges_keep_other_fields_and_refuse_bad_patches_unchanged(store: Arc<dyn Store>) {
+    let created = store.merge_profile(&profile("u1", json!({"name": "Ada"}), 1)).await.unwrap();
+    assert_eq!(created, profile("u1", json!({"name": "Ada"}), 1));
+    let merged =
+        store.merge_profile(&profile("u1", json!({"lang": "fr", "name": "Ada L."}), 2)).await.unwrap();
+    assert_eq!(merged, profile("u1", json!({"name": "Ada L.", "lang": "fr"}), 2));
+    assert_eq!(store.profile("u1").await.unwrap(), Some(merged.clone()));
+
+    assert_invalid(store.merge_profile(&profile("u1", json!(["not", "fields"]), 3)).await);
+    let huge = profile("u1", json!({"notes": "x".repeat(MAX_RECORD_BYTES)}), 3);
+    assert!(matches!(store.merge_profile(&huge).await, Err(StoreError::TooLarge { .. })));
+    assert_eq!(store.profile("u1").await.unwrap(), Some(merged), "refused merges change nothing");
+
+    store.put_profile(&profile("u2", json!("a plain note"), 1)).await.unwrap();
+    let replaced = store.merge_profile(&profile("u2", json!({"name": "Grace"}), 2)).await.unwrap();
+    assert_eq!(replaced.profile, json!({"name": "Grace"}));
+    assert_eq!(store.profile("u3").await.unwrap(), None);
+}
+
+/// Merges of different fields into one profile, made at the same time, all land.
+pub async fn profile_merges_made_at_once_all_land(store: Arc<dyn Store>) {
+    let merges = (0..32).map(|field| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.merge_profile(&profile("u1", json!({ format!("field{field}"): field }), field)).await
+        })
+    });
+    for merge in futures_util::future::join_all(merges).await {
+        merge.unwrap().unwrap();
+    }
+    let stored = store.profile("u1").await.unwrap().unwrap().profile;
+    let fields = stored.as_object().unwrap();
+    assert_eq!(fields.len(), 32, "{stored}");
+    for field in 0..32 {
+        assert_eq!(fields[&format!("field{field}")], json!(field));
+    }
 }
 
 fn memory(user: &str, id: &str, seconds: i64) -> UserMemory {

@@ -206,6 +206,64 @@ async fn user_analysis_builds_a_profile_from_the_model_and_injects_it_into_the_s
     );
 }
 
+/// A model that answers only once `together` calls are waiting, so that each caller has
+/// read whatever it reads before any of them writes.
+#[derive(Debug)]
+struct AnswersTogether {
+    inner: ScriptedModel,
+    barrier: tokio::sync::Barrier,
+}
+
+#[async_trait::async_trait]
+impl Model for AnswersTogether {
+    fn info(&self) -> agentry_model::ModelInfo {
+        self.inner.info()
+    }
+    async fn stream(
+        &self,
+        request: agentry_model::ModelRequest,
+    ) -> Result<agentry_model::ModelStream, ModelError> {
+        self.barrier.wait().await;
+        self.inner.stream(request).await
+    }
+}
+
+#[tokio::test]
+async fn profile_updates_from_two_sessions_of_one_user_at_once_both_land() {
+    let store = store();
+    let model = Arc::new(AnswersTogether {
+        inner: ScriptedModel::responder(|request| {
+            let prompt = request.messages.last().map(Message::text).unwrap_or_default();
+            ScriptedResponse::text(if prompt.contains("Lyon") {
+                r#"{"city": "Lyon"}"#
+            } else {
+                r#"{"language": "French"}"#
+            })
+        }),
+        barrier: tokio::sync::Barrier::new(2),
+    });
+    let session = |store: &Arc<dyn Store>| {
+        let config = MemoryConfig {
+            user_analysis_memory: true,
+            user_id: Some("ada".into()),
+            session_id: Some(SessionId::new()),
+            ..MemoryConfig::default()
+        };
+        Memory::new(store.clone(), Some(model.clone() as Arc<dyn Model>), config).unwrap()
+    };
+    let (first, second) = (session(&store), session(&store));
+    let french = agent_run(RunStatus::Completed, exchange("I speak French", "Bien"));
+    let lyon = agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice"));
+    let (french, lyon) = tokio::join!(
+        first.save_session(&french, SessionType::Agent, None),
+        second.save_session(&lyon, SessionType::Agent, None),
+    );
+    french.unwrap();
+    lyon.unwrap();
+    let profile = first.user_memory().unwrap().profile().await.unwrap().unwrap();
+    assert_eq!(profile, json!({"language": "French", "city": "Lyon"}), "neither update is lost");
+}
+
 #[tokio::test]
 async fn replace_mode_overwrites_the_profile() {
     let model = Arc::new(ScriptedModel::new(vec![

@@ -60,12 +60,19 @@ impl FromRequestParts<Arc<AppState>> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        Self::of(&parts.headers, state)
+    }
+}
+
+impl Caller {
+    /// The caller a request's headers name: `local` without keys, else the subject of the
+    /// `Authorization: Bearer` key. Errors: 401, saying what is missing or wrong.
+    pub(crate) fn of(headers: &axum::http::HeaderMap, state: &AppState) -> Result<Self, ApiError> {
         if state.keys.is_empty() {
             return Ok(Self(crate::config::subject("local")));
         }
         let unauthorized = |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
-        let header = parts
-            .headers
+        let header = headers
             .get(AUTHORIZATION)
             .ok_or_else(|| unauthorized("missing API key: send `Authorization: Bearer <key>`"))?;
         // The scheme is case-insensitive (RFC 9110 §11.1).

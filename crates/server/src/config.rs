@@ -3,6 +3,7 @@
 //! ```toml
 //! listen = "127.0.0.1:8787"
 //! demo_agents = true               # the built-in `demo` and `demo-team`
+//! public_metrics = false           # true: `/metrics` takes no key even with `[[keys]]`
 //!
 //! [storage]
 //! backend = "sqlite"               # or "redb"
@@ -128,6 +129,11 @@ pub struct Config {
     /// Bearer API keys; with none, only loopback clients are served (as subject `local`).
     #[serde(default)]
     pub keys: Vec<ApiKeyConfig>,
+    /// Whether `GET /metrics` answers without an API key when keys are configured, for a
+    /// scraper that sends no credentials. Off by default: with keys, metrics take a key
+    /// (any configured one), as every other route but the health checks does.
+    #[serde(default)]
+    pub public_metrics: bool,
     /// Model providers by name.
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderConfig>,
@@ -460,6 +466,7 @@ impl Default for Config {
             demo_agents: true,
             storage: StorageConfig::default(),
             keys: Vec::new(),
+            public_metrics: false,
             providers: BTreeMap::new(),
             agents: Vec::new(),
             teams: Vec::new(),

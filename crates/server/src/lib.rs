@@ -83,6 +83,8 @@ pub enum ServerError {
 pub(crate) struct AppState {
     pub(crate) runtime: Runtime,
     pub(crate) keys: Keys,
+    /// Whether `/metrics` answers without a key when keys are configured.
+    pub(crate) public_metrics: bool,
     pub(crate) metrics: Metrics,
     pub(crate) approvals: SpawnApprovals,
     pub(crate) control: TeamControl,
@@ -236,6 +238,7 @@ impl Server {
             feed,
             runtime,
             keys,
+            public_metrics: config.public_metrics,
             metrics: Metrics::default(),
             approvals,
             control,

@@ -119,8 +119,14 @@ pub(crate) async fn probe_store(state: &AppState) -> Result<(), agentry_memory::
     Ok(())
 }
 
-/// `GET /metrics`: probes the store, then renders every metric.
-pub(crate) async fn render(State(state): State<Arc<AppState>>) -> Response {
+/// `GET /metrics`: probes the store, then renders every metric. With API keys configured
+/// it takes one, unless the configuration makes metrics public.
+pub(crate) async fn render(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    if !state.public_metrics
+        && let Err(error) = crate::auth::Caller::of(&headers, &state)
+    {
+        return error.into_response();
+    }
     // A failed probe leaves the last latency; `/readyz` reports the failure.
     let _ = probe_store(&state).await;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())

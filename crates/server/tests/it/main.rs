@@ -638,6 +638,35 @@ async fn a_key_is_required_when_keys_are_configured() {
     serving.await.unwrap();
 }
 
+/// `GET /metrics` with a raw request, optionally with a key: the status line's code.
+async fn metrics_status(address: std::net::SocketAddr, key: Option<&str>) -> String {
+    let mut raw = TcpStream::connect(address).await.unwrap();
+    let authorization = key.map(|key| format!("Authorization: Bearer {key}\r\n")).unwrap_or_default();
+    let head =
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}Connection: close\r\n\r\n");
+    raw.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).await.unwrap();
+    answer.split(' ').nth(1).unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn with_keys_metrics_take_a_key_unless_made_public() {
+    let keys = "listen = \"127.0.0.1:0\"\n[[keys]]\nkey = \"k-123\"\nsubject = \"alice\"\n";
+    for (public, without_key) in [(false, "401"), (true, "200")] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("public_metrics = {public}\n{keys}");
+        let mut config = Config::parse(&text, None).unwrap();
+        config.storage.path = dir.path().join("agentry.db");
+        let (address, stop, serving) = serve(config).await;
+        assert_eq!(metrics_status(address, None).await, without_key, "public_metrics = {public}");
+        assert_eq!(metrics_status(address, Some("wrong")).await, if public { "200" } else { "401" });
+        assert_eq!(metrics_status(address, Some("k-123")).await, "200");
+        stop.send(()).unwrap();
+        serving.await.unwrap();
+    }
+}
+
 /// Every session titled `title`, with its number of runs, read from the store file.
 async fn titled(path: &std::path::Path, title: &str) -> Vec<usize> {
     use agentry_memory::{PageRequest, RunQuery, RunStore, SessionQuery, SessionStore};

@@ -171,6 +171,12 @@ def message(text):
     return [UserMessage(content=text)]
 
 
+def replay_ids(h, subscribe):
+    """The SSE ids of a turn's whole stream, in order."""
+    with h.stream("POST", subscribe, json={}) as replay:
+        return [line[3:].strip() for line in replay.iter_lines() if line.startswith("id:")]
+
+
 def run(session, input):
     """Streams a turn; returns (events, sequence numbers). Checks that subscribing to the
     finished turn from the start replays exactly the same events."""
@@ -900,6 +906,19 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(replay.status_code, 200)
                 frames = [line for line in replay.iter_lines() if line.startswith("data:")]
             self.assertIn('"turn.created"', frames[0])
+            # The ended turn's last cursor gives an empty stream; one past it is refused,
+            # naming where it came from, not answered as if nothing more would come.
+            last = int([line for line in replay_ids(h, subscribe)][-1])
+            with h.stream("POST", subscribe, json={"after_sequence_number": last}) as rest:
+                self.assertEqual(rest.status_code, 200)
+                self.assertEqual([line for line in rest.iter_lines() if line.startswith("data:")], [])
+            past = h.post(subscribe, json={"after_sequence_number": last + 1})
+            self.assert_error(past, 400)
+            self.assertEqual(past.json()["error"]["param"], "after_sequence_number", past.text)
+            self.assertIn(f"last event, {last}", past.json()["error"]["message"])
+            past = h.post(subscribe, json={}, headers={"Last-Event-ID": str(last + 1)})
+            self.assert_error(past, 400)
+            self.assertEqual(past.json()["error"]["param"], "Last-Event-ID", past.text)
             # The session events have one order; asking for another is refused, not ignored.
             ordered = h.get(f"/v1/agents/sessions/{sid}/events", params={"order": "asc"})
             self.assert_error(ordered, 400)

@@ -426,7 +426,25 @@ async fn subscribe(
         })
         .transpose()?;
     let turn = owned_turn(&state, &caller, &session_id, &turn_id).await?;
-    Ok(stream_turn(&state, &turn, header.or(body.after_sequence_number)))
+    let param = if header.is_some() { "Last-Event-ID" } else { "after_sequence_number" };
+    let after = header.or(body.after_sequence_number);
+    // A cursor past an ended turn's last event is not one this turn gave: most likely
+    // another turn's. Said so, rather than answered with an empty stream that reads as
+    // "nothing more"; a running turn's cursor is not checked, since its last event may not
+    // be stored yet.
+    if let Some(after) = after
+        && !matches!(turn.record().state, agentry_types::TurnState::Running)
+    {
+        let last = state.runtime.store().turn_events(turn.id(), Order::Desc, None, 1).await?;
+        let last = last.first().map_or(0, |stored| stored.event.seq);
+        if after > last {
+            let message = format!(
+                "{param} {after} is past this turn's last event, {last}: the turn has ended, and a cursor is a sequence_number of its events"
+            );
+            return Err(ApiError::bad_param(param, message));
+        }
+    }
+    Ok(stream_turn(&state, &turn, after))
 }
 
 /// A page token over a turn's or a session's stored events.

@@ -134,11 +134,11 @@ async fn instances(
     Params(params): Params,
 ) -> ApiResult<Response> {
     if let Some(status) = params.get("status")
-        && !matches!(status.as_str(), "running" | "completed" | "cancelled" | "failed")
+        && !matches!(status.as_str(), "running" | "paused" | "completed" | "cancelled" | "failed")
     {
         return Err(ApiError::bad_param(
             "status",
-            format!("status must be running, completed, cancelled or failed, not {status:?}"),
+            format!("status must be running, paused, completed, cancelled or failed, not {status:?}"),
         ));
     }
     let mut by_id: BTreeMap<String, Instance> = BTreeMap::new();
@@ -155,6 +155,30 @@ async fn instances(
             }
         }
         entry.fields.insert("status".to_owned(), json!(status));
+    }
+    // Running by its events, but its mission's turn ended waiting for an approval or an
+    // answer from it: paused until the session's next turn, where it goes on (and is
+    // listed under that turn's mission).
+    let mut paused_missions: BTreeMap<String, bool> = BTreeMap::new();
+    for instance in by_id.values_mut() {
+        if instance.fields.get("status").and_then(Value::as_str) != Some("running") {
+            continue;
+        }
+        let Some(mission) = instance.fields.get("missionID").and_then(Value::as_str).map(str::to_owned)
+        else {
+            continue;
+        };
+        let paused = match paused_missions.get(&mission) {
+            Some(paused) => *paused,
+            None => {
+                let paused = mission_paused(&state, &mission).await;
+                paused_missions.insert(mission, paused);
+                paused
+            }
+        };
+        if paused {
+            instance.fields.insert("status".to_owned(), json!("paused"));
+        }
     }
     let data: Vec<Value> = by_id
         .into_values()
@@ -497,7 +521,8 @@ async fn mission_paused(state: &AppState, mission_id: &str) -> bool {
     })
 }
 
-/// The mission of an instance of the caller's that the stored events list as running.
+/// The mission of an instance of the caller's that the stored events list as running (or
+/// paused: `instances` tells the two apart by the mission's turn).
 async fn listed_running(state: &AppState, caller: &Caller, instance_id: &str) -> ApiResult<Option<String>> {
     let mut running = None;
     for event in team_events(state, caller).await? {

@@ -838,7 +838,7 @@ async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_
 }
 
 #[tokio::test]
-async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_to_end_it() {
+async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_to_end_it() {
     let dir = tempfile::tempdir().unwrap();
     let call = |id: &str, name: &str, arguments: &str| {
         let arguments = serde_json::to_string(arguments).unwrap();
@@ -883,9 +883,12 @@ async fn a_member_paused_for_approval_is_listed_running_and_its_cancel_says_how_
     assert!(events.contains("tool.approval_required"), "{events}");
     let (status, body) = request(address, "GET", "/v1/agent-team/instances?status=running", &json!({})).await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["data"], json!([]), "none runs: {body}");
+    let (status, body) = request(address, "GET", "/v1/agent-team/instances?status=paused", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
     let listed = serde_json::from_str::<Value>(&body).unwrap();
     let instance =
-        listed["data"][0]["instanceID"].as_str().expect("the paused member is listed running").to_owned();
+        listed["data"][0]["instanceID"].as_str().expect("the paused member is listed paused").to_owned();
     let (status, body) =
         request(address, "POST", &format!("/v1/agent-team/instances/{instance}/cancel"), &json!({})).await;
     assert_eq!(status, 409, "{body}");

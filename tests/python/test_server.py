@@ -1467,6 +1467,29 @@ class AgUi(unittest.TestCase):
             self.assertEqual(refused.status_code, 400, refused.text)
             self.assertEqual(refused.json()["error"]["param"], "tools")
 
+    def test_agui_context_is_shown_to_the_model_for_its_run_alone(self):
+        thread = f"context-{os.urandom(4).hex()}"
+        ask = {"id": "u1", "role": "user", "content": "What do you see?"}
+        context = [{"description": "The page open", "value": "Invoices, page 2"},
+                   {"description": "Selected rows", "value": "3"}]
+        with http() as h:
+            first = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [ask], "context": context})
+            text = "".join(e.delta for e in first if kind(e) == "TEXT_MESSAGE_CONTENT")
+            self.assertEqual(text, "I see The page open: Invoices, page 2; Selected rows: 3.")
+            # The next run gives none: the model sees none.
+            answered = {"id": "a1", "role": "assistant", "content": text}
+            again = {"id": "u2", "role": "user", "content": "What do you see now?"}
+            second = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [ask, answered, again], "context": []})
+            text = "".join(e.delta for e in second if kind(e) == "TEXT_MESSAGE_CONTENT")
+            self.assertEqual(text, "I see no context from your application.")
+            # Context without a description, or of the wrong shape, is refused naming it.
+            for bad in ([{"description": " ", "value": "x"}], [{"description": "d"}], {"page": 2}):
+                refused = h.post("/agui/demo", json={"threadId": thread, "runId": "r3", "messages": [
+                    ask, answered, again, {"id": "a2", "role": "assistant", "content": text},
+                    {"id": "u3", "role": "user", "content": "hi"}], "context": bad})
+                self.assertEqual(refused.status_code, 400, refused.text)
+                self.assertEqual(refused.json()["error"].get("param", "").split(".")[0].split("[")[0], "context", refused.text)
+
     def test_an_agui_client_that_goes_away_cancels_its_run_and_the_thread_goes_on(self):
         # AG-UI's abortRun closes the connection: the turn must not run on for no one,
         # holding the thread's session (the next run would be refused as turn_running).

@@ -21,10 +21,10 @@ use agentry_memory::{
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
 use agentry_types::{
-    ApprovalDecision, BudgetUsage, CancellationReason, EventId, Fence, JournalEntry, McpServerAuth, Message,
-    ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role, RunRecord, SessionId,
-    ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo, ToolResult, ToolSpec, TurnId, TurnInputItem,
-    TurnMetrics, TurnState, Usage,
+    ApprovalDecision, BudgetUsage, CancellationReason, ClientContext, EventId, Fence, JournalEntry,
+    McpServerAuth, Message, ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role,
+    RunRecord, SessionId, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo, ToolResult, ToolSpec,
+    TurnId, TurnInputItem, TurnMetrics, TurnState, Usage,
 };
 use futures_util::StreamExt;
 use futures_util::future::Either;
@@ -75,7 +75,7 @@ impl From<StoreError> for Stop {
 pub(crate) enum Resume {
     /// It waits for the answers (`parent` and `title` as its `thread.created` said).
     Paused {
-        run: RunRecord,
+        run: Box<RunRecord>,
         thread: ThreadId,
         answers: Vec<TurnInputItem>,
         parent: ThreadParent,
@@ -84,7 +84,7 @@ pub(crate) enum Resume {
         team: Option<Box<TeamContext>>,
     },
     /// It finished: its answer and final message.
-    Answered { thread: ThreadId, run_id: TurnId, answer: String, output: Option<ThreadMessage> },
+    Answered { thread: ThreadId, run_id: TurnId, answer: String, output: Option<Box<ThreadMessage>> },
     /// It failed or was cancelled.
     Failed { thread: ThreadId, run_id: TurnId, error: String },
 }
@@ -602,12 +602,16 @@ impl ThreadScope {
         };
         let (run, thread, answers) = match resume {
             Some(Resume::Answered { thread, run_id, answer, output }) => {
-                return ThreadRun { thread_id: thread, run_id, result: Ok((answer, output)) };
+                return ThreadRun {
+                    thread_id: thread,
+                    run_id,
+                    result: Ok((answer, output.map(|output| *output))),
+                };
             }
             Some(Resume::Failed { thread, run_id, error }) => {
                 return ThreadRun { thread_id: thread, run_id, result: Err(ThreadEnd::Failed(error)) };
             }
-            Some(Resume::Paused { run, thread, answers, .. }) => (run, thread, Some(answers)),
+            Some(Resume::Paused { run, thread, answers, .. }) => (*run, thread, Some(answers)),
             None => {
                 let thread = ThreadId::new_sub_thread();
                 let session_id = self.sink.live.session_id;
@@ -1041,7 +1045,7 @@ impl TurnEngine {
                 "interrupted: the process running the turn stopped while this thread resumed".to_owned();
             let state =
                 TurnState::Error { message: error.clone(), completed_at: Timestamp::now(), metrics: None };
-            if !end_member(self.store.as_ref(), run, state, self.fence).await {
+            if !end_member(self.store.as_ref(), *run, state, self.fence).await {
                 continue;
             }
             let outcome = ThreadOutcome::Error { error, output: None };
@@ -1367,8 +1371,8 @@ impl TurnEngine {
         let history = self.store.history(self.session_id(), &query).await?;
         // A fresh context (clearing a shared one would copy it first).
         self.context = Arc::default();
-        if let Some(instructions) = self.agent.instructions() {
-            Arc::make_mut(&mut self.context).push(Message::system(instructions));
+        if let Some(system) = self.main_system_prompt(Vec::new()) {
+            Arc::make_mut(&mut self.context).push(Message::system(system));
         }
         let turn_id = self.turn_id();
         let (own, earlier): (Vec<_>, Vec<_>) =
@@ -1423,7 +1427,7 @@ impl TurnEngine {
                     .cloned()
                     .collect();
                 Resume::Paused {
-                    run: run.clone(),
+                    run: Box::new(run.clone()),
                     thread,
                     answers,
                     parent: parent.clone(),
@@ -1433,7 +1437,7 @@ impl TurnEngine {
             } else {
                 match &run.state {
                     TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {
-                        let output = output.as_deref().cloned();
+                        let output = output.clone();
                         let answer = output
                             .as_ref()
                             .and_then(|output| output.message.content.clone())
@@ -1482,10 +1486,9 @@ impl TurnEngine {
                 .into_iter()
                 .flatten()
                 .collect();
-        if !injections.is_empty() {
-            let mut system = self.agent.instructions().map(str::to_owned).into_iter().collect::<Vec<_>>();
-            system.extend(injections);
-            let message = Message::system(system.join("\n\n"));
+        let has_injections = !injections.is_empty();
+        if let Some(system) = self.main_system_prompt(injections).filter(|_| has_injections) {
+            let message = Message::system(system);
             if self.context.first().is_some_and(|first| first.role == Role::System) {
                 Arc::make_mut(&mut self.context)[0] = message;
             } else {
@@ -1494,6 +1497,21 @@ impl TurnEngine {
             }
         }
         Ok(Some(memory))
+    }
+
+    /// The main thread's system prompt: the agent's instructions, the context the turn's
+    /// caller gave (`RunRecord::client_context`), then `injections` (memory's), each a
+    /// paragraph; `None` when all are absent.
+    fn main_system_prompt(&self, injections: Vec<String>) -> Option<String> {
+        let parts: Vec<String> = self
+            .agent
+            .instructions()
+            .map(str::to_owned)
+            .into_iter()
+            .chain(ClientContext::prompt(&self.run.client_context))
+            .chain(injections)
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("\n\n"))
     }
 
     /// Keeps about the last `last` messages of the earlier turns' history in the context

@@ -10,8 +10,8 @@ use agentry_memory::{
     StoreError, TurnStart, TurnStep, rules,
 };
 use agentry_types::{
-    CancellationReason, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord, SessionType, Subject,
-    Timestamp, ToolSpec, TurnId, TurnInputItem, TurnState,
+    CancellationReason, ClientContext, EventId, Lease, RunRecord, RunStatus, SessionId, SessionRecord,
+    SessionType, Subject, Timestamp, ToolSpec, TurnId, TurnInputItem, TurnState,
 };
 // Keyed by turn and session ids this process made, and agent names: nothing a client
 // picks to collide.
@@ -198,6 +198,10 @@ pub struct TurnRequest {
     /// must be a valid tool name (letters, digits, `_` and `-`, at most 64) that none of
     /// the agent's tools has; the parameters must be a JSON Schema object.
     pub client_tools: Vec<ToolSpec>,
+    /// Context about the caller's side for this turn alone (an AG-UI client's `context`:
+    /// the page open, a selection), shown to the model after the agent's instructions.
+    /// Each needs a description. Kept with the turn, so a recovered turn sees it too.
+    pub client_context: Vec<ClientContext>,
 }
 
 impl TurnRequest {
@@ -1161,6 +1165,12 @@ impl Session {
             check_client_tools(&agent, &request.client_tools)?;
             run.client_tools = request.client_tools.clone();
         }
+        if let Some(at) = request.client_context.iter().position(|item| item.description.trim().is_empty()) {
+            return Err(RunnerError::InvalidInput(format!(
+                "client context {at} has no description: say what its value is"
+            )));
+        }
+        run.client_context = request.client_context.clone();
         if self.record.session_type == SessionType::Team {
             run.team_id = Some(self.record.name.clone());
         } else {

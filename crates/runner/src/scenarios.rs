@@ -407,6 +407,41 @@ pub async fn a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_c
 }
 
 /// Scenario.
+pub async fn a_turns_client_context_is_shown_to_its_model_after_the_instructions_and_kept(harness: Harness) {
+    let model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Page 2."), ScriptedResponse::text("Ok.")]));
+    let runtime =
+        runtime(&harness, Agent::builder("helper", model.clone()).instructions("Be brief.").build());
+    let session = session_for(&runtime, "helper").await;
+    let context = |description: &str, value: &str| agentry_types::ClientContext {
+        description: description.to_owned(),
+        value: value.to_owned(),
+    };
+    let nameless = TurnRequest { client_context: vec![context(" ", "x")], ..TurnRequest::message("hi") };
+    let error = session.create_turn(nameless).await.map(|turn| turn.id()).unwrap_err();
+    assert!(
+        matches!(&error, RunnerError::InvalidInput(message) if message.contains("no description")),
+        "{error:?}"
+    );
+    assert!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.is_empty());
+
+    let given = vec![context("The page open", "Invoices, page 2"), context("Selected rows", "3")];
+    let request = TurnRequest { client_context: given.clone(), ..TurnRequest::message("Where am I?") };
+    let first = session.create_turn(request).await.unwrap();
+    first.wait().await.unwrap();
+    let system = model.requests()[0].messages[0].clone();
+    assert_eq!(system.role, Role::System);
+    assert_eq!(
+        system.text(),
+        "Be brief.\n\nContext from the user's application:\n- The page open: Invoices, page 2\n- Selected rows: 3"
+    );
+    // Kept with the turn (a process recovering it shows it again), and for that turn alone.
+    assert_eq!(harness.store.get_run(first.id()).await.unwrap().client_context, given);
+    session.create_turn(TurnRequest::message("And now?")).await.unwrap().wait().await.unwrap();
+    assert_eq!(model.requests()[1].messages[0].text(), "Be brief.");
+}
+
+/// Scenario.
 pub async fn input_that_breaks_the_rules_is_refused_and_stores_nothing(harness: Harness) {
     let model =
         Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1}))]));
@@ -2235,6 +2270,7 @@ macro_rules! runner_scenarios {
             mcp_auth_required_ends_the_turn_and_an_empty_turn_after_authorizing_resumes,
             answers_to_client_tools_must_match_the_pending_calls_exactly,
             a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_caller,
+            a_turns_client_context_is_shown_to_its_model_after_the_instructions_and_kept,
             a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,

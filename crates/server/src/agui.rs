@@ -27,7 +27,9 @@ use std::time::Duration;
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
 use agentry_memory::{Conflict, Order, PageRequest, SessionUpdate, StoreError};
 use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
-use agentry_types::{RequiredAction, RequiredActionRecord, SessionId, Timestamp, ToolSpec, TurnInputItem};
+use agentry_types::{
+    ClientContext, RequiredAction, RequiredActionRecord, SessionId, Timestamp, ToolSpec, TurnInputItem,
+};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -60,6 +62,17 @@ struct RunAgentInput {
     /// the client (answered with tool messages in its next run).
     #[serde(default)]
     tools: Vec<AguiTool>,
+    /// What the client tells the model about its side (CopilotKit's readables): shown to
+    /// the model for this run, after the agent's instructions.
+    #[serde(default)]
+    context: Vec<AguiContext>,
+}
+
+/// An entry of `RunAgentInput.context`.
+#[derive(Deserialize)]
+struct AguiContext {
+    description: String,
+    value: String,
 }
 
 /// A frontend tool of `RunAgentInput.tools`.
@@ -460,8 +473,18 @@ async fn run(
         })
         .collect();
     let frontend_tools: Vec<String> = client_tools.iter().map(|tool| tool.name.clone()).collect();
-    let request =
-        TurnRequest { input, created_by: Some(caller.0.clone()), client_tools, ..TurnRequest::default() };
+    let client_context = body
+        .context
+        .iter()
+        .map(|item| ClientContext { description: item.description.clone(), value: item.value.clone() })
+        .collect();
+    let request = TurnRequest {
+        input,
+        created_by: Some(caller.0.clone()),
+        client_tools,
+        client_context,
+        ..TurnRequest::default()
+    };
     let turn = match session.create_turn(request).await {
         Ok(turn) => turn,
         Err(error) => {
@@ -473,6 +496,8 @@ async fn run(
             if error.param.as_deref() == Some("input") {
                 let field = if error.message.contains("client tool") {
                     "tools"
+                } else if error.message.contains("client context") {
+                    "context"
                 } else if body.resume.as_ref().is_some_and(|resume| !resume.is_empty()) {
                     "resume"
                 } else {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use agentry_model::{ModelRequest, ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, AgentLimits, FunctionTool, Tool, ToolError};
 use agentry_team::{SpawnApprovals, SpawnCatalog, SpawnPolicy, Team, TeamControl};
-use agentry_types::{Message, Role, ToolCall};
+use agentry_types::{CLIENT_CONTEXT_HEADING, Message, Role, ToolCall};
 use serde_json::json;
 
 /// The demo agent's name.
@@ -221,6 +221,21 @@ fn demo_response(request: &ModelRequest) -> ScriptedResponse {
     {
         return ScriptedResponse::text(format!("Calling {}.", tool.name))
             .with_tool_call(tool.name.clone(), &json!({}));
+    }
+    // `what do you see` answers with the context the client gave for this run (an AG-UI
+    // client's `context`), as the system prompt shows it to a model.
+    if lower.contains("what do you see") {
+        let system = request.messages.iter().find(|message| message.role == Role::System).map(Message::text);
+        let seen = system.as_deref().and_then(|system| system.split_once(CLIENT_CONTEXT_HEADING)).map(
+            |(_, items)| {
+                items.lines().filter_map(|line| line.strip_prefix("- ")).collect::<Vec<_>>().join("; ")
+            },
+        );
+        return ScriptedResponse::text(match seen.filter(|seen| !seen.is_empty()) {
+            Some(seen) => format!("I see {seen}."),
+            None => "I see no context from your application.".to_owned(),
+        })
+        .chunked(6);
     }
     if lower.contains("slow") {
         let text: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();

@@ -49,8 +49,9 @@ pub use message::{
     ModelMessage, ModelMessageDelta, Role, ThreadMessage,
 };
 pub use record::{
-    BudgetLedger, BudgetReservation, Fence, HistoryMessage, JournalEntry, Lease, RunRecord, SessionRecord,
-    SessionType, ToolResult, UserMemory, UserProfile, lease_expiry,
+    BudgetLedger, BudgetReservation, CLIENT_CONTEXT_HEADING, ClientContext, Fence, HistoryMessage,
+    JournalEntry, Lease, RunRecord, SessionRecord, SessionType, ToolResult, UserMemory, UserProfile,
+    lease_expiry,
 };
 pub use status::{
     CancellationReason, McpServerAuth, RequiredAction, RequiredActionRecord, RunStatus, Subject, TurnState,

@@ -122,6 +122,10 @@ pub struct RunRecord {
     /// frontend tools): a call of one ends the turn waiting for the caller's result.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<ToolSpec>,
+    /// What the turn's caller told the model about its side for this turn alone (an AG-UI
+    /// client's `context`), shown to the main thread's model after the instructions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_context: Vec<ClientContext>,
     /// Where it is in its life (output, required actions and metrics once it ended).
     pub state: TurnState,
     /// Its status. For turns it follows `state` ([`RunRecord::set_state`]); a run saved from
@@ -136,6 +140,39 @@ pub struct RunRecord {
     pub created_at: Timestamp,
     /// When it last changed.
     pub updated_at: Timestamp,
+}
+
+/// The first line of [`ClientContext::prompt`]'s text; each item follows on a line of its
+/// own, as `- <description>: <value>`.
+pub const CLIENT_CONTEXT_HEADING: &str = "Context from the user's application:";
+
+/// One piece of context a turn's caller gives the model (an AG-UI `Context`): what the
+/// client shows or knows, such as the page open or the user's selection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClientContext {
+    /// What it is.
+    pub description: String,
+    /// Its value, as text.
+    pub value: String,
+}
+
+impl ClientContext {
+    /// The context a turn's caller gave, as the text added to the system prompt; `None`
+    /// when there is none.
+    #[must_use]
+    pub fn prompt(context: &[Self]) -> Option<String> {
+        if context.is_empty() {
+            return None;
+        }
+        let mut text = String::from(CLIENT_CONTEXT_HEADING);
+        for item in context {
+            text.push_str("\n- ");
+            text.push_str(item.description.trim());
+            text.push_str(": ");
+            text.push_str(&item.value);
+        }
+        Some(text)
+    }
 }
 
 impl RunRecord {
@@ -153,6 +190,7 @@ impl RunRecord {
             team_id: None,
             input,
             client_tools: Vec::new(),
+            client_context: Vec::new(),
             state: TurnState::Running,
             status: RunStatus::Running,
             output: None,

@@ -927,6 +927,8 @@ impl Config {
         for (name, source) in builtins.chain(asking) {
             claim(&config.name, &mut sources, name, source)?;
         }
+        // Optional servers that could not be reached: their tools are unknown.
+        let mut skipped: Vec<&McpConfig> = Vec::new();
         for server in &config.mcp {
             let transport = match (&server.command, &server.url) {
                 (Some(command), None) => {
@@ -981,6 +983,7 @@ impl Config {
                 Err(error) if server.optional => {
                     tracing::error!(agent = %config.name, server = %server.name, %error,
                         "an optional MCP server cannot be reached: the agent starts without its tools");
+                    skipped.push(server);
                     continue;
                 }
                 Err(error) => {
@@ -1011,9 +1014,22 @@ impl Config {
         // A name that matches no tool would gate nothing: a typo must not turn the
         // approval off silently.
         let specs = agent.tool_specs();
-        if let Some(unknown) =
-            config.requires_approval.iter().find(|gated| !specs.iter().any(|spec| spec.name == **gated))
-        {
+        // A name an unreached optional server may offer is no typo to refuse: the tool is
+        // not there to be called ungated while the server is not.
+        let maybe_offline = |name: &str| {
+            skipped
+                .iter()
+                .any(|server| server.tools.as_ref().is_none_or(|tools| tools.iter().any(|tool| tool == name)))
+        };
+        let unknown =
+            config.requires_approval.iter().filter(|gated| !specs.iter().any(|spec| spec.name == **gated));
+        for gated in unknown {
+            if maybe_offline(gated) {
+                tracing::warn!(agent = %config.name, tool = %gated,
+                    "requires_approval names a tool no reached source offers; an unreached optional MCP server may");
+                continue;
+            }
+            let unknown = gated;
             let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
             return Err(ConfigError::Invalid(format!(
                 "agent {:?}: requires_approval names {unknown:?}, which is none of its tools ({})",

@@ -1004,11 +1004,11 @@ async fn tools_sharing_a_name_are_refused_at_start_and_an_mcp_tools_list_leaves_
 #[tokio::test]
 async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
     let dir = tempfile::tempdir().unwrap();
-    let config = |optional: bool| {
+    let config_with = |optional: bool, agent: &str, server: &str| {
         let mut config = Config::parse(
             &format!(
-                "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
-                 [[agents.mcp]]\nname = \"down\"\nurl = \"http://127.0.0.1:9/mcp\"\noptional = {optional}\n"
+                "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n{agent}\
+                 [[agents.mcp]]\nname = \"down\"\nurl = \"http://127.0.0.1:9/mcp\"\noptional = {optional}\n{server}"
             ),
             None,
         )
@@ -1016,6 +1016,19 @@ async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
         config.storage.path = dir.path().join("agentry.db");
         config
     };
+    let config = |optional: bool| config_with(optional, "", "");
+    // A gate on a tool the unreached server may offer starts (the tool is not there to call);
+    // a gate on a name its `tools` list leaves out is still a typo.
+    let gated = "requires_approval = [\"wire_money\"]\n";
+    let (_address, stop, serving) = serve(config_with(true, gated, "")).await;
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+    let (_address, stop, serving) = serve(config_with(true, gated, "tools = [\"wire_money\"]\n")).await;
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+    let error = Server::start(config_with(true, gated, "tools = [\"read_balance\"]\n")).await.unwrap_err();
+    assert!(error.to_string().contains("requires_approval names \"wire_money\""), "{error}");
+    std::fs::remove_file(dir.path().join("agentry.db")).unwrap();
     let error = Server::start(config(false)).await.unwrap_err().to_string();
     assert!(error.contains("MCP server \"down\"") && error.contains("`optional = true`"), "{error}");
     assert!(!dir.path().join("agentry.db").exists(), "a refused start created the store");

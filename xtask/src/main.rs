@@ -147,7 +147,7 @@ fn npm_packages(root: &Path) -> Result<()> {
 }
 
 fn test(root: &Path, quick: bool) -> Result<()> {
-    if let Some(mib) = free_mib(root).filter(|mib| *mib < 4 * LOW_DISK_MIB) {
+    if let Some(mib) = free_mib(root).filter(|mib| *mib < 2 * LOW_DISK_MIB) {
         eprintln!(
             "warning: only {mib} MiB free on the disk holding {}; the test run may not fit",
             root.display()

@@ -497,16 +497,24 @@ impl Memory {
             );
             let answer = complete(model, &prompt).await.map_err(|e| e.to_string())?;
             let extracted = parse_json_object(&answer)?;
-            let extracted = self.fit_to_schema(extracted)?;
+            let mut extracted = self.fit_to_schema(extracted)?;
+            let mode = self.config.user_memory_mode;
+            if mode == UserMemoryMode::Update {
+                // Only what the model changed is merged: a field it repeated as it was read
+                // above must not undo what another session of the same user stored since.
+                extracted.retain(|key, value| current_profile.get(key) != Some(value));
+                if extracted.is_empty() && current.is_some() {
+                    return Ok(());
+                }
+            }
             let profile = UserProfile {
                 user_id: self.user_id.clone(),
                 profile: Value::Object(extracted),
                 updated_at: Timestamp::now(),
             };
-            // An update is merged by the store in one step: another session of the same
-            // user may have updated the profile since it was read above, and its fields
-            // stay.
-            match self.config.user_memory_mode {
+            // An update is merged by the store in one step, so that another session's
+            // fields stored meanwhile stay too.
+            match mode {
                 UserMemoryMode::Update => self.store.merge_profile(&profile).await.map(drop),
                 UserMemoryMode::Replace => self.store.put_profile(&profile).await,
             }

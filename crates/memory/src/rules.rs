@@ -38,9 +38,16 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
 /// whose profile is not a JSON object. Errors: `InvalidInput`.
 pub fn check_profile_patch(patch: &UserProfile) -> StoreResult<()> {
     if !patch.profile.is_object() {
+        let kind = match &patch.profile {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Array(_) => "an array",
+            serde_json::Value::Object(_) => "an object",
+        };
         return Err(StoreError::InvalidInput(format!(
-            "a profile patch is a JSON object of fields, not {}",
-            patch.profile
+            "a profile patch is a JSON object of fields, not {kind}"
         )));
     }
     Ok(())
@@ -48,9 +55,12 @@ pub fn check_profile_patch(patch: &UserProfile) -> StoreResult<()> {
 
 /// The profile [`UserStore::merge_profile`](crate::UserStore::merge_profile) stores:
 /// `patch`'s fields over `current`'s when `current` is a JSON object, `patch` alone
-/// otherwise.
+/// otherwise; updated at the later of the two times (merges landing out of the order of
+/// their times never move it back).
 #[must_use]
 pub fn merged_profile(current: Option<UserProfile>, patch: &UserProfile) -> UserProfile {
+    let updated_at =
+        current.as_ref().map_or(patch.updated_at, |current| current.updated_at.max(patch.updated_at));
     let profile = match (current.map(|current| current.profile), &patch.profile) {
         (Some(serde_json::Value::Object(mut stored)), serde_json::Value::Object(fields)) => {
             stored.extend(fields.iter().map(|(key, value)| (key.clone(), value.clone())));
@@ -58,7 +68,7 @@ pub fn merged_profile(current: Option<UserProfile>, patch: &UserProfile) -> User
         }
         _ => patch.profile.clone(),
     };
-    UserProfile { user_id: patch.user_id.clone(), profile, updated_at: patch.updated_at }
+    UserProfile { user_id: patch.user_id.clone(), profile, updated_at }
 }
 
 /// Checks that a record serializes within [`MAX_RECORD_BYTES`] and [`MAX_RECORD_NESTING`],

@@ -497,7 +497,8 @@ pub trait UserStore: Send + Sync {
     /// Merges `patch` into its user's profile in one atomic step and returns the result:
     /// each field of `patch.profile` (a JSON object) replaces the profile's field of that
     /// name, the others are kept; a user without a profile, or whose profile is not a JSON
-    /// object, gets `patch.profile` as the profile. The result has `patch.updated_at`.
+    /// object, gets `patch.profile` as the profile. The result has the later of the stored
+    /// profile's `updated_at` and `patch.updated_at`.
     /// Merges made at the same time all land, whatever their order, which a read followed
     /// by [`put_profile`](Self::put_profile) does not promise. Errors: `InvalidInput` when
     /// `patch.profile` is not an object or the merged profile nests too deeply, `TooLarge`

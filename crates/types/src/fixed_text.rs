@@ -4,8 +4,8 @@
 //! serializers (serde_json's among them) write a newtype struct as its inner value, so the
 //! JSON is the plain string; a serializer that only bounds a value's length (the stores'
 //! size checks) can recognise the name and count [`FIXED_TEXT_MAX_LEN`] bytes without
-//! formatting the text, which is most of the cost of bounding a record. serde_json's
-//! `RawValue` talks to its serializer the same way.
+//! formatting the text, which is most of the cost of bounding a record. A serializer that
+//! does not know the name passes the newtype through, so nothing else sees a difference.
 
 use serde::{Serialize, Serializer};
 

@@ -1363,7 +1363,7 @@ fn profile(user: &str, profile: serde_json::Value, seconds: i64) -> UserProfile 
 }
 
 /// A merge creates a missing profile, keeps the fields it does not name, replaces a
-/// profile that is not an object, and refuses a patch that is not an object or a result
+/// profile that is not an object, never moves its time back, and refuses a patch that is not an object or a result
 /// too large to store, changing nothing.
 pub async fn profile_merges_keep_other_fields_and_refuse_bad_patches_unchanged(store: Arc<dyn Store>) {
     let created = store.merge_profile(&profile("u1", json!({"name": "Ada"}), 1)).await.unwrap();
@@ -1381,6 +1381,9 @@ pub async fn profile_merges_keep_other_fields_and_refuse_bad_patches_unchanged(s
     store.put_profile(&profile("u2", json!("a plain note"), 1)).await.unwrap();
     let replaced = store.merge_profile(&profile("u2", json!({"name": "Grace"}), 2)).await.unwrap();
     assert_eq!(replaced.profile, json!({"name": "Grace"}));
+    // A merge that lands after a later one keeps the later time.
+    let late = store.merge_profile(&profile("u2", json!({"lang": "en"}), 1)).await.unwrap();
+    assert_eq!((late.profile, late.updated_at), (json!({"name": "Grace", "lang": "en"}), at(2)));
     assert_eq!(store.profile("u3").await.unwrap(), None);
 }
 

@@ -264,6 +264,83 @@ async fn profile_updates_from_two_sessions_of_one_user_at_once_both_land() {
     assert_eq!(profile, json!({"language": "French", "city": "Lyon"}), "neither update is lost");
 }
 
+/// A model that, for a prompt containing `hold`, says it was called and then answers only
+/// when let go.
+#[derive(Debug)]
+struct Held {
+    inner: ScriptedModel,
+    hold: &'static str,
+    called: tokio::sync::Notify,
+    go: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Model for Held {
+    fn info(&self) -> agentry_model::ModelInfo {
+        self.inner.info()
+    }
+    async fn stream(
+        &self,
+        request: agentry_model::ModelRequest,
+    ) -> Result<agentry_model::ModelStream, ModelError> {
+        if request.messages.iter().any(|message| message.text().contains(self.hold)) {
+            self.called.notify_one();
+            self.go.notified().await;
+        }
+        self.inner.stream(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_field_a_model_repeats_from_a_stale_read_does_not_undo_another_sessions_update() {
+    let store = store();
+    store
+        .put_profile(&agentry_types::UserProfile {
+            user_id: "ada".into(),
+            profile: json!({"city": "Paris"}),
+            updated_at: agentry_types::Timestamp::from_unix_millis(1),
+        })
+        .await
+        .unwrap();
+    // As models do, each answers with the whole profile it was shown, changed.
+    let model = Arc::new(Held {
+        inner: ScriptedModel::responder(|request| {
+            let prompt = request.messages.last().map(Message::text).unwrap_or_default();
+            ScriptedResponse::text(if prompt.contains("I moved to Lyon") {
+                r#"{"city": "Lyon"}"#
+            } else {
+                r#"{"city": "Paris", "language": "French"}"#
+            })
+        }),
+        hold: "I speak French",
+        called: tokio::sync::Notify::new(),
+        go: tokio::sync::Notify::new(),
+    });
+    let session = || {
+        let config = MemoryConfig {
+            user_analysis_memory: true,
+            user_id: Some("ada".into()),
+            session_id: Some(SessionId::new()),
+            ..MemoryConfig::default()
+        };
+        Memory::new(store.clone(), Some(model.clone() as Arc<dyn Model>), config).unwrap()
+    };
+    let (french, moved) = (session(), session());
+    // The first session reads {city: Paris} and waits in its model call; the second moves
+    // the user to Lyon meanwhile; then the first answers with the Paris it read.
+    let first = tokio::spawn(async move {
+        let run = agent_run(RunStatus::Completed, exchange("I speak French", "Bien"));
+        french.save_session(&run, SessionType::Agent, None).await
+    });
+    model.called.notified().await;
+    let run = agent_run(RunStatus::Completed, exchange("I moved to Lyon", "Nice"));
+    moved.save_session(&run, SessionType::Agent, None).await.unwrap();
+    model.go.notify_one();
+    first.await.unwrap().unwrap();
+    let profile = moved.user_memory().unwrap().profile().await.unwrap().unwrap();
+    assert_eq!(profile, json!({"city": "Lyon", "language": "French"}), "the move stays");
+}
+
 #[tokio::test]
 async fn replace_mode_overwrites_the_profile() {
     let model = Arc::new(ScriptedModel::new(vec![

@@ -232,11 +232,6 @@ class Lifecycle(unittest.TestCase):
         required = [e for e in events if isinstance(e, ToolApprovalRequiredEvent)]
         self.assertEqual(len(required), 1)
         self.assertEqual(events[-1].state.status, "done")
-        # The call is named in the event itself (agentry's extension fields), so a client
-        # shows it without finding the message that made it.
-        call = required[0].tool_calls[0].model_dump()
-        self.assertEqual(call["name"], "send_email")
-        self.assertEqual(json.loads(call["arguments"])["to"], "team@example.com")
         return required[0]
 
     def test_email_approved_is_sent(self):

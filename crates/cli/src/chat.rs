@@ -170,8 +170,8 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     Ok(())
 }
 
-/// What the session's latest turn waits for, with the calls it names (each action names
-/// its calls, a member's too).
+/// What the session's latest turn waits for, with the calls it names (those of its own
+/// answer; a member's calls are named by id).
 async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) -> Result<Pending> {
     let turns = api.get(&format!("/v1/agents/sessions/{session}/turns?limit=1")).await?;
     let state = &turns["data"][0]["state"];
@@ -198,11 +198,6 @@ async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) ->
         };
         for call in action["tool_calls"].as_array().into_iter().flatten() {
             let id = call["id"].as_str().unwrap_or_default().to_owned();
-            // A member's call is not in the turn's output: the action names it.
-            if let Some(name) = call["name"].as_str().filter(|name| !name.is_empty()) {
-                let arguments = call["arguments"].as_str().unwrap_or_default().to_owned();
-                calls.entry(id.clone()).or_insert(Call { name: name.to_owned(), arguments });
-            }
             if call["may_have_run"].as_bool() == Some(true) {
                 writeln!(std::io::stdout(), "{}", may_have_run(&id))?;
             }

@@ -253,13 +253,6 @@ pub struct ToolCallRef {
     pub id: String,
     /// The `model.message` that made it.
     pub source_event_id: String,
-    /// The tool called (an agentry extension, so that a client shows the call without
-    /// finding the message that made it).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    /// The call's arguments, a JSON string (an agentry extension, as `name`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub arguments: String,
     /// It may already have run: a process started it and stopped before its result was
     /// stored (an agentry extension; absent otherwise).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -905,8 +898,6 @@ fn awaiting(
             .map(|call| ToolCallRef {
                 id: call.id.clone(),
                 source_event_id: call.source_event_id.to_string(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
                 may_have_run: call.may_have_run,
             })
             .collect(),

@@ -198,7 +198,8 @@ async fn instances(
 }
 
 /// The statuses a mission is listed with.
-const MISSION_STATUSES: [&str; 5] = ["active", "completed", "cancelled", "failed", "budget_exhausted"];
+const MISSION_STATUSES: [&str; 6] =
+    ["active", "paused", "completed", "cancelled", "failed", "budget_exhausted"];
 
 /// `GET /v1/agent-team/missions?status=`: each mission with its instances and usage
 /// roll-up, only those of `status` when it is given.
@@ -285,6 +286,11 @@ async fn missions(
         if let Ok(run) = state.runtime.store().get_run(turn).await {
             let status = match run.state {
                 agentry_types::TurnState::Running => "active",
+                // Ended waiting for approvals or answers: its paused members go on in the
+                // session's next turn (a mission of its own).
+                agentry_types::TurnState::Done { required_actions, .. } if !required_actions.is_empty() => {
+                    "paused"
+                }
                 agentry_types::TurnState::Done { .. } => "completed",
                 agentry_types::TurnState::Cancelled { .. } => "cancelled",
                 agentry_types::TurnState::Error { .. } => "failed",
@@ -570,7 +576,18 @@ async fn cancel_mission(
         return Err(ApiError::not_found("mission", &mission_id));
     }
     // A mission that has ended has nothing left to cancel: as for an ended instance, the
-    // caller is told so rather than that it was cancelled.
+    // caller is told so rather than that it was cancelled; one that ended waiting for
+    // approvals or answers is told how to end what waits.
+    if mission_paused(&state, &mission_id).await {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "mission_paused",
+            format!(
+                "mission {mission_id} is paused: its turn ended waiting for approvals or answers; deny or answer \
+                 them in the session's next turn to end it"
+            ),
+        ));
+    }
     if let Some(turn) = mission_turn(&mission_id)
         && state.runtime.store().get_run(turn).await?.state.is_terminal()
     {

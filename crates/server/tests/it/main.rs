@@ -889,6 +889,15 @@ async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_t
     let listed = serde_json::from_str::<Value>(&body).unwrap();
     let instance =
         listed["data"][0]["instanceID"].as_str().expect("the paused member is listed paused").to_owned();
+    let mission = listed["data"][0]["missionID"].as_str().unwrap().to_owned();
+    let (status, body) = request(address, "GET", "/v1/agent-team/missions?status=paused", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let paused = serde_json::from_str::<Value>(&body).unwrap();
+    assert_eq!(paused["data"][0]["missionID"], json!(mission), "its mission waits too: {body}");
+    let (status, body) =
+        request(address, "POST", &format!("/v1/agent-team/missions/{mission}/cancel"), &json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["code"], "mission_paused", "{body}");
     let (status, body) =
         request(address, "POST", &format!("/v1/agent-team/instances/{instance}/cancel"), &json!({})).await;
     assert_eq!(status, 409, "{body}");

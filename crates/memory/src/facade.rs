@@ -175,20 +175,18 @@ fn type_name(kind: SessionType) -> &'static str {
     kind.as_str()
 }
 
-impl Memory {
-    /// A facade over `store`. `model` is required when `summary_memory` or
-    /// `user_analysis_memory` is on; a profile schema must be a JSON object schema.
-    pub fn new(
-        store: Arc<dyn Store>,
-        model: Option<Arc<dyn Model>>,
-        config: MemoryConfig,
-    ) -> Result<Self, MemoryError> {
-        if (config.summary_memory || config.user_analysis_memory) && model.is_none() {
+impl MemoryConfig {
+    /// Checks the settings, given whether an analysis model comes with them: a model is
+    /// required when `summary_memory` or `user_analysis_memory` is on; a profile schema
+    /// must be a JSON object schema; `num_last_messages` is at least 1. Errors:
+    /// `InvalidConfig`, saying which.
+    pub fn check(&self, has_model: bool) -> Result<(), MemoryError> {
+        if (self.summary_memory || self.user_analysis_memory) && !has_model {
             return Err(MemoryError::InvalidConfig(
                 "summary_memory and user_analysis_memory need a model for the analysis".to_owned(),
             ));
         }
-        if let Some(schema) = &config.user_profile_schema {
+        if let Some(schema) = &self.user_profile_schema {
             let is_object_schema = schema.as_object().is_some_and(|object| {
                 object.get("type").is_none_or(|kind| kind == "object")
                     && object.get("properties").is_none_or(Value::is_object)
@@ -200,9 +198,22 @@ impl Memory {
                 ));
             }
         }
-        if config.num_last_messages == Some(0) {
+        if self.num_last_messages == Some(0) {
             return Err(MemoryError::InvalidConfig("num_last_messages must be at least 1".to_owned()));
         }
+        Ok(())
+    }
+}
+
+impl Memory {
+    /// A facade over `store`. `model` is required when `summary_memory` or
+    /// `user_analysis_memory` is on; a profile schema must be a JSON object schema.
+    pub fn new(
+        store: Arc<dyn Store>,
+        model: Option<Arc<dyn Model>>,
+        config: MemoryConfig,
+    ) -> Result<Self, MemoryError> {
+        config.check(model.is_some())?;
         Ok(Self {
             store,
             model,

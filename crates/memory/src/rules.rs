@@ -217,9 +217,14 @@ pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {
     }
     match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
         Some(parent) if !parent.is_dir() => Err(StoreError::Io(format!(
-            "cannot create {}: {} is not a directory",
+            "cannot create {}: {} {}",
             path.display(),
-            parent.display()
+            parent.display(),
+            if parent.exists() {
+                "is not a directory"
+            } else {
+                "does not exist (create the directory first)"
+            }
         ))),
         _ => Ok(()),
     }

@@ -87,6 +87,8 @@ struct AgentInner {
     /// Every tool spec offered to the model, made at the first model call (not at
     /// construction, which stays allocation-light) and shared by every request after.
     specs: OnceLock<Arc<[ToolSpec]>>,
+    /// What is wrong with the definition ([`Agent::problem`]), found when it was built.
+    problem: Option<String>,
 }
 
 impl Agent {
@@ -109,8 +111,20 @@ impl Agent {
                 mcp_sessions: Vec::new(),
                 keep_alive: Vec::new(),
                 specs: OnceLock::new(),
+                problem: None,
             },
         }
+    }
+
+    /// What is wrong with the agent's definition, if anything: an empty name, two tools of
+    /// one name (the model would be offered both, and every call would reach the first),
+    /// `requires_approval` naming none of its tools (a misspelt name would leave the real
+    /// tool ungated), or memory settings that cannot work. A runtime refuses sessions and
+    /// turns of such an agent ([`RunnerError::InvalidAgent`](crate::RunnerError::InvalidAgent));
+    /// [`AgentBuilder::try_build`] refuses to build it.
+    #[must_use]
+    pub fn problem(&self) -> Option<&str> {
+        self.inner.problem.as_deref()
     }
 
     /// Its name (sessions name their agent by it).
@@ -361,9 +375,69 @@ impl AgentBuilder {
         self
     }
 
-    /// Builds the agent.
+    /// The names of the tools added so far (server-side, then client-side).
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        tool_names(&self.inner)
+    }
+
+    /// Builds the agent. A definition with a problem ([`Agent::problem`]) is built, and a
+    /// runtime refuses its sessions and turns: use [`try_build`](Self::try_build) to be
+    /// told at once.
     #[must_use]
-    pub fn build(self) -> Agent {
+    pub fn build(mut self) -> Agent {
+        self.inner.problem = definition_problem(&self.inner);
         Agent { inner: Arc::new(self.inner) }
     }
+
+    /// Builds the agent, or says what is wrong with its definition ([`Agent::problem`]).
+    ///
+    /// Errors: `InvalidAgent`.
+    pub fn try_build(self) -> Result<Agent, crate::RunnerError> {
+        let agent = self.build();
+        match agent.problem() {
+            Some(problem) => Err(crate::RunnerError::InvalidAgent {
+                agent: agent.name().to_owned(),
+                problem: problem.to_owned(),
+            }),
+            None => Ok(agent),
+        }
+    }
+}
+
+/// The names of a definition's tools: server-side, then client-side.
+fn tool_names(agent: &AgentInner) -> impl Iterator<Item = &str> {
+    agent
+        .tools
+        .iter()
+        .map(|tool| tool.spec().name.as_str())
+        .chain(agent.client_tools.iter().map(|spec| spec.name.as_str()))
+}
+
+/// [`Agent::problem`] of a definition.
+fn definition_problem(agent: &AgentInner) -> Option<String> {
+    if agent.name.trim().is_empty() {
+        return Some("its name is empty".to_owned());
+    }
+    let names = || tool_names(agent);
+    for (at, name) in names().enumerate() {
+        if name.is_empty() {
+            return Some("one of its tools has an empty name".to_owned());
+        }
+        if names().take(at).any(|earlier| earlier == name) {
+            return Some(format!("it has two tools named {name:?}"));
+        }
+    }
+    if let Some(gated) =
+        agent.approval_required.iter().find(|gated| !names().any(|name| name == gated.as_str()))
+    {
+        let known: Vec<&str> = names().collect();
+        let known = if known.is_empty() { "it has none".to_owned() } else { known.join(", ") };
+        return Some(format!("requires_approval names {gated:?}, which is none of its tools ({known})"));
+    }
+    if let Some(memory) = &agent.memory
+        && let Err(error) = memory.config.check(memory.analysis_model.is_some())
+    {
+        return Some(format!("memory: {error}"));
+    }
+    None
 }

@@ -2251,15 +2251,31 @@ impl TurnEngine {
         } else {
             tool.timeout().unwrap_or(self.agent.limits().tool_timeout)
         };
-        let mut result = match tokio::time::timeout(timeout, tool.call(arguments, context)).await {
-            Ok(Ok(content)) => ToolResult { content, is_error: false },
-            Ok(Err(ToolError::Paused { required })) => return Ok(Ran::Paused(required)),
-            Ok(Err(ToolError::AuthRequired { server, auth_url })) => {
+        // A tool that panics fails its call, not the turn: the model gets the panic's message
+        // as an error result (the call ran, so it is journaled complete and not run again).
+        // A tool that runs threads (members' engines, which may panic part way) is left to
+        // the turn's own panic handling, which ends the threads and member runs it leaves.
+        let running = tool.call(arguments, context);
+        let ran = if tool.ends_on_cancel() {
+            tokio::time::timeout(timeout, running).await.map(Ok)
+        } else {
+            let running = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(running));
+            tokio::time::timeout(timeout, running).await
+        };
+        let mut result = match ran {
+            Ok(Ok(Ok(content))) => ToolResult { content, is_error: false },
+            Ok(Ok(Err(ToolError::Paused { required }))) => return Ok(Ran::Paused(required)),
+            Ok(Ok(Err(ToolError::AuthRequired { server, auth_url }))) => {
                 // Not a result: the call runs again once the user authorized. The journal
                 // entry stays open, which is what it is: started, no result.
                 return Ok(Ran::AuthRequired(McpServerAuth { id: server.id, name: server.name, auth_url }));
             }
-            Ok(Err(error)) => error_result(error.to_string()),
+            Ok(Ok(Err(error))) => error_result(error.to_string()),
+            Ok(Err(panic)) => {
+                let message = panic_message(panic.as_ref());
+                tracing::error!(turn = %self.sink.turn_id, tool = %tool.spec().name, panic = %message, "a tool panicked");
+                error_result(format!("the tool failed: it panicked ({message})"))
+            }
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
         };
         cap_output(&mut result.content, self.agent.limits().max_tool_output_bytes);
@@ -2521,14 +2537,24 @@ async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnSta
 /// unpublished, like [`TurnEngine::drive`]'s); `None` when the store refuses (the lease was
 /// lost, or the store failed), in which case a start or recovery pass ends the turn later
 /// (the caller gives back the lease it may still hold).
+/// The message a panic was raised with (`panic!("…")` and `expect` carry one).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|message| (*message).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
+}
+
 pub(crate) async fn fail_after_panic(
     store: &dyn Store,
     mut run: RunRecord,
     fence: Fence,
     sink: &TurnSink,
+    panic: &str,
 ) -> Option<Arc<EventEnvelope>> {
     let state = TurnState::Error {
-        message: "internal error: the turn stopped unexpectedly (see the server log)".to_owned(),
+        message: format!("internal error: the turn stopped unexpectedly: it panicked ({panic})"),
         completed_at: Timestamp::now(),
         metrics: None,
     };

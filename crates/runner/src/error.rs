@@ -40,6 +40,15 @@ pub enum RunnerError {
         /// The session.
         session_id: SessionId,
     },
+    /// The agent's definition has a problem ([`Agent::problem`](crate::Agent::problem)):
+    /// fix how it is built; nothing was changed.
+    #[error("agent {agent} cannot run: {problem}")]
+    InvalidAgent {
+        /// The agent's name.
+        agent: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The request breaks an input rule (seed 002); nothing was changed.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -304,8 +304,13 @@ impl Runtime {
         self.inner.agents.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
     }
 
+    /// The agent registered as `name`, refused when its definition has a problem.
     fn require_agent(&self, name: &str) -> RuntimeResult<Agent> {
-        self.agent(name).ok_or_else(|| RunnerError::not_found("agent", name))
+        let agent = self.agent(name).ok_or_else(|| RunnerError::not_found("agent", name))?;
+        if let Some(problem) = agent.problem() {
+            return Err(RunnerError::InvalidAgent { agent: name.to_owned(), problem: problem.to_owned() });
+        }
+        Ok(agent)
     }
 
     /// Creates a session with a registered agent, owned by the default subject.
@@ -877,9 +882,10 @@ impl Runtime {
             .await
             {
                 Ok(finished) => finished,
-                Err(_) => {
-                    tracing::error!(turn = %live.turn_id, "the turn's engine panicked; the turn ends with an error");
-                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink)
+                Err(panic) => {
+                    let message = crate::engine::panic_message(panic.as_ref());
+                    tracing::error!(turn = %live.turn_id, panic = %message, "the turn's engine panicked; the turn ends with an error");
+                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink, &message)
                         .await
                         .ok_or(crate::engine::Unfinished::Unstored)
                 }
@@ -1477,6 +1483,7 @@ impl TurnHandle {
     /// `turn.done`. A turn finished longer ago than the live retention is served from the
     /// stored log (no deltas), and so is a turn running in another process; one that a
     /// recovery pass of this runtime takes over meanwhile is followed live from then on.
+    /// A cursor at or past an ended turn's last event gives an empty stream.
     #[must_use]
     pub fn stream(&self, after_seq: Option<u64>) -> EventStream {
         // A weak reference: a stream does not keep a dropped runtime alive.

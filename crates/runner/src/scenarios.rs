@@ -1493,12 +1493,45 @@ pub async fn a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session
     assert_eq!(events.last().map(|event| event.payload.kind()), Some("turn.done"));
     let state = turn.wait().await.unwrap();
     assert!(
-        matches!(&state, TurnState::Error { message, .. } if message.contains("stopped unexpectedly")),
+        matches!(&state, TurnState::Error { message, .. }
+            if message.contains("stopped unexpectedly") && message.contains("the model panics on purpose")),
         "{state:?}"
     );
     assert!(matches!(turn.state().await.unwrap(), TurnState::Error { .. }), "the error state is stored");
     let next = session.create_turn(TurnRequest::message("hello")).await.unwrap();
     assert!(matches!(next.wait().await.unwrap(), TurnState::Done { .. }), "the session takes new turns");
+}
+
+/// Scenario.
+pub async fn a_panicking_tool_fails_its_call_and_the_turn_goes_on(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|request| match request.messages.last().map(|m| m.role) {
+        Some(Role::Tool) => {
+            ScriptedResponse::text(format!("The tool said: {}", request.messages.last().unwrap().text()))
+        }
+        _ => ScriptedResponse::tool_call("fragile", &json!({"a": 1, "b": 2})),
+    }));
+    let fragile = FunctionTool::new("fragile", "Breaks.", |_args: AddArgs, _context| async move {
+        if true {
+            panic!("the tool panics on purpose");
+        }
+        Ok::<_, ToolError>(String::new())
+    })
+    .shared();
+    let runtime = runtime(&harness, Agent::builder("brittle", model).tool(fragile).build());
+    let session = session_for(&runtime, "brittle").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    let state = turn.wait().await.unwrap();
+    assert_eq!(
+        answer_text(&state).as_deref(),
+        Some("The tool said: the tool failed: it panicked (the tool panics on purpose)"),
+        "{state:?}"
+    );
+    // Journaled complete: a recovery would not run it again.
+    let journal = harness.store.journal(turn.id()).await.unwrap();
+    assert!(
+        journal.iter().all(|entry| entry.result.as_ref().is_some_and(|result| result.is_error)),
+        "{journal:?}"
+    );
 }
 
 /// Scenario: a caller that drops `create_turn` part way (an HTTP client that disconnects)
@@ -2272,6 +2305,7 @@ macro_rules! runner_scenarios {
             a_turns_own_client_tools_are_offered_and_their_calls_wait_for_the_caller,
             a_turns_client_context_is_shown_to_its_model_after_the_instructions_and_kept,
             a_panicking_model_ends_the_turn_with_an_error_and_frees_the_session,
+            a_panicking_tool_fails_its_call_and_the_turn_goes_on,
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,

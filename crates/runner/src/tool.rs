@@ -395,6 +395,13 @@ where
 {
     /// A tool named `name` that runs `function`. Not idempotent unless declared with
     /// [`FunctionTool::idempotent`].
+    ///
+    /// When its turn is cancelled, a running call gets [`AgentLimits::cancel_grace`]
+    /// (5 s by default) to finish before it is dropped: a function that waits on slow work
+    /// should wait under [`ToolContext::until_cancelled`], which gives up at once. A panic in
+    /// `function` fails the call, not the turn: the model gets its message as an error.
+    ///
+    /// [`AgentLimits::cancel_grace`]: crate::AgentLimits::cancel_grace
     pub fn new<F, Fut>(name: impl Into<String>, description: impl Into<String>, function: F) -> Self
     where
         F: Fn(A, ToolContext) -> Fut + Send + Sync + 'static,

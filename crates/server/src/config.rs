@@ -910,9 +910,6 @@ impl Config {
                 ))
             })?);
         }
-        for gated in &config.requires_approval {
-            builder = builder.requires_approval(gated.clone());
-        }
         if config.ask_user_question {
             builder = builder.ask_user_question();
         }
@@ -1010,33 +1007,30 @@ impl Config {
             mcp.push(Arc::clone(&connection));
             builder = builder.mcp(connection);
         }
-        let agent = builder.build();
         // A name that matches no tool would gate nothing: a typo must not turn the
-        // approval off silently.
-        let specs = agent.tool_specs();
-        // A name an unreached optional server may offer is no typo to refuse: the tool is
-        // not there to be called ungated while the server is not.
+        // approval off silently. A name an unreached optional server may offer is no typo:
+        // the tool is not there to be called ungated while the server is not.
         let maybe_offline = |name: &str| {
             skipped
                 .iter()
                 .any(|server| server.tools.as_ref().is_none_or(|tools| tools.iter().any(|tool| tool == name)))
         };
-        let unknown =
-            config.requires_approval.iter().filter(|gated| !specs.iter().any(|spec| spec.name == **gated));
-        for gated in unknown {
-            if maybe_offline(gated) {
+        let offered: Vec<String> = builder.tool_names().map(str::to_owned).collect();
+        for gated in &config.requires_approval {
+            if offered.contains(gated) {
+                builder = builder.requires_approval(gated.clone());
+            } else if maybe_offline(gated) {
                 tracing::warn!(agent = %config.name, tool = %gated,
                     "requires_approval names a tool no reached source offers; an unreached optional MCP server may");
-                continue;
+            } else {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: requires_approval names {gated:?}, which is none of its tools ({})",
+                    config.name,
+                    if offered.is_empty() { "it has none".to_owned() } else { offered.join(", ") }
+                )));
             }
-            let unknown = gated;
-            let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
-            return Err(ConfigError::Invalid(format!(
-                "agent {:?}: requires_approval names {unknown:?}, which is none of its tools ({})",
-                config.name,
-                if names.is_empty() { "it has none".to_owned() } else { names.join(", ") }
-            )));
         }
+        let agent = builder.build();
         Ok(agent)
     }
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 #[cfg(feature = "mcp")]
+mod agent;
 mod mcp;
 mod provider;
 mod runtime;

@@ -111,7 +111,16 @@ fn a_directory_is_refused_as_one() {
 fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     let error = open(Path::new("/nonexistent-agentry-dir/sub/store.db")).unwrap_err();
     assert!(
-        matches!(error, StoreError::Io(ref message) if message.contains("/nonexistent-agentry-dir/sub")),
+        matches!(error, StoreError::Io(ref message) if message.contains("/nonexistent-agentry-dir/sub does not exist")),
+        "{error}"
+    );
+    // A file where its directory should be is named as that.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let error = open(&file.join("store.db")).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Io(ref message) if message.contains("plain is not a directory")),
         "{error}"
     );
 }

@@ -209,6 +209,78 @@ pub fn check_payload_size(
     Ok(())
 }
 
+/// The file formats a store file may be in, known by their first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    /// A SQLite database (`SQLite format 3\0`).
+    Sqlite,
+    /// A redb database (redb's magic number).
+    Redb,
+}
+
+impl FileFormat {
+    /// The backend's name, as a configuration names it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redb => "redb",
+        }
+    }
+
+    /// The format's name with its article, as a sentence says it.
+    const fn spoken(self) -> &'static str {
+        match self {
+            Self::Sqlite => "an SQLite",
+            Self::Redb => "a redb",
+        }
+    }
+
+    /// The format of the file at `path` by its first bytes; `None` when it is missing,
+    /// empty, unreadable or of neither format.
+    #[must_use]
+    pub fn of(path: &std::path::Path) -> Option<Self> {
+        use std::io::Read as _;
+        let mut head = [0_u8; 16];
+        let mut file = std::fs::File::open(path).ok()?;
+        let read = file.read(&mut head).ok()?;
+        let head = &head[..read];
+        if head.starts_with(b"SQLite format 3\0") {
+            Some(Self::Sqlite)
+        } else if head.starts_with(&[b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A]) {
+            Some(Self::Redb)
+        } else {
+            None
+        }
+    }
+}
+
+/// Refuses a non-empty file at `path` that is not in `format` before a backend opens it:
+/// one in the other backend's format is named as such, and the backend to open it with.
+/// Errors: `Corrupt`.
+pub fn check_store_format(path: &std::path::Path, format: FileFormat) -> StoreResult<()> {
+    if std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0) {
+        return Ok(());
+    }
+    match FileFormat::of(path) {
+        Some(found) if found == format => Ok(()),
+        Some(found) => Err(StoreError::Corrupt(format!(
+            "{} is {} database, not {} one: open it with the {} backend (`backend = \"{}\"`)",
+            path.display(),
+            found.spoken(),
+            format.spoken(),
+            found.name(),
+            found.name()
+        ))),
+        None => Err(StoreError::Corrupt(format!(
+            "{} is not {} database: its first bytes are not {}'s",
+            path.display(),
+            format.spoken(),
+            format.name()
+        ))),
+    }
+}
+
 /// Refuses a store path no file can be opened or created at, before anything is touched:
 /// a directory, or a file whose directory does not exist. Errors: `Io`, naming the path.
 pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {

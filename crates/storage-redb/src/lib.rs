@@ -354,6 +354,7 @@ impl RedbStore {
     pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         agentry_memory::rules::check_store_path(&path)?;
+        agentry_memory::rules::check_store_format(&path, agentry_memory::rules::FileFormat::Redb)?;
         let mode = ConcurrencyMode::MultiWriter;
         check_existing(&path, mode)?;
         let cannot_open = |error: redb::DatabaseError| match redb_error(error) {

@@ -310,6 +310,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         agentry_memory::rules::check_store_path(&path)?;
+        agentry_memory::rules::check_store_format(&path, agentry_memory::rules::FileFormat::Sqlite)?;
         check_not_truncated(&path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE

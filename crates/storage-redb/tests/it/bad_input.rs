@@ -31,14 +31,30 @@ async fn populated(path: &Path) {
 }
 
 #[test]
+fn the_other_backends_file_is_refused_naming_its_backend_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let mut bytes = (b"SQLite format 3\0" as &[u8]).to_vec();
+    bytes.resize(8192, 0);
+    std::fs::write(&path, &bytes).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Corrupt(ref message)
+            if message.contains("is an SQLite database, not a redb one") && message.contains("backend = \"sqlite\"")),
+        "{error}"
+    );
+    assert!(std::fs::read(&path).unwrap() == bytes, "the refused file was changed");
+}
+
+#[test]
 fn a_file_of_random_bytes_is_refused_as_corrupt_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("garbage.redb");
     let bytes: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     std::fs::write(&path, &bytes).unwrap();
     let error = open(&path).unwrap_err();
-    assert!(matches!(error, StoreError::Corrupt(_) | StoreError::Io(_)), "{error}");
-    assert!(error.to_string().contains("redb"), "the error names the problem: {error}");
+    assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
+    assert!(error.to_string().contains("is not a redb database"), "the error names the problem: {error}");
     assert!(std::fs::read(&path).unwrap() == bytes, "the refused file was changed");
 }
 

@@ -31,6 +31,22 @@ async fn populated(path: &Path) {
 }
 
 #[test]
+fn the_other_backends_file_is_refused_naming_its_backend_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let mut bytes = (&[b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A] as &[u8]).to_vec();
+    bytes.resize(8192, 0);
+    std::fs::write(&path, &bytes).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(error, StoreError::Corrupt(ref message)
+            if message.contains("is a redb database, not an SQLite one") && message.contains("backend = \"redb\"")),
+        "{error}"
+    );
+    assert!(std::fs::read(&path).unwrap() == bytes, "the refused file was changed");
+}
+
+#[test]
 fn a_file_of_random_bytes_is_refused_as_corrupt_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("garbage.db");

@@ -84,12 +84,20 @@ pub fn encode_token(kind: &str, key: &str) -> String {
 /// Decodes a page token issued for `kind`; returns the key. A token that was not issued
 /// by [`encode_token`] for this kind is an invalid input.
 pub fn decode_token(kind: &str, token: &str) -> StoreResult<String> {
-    let invalid = || StoreError::InvalidInput(format!("invalid page token {token:?}"));
+    let invalid = || {
+        StoreError::InvalidInput(format!(
+            "invalid page token {token:?}: it is not a page token (pass a page's next_token as given)"
+        ))
+    };
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
     let text = String::from_utf8(bytes).map_err(|_| invalid())?;
     let mut parts = text.splitn(3, '|');
     match (parts.next(), parts.next(), parts.next()) {
         (Some("v1"), Some(found), Some(key)) if found == kind => Ok(key.to_owned()),
+        (Some("v1"), Some(_), Some(_)) => Err(StoreError::InvalidInput(format!(
+            "invalid page token {token:?}: it belongs to another listing (another filter, order or session); \
+             a token continues only the listing that gave it"
+        ))),
         _ => Err(invalid()),
     }
 }

@@ -26,8 +26,8 @@ use agentry_types::{
 };
 use serde_json::json;
 
-use crate::error::{Conflict, StoreError};
-use crate::page::{Order, PageRequest};
+use crate::error::{Conflict, StoreError, StoreResult};
+use crate::page::{Order, Page, PageRequest};
 use crate::store::{
     FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
     StoredEvent, TurnStart, TurnStep,
@@ -549,10 +549,15 @@ pub async fn sessions_list_refuses_a_garbage_or_foreign_page_token(store: Arc<dy
     }
     let runs = store.list_runs(session.id, &RunQuery::default(), &PageRequest::first(1)).await.unwrap();
     let foreign = runs.next_token.unwrap();
-    assert_invalid(store.list_sessions(&SessionQuery::default(), &PageRequest::after(foreign, 10)).await);
-    assert_invalid(
-        store.list_sessions(&SessionQuery::default(), &PageRequest::after("%%%not-a-token", 10)).await,
-    );
+    let said = |result: StoreResult<Page<SessionRecord>>| match result {
+        Err(StoreError::InvalidInput(message)) => message,
+        other => panic!("expected invalid input, got {other:?}"),
+    };
+    let error = said(store.list_sessions(&SessionQuery::default(), &PageRequest::after(foreign, 10)).await);
+    assert!(error.contains("belongs to another listing"), "{error}");
+    let error =
+        said(store.list_sessions(&SessionQuery::default(), &PageRequest::after("%%%not-a-token", 10)).await);
+    assert!(error.contains("is not a page token"), "{error}");
     assert_invalid(
         store.list_runs(session.id, &RunQuery::default(), &PageRequest::after("bm9wZQ", 10)).await,
     );

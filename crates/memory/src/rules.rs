@@ -37,20 +37,15 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> StoreResult<Vec<u8
 /// Refuses a patch for [`UserStore::merge_profile`](crate::UserStore::merge_profile)
 /// whose profile is not a JSON object. Errors: `InvalidInput`.
 pub fn check_profile_patch(patch: &UserProfile) -> StoreResult<()> {
-    if !patch.profile.is_object() {
-        let kind = match &patch.profile {
-            serde_json::Value::Null => "null",
-            serde_json::Value::Bool(_) => "a boolean",
-            serde_json::Value::Number(_) => "a number",
-            serde_json::Value::String(_) => "a string",
-            serde_json::Value::Array(_) => "an array",
-            serde_json::Value::Object(_) => "an object",
-        };
-        return Err(StoreError::InvalidInput(format!(
-            "a profile patch is a JSON object of fields, not {kind}"
-        )));
-    }
-    Ok(())
+    let kind = match &patch.profile {
+        serde_json::Value::Object(_) => return Ok(()),
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+    };
+    Err(StoreError::InvalidInput(format!("a profile patch is a JSON object of fields, not {kind}")))
 }
 
 /// The profile [`UserStore::merge_profile`](crate::UserStore::merge_profile) stores:

@@ -1486,8 +1486,9 @@ impl TurnEngine {
                 .into_iter()
                 .flatten()
                 .collect();
-        let has_injections = !injections.is_empty();
-        if let Some(system) = self.main_system_prompt(injections).filter(|_| has_injections) {
+        if !injections.is_empty()
+            && let Some(system) = self.main_system_prompt(injections)
+        {
             let message = Message::system(system);
             if self.context.first().is_some_and(|first| first.role == Role::System) {
                 Arc::make_mut(&mut self.context)[0] = message;
@@ -1503,6 +1504,9 @@ impl TurnEngine {
     /// caller gave (`RunRecord::client_context`), then `injections` (memory's), each a
     /// paragraph; `None` when all are absent.
     fn main_system_prompt(&self, injections: Vec<String>) -> Option<String> {
+        if self.run.client_context.is_empty() && injections.is_empty() {
+            return self.agent.instructions().map(str::to_owned);
+        }
         let parts: Vec<String> = self
             .agent
             .instructions()

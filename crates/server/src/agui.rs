@@ -65,14 +65,7 @@ struct RunAgentInput {
     /// What the client tells the model about its side (CopilotKit's readables): shown to
     /// the model for this run, after the agent's instructions.
     #[serde(default)]
-    context: Vec<AguiContext>,
-}
-
-/// An entry of `RunAgentInput.context`.
-#[derive(Deserialize)]
-struct AguiContext {
-    description: String,
-    value: String,
+    context: Vec<ClientContext>,
 }
 
 /// A frontend tool of `RunAgentInput.tools`.
@@ -473,16 +466,11 @@ async fn run(
         })
         .collect();
     let frontend_tools: Vec<String> = client_tools.iter().map(|tool| tool.name.clone()).collect();
-    let client_context = body
-        .context
-        .iter()
-        .map(|item| ClientContext { description: item.description.clone(), value: item.value.clone() })
-        .collect();
     let request = TurnRequest {
         input,
         created_by: Some(caller.0.clone()),
         client_tools,
-        client_context,
+        client_context: body.context.clone(),
         ..TurnRequest::default()
     };
     let turn = match session.create_turn(request).await {

@@ -1007,9 +1007,9 @@ impl Config {
             mcp.push(Arc::clone(&connection));
             builder = builder.mcp(connection);
         }
-        // A name that matches no tool would gate nothing: a typo must not turn the
-        // approval off silently. A name an unreached optional server may offer is no typo:
-        // the tool is not there to be called ungated while the server is not.
+        // A name that matches no tool would gate nothing: the agent's own check refuses it
+        // as a typo. A name an unreached optional server may offer is no typo, and is left
+        // out: the tool is not there to be called ungated while the server is not.
         let maybe_offline = |name: &str| {
             skipped
                 .iter()
@@ -1017,21 +1017,19 @@ impl Config {
         };
         let offered: Vec<String> = builder.tool_names().map(str::to_owned).collect();
         for gated in &config.requires_approval {
-            if offered.contains(gated) {
-                builder = builder.requires_approval(gated.clone());
-            } else if maybe_offline(gated) {
+            if !offered.contains(gated) && maybe_offline(gated) {
                 tracing::warn!(agent = %config.name, tool = %gated,
                     "requires_approval names a tool no reached source offers; an unreached optional MCP server may");
             } else {
-                return Err(ConfigError::Invalid(format!(
-                    "agent {:?}: requires_approval names {gated:?}, which is none of its tools ({})",
-                    config.name,
-                    if offered.is_empty() { "it has none".to_owned() } else { offered.join(", ") }
-                )));
+                builder = builder.requires_approval(gated.clone());
             }
         }
-        let agent = builder.build();
-        Ok(agent)
+        builder.try_build().map_err(|error| match error {
+            agentry_runner::RunnerError::InvalidAgent { agent, problem } => {
+                ConfigError::Invalid(format!("agent {agent:?}: {problem}"))
+            }
+            other => ConfigError::Invalid(format!("agent {:?}: {other}", config.name)),
+        })
     }
 }
 

@@ -206,6 +206,17 @@ async fn user_analysis_builds_a_profile_from_the_model_and_injects_it_into_the_s
     );
 }
 
+/// A new session of user `ada` with profile analysis on `model`.
+fn ada_session(store: &Arc<dyn Store>, model: Arc<dyn Model>) -> Memory {
+    let config = MemoryConfig {
+        user_analysis_memory: true,
+        user_id: Some("ada".into()),
+        session_id: Some(SessionId::new()),
+        ..MemoryConfig::default()
+    };
+    Memory::new(store.clone(), Some(model), config).unwrap()
+}
+
 /// A model that answers only once `together` calls are waiting, so that each caller has
 /// read whatever it reads before any of them writes.
 #[derive(Debug)]
@@ -242,16 +253,7 @@ async fn profile_updates_from_two_sessions_of_one_user_at_once_both_land() {
         }),
         barrier: tokio::sync::Barrier::new(2),
     });
-    let session = |store: &Arc<dyn Store>| {
-        let config = MemoryConfig {
-            user_analysis_memory: true,
-            user_id: Some("ada".into()),
-            session_id: Some(SessionId::new()),
-            ..MemoryConfig::default()
-        };
-        Memory::new(store.clone(), Some(model.clone() as Arc<dyn Model>), config).unwrap()
-    };
-    let (first, second) = (session(&store), session(&store));
+    let (first, second) = (ada_session(&store, model.clone()), ada_session(&store, model));
     let french = agent_run(RunStatus::Completed, exchange("I speak French", "Bien"));
     let lyon = agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice"));
     let (french, lyon) = tokio::join!(
@@ -316,16 +318,7 @@ async fn a_field_a_model_repeats_from_a_stale_read_does_not_undo_another_session
         called: tokio::sync::Notify::new(),
         go: tokio::sync::Notify::new(),
     });
-    let session = || {
-        let config = MemoryConfig {
-            user_analysis_memory: true,
-            user_id: Some("ada".into()),
-            session_id: Some(SessionId::new()),
-            ..MemoryConfig::default()
-        };
-        Memory::new(store.clone(), Some(model.clone() as Arc<dyn Model>), config).unwrap()
-    };
-    let (french, moved) = (session(), session());
+    let (french, moved) = (ada_session(&store, model.clone()), ada_session(&store, model.clone()));
     // The first session reads {city: Paris} and waits in its model call; the second moves
     // the user to Lyon meanwhile; then the first answers with the Paris it read.
     let first = tokio::spawn(async move {

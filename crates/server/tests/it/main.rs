@@ -13,6 +13,16 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+/// `request`, a whole raw HTTP/1.1 request (which should ask `Connection: close`), sent on
+/// its own connection; returns the whole answer.
+async fn raw_exchange(address: SocketAddr, request: &str) -> String {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+}
+
 /// One HTTP/1.1 request on its own connection; returns the status and the body (for SSE,
 /// the `data:` payloads up to `turn.done`).
 async fn request(address: SocketAddr, method: &str, path: &str, body: &Value) -> (u16, String) {
@@ -565,10 +575,7 @@ async fn without_keys_requests_from_web_pages_or_for_other_hosts_are_refused() {
         )
     };
     let status_of = |raw: String| async move {
-        let mut stream = TcpStream::connect(address).await.unwrap();
-        stream.write_all(raw.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        BufReader::new(stream).read_to_string(&mut answer).await.unwrap();
+        let answer = raw_exchange(address, &raw).await;
         (answer.split_whitespace().nth(1).unwrap().to_owned(), answer)
     };
     for refused in [
@@ -611,25 +618,21 @@ async fn a_key_is_required_when_keys_are_configured() {
     let error: Value = serde_json::from_str(&body).unwrap();
     assert!(error["error"]["message"].as_str().unwrap().contains("missing API key"));
     // The 401 names the scheme (RFC 9110).
-    let mut raw = TcpStream::connect(address).await.unwrap();
-    raw.write_all(b"GET /v1/agents/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    raw.read_to_string(&mut answer).await.unwrap();
+    let answer = raw_exchange(
+        address,
+        "GET /v1/agents/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     let head = answer.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 401") && head.contains("\r\nwww-authenticate: bearer"), "{head}");
     // The scheme is case-insensitive (RFC 9110 §11.1); the key is not.
     for (scheme, key, expected) in
         [("BEARER", "k-123", "200"), ("bearer", "k-123", "200"), ("Bearer", "K-123", "401")]
     {
-        let mut raw = TcpStream::connect(address).await.unwrap();
         let head = format!(
             "GET /v1/agents/sessions?agent_name=demo HTTP/1.1\r\nHost: test\r\nAuthorization: {scheme} {key}\r\nConnection: close\r\n\r\n"
         );
-        raw.write_all(head.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        raw.read_to_string(&mut answer).await.unwrap();
+        let answer = raw_exchange(address, &head).await;
         assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{scheme} {key}: {answer}");
     }
     let (status, _) = request(address, "GET", "/healthz", &json!({})).await;
@@ -639,15 +642,11 @@ async fn a_key_is_required_when_keys_are_configured() {
 }
 
 /// `GET /metrics` with a raw request, optionally with a key: the status line's code.
-async fn metrics_status(address: std::net::SocketAddr, key: Option<&str>) -> String {
-    let mut raw = TcpStream::connect(address).await.unwrap();
+async fn metrics_status(address: SocketAddr, key: Option<&str>) -> String {
     let authorization = key.map(|key| format!("Authorization: Bearer {key}\r\n")).unwrap_or_default();
     let head =
         format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}Connection: close\r\n\r\n");
-    raw.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    raw.read_to_string(&mut answer).await.unwrap();
-    answer.split(' ').nth(1).unwrap().to_owned()
+    raw_exchange(address, &head).await.split(' ').nth(1).unwrap().to_owned()
 }
 
 #[tokio::test]

@@ -968,7 +968,7 @@ impl TurnEngine {
     pub(crate) async fn drive(mut self, start: Start) -> Result<Arc<EventEnvelope>, Unfinished> {
         let outcome = self.run_loop(start).await;
         self.close_unanswered(&outcome).await;
-        self.end_abandoned_resumptions().await;
+        self.end_abandoned_resumptions(&outcome).await;
         let completed_at = Timestamp::now();
         let metrics = (self.model_calls > 0).then_some(self.metrics);
         let state = match outcome {
@@ -1027,26 +1027,69 @@ impl TurnEngine {
         Err(Unfinished::Unstored)
     }
 
-    /// Ends the member threads a dead process resumed in this turn (their runs were set
-    /// running again) that this turn did not take up again: their delegating call was in
-    /// doubt and put to a person, and a retry starts the member afresh. Each gets an error
-    /// state and `thread.done`, as a dead thread of the turn's own does (best effort).
-    async fn end_abandoned_resumptions(&mut self) {
+    /// Ends the member threads of the previous turn that this turn was to resume and did
+    /// not take up again, each with an error or cancelled state and `thread.done` (and its
+    /// instance's end, for an agent-team member), as a dead thread of the turn's own (best
+    /// effort):
+    /// - a thread a dead process resumed in this turn (its run was set running again): its
+    ///   delegating call was in doubt and put to a person, and a retry starts the member
+    ///   afresh;
+    /// - a thread still paused when this turn is cancelled or fails before its delegating
+    ///   call ran again: the turn closes that call, and no later turn resumes the thread
+    ///   (it answers this turn, which asks nothing), so it would wait for ever.
+    ///
+    /// A turn that goes on elsewhere (its lease lost) leaves them to its next holder.
+    async fn end_abandoned_resumptions(&mut self, outcome: &Result<Outcome, Stop>) {
+        let abandoned = match outcome {
+            Err(Stop::Cancelled(reason)) => Some(Err(*reason)),
+            Err(Stop::Failed(message)) => {
+                Some(Ok(format!("the turn that was to resume it failed: {message}")))
+            }
+            Ok(_) | Err(Stop::LeaseLost) => None,
+        };
         let left: Vec<Resume> = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             resumes.drain().flat_map(|(_, threads)| threads).map(|slot| slot.resume).collect()
         };
         for resume in left {
-            let Resume::Paused { run, thread, parent, title, .. } = resume else { continue };
-            if !matches!(run.state, TurnState::Running) {
-                continue; // Still paused: a later turn may answer it.
-            }
-            let error =
-                "interrupted: the process running the turn stopped while this thread resumed".to_owned();
-            let state =
-                TurnState::Error { message: error.clone(), completed_at: Timestamp::now(), metrics: None };
+            let Resume::Paused { run, thread, parent, title, team, .. } = resume else { continue };
+            let completed_at = Timestamp::now();
+            let (state, ended) = match (&run.state, &abandoned) {
+                (TurnState::Running, _) => {
+                    let error = "interrupted: the process running the turn stopped while this thread resumed";
+                    let state = TurnState::Error { message: error.to_owned(), completed_at, metrics: None };
+                    (state, None)
+                }
+                (TurnState::Done { required_actions, .. }, Some(abandoned))
+                    if !required_actions.is_empty() =>
+                {
+                    match abandoned {
+                        Err(reason) => (
+                            TurnState::Cancelled { reason: *reason, completed_at, metrics: None },
+                            Some(EventPayload::InstanceCancelled {
+                                reason: Some(reason.as_str().to_owned()),
+                            }),
+                        ),
+                        Ok(error) => (
+                            TurnState::Error { message: error.clone(), completed_at, metrics: None },
+                            Some(EventPayload::InstanceFailed { error: error.clone() }),
+                        ),
+                    }
+                }
+                // Still paused, and this turn asks for it again or ended otherwise.
+                _ => continue,
+            };
+            let error = match &state {
+                TurnState::Cancelled { reason, .. } => format!("cancelled: {}", reason.as_str()),
+                TurnState::Error { message, .. } => message.clone(),
+                _ => continue,
+            };
             if !end_member(self.store.as_ref(), *run, state, self.fence).await {
                 continue;
+            }
+            // The instance ends in the mission it paused in: it never went on in this one.
+            if let (Some(ended), Some(team)) = (ended, team.filter(|team| team.instance_id.is_some())) {
+                let _staged = self.sink.stage_team(Some(thread.clone()), Some(*team), ended).await;
             }
             let outcome = ThreadOutcome::Error { error, output: None };
             let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };

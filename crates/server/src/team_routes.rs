@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agentry_events::render::agent_team::{self, AgentTeamEvent};
-use agentry_memory::{FeedQuery, Order, PageRequest, SessionQuery};
-use agentry_types::{SessionType, TurnId};
+use agentry_memory::{FeedQuery, Order, PageRequest, RunQuery, SessionQuery};
+use agentry_types::{RunRecord, SessionType, TurnId, TurnState};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -284,16 +284,16 @@ async fn missions(
         }
         let Some(turn) = mission_turn(mission) else { continue };
         if let Ok(run) = state.runtime.store().get_run(turn).await {
+            // Ended waiting for approvals or answers: its paused members go on in the
+            // session's next turn (a mission of its own); once that turn is started, this
+            // mission is over.
+            let paused = waits_for_answers(state.as_ref(), &run).await;
             let status = match run.state {
-                agentry_types::TurnState::Running => "active",
-                // Ended waiting for approvals or answers: its paused members go on in the
-                // session's next turn (a mission of its own).
-                agentry_types::TurnState::Done { required_actions, .. } if !required_actions.is_empty() => {
-                    "paused"
-                }
-                agentry_types::TurnState::Done { .. } => "completed",
-                agentry_types::TurnState::Cancelled { .. } => "cancelled",
-                agentry_types::TurnState::Error { .. } => "failed",
+                TurnState::Running => "active",
+                TurnState::Done { .. } if paused => "paused",
+                TurnState::Done { .. } => "completed",
+                TurnState::Cancelled { .. } => "cancelled",
+                TurnState::Error { .. } => "failed",
             };
             entry.insert("status".to_owned(), json!(status));
         }
@@ -519,12 +519,28 @@ async fn cancel_instance(
     }
 }
 
-/// Whether a mission's turn ended waiting for approvals or answers.
+/// Whether a mission's turn waits for approvals or answers (see [`waits_for_answers`]).
 async fn mission_paused(state: &AppState, mission_id: &str) -> bool {
     let Some(turn) = mission_turn(mission_id) else { return false };
-    state.runtime.store().get_run(turn).await.is_ok_and(|run| {
-        matches!(&run.state, agentry_types::TurnState::Done { required_actions, .. } if !required_actions.is_empty())
-    })
+    match state.runtime.store().get_run(turn).await {
+        Ok(run) => waits_for_answers(state, &run).await,
+        Err(_) => false,
+    }
+}
+
+/// Whether a turn waits for approvals or answers: it ended asking for them, and its session
+/// has no later turn (which answers them, or leaves them: the members it paused go on in
+/// that turn or end with it).
+async fn waits_for_answers(state: &AppState, run: &RunRecord) -> bool {
+    if !matches!(&run.state, TurnState::Done { required_actions, .. } if !required_actions.is_empty()) {
+        return false;
+    }
+    let latest = RunQuery { order: Order::Desc, ..RunQuery::default() };
+    match state.runtime.store().list_runs(run.session_id, &latest, &PageRequest::first(1)).await {
+        Ok(page) => page.items.first().is_none_or(|latest| latest.id == run.id),
+        // Unknown: listed as it ended, waiting.
+        Err(_) => true,
+    }
 }
 
 /// The mission of an instance of the caller's that the stored events list as running (or

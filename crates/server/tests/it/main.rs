@@ -930,6 +930,13 @@ async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_t
     let steps: Vec<u64> =
         missions["data"].as_array().unwrap().iter().map(|m| m["stepsUsed"].as_u64().unwrap_or(0)).collect();
     assert_eq!(steps, [1, 1], "{body}");
+    // The mission that paused is over once the next turn took its member up.
+    let statuses: Vec<&str> =
+        missions["data"].as_array().unwrap().iter().map(|m| m["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["completed", "completed"], "{body}");
+    let (status, body) =
+        request(address, "POST", &format!("/v1/agent-team/missions/{mission}/cancel"), &json!({})).await;
+    assert_eq!(status, 404, "nothing of it runs any more: {body}");
     stop.send(()).unwrap();
     serving.await.unwrap();
 }

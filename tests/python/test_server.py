@@ -847,6 +847,21 @@ class Cli(unittest.TestCase):
         self.assertNotEqual(odd.returncode, 0)
         self.assertIn("is not a session id", odd.stderr)
 
+    def test_chat_names_a_members_call_when_it_takes_up_a_waiting_session(self):
+        done = self.agentry("chat", "demo-team", stdin="email the plan\n")
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("[writer] → send_email(", done.stdout)
+        self.assertIn("left with the turn waiting for an answer", done.stderr)
+        session = done.stderr.split("--session ")[1].split("`")[0]
+        # Taken up again, the chat names the member's call it asks about and the member
+        # that goes on, which only the turn's stored events carry.
+        again = self.agentry("chat", "demo-team", "--session", session, stdin="y\n/quit\n")
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn('Allow send_email({"body":"email the plan"', again.stdout)
+        self.assertIn("[writer] Draft about: email the plan (emailed)", again.stdout)
+        self.assertIn("[writer] done", again.stdout)
+        self.assertIn("writer: Draft about: email the plan (emailed)", again.stdout)
+
     def test_chat_survives_bad_input_and_shows_control_characters_as_escapes(self):
         env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1")
         lines = b"bad \xff byte\n" + b"x" * (9 * 1024 * 1024) + b"\n" + b"paint \x1b[31mred\x07\n/quit\n"

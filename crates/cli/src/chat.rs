@@ -6,7 +6,7 @@
 //! one while a request waits) leaves at once. What models and tools send is shown with
 //! control characters escaped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
 use anyhow::{Result, bail};
@@ -81,6 +81,14 @@ impl Call {
     }
 }
 
+/// What the chat has seen of its session: tool calls by id, and the agents of sub-agent
+/// threads by thread id (a member paused in one turn goes on in the next).
+#[derive(Debug, Default)]
+struct Known {
+    calls: HashMap<String, Call>,
+    threads: HashMap<String, String>,
+}
+
 /// What a finished turn asks for.
 #[derive(Debug, Default)]
 struct Pending {
@@ -120,11 +128,11 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     };
     writeln!(std::io::stdout(), "Chatting with {agent} in session {session_id}. Type /quit to leave.")?;
     let mut terminal = Terminal::new();
-    let mut calls: HashMap<String, Call> = HashMap::new();
+    let mut known = Known::default();
     // A session whose last turn waits for answers (left that way by an earlier chat) is
     // answered first: a message would be refused until then.
     let mut pending =
-        until_interrupted(waiting(api, &session_id, &mut calls), "while reading the session").await?;
+        until_interrupted(waiting(api, &session_id, &mut known), "while reading the session").await?;
     loop {
         let input = if !pending.authorizations.is_empty() {
             // Authorizing happens elsewhere; an empty turn then goes on.
@@ -147,7 +155,7 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
             }
             vec![json!({"type": "user.message", "content": line})]
         } else {
-            let input = answer(&mut terminal, &pending, &calls).await?;
+            let input = answer(&mut terminal, &pending, &known.calls).await?;
             if input.is_empty() {
                 bail!(
                     "left with the turn waiting for an answer; answer it with `agentry chat {agent} --session {session_id}`"
@@ -157,11 +165,11 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
         };
         // A turn that could not run (too large, refused, the server unreachable) is
         // reported, and the chat goes on.
-        pending = match run_turn(api, &session_id, &input, &mut calls).await {
+        pending = match run_turn(api, &session_id, &input, &mut known).await {
             Ok(pending) => pending,
             Err(error) => {
                 writeln!(std::io::stdout(), "error: {}", clean(&format!("{error:#}")))?;
-                until_interrupted(waiting(api, &session_id, &mut calls), "while reading the session")
+                until_interrupted(waiting(api, &session_id, &mut known), "while reading the session")
                     .await
                     .unwrap_or_default()
             }
@@ -170,14 +178,15 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     Ok(())
 }
 
-/// What the session's latest turn waits for, with the calls it names (those of its own
-/// answer; a member's calls are named by id).
-async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) -> Result<Pending> {
+/// What the session's latest turn waits for, with the calls it names and the threads they
+/// are on: its answer's own calls, and a member's from the turn's stored events.
+async fn waiting(api: &Api, session: &str, known: &mut Known) -> Result<Pending> {
     let turns = api.get(&format!("/v1/agents/sessions/{session}/turns?limit=1")).await?;
-    let state = &turns["data"][0]["state"];
+    let turn = &turns["data"][0];
+    let state = &turn["state"];
     for call in state["output"]["tool_calls"].as_array().into_iter().flatten() {
         let (id, call) = Call::of(call);
-        calls.insert(id, call);
+        known.calls.insert(id, call);
     }
     let mut pending = Pending::default();
     for action in state["required_actions"].as_array().into_iter().flatten() {
@@ -204,7 +213,70 @@ async fn waiting(api: &Api, session: &str, calls: &mut HashMap<String, Call>) ->
             list.push((thread.clone(), id));
         }
     }
+    let asked = pending.approvals.iter().chain(&pending.responses);
+    let calls: HashSet<String> =
+        asked.clone().map(|(_, id)| id).filter(|id| !known.calls.contains_key(*id)).cloned().collect();
+    let threads: HashSet<String> = asked
+        .map(|(thread, _)| thread)
+        .filter(|thread| *thread != "main" && !known.threads.contains_key(*thread))
+        .cloned()
+        .collect();
+    if let Some(turn) = turn["id"].as_str().filter(|_| !calls.is_empty() || !threads.is_empty()) {
+        let path = format!("/v1/agents/sessions/{session}/turns/{turn}/events");
+        look_up(api, &path, &calls, &threads, known).await;
+    }
     Ok(pending)
+}
+
+/// Adds to `known` the `calls` (by id) that the `model.message` events of a turn's stored
+/// events (at `path`) made and the agents of the `threads` its `thread.created` events
+/// started, read newest first until each is found. One not found there (a thread started,
+/// or a call made, in an earlier turn) or not readable is shown by its id.
+async fn look_up(
+    api: &Api,
+    path: &str,
+    calls: &HashSet<String>,
+    threads: &HashSet<String>,
+    known: &mut Known,
+) {
+    /// Pages read at most: what a turn waits for is among its last events.
+    const MAX_PAGES: usize = 40;
+    let mut found = Known::default();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let page = match &token {
+            Some(token) => api.get(&format!("{path}?order=desc&limit=25&page_token={token}")).await,
+            None => api.get(&format!("{path}?order=desc&limit=25")).await,
+        };
+        let Ok(page) = page else { break };
+        for event in page["data"].as_array().into_iter().flatten() {
+            match event["type"].as_str() {
+                Some("model.message") => {
+                    for call in event["tool_calls"].as_array().into_iter().flatten() {
+                        let (id, call) = Call::of(call);
+                        if calls.contains(&id) {
+                            found.calls.insert(id, call);
+                        }
+                    }
+                }
+                Some("thread.created") => {
+                    let thread = event["thread_id"].as_str().unwrap_or_default();
+                    if let (true, Some(name)) =
+                        (threads.contains(thread), event["agent_info"]["name"].as_str())
+                    {
+                        found.threads.insert(thread.to_owned(), name.to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        token = page["pagination"]["next_page_token"].as_str().map(str::to_owned);
+        if (found.calls.len() == calls.len() && found.threads.len() == threads.len()) || token.is_none() {
+            break;
+        }
+    }
+    known.calls.extend(found.calls);
+    known.threads.extend(found.threads);
 }
 
 /// `text` with control characters (other than line breaks and tabs) shown as escapes:
@@ -264,19 +336,14 @@ impl Screen {
 /// Streams one turn, printing as it goes; returns what it waits for. A stream that ends
 /// before `turn.done` (the server restarted, the connection broke) is resumed from the
 /// last event received.
-async fn run_turn(
-    api: &Api,
-    session: &str,
-    input: &[Value],
-    calls: &mut HashMap<String, Call>,
-) -> Result<Pending> {
+async fn run_turn(api: &Api, session: &str, input: &[Value], known: &mut Known) -> Result<Pending> {
     let body = json!({"input": input, "previous_turn_id": "auto", "stream": true});
     let turns = format!("/v1/agents/sessions/{session}/turns");
     let opening = api.stream(&turns, Some(&body), None);
     let mut events =
         until_interrupted(opening, "before the turn's stream opened (the turn may have started)").await?;
     let mut pending = Pending::default();
-    let mut threads: HashMap<String, String> = HashMap::new();
+    let Known { calls, threads } = known;
     // Per thread, the message whose deltas are being printed (until its `model.message`):
     // its id and the text shown so far.
     let mut partial: HashMap<String, (String, String)> = HashMap::new();

@@ -13,7 +13,8 @@
 //! - anything else: `Echo: <message>`, streamed as several deltas.
 //!
 //! `demo-team`: the coordinator delegates the message to `researcher` and `writer` at once
-//! and answers with both results; a message containing `spawn` spawns an `analyst` instead
+//! and answers with both results (the writer first emails a message containing `email`,
+//! which needs approval); a message containing `spawn` spawns an `analyst` instead
 //! (an analyst given a task containing `slow` works for about 10 seconds).
 
 use std::sync::Arc;
@@ -295,14 +296,32 @@ pub fn demo_agent_with(name: &str, limits: AgentLimits) -> Agent {
 }
 
 /// A member of the demo team: answers its task with `prefix` and the task.
-fn member(name: &str, prefix: &'static str) -> Agent {
+/// A member answering `<prefix> <task>`; one that `mails` first sends a task containing
+/// `email` with `send_email` (which requires approval), and says whether it went.
+fn member(name: &str, prefix: &'static str, mails: bool) -> Agent {
     let model = ScriptedModel::responder(move |request: &ModelRequest| {
-        ScriptedResponse::text(format!("{prefix} {}", latest_user_text(request))).chunked(6)
+        let task = latest_user_text(request);
+        match request.messages.last().filter(|message| message.role == Role::Tool) {
+            Some(result) if result.text().starts_with(DENIED) => {
+                ScriptedResponse::text(format!("{prefix} {task} (not emailed)")).chunked(6)
+            }
+            Some(_) => ScriptedResponse::text(format!("{prefix} {task} (emailed)")).chunked(6),
+            None if mails && task.to_ascii_lowercase().contains("email") => ScriptedResponse::tool_call(
+                "send_email",
+                &json!({"to": "team@example.com", "subject": "From the demo team", "body": task}),
+            ),
+            None => ScriptedResponse::text(format!("{prefix} {task}")).chunked(6),
+        }
     })
     .named(format!("demo-{name}"))
     .without_request_log()
     .with_unique_call_ids();
-    Agent::builder(name, Arc::new(model)).instructions(format!("You are the team's {name}.")).build()
+    let member = Agent::builder(name, Arc::new(model)).instructions(format!("You are the team's {name}."));
+    if mails {
+        member.tool(send_email_tool()).requires_approval("send_email").build()
+    } else {
+        member.build()
+    }
 }
 
 /// The demo team's spawn policy: the coordinator may spawn `analyst` instances.
@@ -398,8 +417,8 @@ pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, S
     let policy = SpawnPolicy::parse(DEMO_SPAWN_POLICY).expect("the embedded spawn policy is valid");
     let team = Team::builder(DEMO_TEAM, Arc::new(model))
         .instructions("Delegate the request to the researcher and the writer, then answer with both results.")
-        .member(member("researcher", "Research notes on:"))
-        .member(member("writer", "Draft about:"))
+        .member(member("researcher", "Research notes on:", false))
+        .member(member("writer", "Draft about:", true))
         .spawn_policy(Some(policy.clone()))
         .catalog(SpawnCatalog {
             models: std::collections::HashMap::from([("demo-analyst".to_owned(), analyst)]),

@@ -255,9 +255,12 @@ fn messages_of(document: &MemberResponse) -> Vec<Message> {
     }
 }
 
-/// The Agno document of a run the runner stored: a `TeamRunOutput` (its member runs,
-/// stored with it as parent, nested in `member_responses` in the order they started) for a
-/// run with members or of a team, a `RunOutput` otherwise.
+/// The Agno document of a run the runner stored: a `TeamRunOutput` (its member runs nested
+/// in `member_responses` in the order they started) for a run with members or of a team,
+/// a `RunOutput` otherwise. A turn's members are the runs stored with it as parent, after
+/// the members it took up again: those that paused in an earlier turn (waiting for an
+/// approval or an answer that this turn brought) and went on in this one. Such a member
+/// is listed in both turns, as it is now.
 ///
 /// Errors: as the store's reads.
 pub fn run_output(
@@ -265,7 +268,8 @@ pub fn run_output(
     run: RunRecord,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = StoreResult<MemberResponse>> + Send + '_>> {
     Box::pin(async move {
-        let members = member_runs(store, &run).await?;
+        let mut members = resumed_members(store, &run).await?;
+        members.extend(member_runs(store, &run).await?);
         let content = match &run.state {
             TurnState::Done { output, .. } => {
                 output.as_ref().and_then(|output| output.message.content.clone()).map(Value::String)
@@ -296,6 +300,57 @@ pub fn run_output(
         }
         Ok(MemberResponse::Team(Box::new(output)))
     })
+}
+
+/// The most earlier turns [`resumed_members`] looks through: a member waiting that long
+/// is shown in the turn it started in only.
+const MAX_RESUMED_CHAIN: usize = 64;
+
+/// The member runs of earlier turns that `run` (a turn) took up again, in the order they
+/// started: each waited on its thread when the previous turn ended, and its run is a
+/// member of the turn it started in, found back along the turns that kept it waiting.
+async fn resumed_members(store: &dyn Store, run: &RunRecord) -> StoreResult<Vec<RunRecord>> {
+    let waiting_on = |turn: &RunRecord| -> std::collections::HashSet<agentry_types::ThreadId> {
+        let actions = turn.state.required_actions();
+        actions
+            .iter()
+            .filter_map(|record| record.action.thread_id())
+            .filter(|thread| !thread.is_main())
+            .cloned()
+            .collect()
+    };
+    if run.parent_run_id.is_some() {
+        return Ok(Vec::new());
+    }
+    let mut found = Vec::new();
+    let mut wanted = None;
+    let mut at = run.previous_turn_id;
+    for _ in 0..MAX_RESUMED_CHAIN {
+        let Some(id) = at else { break };
+        let turn = match store.get_run(id).await {
+            Ok(turn) => turn,
+            Err(StoreError::NotFound { .. }) => break,
+            Err(error) => return Err(error),
+        };
+        // The threads still to find that this turn too ended waiting on.
+        let waiting = waiting_on(&turn);
+        let mut threads = match wanted.take() {
+            None => waiting,
+            Some(wanted) => waiting.intersection(&wanted).cloned().collect(),
+        };
+        if threads.is_empty() {
+            break;
+        }
+        for member in member_runs(store, &turn).await? {
+            if member.thread_id.as_ref().is_some_and(|thread| threads.remove(thread)) {
+                found.push(member);
+            }
+        }
+        wanted = Some(threads);
+        at = turn.previous_turn_id;
+    }
+    found.sort_by_key(|member| member.created_at);
+    Ok(found)
 }
 
 /// A run's member runs, in the order they started.

@@ -1434,7 +1434,7 @@ impl TurnEngine {
             .state
             .required_actions()
             .iter()
-            .filter_map(|record| action_thread(&record.action))
+            .filter_map(|record| record.action.thread_id())
             .filter(|thread| **thread != self.thread)
             .cloned()
             .collect();
@@ -2360,16 +2360,6 @@ fn input_thread(item: &TurnInputItem) -> Option<&ThreadId> {
         TurnInputItem::Message(_) => None,
         TurnInputItem::ToolApproval(approval) => Some(&approval.thread_id),
         TurnInputItem::ToolResponse(response) => Some(&response.thread_id),
-    }
-}
-
-/// The thread a required action waits on.
-fn action_thread(action: &RequiredAction) -> Option<&ThreadId> {
-    match action {
-        RequiredAction::ToolApproval { thread_id, .. } | RequiredAction::ToolResponse { thread_id, .. } => {
-            Some(thread_id)
-        }
-        RequiredAction::McpAuth { thread_id, .. } => thread_id.as_ref(),
     }
 }
 

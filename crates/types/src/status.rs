@@ -109,6 +109,17 @@ pub enum RequiredAction {
     },
 }
 
+impl RequiredAction {
+    /// The thread that asks (`None` for an MCP authorization no one thread needed).
+    #[must_use]
+    pub const fn thread_id(&self) -> Option<&ThreadId> {
+        match self {
+            Self::ToolApproval { thread_id, .. } | Self::ToolResponse { thread_id, .. } => Some(thread_id),
+            Self::McpAuth { thread_id, .. } => thread_id.as_ref(),
+        }
+    }
+}
+
 /// A required action as it was recorded: the action with the id and time of its event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RequiredActionRecord {

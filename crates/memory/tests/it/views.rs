@@ -139,3 +139,71 @@ async fn the_session_summary_is_read_from_the_store() {
         .unwrap();
     assert_eq!(view.get_session_summary().await.unwrap(), Some(summary));
 }
+
+/// A member paused in one turn and kept waiting by the next goes on in the third: each of
+/// the three turns lists it among its members (its run is stored with the first), and a
+/// later turn does not.
+#[tokio::test]
+async fn a_turn_lists_the_members_it_took_up_from_the_turns_that_kept_them_waiting() {
+    use agentry_types::{
+        EventId, RequiredAction, RequiredActionRecord, RunRecord, ThreadId, Timestamp, TurnState,
+    };
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let session = session(&store).await;
+    let waiting = ThreadId::new_sub_thread();
+    let done = |waits: bool| TurnState::Done {
+        output: None,
+        required_actions: if waits {
+            vec![RequiredActionRecord {
+                id: EventId::new(),
+                created_at: Timestamp::now(),
+                action: RequiredAction::ToolApproval { thread_id: waiting.clone(), tool_calls: Vec::new() },
+            }]
+        } else {
+            Vec::new()
+        },
+        completed_at: Timestamp::now(),
+        metrics: None,
+    };
+    let mut turns: Vec<RunRecord> = Vec::new();
+    for waits in [true, true, false, false] {
+        let mut turn = RunRecord::new(session.id, Vec::new(), Subject::user("u"));
+        turn.team_id = Some("crew".into());
+        turn.previous_turn_id = turns.last().map(|previous| previous.id);
+        turn.set_state(done(waits));
+        store.put_run(&turn, None).await.unwrap();
+        turns.push(turn);
+    }
+    let mut member = RunRecord::new(session.id, Vec::new(), Subject::user("u"));
+    member.parent_run_id = Some(turns[0].id);
+    member.thread_id = Some(waiting.clone());
+    member.agent_id = Some("clerk".into());
+    member.set_state(done(false));
+    store.put_run(&member, None).await.unwrap();
+    // Another member of the first turn, which finished there.
+    let mut finished = RunRecord::new(session.id, Vec::new(), Subject::user("u"));
+    finished.parent_run_id = Some(turns[0].id);
+    finished.thread_id = Some(ThreadId::new_sub_thread());
+    finished.agent_id = Some("helper".into());
+    finished.set_state(done(false));
+    store.put_run(&finished, None).await.unwrap();
+
+    let mut listed = Vec::new();
+    for turn in &turns {
+        let MemberResponse::Team(output) =
+            agentry_memory::run_output(store.as_ref(), turn.clone()).await.unwrap()
+        else {
+            panic!("a team turn is a TeamRunOutput")
+        };
+        let agents: Vec<String> = output
+            .member_responses
+            .iter()
+            .map(|member| match member {
+                MemberResponse::Agent(run) => run.agent_id.clone().unwrap_or_default(),
+                MemberResponse::Team(run) => run.team_id.clone().unwrap_or_default(),
+            })
+            .collect();
+        listed.push(agents);
+    }
+    assert_eq!(listed, [vec!["clerk", "helper"], vec!["clerk"], vec!["clerk"], vec![]]);
+}

@@ -386,6 +386,20 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
     );
     let ledger = harness.store.budget(instance, agentry_types::Timestamp::now()).await.unwrap();
     assert_eq!(ledger.used.steps_used, 2, "{ledger:?}");
+    // The member that went on in the second turn is among that turn's member responses
+    // (its run was stored with the first turn, where it is listed too).
+    for turn in [first.id(), second.id()] {
+        let output = crate::team_run_output(harness.store.as_ref(), turn).await.unwrap();
+        let members: Vec<Option<serde_json::Value>> = output
+            .member_responses
+            .iter()
+            .map(|member| match member {
+                agentry_types::agno::MemberResponse::Agent(run) => run.content.clone(),
+                agentry_types::agno::MemberResponse::Team(run) => run.content.clone(),
+            })
+            .collect();
+        assert_eq!(members, [Some(json!("Report filed."))], "turn {turn}");
+    }
 }
 
 /// Scenario: a member paused for an approval whose answering turn is cancelled (here as it

@@ -59,12 +59,6 @@ pub enum RunnerError {
         /// The turn named.
         turn_id: TurnId,
     },
-    /// A turn's stored events were asked for while it is still running.
-    #[error("turn {turn_id} is still running; stream it instead")]
-    TurnStillRunning {
-        /// The turn.
-        turn_id: TurnId,
-    },
     /// The store failed.
     #[error("storage: {0}")]
     Store(StoreError),

@@ -1492,7 +1492,8 @@ impl TurnHandle {
         subscribe(self.runtime.inner.store.clone(), id, find_live, after_seq.unwrap_or(0))
     }
 
-    /// A snapshot of its stored events (no deltas: messages are complete), in `order`.
+    /// A snapshot of its stored events (no deltas: messages are complete), in `order`: of
+    /// a running turn, those stored so far.
     ///
     /// Errors: `NotFound` when deleted.
     pub async fn events(&self, order: Order) -> RuntimeResult<Vec<EventEnvelope>> {

@@ -120,7 +120,6 @@ impl From<RunnerError> for ApiError {
             RunnerError::SessionCancelled { .. } => {
                 Self::precondition("session_cancelled", error.to_string())
             }
-            RunnerError::TurnStillRunning { .. } => Self::precondition("turn_running", error.to_string()),
             RunnerError::InvalidInput(message) => Self::bad_param("input", message),
             RunnerError::NotLatestTurn { .. } => Self::bad_param("previous_turn_id", error.to_string()),
             RunnerError::HandedOver => {

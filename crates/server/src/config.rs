@@ -4,6 +4,7 @@
 //! listen = "127.0.0.1:8787"
 //! demo_agents = true               # the built-in `demo` and `demo-team`
 //! public_metrics = false           # true: `/metrics` takes no key even with `[[keys]]`
+//! cors_origins = ["https://app.example.com"]   # web pages that may call it from a browser ("*": any)
 //!
 //! [storage]
 //! backend = "sqlite"               # or "redb"
@@ -134,6 +135,13 @@ pub struct Config {
     /// (any configured one), as every other route but the health checks does.
     #[serde(default)]
     pub public_metrics: bool,
+    /// Web origins (`scheme://host[:port]`, as a browser sends in `Origin`) whose pages may
+    /// call the API from a browser, or `"*"` for any: responses to them carry CORS headers,
+    /// and their preflight requests are answered. Empty (the default): no CORS headers, so
+    /// browsers let only pages of the server's own origin read its responses. This does not
+    /// replace API keys: without keys only loopback origins are served.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
     /// Model providers by name.
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderConfig>,
@@ -467,6 +475,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             keys: Vec::new(),
             public_metrics: false,
+            cors_origins: Vec::new(),
             providers: BTreeMap::new(),
             agents: Vec::new(),
             teams: Vec::new(),
@@ -505,6 +514,27 @@ impl Default for Config {
         }
         config
     }
+}
+
+/// Whether `origin` is a web origin as browsers send it (`scheme://host[:port]`: no
+/// path, no trailing slash), or `*`.
+fn check_origin(origin: &str) -> Result<(), &'static str> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return Err("an origin is scheme://host[:port], such as \"https://app.example.com\"");
+    };
+    if scheme != "http" && scheme != "https" {
+        return Err("an origin's scheme is http or https");
+    }
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
+        return Err("an origin has a host and an optional port only, with no path or trailing slash");
+    }
+    if axum::http::HeaderValue::from_str(origin).is_err() || !origin.is_ascii() {
+        return Err("an origin is ASCII text (a browser sends international names punycoded)");
+    }
+    Ok(())
 }
 
 impl Config {
@@ -557,6 +587,17 @@ impl Config {
                 "limits.body_bytes is {}; it must be at least {MIN_BODY_BYTES} (every request with a body would be refused)",
                 self.limits.body_bytes
             )));
+        }
+        for (index, origin) in self.cors_origins.iter().enumerate() {
+            check_origin(origin).map_err(|problem| {
+                ConfigError::Invalid(format!("cors_origins[{index}] is {origin:?}: {problem}"))
+            })?;
+        }
+        if self.cors_origins.len() > 1 && self.cors_origins.iter().any(|origin| origin == "*") {
+            return Err(ConfigError::Invalid(
+                "cors_origins has \"*\" (any origin) beside other origins; give \"*\" alone or only origins"
+                    .to_owned(),
+            ));
         }
         for (name, provider) in &self.providers {
             if let Some(secs) = provider.timeout_secs {

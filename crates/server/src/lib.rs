@@ -185,6 +185,8 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     stop: watch::Sender<bool>,
     body_limit: usize,
+    /// The CORS headers for `cors_origins` (none when it is empty).
+    cors: Option<tower_http::cors::CorsLayer>,
     grace: Duration,
     /// The agents' MCP connections, shut down when serving ends.
     mcp: Vec<Arc<agentry_runner::McpConnection>>,
@@ -286,6 +288,7 @@ impl Server {
             listener,
             stop,
             body_limit: config.limits.body_bytes,
+            cors: cors_layer(&config.cors_origins),
             grace: Duration::from_secs(config.limits.shutdown_grace_secs),
             mcp: built.mcp,
         })
@@ -313,7 +316,13 @@ impl Server {
     ///
     /// Errors: `Serve` when the listener fails.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let app = router(self.state.clone(), self.body_limit);
+        let mut app = router(self.state.clone(), self.body_limit);
+        if let Some(cors) = self.cors {
+            // Outermost: a preflight is answered before any route or key check (browsers
+            // send no credentials with it), and every response, errors too, carries the
+            // headers a page needs to read it.
+            app = app.layer(cors);
+        }
         let stop = self.stop;
         let stopped = self.state.stopped();
         let serving = axum::serve(self.listener, app).with_graceful_shutdown(async move {
@@ -453,6 +462,33 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
+}
+
+/// The CORS layer for the configured origins (checked by [`Config::validate`]): the
+/// methods and request headers the API takes, and preflights cached for ten minutes.
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|origin| origin == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|origin| HeaderValue::from_str(origin).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::ACCEPT,
+                HeaderName::from_static("last-event-id"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// Every route.

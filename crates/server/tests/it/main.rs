@@ -1053,3 +1053,79 @@ async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
     stop.send(()).unwrap();
     serving.await.unwrap();
 }
+
+#[test]
+fn cors_origins_must_be_origins() {
+    for (origins, named) in [
+        (
+            r#"["app.example.com"]"#,
+            "cors_origins[0] is \"app.example.com\": an origin is scheme://host[:port]",
+        ),
+        (r#"["https://a.example", "https://b.example/"]"#, "cors_origins[1] is \"https://b.example/\""),
+        (r#"["ftp://files.example"]"#, "scheme is http or https"),
+        (r#"["*", "https://a.example"]"#, "\"*\" (any origin) beside other origins"),
+    ] {
+        let error = Config::parse(&format!("cors_origins = {origins}\n"), None).unwrap_err();
+        assert!(error.to_string().contains(named), "{origins}: {error}");
+    }
+    let parsed = Config::parse("cors_origins = [\"https://app.example.com:8443\"]\n", None).unwrap();
+    assert_eq!(parsed.cors_origins, ["https://app.example.com:8443"]);
+}
+
+/// The headers of a raw answer, lowercased, up to the blank line.
+fn answer_headers(answer: &str) -> String {
+    answer.split("\r\n\r\n").next().unwrap_or_default().to_ascii_lowercase()
+}
+
+#[tokio::test]
+async fn a_configured_origin_gets_cors_headers_and_its_preflights_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.cors_origins = vec!["http://localhost:5173".to_owned()];
+    let (address, stop, serving) = serve(config).await;
+    // A browser asks before a cross-origin POST with a JSON body and a key; no
+    // credentials come with the question, and it is answered without them.
+    let preflight = raw_exchange(
+        address,
+        "OPTIONS /agui/demo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://localhost:5173\r\n\
+         Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type, authorization\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    let headers = answer_headers(&preflight);
+    assert!(headers.starts_with("http/1.1 200"), "{preflight}");
+    assert!(headers.contains("access-control-allow-origin: http://localhost:5173"), "{preflight}");
+    assert!(headers.contains("access-control-allow-methods: get,post"), "{preflight}");
+    assert!(headers.contains("authorization") && headers.contains("last-event-id"), "{preflight}");
+    let get = |origin: &str| {
+        format!(
+            "GET /v1/agents/sessions?agent_name=demo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n\
+             Connection: close\r\n\r\n"
+        )
+    };
+    let allowed = raw_exchange(address, &get("http://localhost:5173")).await;
+    assert!(answer_headers(&allowed).starts_with("http/1.1 200"), "{allowed}");
+    assert!(
+        answer_headers(&allowed).contains("access-control-allow-origin: http://localhost:5173"),
+        "{allowed}"
+    );
+    // Another page (served here, as the loopback rule allows) gets no headers to read it by.
+    let other = raw_exchange(address, &get("http://localhost:9999")).await;
+    assert!(answer_headers(&other).starts_with("http/1.1 200"), "{other}");
+    assert!(!answer_headers(&other).contains("access-control-allow-origin"), "{other}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+
+    // Without `cors_origins`, no origin gets them.
+    let (address, stop, serving) = serve(config_at(&dir.path().join("other.db"), "")).await;
+    let plain = raw_exchange(
+        address,
+        "GET /v1/agents/sessions?agent_name=demo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://localhost:5173\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer_headers(&plain).starts_with("http/1.1 200"), "{plain}");
+    assert!(!answer_headers(&plain).contains("access-control-allow-origin"), "{plain}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}

@@ -1028,55 +1028,72 @@ impl TurnEngine {
     }
 
     /// Ends the member threads of the previous turn that this turn was to resume and did
-    /// not take up again, each with an error or cancelled state and `thread.done` (and its
-    /// instance's end, for an agent-team member), as a dead thread of the turn's own (best
-    /// effort):
+    /// not take up again, each with an error or cancelled state, its instance's end (for an
+    /// agent-team member) and `thread.done`, as a dead thread of the turn's own (best
+    /// effort). A thread this turn did not take up cannot be among what it asks for, so no
+    /// later turn would resume it:
     /// - a thread a dead process resumed in this turn (its run was set running again): its
     ///   delegating call was in doubt and put to a person, and a retry starts the member
-    ///   afresh;
+    ///   afresh; its instance ends in this turn's mission, where it had started again;
     /// - a thread still paused when this turn is cancelled or fails before its delegating
-    ///   call ran again: the turn closes that call, and no later turn resumes the thread
-    ///   (it answers this turn, which asks nothing), so it would wait for ever.
+    ///   call ran again (the turn closes that call), or when the call ran without resuming
+    ///   it (a delegation that failed first): its instance ends in the mission it paused in.
     ///
     /// A turn that goes on elsewhere (its lease lost) leaves them to its next holder.
     async fn end_abandoned_resumptions(&mut self, outcome: &Result<Outcome, Stop>) {
         let abandoned = match outcome {
-            Err(Stop::Cancelled(reason)) => Some(Err(*reason)),
-            Err(Stop::Failed(message)) => {
-                Some(Ok(format!("the turn that was to resume it failed: {message}")))
-            }
-            Ok(_) | Err(Stop::LeaseLost) => None,
+            Err(Stop::Cancelled(reason)) => Err(*reason),
+            Err(Stop::Failed(message)) => Ok(format!("the turn that was to resume it failed: {message}")),
+            Ok(_) => Ok("the turn that was to resume it did not".to_owned()),
+            Err(Stop::LeaseLost) => return,
         };
         let left: Vec<Resume> = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             resumes.drain().flat_map(|(_, threads)| threads).map(|slot| slot.resume).collect()
         };
+        let mut stored: Option<Vec<EventEnvelope>> = None;
         for resume in left {
             let Resume::Paused { run, thread, parent, title, team, .. } = resume else { continue };
             let completed_at = Timestamp::now();
-            let (state, ended) = match (&run.state, &abandoned) {
-                (TurnState::Running, _) => {
+            let (state, ended, team) = match &run.state {
+                TurnState::Running => {
                     let error = "interrupted: the process running the turn stopped while this thread resumed";
-                    let state = TurnState::Error { message: error.to_owned(), completed_at, metrics: None };
-                    (state, None)
+                    // The instance started again in this turn, in its mission: it ends there.
+                    if stored.is_none() {
+                        stored = crate::live::stored_events(self.store.as_ref(), self.run.id, Order::Asc)
+                            .await
+                            .ok();
+                    }
+                    let on_thread =
+                        stored.iter().flatten().filter(|event| event.thread_id.as_ref() == Some(&thread));
+                    let started = on_thread.fold(None, |started, event| match &event.payload {
+                        EventPayload::InstanceStarted { .. } => event.team.clone(),
+                        EventPayload::InstanceCompleted { .. }
+                        | EventPayload::InstanceFailed { .. }
+                        | EventPayload::InstanceCancelled { .. } => None,
+                        _ => started,
+                    });
+                    (
+                        TurnState::Error { message: error.to_owned(), completed_at, metrics: None },
+                        EventPayload::InstanceFailed { error: error.to_owned() },
+                        started,
+                    )
                 }
-                (TurnState::Done { required_actions, .. }, Some(abandoned))
-                    if !required_actions.is_empty() =>
-                {
-                    match abandoned {
+                TurnState::Done { required_actions, .. } if !required_actions.is_empty() => {
+                    match &abandoned {
                         Err(reason) => (
                             TurnState::Cancelled { reason: *reason, completed_at, metrics: None },
-                            Some(EventPayload::InstanceCancelled {
-                                reason: Some(reason.as_str().to_owned()),
-                            }),
+                            EventPayload::InstanceCancelled { reason: Some(reason.as_str().to_owned()) },
+                            team.map(|team| *team),
                         ),
                         Ok(error) => (
                             TurnState::Error { message: error.clone(), completed_at, metrics: None },
-                            Some(EventPayload::InstanceFailed { error: error.clone() }),
+                            EventPayload::InstanceFailed { error: error.clone() },
+                            team.map(|team| *team),
                         ),
                     }
                 }
-                // Still paused, and this turn asks for it again or ended otherwise.
+                // Ended meanwhile.
                 _ => continue,
             };
             let error = match &state {
@@ -1087,9 +1104,8 @@ impl TurnEngine {
             if !end_member(self.store.as_ref(), *run, state, self.fence).await {
                 continue;
             }
-            // The instance ends in the mission it paused in: it never went on in this one.
-            if let (Some(ended), Some(team)) = (ended, team.filter(|team| team.instance_id.is_some())) {
-                let _staged = self.sink.stage_team(Some(thread.clone()), Some(*team), ended).await;
+            if let Some(team) = team.filter(|team| team.instance_id.is_some()) {
+                let _staged = self.sink.stage_team(Some(thread.clone()), Some(team), ended).await;
             }
             let outcome = ThreadOutcome::Error { error, output: None };
             let done = EventPayload::ThreadDone { parent: Some(parent), title, outcome };

@@ -295,17 +295,19 @@ pub fn demo_agent_with(name: &str, limits: AgentLimits) -> Agent {
         .build()
 }
 
-/// A member of the demo team: answers its task with `prefix` and the task.
-/// A member answering `<prefix> <task>`; one that `mails` first sends a task containing
-/// `email` with `send_email` (which requires approval), and says whether it went.
+/// A member of the demo team, answering `<prefix> <task>`; one that `mails` first sends a
+/// task containing `email` with `send_email` (which requires approval), and says whether
+/// it went.
 fn member(name: &str, prefix: &'static str, mails: bool) -> Agent {
     let model = ScriptedModel::responder(move |request: &ModelRequest| {
         let task = latest_user_text(request);
         match request.messages.last().filter(|message| message.role == Role::Tool) {
-            Some(result) if result.text().starts_with(DENIED) => {
-                ScriptedResponse::text(format!("{prefix} {task} (not emailed)")).chunked(6)
+            Some(result) if result.text().starts_with("Sent to ") => {
+                ScriptedResponse::text(format!("{prefix} {task} (emailed)")).chunked(6)
             }
-            Some(_) => ScriptedResponse::text(format!("{prefix} {task} (emailed)")).chunked(6),
+            Some(result) => {
+                ScriptedResponse::text(format!("{prefix} {task} (not emailed: {})", result.text())).chunked(6)
+            }
             None if mails && task.to_ascii_lowercase().contains("email") => ScriptedResponse::tool_call(
                 "send_email",
                 &json!({"to": "team@example.com", "subject": "From the demo team", "body": task}),

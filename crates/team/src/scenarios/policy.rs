@@ -402,39 +402,42 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
     }
 }
 
-/// Scenario: a member paused for an approval whose answering turn is cancelled (here as it
-/// starts, before the member goes on) is not left waiting for ever: no later turn would
-/// resume it, as the cancelled turn asks nothing. It ends cancelled with that turn (its run,
+/// Scenario: a member paused for an approval whose answering turn is cancelled before the
+/// member goes on (here by the turn's time limit, which a second process's definition of
+/// the team sets to nothing) is not left waiting for ever: no later turn would resume it,
+/// as the cancelled turn asks nothing. It ends cancelled with that turn (its run,
 /// `agent_team.instance.cancelled` in the mission it paused in, then `thread.done`), the
 /// coordinator's delegation is closed as not completed, and the session goes on.
 pub async fn a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it(harness: Harness) {
     use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
-    // Should the member go on before the cancel lands, its tool waits to be cancelled: the
-    // member then ends cancelled by its own hand, which this scenario accepts as well.
-    let file = FunctionTool::new("file_report", "Files the report.", |_: Nothing, context| async move {
-        context.until_cancelled(std::future::pending::<()>()).await;
-        Err::<String, _>(ToolError::Failed("stopped".to_owned()))
-    });
-    let clerk_model =
-        Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("file_report", &json!({}))));
-    let clerk =
-        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
-    let coordinator = Arc::new(ScriptedModel::responder(|request| {
-        if request.last_user_text().as_deref() == Some("File the report.") {
-            ScriptedResponse::tool_call(
-                "delegate_task_to_member",
-                &json!({"member_id": "clerk", "task": "File it."}),
-            )
-        } else {
-            ScriptedResponse::text(format!("Earlier: {}", tool_results(request).join(" | ")))
-        }
-    }));
-    let (_runtime, session, first) = super::start(
-        &harness,
-        Team::builder("office", coordinator).member(clerk).build(),
-        "File the report.",
-    )
-    .await;
+    let filed = Arc::new(AtomicUsize::new(0));
+    let team = |limits: AgentLimits| {
+        let filed = filed.clone();
+        let file = FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
+            let filed = filed.clone();
+            async move {
+                filed.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("filed".to_owned())
+            }
+        });
+        let clerk_model =
+            Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("file_report", &json!({}))));
+        let clerk =
+            Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+        let coordinator = Arc::new(ScriptedModel::responder(|request| {
+            if request.last_user_text().as_deref() == Some("File the report.") {
+                ScriptedResponse::tool_call(
+                    "delegate_task_to_member",
+                    &json!({"member_id": "clerk", "task": "File it."}),
+                )
+            } else {
+                ScriptedResponse::text(format!("Earlier: {}", tool_results(request).join(" | ")))
+            }
+        }));
+        Team::builder("office", coordinator).member(clerk).limits(limits).build()
+    };
+    let (_runtime, session, first) =
+        super::start(&harness, team(AgentLimits::default()), "File the report.").await;
     let state = first.wait().await.unwrap();
     let [record] = state.required_actions() else { panic!("{state:?}") };
     let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
@@ -442,43 +445,40 @@ pub async fn a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it(h
     };
     let thread = thread_id.clone();
     let approve = agentry_types::TurnInputItem::allow(thread.clone(), tool_calls[0].id.clone());
-    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
-    second.cancel().await.unwrap();
+    let hasty = agentry_runner::Runtime::new(harness.store.clone());
+    hasty.register(team(AgentLimits { timeout: Some(Duration::ZERO), ..AgentLimits::default() }));
+    let resumed_here = hasty.get_session(session.id()).await.unwrap();
+    let second = resumed_here.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
     let state = second.wait().await.unwrap();
     assert!(
-        matches!(state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        matches!(state, TurnState::Cancelled { reason: CancellationReason::ServerExecutionTimeout, .. }),
         "{state:?}"
     );
+    assert_eq!(filed.load(Ordering::SeqCst), 0, "the member did not go on");
 
     let members = RunQuery { parent: ParentFilter::Of(first.id()), ..RunQuery::default() };
     let members =
         harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
     let [member] = members.as_slice() else { panic!("{members:?}") };
     assert!(
-        matches!(member.state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
+        matches!(
+            member.state,
+            TurnState::Cancelled { reason: CancellationReason::ServerExecutionTimeout, .. }
+        ),
         "the member does not wait for ever: {:?}",
         member.state
     );
     let events = second.events(Order::Asc).await.unwrap();
-    let on_thread: Vec<&str> = events
+    let on_thread: Vec<(&str, Option<&str>)> = events
         .iter()
         .filter(|event| event.thread_id.as_ref() == Some(&thread))
-        .map(|event| event.payload.kind())
+        .map(|event| (event.payload.kind(), event.team.as_ref().and_then(|team| team.mission_id.as_deref())))
         .collect();
-    assert_eq!(on_thread.last(), Some(&"thread.done"), "{on_thread:?}");
     let first_mission = format!("mis_{}", first.id());
-    let ended_in = events.iter().find_map(|event| match &event.payload {
-        EventPayload::InstanceCancelled { .. } if event.thread_id.as_ref() == Some(&thread) => {
-            event.team.as_ref().and_then(|team| team.mission_id.clone())
-        }
-        _ => None,
-    });
-    // A member that went on before the cancel landed ends in this turn's mission instead.
-    let second_mission = format!("mis_{}", second.id());
-    assert!(
-        ended_in.as_deref() == Some(first_mission.as_str())
-            || ended_in.as_deref() == Some(second_mission.as_str()),
-        "the instance ends, not left listed as paused: {ended_in:?} {on_thread:?}"
+    assert_eq!(
+        on_thread,
+        [("agent_team.instance.cancelled", Some(first_mission.as_str())), ("thread.done", None)],
+        "the instance ends in the mission it paused in, not listed as paused for ever"
     );
 
     let third = session.create_turn(TurnRequest::message("Where is the report?")).await.unwrap();
@@ -486,9 +486,10 @@ pub async fn a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it(h
     let TurnState::Done { output, required_actions, .. } = state else { panic!("{state:?}") };
     assert!(required_actions.is_empty(), "nothing waits any more: {required_actions:?}");
     let answer = output.unwrap().message.content.unwrap_or_default();
-    // The delegation was closed as not completed (or, had the member gone on, answered
-    // with its cancellation).
-    assert!(answer.contains("cancelled"), "{answer}");
+    assert!(
+        answer.contains("The call did not complete: the turn was cancelled (server-execution-timeout)"),
+        "{answer}"
+    );
 }
 
 /// Scenario.

@@ -89,6 +89,10 @@ pub(crate) enum Resume {
     Failed { thread: ThreadId, run_id: TurnId, error: String },
 }
 
+/// The most turns [`TurnEngine::prepare_resumes`] looks back through for a member waiting
+/// since an earlier turn (one waiting longer starts afresh when its call runs again).
+const MAX_RESUME_CHAIN: usize = 64;
+
 /// The previous turn's member threads by the tool call that started them.
 type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<ResumeSlot>>>>;
 
@@ -1444,26 +1448,63 @@ impl TurnEngine {
     }
 
     /// Finds the member threads the previous turn paused on, and this turn's answers for
-    /// each, so their delegating calls resume them when they run again.
+    /// each, so their delegating calls resume them when they run again; and how the other
+    /// threads of those calls ended, so they give their result without running again.
+    ///
+    /// A member's run is stored with the turn it started in: one that paused again in the
+    /// turn that resumed it is found back along the turns that each ended waiting on it.
     async fn prepare_resumes(&mut self, previous: &RunRecord) -> Result<(), Stop> {
-        let waiting: HashSet<ThreadId> = previous
-            .state
-            .required_actions()
-            .iter()
-            .filter_map(|record| record.action.thread_id())
-            .filter(|thread| **thread != self.thread)
-            .cloned()
-            .collect();
-        if waiting.is_empty() {
-            return Ok(());
+        let waiting_on = |turn: &RunRecord| -> HashSet<ThreadId> {
+            let actions = turn.state.required_actions();
+            actions.iter().filter_map(|record| record.action.thread_id()).cloned().collect()
+        };
+        let mut waiting = waiting_on(previous);
+        waiting.remove(&self.thread);
+        let mut turn = std::borrow::Cow::Borrowed(previous);
+        let mut slots: Vec<(String, ResumeSlot)> = Vec::new();
+        for depth in 0..MAX_RESUME_CHAIN {
+            if waiting.is_empty() {
+                break;
+            }
+            if depth > 0 {
+                // The threads not found yet started earlier: in the turn before, if it too
+                // ended waiting on them.
+                let Some(earlier) = turn.previous_turn_id else { break };
+                let earlier = self.store.get_run(earlier).await?;
+                let before = waiting_on(&earlier);
+                waiting.retain(|thread| before.contains(thread));
+                turn = std::borrow::Cow::Owned(earlier);
+                if waiting.is_empty() {
+                    break;
+                }
+            }
+            self.collect_resumes(&turn, &mut waiting, depth == 0, &mut slots).await?;
         }
-        let query = RunQuery { parent: ParentFilter::Of(previous.id), ..RunQuery::default() };
+        let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (call, slot) in slots {
+            resumes.entry(call).or_default().push(slot);
+        }
+        Ok(())
+    }
+
+    /// The resumptions of the members `turn` started (see [`Self::prepare_resumes`]): a
+    /// thread in `waiting` (taken out of it) resumes; the others give how they ended, all
+    /// of them for the previous turn (`all`), else those of the calls that a waiting thread
+    /// of `turn` belongs to.
+    async fn collect_resumes(
+        &self,
+        turn: &RunRecord,
+        waiting: &mut HashSet<ThreadId>,
+        all: bool,
+        slots: &mut Vec<(String, ResumeSlot)>,
+    ) -> Result<(), Stop> {
+        let query = RunQuery { parent: ParentFilter::Of(turn.id), ..RunQuery::default() };
         let members =
             self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
         let started_by: HashMap<ThreadId, (ThreadParent, String, Option<TeamContext>)> =
-            crate::live::stored_events(self.store.as_ref(), previous.id, Order::Asc)
+            crate::live::stored_events(self.store.as_ref(), turn.id, Order::Asc)
                 .await
-                .map_err(|error| Stop::Failed(format!("reading the previous turn failed: {error}")))?
+                .map_err(|error| Stop::Failed(format!("reading turn {} failed: {error}", turn.id)))?
                 .into_iter()
                 .filter_map(|event| match &event.payload {
                     EventPayload::ThreadCreated { parent, title, .. } => {
@@ -1472,12 +1513,21 @@ impl TurnEngine {
                     _ => None,
                 })
                 .collect();
-        let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let started = |run: &RunRecord| {
+            let (thread, agent) = (run.thread_id.clone()?, run.agent_id.clone()?);
+            let (parent, title, team) = started_by.get(&thread)?;
+            Some((thread, agent, parent, title, team))
+        };
+        let calls: HashSet<&str> = members
+            .iter()
+            .filter_map(started)
+            .filter(|(thread, ..)| waiting.contains(thread))
+            .map(|(_, _, parent, ..)| parent.tool_call_id.as_str())
+            .collect();
         for run in &members {
-            let (Some(thread), Some(agent)) = (run.thread_id.clone(), run.agent_id.clone()) else { continue };
-            let Some((parent, title, team)) = started_by.get(&thread) else { continue };
+            let Some((thread, agent, parent, title, team)) = started(run) else { continue };
             let call = &parent.tool_call_id;
-            let resume = if waiting.contains(&thread) {
+            let resume = if waiting.remove(&thread) {
                 let answers = self
                     .run
                     .input
@@ -1493,6 +1543,8 @@ impl TurnEngine {
                     title: title.clone(),
                     team: team.clone().map(Box::new),
                 }
+            } else if !all && !calls.contains(call.as_str()) {
+                continue;
             } else {
                 match &run.state {
                     TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {
@@ -1514,7 +1566,7 @@ impl TurnEngine {
                     _ => continue,
                 }
             };
-            resumes.entry(call.clone()).or_default().push(ResumeSlot { agent, resume, claimed: false });
+            slots.push((call.clone(), ResumeSlot { agent, resume, claimed: false }));
         }
         Ok(())
     }

@@ -402,6 +402,86 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
     }
 }
 
+/// Scenario: a member that asks for one approval, and once allowed for another, goes on
+/// each time as the same thread and run: the third turn resumes it although its run was
+/// stored with the first, each tool runs once, and the coordinator gets its answer.
+pub async fn a_member_asking_for_two_approvals_in_turn_resumes_each_time(harness: Harness) {
+    let ran = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
+    let tool = |name: &'static str| {
+        let ran = ran.clone();
+        FunctionTool::new(name, "Does its part.", move |_: Nothing, _| {
+            let ran = ran.clone();
+            async move {
+                ran.lock().unwrap().push(name);
+                Ok::<_, ToolError>(format!("{name} done"))
+            }
+        })
+        .shared()
+    };
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
+        0 => ScriptedResponse::tool_call("check", &json!({})),
+        1 => ScriptedResponse::tool_call("file", &json!({})),
+        _ => ScriptedResponse::text(format!("Clerk: {}", tool_results(request).join(", "))),
+    }));
+    let clerk = Agent::builder("clerk", clerk_model)
+        .tool(tool("check"))
+        .tool(tool("file"))
+        .requires_approval("check")
+        .requires_approval("file")
+        .build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "clerk", "task": "Check, then file."}),
+            )
+        } else {
+            ScriptedResponse::text(format!("Coordinator: {}", tool_results(request)[0]))
+        }
+    }));
+    let (_runtime, session, first) =
+        super::start(&harness, Team::builder("office", coordinator).member(clerk).build(), "Check and file.")
+            .await;
+    let mut state = first.wait().await.unwrap();
+    let mut turns = vec![first.id()];
+    let mut asked = Vec::new();
+    let mut threads = Vec::new();
+    while let [record] = state.required_actions() {
+        let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+            panic!("{record:?}")
+        };
+        asked.push(tool_calls[0].name.clone());
+        threads.push(thread_id.clone());
+        assert!(asked.len() <= 2, "asked again and again: {asked:?}");
+        let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+        let next = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+        turns.push(next.id());
+        state = next.wait().await.unwrap();
+    }
+    assert_eq!(asked, ["check", "file"]);
+    assert_eq!(threads[0], threads[1], "the second approval comes from the same thread");
+    assert_eq!(*ran.lock().unwrap(), ["check", "file"], "each tool ran once");
+    let TurnState::Done { output, .. } = &state else { panic!("{state:?}") };
+    let answer = output.as_ref().unwrap().message.content.clone().unwrap_or_default();
+    assert_eq!(answer, "Coordinator: Clerk: check done, file done");
+    let members =
+        agentry_memory::RunQuery { parent: agentry_memory::ParentFilter::Any, ..Default::default() };
+    let runs = harness
+        .store
+        .list_runs(session.id(), &members, &agentry_memory::PageRequest::first(20))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        runs.iter().filter(|run| run.agent_id.as_deref() == Some("clerk")).count(),
+        1,
+        "one member run"
+    );
+    // The last turn lists the member it took up from the first.
+    let output = crate::team_run_output(harness.store.as_ref(), turns[2]).await.unwrap();
+    assert_eq!(output.member_responses.len(), 1, "{output:?}");
+}
+
 /// Scenario: a member paused for an approval whose answering turn is cancelled before the
 /// member goes on (here by the turn's time limit, which a second process's definition of
 /// the team sets to nothing) is not left waiting for ever: no later turn would resume it,

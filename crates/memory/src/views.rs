@@ -342,7 +342,7 @@ async fn resumed_members(store: &dyn Store, run: &RunRecord) -> StoreResult<Vec<
             break;
         }
         for member in member_runs(store, &turn).await? {
-            if member.thread_id.as_ref().is_some_and(|thread| threads.remove(thread)) {
+            if takes_threads(store, &member, &mut threads).await? {
                 found.push(member);
             }
         }
@@ -351,6 +351,33 @@ async fn resumed_members(store: &dyn Store, run: &RunRecord) -> StoreResult<Vec<
     }
     found.sort_by_key(|member| member.created_at);
     Ok(found)
+}
+
+/// Whether `member`, or a member run under it (the member of a team nested in a team),
+/// ran one of `threads`; those it ran are taken out of `threads`.
+async fn takes_threads(
+    store: &dyn Store,
+    member: &RunRecord,
+    threads: &mut std::collections::HashSet<agentry_types::ThreadId>,
+) -> StoreResult<bool> {
+    /// Nesting levels looked into.
+    const MAX_NESTING: usize = 8;
+    let mut took = false;
+    let mut level = vec![member.clone()];
+    for _ in 0..MAX_NESTING {
+        let mut below = Vec::new();
+        for run in level {
+            took |= run.thread_id.as_ref().is_some_and(|thread| threads.remove(thread));
+            if !threads.is_empty() {
+                below.extend(member_runs(store, &run).await?);
+            }
+        }
+        if below.is_empty() || threads.is_empty() {
+            break;
+        }
+        level = below;
+    }
+    Ok(took)
 }
 
 /// A run's member runs, in the order they started.

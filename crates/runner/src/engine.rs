@@ -644,6 +644,9 @@ impl ThreadScope {
         let mut engine =
             TurnEngine::new(self.store.clone(), agent, run, self.sink.clone(), self.fence, cancel);
         engine.thread = thread;
+        // The turn's resumptions, for the members this thread's own calls resume (a team
+        // nested in a team).
+        engine.resumes = self.resumes.clone();
         engine.team = instance.as_ref().map(|instance| instance.team.clone());
         engine.ledger = instance.as_ref().and_then(|instance| instance.ledger.clone());
         match answers {
@@ -1488,9 +1491,10 @@ impl TurnEngine {
     }
 
     /// The resumptions of the members `turn` started (see [`Self::prepare_resumes`]): a
-    /// thread in `waiting` (taken out of it) resumes; the others give how they ended, all
-    /// of them for the previous turn (`all`), else those of the calls that a waiting thread
-    /// of `turn` belongs to.
+    /// thread in `waiting` (taken out of it) resumes, and so does each member between it
+    /// and the turn (a team nested in a team, whose thread's delegating call runs again to
+    /// resume it); the others give how they ended, all of them among the previous turn's own
+    /// members (`all`), else those of the calls a resuming thread belongs to.
     async fn collect_resumes(
         &self,
         turn: &RunRecord,
@@ -1498,9 +1502,6 @@ impl TurnEngine {
         all: bool,
         slots: &mut Vec<(String, ResumeSlot)>,
     ) -> Result<(), Stop> {
-        let query = RunQuery { parent: ParentFilter::Of(turn.id), ..RunQuery::default() };
-        let members =
-            self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
         let started_by: HashMap<ThreadId, (ThreadParent, String, Option<TeamContext>)> =
             crate::live::stored_events(self.store.as_ref(), turn.id, Order::Asc)
                 .await
@@ -1518,55 +1519,73 @@ impl TurnEngine {
             let (parent, title, team) = started_by.get(&thread)?;
             Some((thread, agent, parent, title, team))
         };
-        let calls: HashSet<&str> = members
-            .iter()
-            .filter_map(started)
-            .filter(|(thread, ..)| waiting.contains(thread))
-            .map(|(_, _, parent, ..)| parent.tool_call_id.as_str())
-            .collect();
-        for run in &members {
-            let Some((thread, agent, parent, title, team)) = started(run) else { continue };
-            let call = &parent.tool_call_id;
-            let resume = if waiting.remove(&thread) {
-                let answers = self
-                    .run
-                    .input
-                    .iter()
-                    .filter(|item| input_thread(item) == Some(&thread))
-                    .cloned()
-                    .collect();
-                Resume::Paused {
-                    run: Box::new(run.clone()),
-                    thread,
-                    answers,
-                    parent: parent.clone(),
-                    title: title.clone(),
-                    team: team.clone().map(Box::new),
-                }
-            } else if !all && !calls.contains(call.as_str()) {
-                continue;
-            } else {
-                match &run.state {
-                    TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {
-                        let output = output.clone();
-                        let answer = output
-                            .as_ref()
-                            .and_then(|output| output.message.content.clone())
-                            .unwrap_or_default();
-                        Resume::Answered { thread, run_id: run.id, answer, output }
-                    }
-                    TurnState::Cancelled { reason, .. } => Resume::Failed {
-                        thread,
-                        run_id: run.id,
-                        error: format!("cancelled: {}", reason.as_str()),
-                    },
-                    TurnState::Error { message, .. } => {
-                        Resume::Failed { thread, run_id: run.id, error: message.clone() }
-                    }
-                    _ => continue,
-                }
+        // A member waiting on a thread resumes: the thread itself, or one it started.
+        let resumes =
+            |run: &RunRecord, thread: &ThreadId, waiting: &HashSet<ThreadId>| {
+                waiting.contains(thread)
+                    || run.state.required_actions().iter().any(|record| {
+                        record.action.thread_id().is_some_and(|asking| waiting.contains(asking))
+                    })
             };
-            slots.push((call.clone(), ResumeSlot { agent, resume, claimed: false }));
+        let mut parents = vec![(turn.id, all)];
+        while let Some((parent_run, all)) = parents.pop() {
+            let query = RunQuery { parent: ParentFilter::Of(parent_run), ..RunQuery::default() };
+            let members =
+                self.store.list_runs(self.session_id(), &query, &PageRequest::first(MAX_PAGE)).await?.items;
+            let calls: HashSet<&str> = members
+                .iter()
+                .filter_map(|run| started(run).filter(|(thread, ..)| resumes(run, thread, waiting)))
+                .map(|(_, _, parent, ..)| parent.tool_call_id.as_str())
+                .collect();
+            for run in &members {
+                let Some((thread, agent, parent, title, team)) = started(run) else { continue };
+                let call = &parent.tool_call_id;
+                let resume = if resumes(run, &thread, waiting) {
+                    if !waiting.remove(&thread) {
+                        // A team between the turn and the waiting thread: its own members
+                        // resume under it.
+                        parents.push((run.id, false));
+                    }
+                    let answers = self
+                        .run
+                        .input
+                        .iter()
+                        .filter(|item| input_thread(item) == Some(&thread))
+                        .cloned()
+                        .collect();
+                    Resume::Paused {
+                        run: Box::new(run.clone()),
+                        thread,
+                        answers,
+                        parent: parent.clone(),
+                        title: title.clone(),
+                        team: team.clone().map(Box::new),
+                    }
+                } else if !all && !calls.contains(call.as_str()) {
+                    continue;
+                } else {
+                    match &run.state {
+                        TurnState::Done { output, required_actions, .. } if required_actions.is_empty() => {
+                            let output = output.clone();
+                            let answer = output
+                                .as_ref()
+                                .and_then(|output| output.message.content.clone())
+                                .unwrap_or_default();
+                            Resume::Answered { thread, run_id: run.id, answer, output }
+                        }
+                        TurnState::Cancelled { reason, .. } => Resume::Failed {
+                            thread,
+                            run_id: run.id,
+                            error: format!("cancelled: {}", reason.as_str()),
+                        },
+                        TurnState::Error { message, .. } => {
+                            Resume::Failed { thread, run_id: run.id, error: message.clone() }
+                        }
+                        _ => continue,
+                    }
+                };
+                slots.push((call.clone(), ResumeSlot { agent, resume, claimed: false }));
+            }
         }
         Ok(())
     }

@@ -482,6 +482,69 @@ pub async fn a_member_asking_for_two_approvals_in_turn_resumes_each_time(harness
     assert_eq!(output.member_responses.len(), 1, "{output:?}");
 }
 
+/// Scenario: a member of a team nested in a team asks for an approval; allowed, it goes
+/// on where it was, under the same inner team's thread, and both coordinators answer.
+pub async fn a_member_of_a_nested_team_paused_for_approval_resumes_in_place(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let file = {
+        let filed = filed.clone();
+        FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
+            let filed = filed.clone();
+            async move {
+                filed.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("filed".to_owned())
+            }
+        })
+    };
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| match tool_results(request).first() {
+        None => ScriptedResponse::tool_call("file_report", &json!({})),
+        Some(result) => ScriptedResponse::text(format!("Report {result}.")),
+    }));
+    let clerk =
+        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let delegating = |member: &'static str, says: &'static str| {
+        Arc::new(ScriptedModel::responder(move |request| match tool_results(request).last() {
+            None => ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": member, "task": "File it."}),
+            ),
+            Some(result) => ScriptedResponse::text(format!("{says}: {result}")),
+        }))
+    };
+    let inner = Team::builder("desk", delegating("clerk", "Desk")).member(clerk).build();
+    let outer = Team::builder("office", delegating("desk", "Office")).member(inner).build();
+    let (_runtime, session, first) = super::start(&harness, outer, "File the report.").await;
+    let state = first.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let second = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    let TurnState::Done { output, required_actions, .. } = &state else { panic!("{state:?}") };
+    assert!(required_actions.is_empty(), "asked again: {required_actions:?}");
+    let answer = output.as_ref().unwrap().message.content.clone().unwrap_or_default();
+    assert_eq!(answer, "Office: Desk: Report filed.");
+    assert_eq!(filed.load(Ordering::SeqCst), 1);
+    let all = agentry_memory::RunQuery { parent: agentry_memory::ParentFilter::Any, ..Default::default() };
+    let runs = harness
+        .store
+        .list_runs(session.id(), &all, &agentry_memory::PageRequest::first(20))
+        .await
+        .unwrap()
+        .items;
+    let agents: Vec<&str> = runs.iter().filter_map(|run| run.agent_id.as_deref()).collect();
+    assert_eq!(agents.iter().filter(|agent| **agent == "clerk").count(), 1, "one clerk run: {agents:?}");
+    // The second turn lists the inner team it took up, with its member.
+    let output = crate::team_run_output(harness.store.as_ref(), second.id()).await.unwrap();
+    let [agentry_types::agno::MemberResponse::Team(desk)] = output.member_responses.as_slice() else {
+        panic!("{:?}", output.member_responses)
+    };
+    assert_eq!(desk.content, Some(json!("Desk: Report filed.")));
+    assert_eq!(desk.member_responses.len(), 1);
+}
+
 /// Scenario: a member paused for an approval whose answering turn is cancelled before the
 /// member goes on (here by the turn's time limit, which a second process's definition of
 /// the team sets to nothing) is not left waiting for ever: no later turn would resume it,

@@ -290,19 +290,22 @@ pub async fn a_mission_is_cancelled_with_all_its_instances(harness: Harness) {
     assert_eq!(cancelled, 2);
 }
 
+/// A `file_report` tool answering `filed`, counting its runs in `filed`.
+fn file_report(filed: &Arc<AtomicUsize>) -> FunctionTool<Nothing> {
+    let filed = filed.clone();
+    FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
+        let filed = filed.clone();
+        async move {
+            filed.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ToolError>("filed".to_owned())
+        }
+    })
+}
+
 /// Scenario.
 pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish(harness: Harness) {
     let filed = Arc::new(AtomicUsize::new(0));
-    let file = {
-        let filed = filed.clone();
-        FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
-            let filed = filed.clone();
-            async move {
-                filed.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, ToolError>("filed".to_owned())
-            }
-        })
-    };
+    let file = file_report(&filed);
     let clerk_model = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call("file_report", &json!({}))
@@ -486,16 +489,7 @@ pub async fn a_member_asking_for_two_approvals_in_turn_resumes_each_time(harness
 /// on where it was, under the same inner team's thread, and both coordinators answer.
 pub async fn a_member_of_a_nested_team_paused_for_approval_resumes_in_place(harness: Harness) {
     let filed = Arc::new(AtomicUsize::new(0));
-    let file = {
-        let filed = filed.clone();
-        FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
-            let filed = filed.clone();
-            async move {
-                filed.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, ToolError>("filed".to_owned())
-            }
-        })
-    };
+    let file = file_report(&filed);
     let clerk_model = Arc::new(ScriptedModel::responder(|request| match tool_results(request).first() {
         None => ScriptedResponse::tool_call("file_report", &json!({})),
         Some(result) => ScriptedResponse::text(format!("Report {result}.")),
@@ -555,14 +549,7 @@ pub async fn a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it(h
     use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
     let filed = Arc::new(AtomicUsize::new(0));
     let team = |limits: AgentLimits| {
-        let filed = filed.clone();
-        let file = FunctionTool::new("file_report", "Files the report.", move |_: Nothing, _| {
-            let filed = filed.clone();
-            async move {
-                filed.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, ToolError>("filed".to_owned())
-            }
-        });
+        let file = file_report(&filed);
         let clerk_model =
             Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("file_report", &json!({}))));
         let clerk =

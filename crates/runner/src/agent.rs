@@ -203,7 +203,8 @@ impl Agent {
         Self { inner: Arc::new(inner) }
     }
 
-    /// The tool choice of each turn's first model call.
+    /// The tool choice of each turn's first model call (see
+    /// [`AgentBuilder::first_tool_choice`]).
     #[must_use]
     pub fn first_tool_choice(&self) -> Option<&ToolChoice> {
         self.inner.first_tool_choice.as_ref()
@@ -361,7 +362,9 @@ impl AgentBuilder {
     }
 
     /// Sets the tool choice of each turn's first model call (for example, a call of one
-    /// tool the turn must start with).
+    /// tool the turn must start with), when that call answers a user message: not when a
+    /// turn goes on after answering required actions, where the first call was made in the
+    /// turn that asked.
     #[must_use]
     pub fn first_tool_choice(mut self, choice: ToolChoice) -> Self {
         self.inner.first_tool_choice = Some(choice);

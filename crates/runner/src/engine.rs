@@ -1824,7 +1824,10 @@ impl TurnEngine {
         // Everything before the call is stored and published before the wait on the model.
         self.sink.flush().await?;
         let mut request = ModelRequest::new(self.context.clone()).with_tools(self.tool_specs());
-        if self.model_calls == 0 {
+        // The forced first call answers the user's message: a turn that goes on after the
+        // answers to required actions (or from a recovered step) has made it already, and
+        // forcing it again would start over (a broadcast would ask every member again).
+        if self.model_calls == 0 && self.context.last().is_some_and(|message| message.role == Role::User) {
             request.tool_choice = self.agent.first_tool_choice().cloned();
         }
         self.model_calls += 1;

@@ -91,6 +91,7 @@ macro_rules! team_scenarios {
             coordinate::delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported,
             modes::route_mode_answers_with_the_chosen_members_own_message,
             modes::broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes,
+            modes::a_broadcast_resumed_after_an_approval_is_not_forced_to_broadcast_again,
             modes::tasks_mode_creates_runs_in_parallel_and_completes_a_task_list,
             modes::a_team_nested_in_a_team_nests_its_member_responses,
             modes::a_handed_over_turn_leaves_the_stored_task_list_to_its_next_holder,

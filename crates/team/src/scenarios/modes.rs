@@ -96,6 +96,39 @@ pub async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synt
     assert_eq!(done, 3);
 }
 
+/// Scenario: a broadcast whose member paused for an approval goes on after the approval
+/// without broadcasting again: the coordinator's first call of the answering turn is not
+/// forced (a provider obeys a forced choice, and would start every member over).
+pub async fn a_broadcast_resumed_after_an_approval_is_not_forced_to_broadcast_again(harness: Harness) {
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Check it."}))
+        } else {
+            ScriptedResponse::text("Synthesised.")
+        }
+    }));
+    let team = Team::builder("panel", coordinator.clone())
+        .mode(TeamMode::Broadcast)
+        .member(echoing("a"))
+        .member(super::gated_clerk())
+        .build();
+    let (_runtime, session, first) = super::start(&harness, team, "Check it.").await;
+    let state = first.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    let asked_before = coordinator.requests().len();
+    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let second = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "Synthesised.");
+    let requests = coordinator.requests();
+    let resumed = &requests[asked_before..];
+    assert_eq!(resumed.len(), 1, "one call after the broadcast's results");
+    assert!(resumed[0].tool_choice.is_none(), "not forced again: {:?}", resumed[0].tool_choice);
+}
+
 /// Scenario.
 pub async fn tasks_mode_creates_runs_in_parallel_and_completes_a_task_list(harness: Harness) {
     let call = |id: &str, name: &str, arguments: serde_json::Value| ScriptedToolCall {

@@ -96,6 +96,11 @@ const MAX_RESUME_CHAIN: usize = 64;
 /// The previous turn's member threads by the tool call that started them.
 type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<ResumeSlot>>>>;
 
+/// The member threads that paused in this turn (a turn local): should the turn end
+/// without asking for them (cancelled, failed, or answered regardless), they end with it.
+#[derive(Default)]
+struct PausedHere(std::sync::Mutex<Vec<Resume>>);
+
 /// A member thread of the previous turn, waiting for the call that started it to run again.
 #[derive(Debug)]
 struct ResumeSlot {
@@ -1050,14 +1055,20 @@ impl TurnEngine {
     async fn end_abandoned_resumptions(&mut self, outcome: &Result<Outcome, Stop>) {
         let abandoned = match outcome {
             Err(Stop::Cancelled(reason)) => Err(*reason),
-            Err(Stop::Failed(message)) => Ok(format!("the turn that was to resume it failed: {message}")),
-            Ok(_) => Ok("the turn that was to resume it did not".to_owned()),
+            Err(Stop::Failed(message)) => Ok(format!("the turn failed: {message}")),
+            Ok(_) => Ok("the turn ended without going on with it".to_owned()),
             Err(Stop::LeaseLost) => return,
         };
-        let left: Vec<Resume> = {
+        let mut left: Vec<Resume> = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             resumes.drain().flat_map(|(_, threads)| threads).map(|slot| slot.resume).collect()
         };
+        // Threads that paused in this turn wait for its required actions: a turn that ends
+        // asking for none (cancelled, failed, or answered regardless) leaves them to no one.
+        if !matches!(outcome, Ok(Outcome::Paused(..))) {
+            let here = self.sink.locals.get::<PausedHere>();
+            left.extend(here.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..));
+        }
         let mut stored: Option<Vec<EventEnvelope>> = None;
         for resume in left {
             let Resume::Paused { run, thread, parent, title, team, .. } = resume else { continue };
@@ -1351,7 +1362,19 @@ impl TurnEngine {
                     metrics,
                 });
                 let result = match self.store.put_run(&self.run, Some(self.fence)).await {
-                    Ok(()) => Err(ThreadEnd::Paused(required_actions)),
+                    Ok(()) => {
+                        let paused = Resume::Paused {
+                            run: Box::new(self.run.clone()),
+                            thread: self.thread.clone(),
+                            answers: Vec::new(),
+                            parent,
+                            title,
+                            team: instance.map(|instance| Box::new(instance.team)),
+                        };
+                        let here = self.sink.locals.get::<PausedHere>();
+                        here.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(paused);
+                        Err(ThreadEnd::Paused(required_actions))
+                    }
                     Err(error) => {
                         Err(ThreadEnd::Failed(format!("recording the paused thread failed: {error}")))
                     }
@@ -2247,6 +2270,12 @@ impl TurnEngine {
                 },
             }
         };
+        // A cancellation that came as the calls ended (its threads ended on it) stops the
+        // turn as well, rather than the turn going on, or pausing for a thread that paused.
+        let stopped = stopped.or_else(|| match self.cancel.check() {
+            Err(Stop::Cancelled(reason)) => Some(reason),
+            _ => None,
+        });
         let mut done = Vec::with_capacity(results.len());
         let mut auth: Vec<McpServerAuth> = Vec::new();
         let mut paused = Vec::new();

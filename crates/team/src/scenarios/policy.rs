@@ -539,6 +539,82 @@ pub async fn a_member_of_a_nested_team_paused_for_approval_resumes_in_place(harn
     assert_eq!(desk.member_responses.len(), 1);
 }
 
+/// Scenario: a member that pauses for an approval while another member of the same
+/// delegation still works is not left paused when the turn is then cancelled: the turn
+/// asks for nothing, so nothing would resume it. It ends cancelled with the turn
+/// (`agent_team.instance.cancelled` in the turn's mission, then `thread.done`).
+pub async fn a_member_paused_in_a_turn_then_cancelled_ends_with_it(harness: Harness) {
+    use agentry_memory::{Order, PageRequest, ParentFilter, RunQuery};
+    let filed = Arc::new(AtomicUsize::new(0));
+    let clerk_model =
+        Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("file_report", &json!({}))));
+    let clerk = Agent::builder("clerk", clerk_model)
+        .tool(file_report(&filed).shared())
+        .requires_approval("file_report")
+        .build();
+    // The researcher works until the turn is cancelled.
+    let research = FunctionTool::new("research", "Researches.", |_: Nothing, context| async move {
+        context.until_cancelled(std::future::pending::<()>()).await;
+        Err::<String, _>(ToolError::Failed("stopped".to_owned()))
+    });
+    let researcher_model =
+        Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("research", &json!({}))));
+    let researcher = Agent::builder("researcher", researcher_model).tool(research.shared()).build();
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            let mut both = ScriptedResponse::text("Both.");
+            for member in ["clerk", "researcher"] {
+                both.tool_calls.push(ScriptedToolCall {
+                    id: None,
+                    name: "delegate_task_to_member".to_owned(),
+                    arguments: json!({"member_id": member, "task": "Work."}).to_string(),
+                });
+            }
+            both
+        } else {
+            ScriptedResponse::text(format!("Earlier: {}", tool_results(request).join(" | ")))
+        }
+    }));
+    let team = Team::builder("office", coordinator).member(clerk).member(researcher).build();
+    let (_runtime, session, turn) = super::start(&harness, team, "Work, both.").await;
+    // Once the clerk asks, the turn is cancelled (the researcher still works).
+    let mut events = turn.stream(None);
+    let asked = loop {
+        let event = events.next().await.expect("the clerk asks before the turn ends").unwrap();
+        if event.payload.kind() == "tool.approval_required" {
+            break event.thread_id.clone().expect("on the clerk's thread");
+        }
+    };
+    turn.cancel().await.unwrap();
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+    let members = RunQuery { parent: ParentFilter::Of(turn.id()), ..RunQuery::default() };
+    let members =
+        harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
+    let clerk_run = members.iter().find(|run| run.agent_id.as_deref() == Some("clerk")).unwrap();
+    assert!(
+        matches!(clerk_run.state, TurnState::Cancelled { .. }),
+        "the clerk does not wait for ever: {:?}",
+        clerk_run.state
+    );
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let on_thread: Vec<(&str, Option<&str>)> = stored
+        .iter()
+        .filter(|event| event.thread_id.as_ref() == Some(&asked))
+        .map(|event| (event.payload.kind(), event.team.as_ref().and_then(|team| team.mission_id.as_deref())))
+        .collect();
+    let mission = format!("mis_{}", turn.id());
+    assert_eq!(
+        on_thread[on_thread.len() - 2..],
+        [("agent_team.instance.cancelled", Some(mission.as_str())), ("thread.done", None)],
+        "{on_thread:?}"
+    );
+    assert_eq!(filed.load(Ordering::SeqCst), 0);
+    let next = session.create_turn(TurnRequest::message("Again?")).await.unwrap();
+    let state = next.wait().await.unwrap();
+    assert!(state.required_actions().is_empty(), "nothing waits any more: {state:?}");
+}
+
 /// Scenario: a member paused for an approval whose answering turn is cancelled before the
 /// member goes on (here by the turn's time limit, which a second process's definition of
 /// the team sets to nothing) is not left waiting for ever: no later turn would resume it,

@@ -93,8 +93,9 @@ pub(crate) enum Resume {
 /// since an earlier turn (one waiting longer starts afresh when its call runs again).
 const MAX_RESUME_CHAIN: usize = 64;
 
-/// The previous turn's member threads by the tool call that started them.
-type Resumes = Arc<std::sync::Mutex<HashMap<String, Vec<ResumeSlot>>>>;
+/// The previous turn's member threads by the tool call that started them: the calling
+/// thread and the call's id (two threads may give their calls the same id).
+type Resumes = Arc<std::sync::Mutex<HashMap<(ThreadId, String), Vec<ResumeSlot>>>>;
 
 /// The member threads that paused in this turn (a turn local): should the turn end
 /// without asking for them (cancelled, failed, or answered regardless), they end with it.
@@ -569,9 +570,15 @@ impl ThreadScope {
     /// resumes in this turn: the instance it runs as again.
     /// Each paused thread is taken up once: a call running the same agent twice (tasks
     /// assigned to one member) takes up its threads one each.
-    pub(crate) fn resumed_team(&self, tool_call_id: &str, agent: &str) -> Option<TeamContext> {
+    pub(crate) fn resumed_team(
+        &self,
+        thread: &ThreadId,
+        tool_call_id: &str,
+        agent: &str,
+    ) -> Option<TeamContext> {
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        resumes.get_mut(tool_call_id)?.iter_mut().find_map(|slot| match &slot.resume {
+        let key = (thread.clone(), tool_call_id.to_owned());
+        resumes.get_mut(&key)?.iter_mut().find_map(|slot| match &slot.resume {
             Resume::Paused { team: Some(team), .. } if slot.agent == agent && !slot.claimed => {
                 slot.claimed = true;
                 Some(team.as_ref().clone())
@@ -594,7 +601,7 @@ impl ThreadScope {
         let resume = {
             let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let instance_id = instance.as_ref().and_then(|instance| instance.team.instance_id.as_deref());
-            resumes.get_mut(&parent.tool_call_id).and_then(|threads| {
+            resumes.get_mut(&(parent.thread_id.clone(), parent.tool_call_id.clone())).and_then(|threads| {
                 // The thread of the instance this call took up, or else the agent's next
                 // thread no other call took up.
                 let claimed = |slot: &ResumeSlot| match &slot.resume {
@@ -1141,7 +1148,7 @@ impl TurnEngine {
     }
 
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
-        self.approved = approved_calls(&self.run.input);
+        self.approved = approved_calls(&self.run.input, &self.thread);
         let (previous, recovered) = match start {
             Start::New { previous, created: _ } => {
                 // The run, `turn.created` and an input of user messages only were stored in
@@ -1313,7 +1320,7 @@ impl TurnEngine {
         Arc::make_mut(&mut self.context).extend(
             history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),
         );
-        self.approved = approved_calls(&answers);
+        self.approved = approved_calls(&answers, &self.thread);
         self.run.input = answers;
         self.run.set_state(TurnState::Running);
         self.store.put_run(&self.run, Some(self.fence)).await?;
@@ -1487,7 +1494,7 @@ impl TurnEngine {
         let mut waiting = waiting_on(previous);
         waiting.remove(&self.thread);
         let mut turn = std::borrow::Cow::Borrowed(previous);
-        let mut slots: Vec<(String, ResumeSlot)> = Vec::new();
+        let mut slots: Vec<((ThreadId, String), ResumeSlot)> = Vec::new();
         for depth in 0..MAX_RESUME_CHAIN {
             if waiting.is_empty() {
                 break;
@@ -1523,7 +1530,7 @@ impl TurnEngine {
         turn: &RunRecord,
         waiting: &mut HashSet<ThreadId>,
         all: bool,
-        slots: &mut Vec<(String, ResumeSlot)>,
+        slots: &mut Vec<((ThreadId, String), ResumeSlot)>,
     ) -> Result<(), Stop> {
         let started_by: HashMap<ThreadId, (ThreadParent, String, Option<TeamContext>)> =
             crate::live::stored_events(self.store.as_ref(), turn.id, Order::Asc)
@@ -1607,7 +1614,10 @@ impl TurnEngine {
                         _ => continue,
                     }
                 };
-                slots.push((call.clone(), ResumeSlot { agent, resume, claimed: false }));
+                slots.push((
+                    (parent.thread_id.clone(), call.clone()),
+                    ResumeSlot { agent, resume, claimed: false },
+                ));
             }
         }
         Ok(())
@@ -1783,6 +1793,7 @@ impl TurnEngine {
             .map(|run| run.state.required_actions())
             .unwrap_or_default()
             .iter()
+            .filter(|record| record.action.thread_id() == Some(&self.thread))
             .flat_map(|record| match &record.action {
                 RequiredAction::ToolApproval { tool_calls, .. }
                 | RequiredAction::ToolResponse { tool_calls, .. } => tool_calls.as_slice(),
@@ -2483,11 +2494,13 @@ fn input_thread(item: &TurnInputItem) -> Option<&ThreadId> {
 }
 
 /// The tool calls an input approves.
-fn approved_calls(input: &[TurnInputItem]) -> HashSet<String> {
+fn approved_calls(input: &[TurnInputItem], thread: &ThreadId) -> HashSet<String> {
     input
         .iter()
         .filter_map(|item| match item {
-            TurnInputItem::ToolApproval(approval) if approval.approval == ApprovalDecision::Allow => {
+            TurnInputItem::ToolApproval(approval)
+                if approval.approval == ApprovalDecision::Allow && approval.thread_id == *thread =>
+            {
                 Some(approval.tool_call_id.clone())
             }
             _ => None,

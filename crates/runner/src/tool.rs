@@ -97,7 +97,7 @@ impl ToolContext {
     /// so that it goes on as the same instance.
     #[must_use]
     pub fn resumed_instance(&self, agent: &Agent) -> Option<TeamContext> {
-        self.scope.as_ref()?.resumed_team(&self.tool_call_id, agent.name())
+        self.scope.as_ref()?.resumed_team(&self.thread_id, &self.tool_call_id, agent.name())
     }
 
     async fn start_thread(

@@ -350,17 +350,32 @@ fn answers_call(resume: Option<&[ResumeEntry]>, id: Option<&str>) -> bool {
 fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
     let mut input = Vec::new();
     for (at, entry) in resume.iter().enumerate() {
-        let found = actions.iter().find_map(|record| match &record.action {
+        let mut matching = actions.iter().flat_map(|record| match &record.action {
             RequiredAction::ToolApproval { thread_id, tool_calls } => tool_calls
                 .iter()
-                .find(|call| call.id == entry.interrupt_id)
-                .map(|call| (true, thread_id.clone(), call.id.clone())),
+                .filter(|call| call.id == entry.interrupt_id)
+                .map(|call| (true, thread_id.clone(), call.id.clone()))
+                .collect(),
             RequiredAction::ToolResponse { thread_id, tool_calls } => tool_calls
                 .iter()
-                .find(|call| call.id == entry.interrupt_id)
-                .map(|call| (false, thread_id.clone(), call.id.clone())),
-            RequiredAction::McpAuth { .. } => None,
+                .filter(|call| call.id == entry.interrupt_id)
+                .map(|call| (false, thread_id.clone(), call.id.clone()))
+                .collect(),
+            RequiredAction::McpAuth { .. } => Vec::new(),
         });
+        let found = matching.next();
+        if matching.next().is_some() {
+            // Two threads (members on models of their own) gave their calls this id: an
+            // AG-UI interrupt names no thread, so the answer cannot be placed.
+            return Err(ApiError::bad_param(
+                "resume",
+                format!(
+                    "interrupt {} is pending on more than one thread (their models gave their calls the same \
+                     id); answer them through the harness API, which names each call's thread",
+                    entry.interrupt_id
+                ),
+            ));
+        }
         let resolved = match entry.status.as_str() {
             "resolved" => true,
             "cancelled" => false,
@@ -665,3 +680,40 @@ fn frame(event: AguiEvent, thread: &str, run: &str) -> Frame {
 /// subject, agent and thread id (one small entry per such thread, kept while the server
 /// runs), so their title is searched once per server.
 pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String, String), SessionId>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentry_types::{EventId, PendingToolCall, ThreadId, Timestamp};
+
+    fn approval(thread: &ThreadId, id: &str) -> RequiredActionRecord {
+        let call = PendingToolCall {
+            id: id.to_owned(),
+            source_event_id: EventId::new(),
+            name: "file_report".to_owned(),
+            arguments: "{}".to_owned(),
+            may_have_run: false,
+        };
+        RequiredActionRecord {
+            id: EventId::new(),
+            created_at: Timestamp::now(),
+            action: RequiredAction::ToolApproval { thread_id: thread.clone(), tool_calls: vec![call] },
+        }
+    }
+
+    #[test]
+    fn an_interrupt_id_pending_on_two_threads_is_refused_not_guessed() {
+        let (north, south) = (ThreadId::new_sub_thread(), ThreadId::new_sub_thread());
+        let actions =
+            [approval(&north, "call_1_0"), approval(&south, "call_1_0"), approval(&south, "call_2_0")];
+        let entry = |id: &str| ResumeEntry {
+            interrupt_id: id.to_owned(),
+            status: "resolved".to_owned(),
+            payload: Some(serde_json::json!({"approved": true})),
+        };
+        let error = resume_input(&actions, &[entry("call_1_0")]).unwrap_err();
+        assert!(format!("{error:?}").contains("pending on more than one thread"), "{error:?}");
+        let input = resume_input(&actions, &[entry("call_2_0")]).unwrap();
+        assert_eq!(input, [TurnInputItem::allow(south, "call_2_0")]);
+    }
+}

@@ -430,14 +430,24 @@ fn validate_answers(
         return Err(TurnInputError::NothingPending { index, tool_call_id });
     }
 
-    let by_id: HashMap<&str, &PendingCall> =
-        pending.calls.iter().map(|call| (call.call.id.as_str(), call)).collect();
-    let mut answered: HashMap<&str, usize> = HashMap::with_capacity(input.len());
+    // A call is its thread and its id: two threads (members on models of their own) may
+    // give their calls the same id.
+    let by_key: HashMap<(&ThreadId, &str), &PendingCall> =
+        pending.calls.iter().map(|call| ((&call.thread_id, call.call.id.as_str()), call)).collect();
+    let mut answered: HashMap<(&ThreadId, &str), usize> = HashMap::with_capacity(input.len());
 
     for (index, item) in input.iter().enumerate() {
         let Some((thread_id, tool_call_id, given_kind)) = answer_target(item) else { continue };
-        let Some(call) = by_id.get(tool_call_id) else {
-            return Err(TurnInputError::UnknownToolCall { index, tool_call_id: tool_call_id.to_owned() });
+        let Some(call) = by_key.get(&(thread_id, tool_call_id)) else {
+            return Err(match pending.calls.iter().find(|call| call.call.id == tool_call_id) {
+                Some(elsewhere) => TurnInputError::WrongThread {
+                    index,
+                    tool_call_id: tool_call_id.to_owned(),
+                    expected: elsewhere.thread_id.to_string(),
+                    given: thread_id.to_string(),
+                },
+                None => TurnInputError::UnknownToolCall { index, tool_call_id: tool_call_id.to_owned() },
+            });
         };
         if call.kind != given_kind {
             return Err(TurnInputError::WrongAnswerKind {
@@ -447,15 +457,7 @@ fn validate_answers(
                 given: given_kind.input_type(),
             });
         }
-        if &call.thread_id != thread_id {
-            return Err(TurnInputError::WrongThread {
-                index,
-                tool_call_id: tool_call_id.to_owned(),
-                expected: call.thread_id.to_string(),
-                given: thread_id.to_string(),
-            });
-        }
-        if answered.insert(tool_call_id, index).is_some() {
+        if answered.insert((thread_id, tool_call_id), index).is_some() {
             return Err(TurnInputError::DuplicateAnswer { index, tool_call_id: tool_call_id.to_owned() });
         }
     }
@@ -463,7 +465,7 @@ fn validate_answers(
     let missing: Vec<String> = pending
         .calls
         .iter()
-        .filter(|call| !answered.contains_key(call.call.id.as_str()))
+        .filter(|call| !answered.contains_key(&(&call.thread_id, call.call.id.as_str())))
         .map(|call| call.call.id.clone())
         .collect();
     if !missing.is_empty() {
@@ -473,7 +475,7 @@ fn validate_answers(
     let mut approvals = Vec::new();
     let mut responses = Vec::new();
     for call in &pending.calls {
-        let Some(&index) = answered.get(call.call.id.as_str()) else { continue };
+        let Some(&index) = answered.get(&(&call.thread_id, call.call.id.as_str())) else { continue };
         match &input[index] {
             TurnInputItem::ToolApproval(approval) => approvals.push(DecidedCall {
                 thread_id: call.thread_id.clone(),

@@ -79,6 +79,7 @@ macro_rules! team_scenarios {
             policy::an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish,
             policy::a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it,
             policy::a_member_paused_in_a_turn_then_cancelled_ends_with_it,
+            policy::two_members_asking_with_the_same_call_id_each_get_their_own_answer,
             policy::a_member_asking_for_two_approvals_in_turn_resumes_each_time,
             policy::a_member_of_a_nested_team_paused_for_approval_resumes_in_place,
             coordinate::a_team_turn_renders_in_the_harness_agent_team_and_agno_vocabularies,

@@ -615,6 +615,68 @@ pub async fn a_member_paused_in_a_turn_then_cancelled_ends_with_it(harness: Harn
     assert!(state.required_actions().is_empty(), "nothing waits any more: {state:?}");
 }
 
+/// Scenario: two members on models of their own both ask to approve a call, and their
+/// calls have the same id (`call_1_0`: each model numbers its own). Each answer goes to its
+/// own thread: one is allowed and runs, the other is denied and is told so.
+pub async fn two_members_asking_with_the_same_call_id_each_get_their_own_answer(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let member = |name: &str| {
+        let model = Arc::new(ScriptedModel::responder(|request| match tool_results(request).first() {
+            None => ScriptedResponse::tool_call("file_report", &json!({})),
+            Some(result) => ScriptedResponse::text(format!("Got: {result}")),
+        }));
+        Agent::builder(name, model)
+            .tool(file_report(&filed).shared())
+            .requires_approval("file_report")
+            .build()
+    };
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            let mut both = ScriptedResponse::text("Both.");
+            for member in ["north", "south"] {
+                both.tool_calls.push(ScriptedToolCall {
+                    id: None,
+                    name: "delegate_task_to_member".to_owned(),
+                    arguments: json!({"member_id": member, "task": "File it."}).to_string(),
+                });
+            }
+            both
+        } else {
+            ScriptedResponse::text(tool_results(request).join(" | "))
+        }
+    }));
+    let team = Team::builder("office", coordinator).member(member("north")).member(member("south")).build();
+    let (_runtime, session, first) = super::start(&harness, team, "File both.").await;
+    let state = first.wait().await.unwrap();
+    let asked: Vec<(agentry_types::ThreadId, String)> = state
+        .required_actions()
+        .iter()
+        .map(|record| match &record.action {
+            agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } => {
+                (thread_id.clone(), tool_calls[0].id.clone())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(asked.len(), 2, "{state:?}");
+    assert_eq!(asked[0].1, asked[1].1, "the members' calls share an id");
+    let answers = vec![
+        agentry_types::TurnInputItem::allow(asked[0].0.clone(), asked[0].1.clone()),
+        agentry_types::TurnInputItem::deny(
+            asked[1].0.clone(),
+            asked[1].1.clone(),
+            Some("not this one".to_owned()),
+        ),
+    ];
+    let second = session.create_turn(TurnRequest::input(answers)).await.unwrap();
+    let state = second.wait().await.unwrap();
+    let TurnState::Done { output, required_actions, .. } = &state else { panic!("{state:?}") };
+    assert!(required_actions.is_empty(), "asked again: {required_actions:?}");
+    assert_eq!(filed.load(Ordering::SeqCst), 1, "the allowed call ran once, the denied one not");
+    let answer = output.as_ref().unwrap().message.content.clone().unwrap_or_default();
+    assert!(answer.contains("Got: filed") && answer.contains("not this one"), "{answer}");
+}
+
 /// Scenario: a member paused for an approval whose answering turn is cancelled before the
 /// member goes on (here by the turn's time limit, which a second process's definition of
 /// the team sets to nothing) is not left waiting for ever: no later turn would resume it,

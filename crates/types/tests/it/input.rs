@@ -256,3 +256,41 @@ fn an_image_part_needs_an_http_url_or_an_image_data_uri() {
         assert!(reason.contains(why), "{url}: {reason}");
     }
 }
+
+/// Two members on models of their own may number their calls alike: a call is its thread
+/// and its id, so each answer goes to its own thread, and none is taken for the other.
+#[test]
+fn calls_of_two_threads_with_one_id_are_answered_each_on_its_thread() {
+    let (first, second) = (ThreadId::new_sub_thread(), ThreadId::new_sub_thread());
+    let pending = PendingActions::from_required_actions(&[
+        record(RequiredAction::ToolApproval { thread_id: first.clone(), tool_calls: vec![call("call_1_0")] }),
+        record(RequiredAction::ToolApproval {
+            thread_id: second.clone(),
+            tool_calls: vec![call("call_1_0")],
+        }),
+    ]);
+    let both = [
+        TurnInputItem::allow(second.clone(), "call_1_0"),
+        TurnInputItem::deny(first.clone(), "call_1_0", Some("no".to_owned())),
+    ];
+    let Ok(ValidatedInput::Resume { approvals, .. }) = validate_turn_input(&both, &pending) else {
+        panic!("both answers are taken")
+    };
+    let decided: Vec<(ThreadId, bool)> = approvals
+        .iter()
+        .map(|approval| (approval.thread_id.clone(), approval.decision == ApprovalDecision::Allow))
+        .collect();
+    assert_eq!(decided, [(first.clone(), false), (second.clone(), true)]);
+    // One answer leaves the other thread's call missing.
+    let one = [TurnInputItem::allow(first.clone(), "call_1_0")];
+    assert_eq!(
+        validate_turn_input(&one, &pending),
+        Err(TurnInputError::MissingAnswers { tool_call_ids: vec!["call_1_0".to_owned()] })
+    );
+    // The same thread twice is a duplicate, not an answer for the other.
+    let twice = [TurnInputItem::allow(first.clone(), "call_1_0"), TurnInputItem::allow(first, "call_1_0")];
+    assert!(matches!(
+        validate_turn_input(&twice, &pending),
+        Err(TurnInputError::DuplicateAnswer { index: 1, .. })
+    ));
+}

@@ -107,6 +107,9 @@ struct PausedHere(std::sync::Mutex<Vec<Resume>>);
 struct ResumeSlot {
     /// The agent that ran it.
     agent: String,
+    /// The task it was given: of two threads of one agent started by one call (tasks
+    /// assigned to one member), each call of the agent takes up the thread of its task.
+    task: String,
     resume: Resume,
     /// A paused thread whose instance a call has taken up (`ThreadScope::resumed_team`):
     /// only the thread of that instance resumes it.
@@ -575,16 +578,25 @@ impl ThreadScope {
         thread: &ThreadId,
         tool_call_id: &str,
         agent: &str,
+        task: &str,
     ) -> Option<TeamContext> {
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (thread.clone(), tool_call_id.to_owned());
-        resumes.get_mut(&key)?.iter_mut().find_map(|slot| match &slot.resume {
-            Resume::Paused { team: Some(team), .. } if slot.agent == agent && !slot.claimed => {
-                slot.claimed = true;
-                Some(team.as_ref().clone())
-            }
+        let slots = resumes.get_mut(&(thread.clone(), tool_call_id.to_owned()))?;
+        let free = |slot: &ResumeSlot| {
+            matches!(&slot.resume, Resume::Paused { team: Some(_), .. })
+                && slot.agent == agent
+                && !slot.claimed
+        };
+        let index = slots
+            .iter()
+            .position(|slot| free(slot) && slot.task == task)
+            .or_else(|| slots.iter().position(free))?;
+        let slot = &mut slots[index];
+        slot.claimed = true;
+        match &slot.resume {
+            Resume::Paused { team: Some(team), .. } => Some(team.as_ref().clone()),
             _ => None,
-        })
+        }
     }
 
     /// Runs `agent` on a new thread of the turn, started by `parent` (the calling thread
@@ -610,9 +622,12 @@ impl ThreadScope {
                     }
                     _ => false,
                 };
-                let index = threads.iter().position(claimed).or_else(|| {
-                    threads.iter().position(|slot| slot.agent == agent.name() && !slot.claimed)
-                })?;
+                let free = |slot: &ResumeSlot| slot.agent == agent.name() && !slot.claimed;
+                let index = threads
+                    .iter()
+                    .position(claimed)
+                    .or_else(|| threads.iter().position(|slot| free(slot) && slot.task == task))
+                    .or_else(|| threads.iter().position(free))?;
                 Some(threads.remove(index).resume)
             })
         };
@@ -1614,9 +1629,13 @@ impl TurnEngine {
                         _ => continue,
                     }
                 };
+                let task = run.input.iter().find_map(|item| match item {
+                    TurnInputItem::Message(message) => Some(message.content.text()),
+                    _ => None,
+                });
                 slots.push((
                     (parent.thread_id.clone(), call.clone()),
-                    ResumeSlot { agent, resume, claimed: false },
+                    ResumeSlot { agent, task: task.unwrap_or_default(), resume, claimed: false },
                 ));
             }
         }

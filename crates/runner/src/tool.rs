@@ -94,10 +94,11 @@ impl ToolContext {
 
     /// When this call resumes a thread of `agent` that paused in the previous turn (a
     /// member waiting for an approval or an answer): the agent-team context it ran with,
-    /// so that it goes on as the same instance.
+    /// so that it goes on as the same instance. Of two such threads of one agent, the one
+    /// given `task` is taken up first.
     #[must_use]
-    pub fn resumed_instance(&self, agent: &Agent) -> Option<TeamContext> {
-        self.scope.as_ref()?.resumed_team(&self.thread_id, &self.tool_call_id, agent.name())
+    pub fn resumed_instance(&self, agent: &Agent, task: &str) -> Option<TeamContext> {
+        self.scope.as_ref()?.resumed_team(&self.thread_id, &self.tool_call_id, agent.name(), task)
     }
 
     async fn start_thread(

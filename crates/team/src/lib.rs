@@ -500,7 +500,7 @@ pub(crate) async fn run_instance(
     let mission_id = format!("mis_{}", context.turn_id);
     // A member that paused in the previous turn (for an approval, an answer) goes on as the
     // same instance, with the usage its ledger holds, in this turn's mission.
-    let resumed = context.resumed_instance(agent).and_then(|team| team.instance_id);
+    let resumed = context.resumed_instance(agent, &task).and_then(|team| team.instance_id);
     let instance_id = resumed.clone().or(instance_id).unwrap_or_else(|| format!("ins_{}", EventId::new()));
     let ledger = crew
         .budgets

@@ -70,6 +70,7 @@ macro_rules! team_scenarios {
             modes::a_member_resumed_by_a_turn_that_is_handed_over_ends_with_it,
             coordinate::a_member_whose_model_panics_leaves_no_run_running,
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
+            modes::two_paused_tasks_of_one_member_each_resume_with_their_own_task,
             policy::a_member_pausing_inside_a_parallel_delegation_resumes_without_rerunning_the_others,
             budgets::an_instance_stops_when_its_cost_or_its_time_runs_out,
             budgets::a_step_past_a_budget_exhausts_it_at_once_not_at_the_next_step,

@@ -263,6 +263,85 @@ pub async fn a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_l
     assert_eq!(stored[0]["result"], "Report filed.");
 }
 
+/// Scenario: two tasks assigned to one member both pause for an approval; allowed, each
+/// member thread goes on with its own task, and each task records its own result (the
+/// threads are taken up by task, not in whatever order the calls come).
+pub async fn two_paused_tasks_of_one_member_each_resume_with_their_own_task(harness: Harness) {
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| {
+        let task = request.last_user_text().unwrap_or_default();
+        match tool_results(request).first() {
+            None => ScriptedResponse::tool_call("file_report", &json!({})),
+            Some(_) => ScriptedResponse::text(format!("Filed: {task}")),
+        }
+    }));
+    let clerk = {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        struct Nothing {}
+        let file =
+            agentry_runner::FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
+                Ok::<_, agentry_runner::ToolError>("filed".to_owned())
+            });
+        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build()
+    };
+    let coordinator = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
+        0 => {
+            let mut both = ScriptedResponse::text("Two tasks.");
+            for (title, description) in [("North", "North report."), ("South", "South report.")] {
+                both.tool_calls.push(ScriptedToolCall {
+                    id: None,
+                    name: "create_task".to_owned(),
+                    arguments: json!({"title": title, "description": description, "assignee": "clerk"})
+                        .to_string(),
+                });
+            }
+            both
+        }
+        2 => ScriptedResponse::tool_call("run_tasks", &json!({"task_ids": ["task-1", "task-2"]})),
+        _ => ScriptedResponse::text("Done."),
+    }));
+    let (_runtime, session, first) = super::start(
+        &harness,
+        Team::builder("desk", coordinator).mode(TeamMode::Tasks).member(clerk).build(),
+        "File both reports.",
+    )
+    .await;
+    let state = first.wait().await.unwrap();
+    let answers: Vec<agentry_types::TurnInputItem> = state
+        .required_actions()
+        .iter()
+        .map(|record| match &record.action {
+            agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } => {
+                agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(answers.len(), 2, "{state:?}");
+    let second = session.create_turn(TurnRequest::input(answers)).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert!(state.required_actions().is_empty(), "{state:?}");
+    let stored = harness.store.get_session(session.id()).await.unwrap().state["agentry.tasks.desk"].clone();
+    let results: Vec<(String, String)> = stored
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| {
+            (
+                task["description"].as_str().unwrap().to_owned(),
+                task["result"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("North report.".to_owned(), "Filed: North report.".to_owned()),
+            ("South report.".to_owned(), "Filed: South report.".to_owned())
+        ],
+        "{stored}"
+    );
+}
+
 /// A member model that answers nothing: it says when it is asked, then holds its reply
 /// back until the request is dropped.
 #[derive(Debug)]

@@ -1330,7 +1330,13 @@ impl TurnEngine {
             Arc::make_mut(&mut self.context).push(Message::system(instructions));
         }
         self.own_start = self.context.len();
-        let query = HistoryQuery { include_member_runs: true, ..HistoryQuery::default() };
+        // The paused run's own messages, from a window of this agent's runs only: other
+        // members' runs in between do not push it out.
+        let query = HistoryQuery {
+            include_member_runs: true,
+            agent_id: paused.agent_id.clone(),
+            ..HistoryQuery::default()
+        };
         let history = self.store.history(self.session_id(), &query).await?;
         Arc::make_mut(&mut self.context).extend(
             history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),

@@ -1189,6 +1189,7 @@ impl TurnEngine {
                 {
                     self.sink.stage_team(Some(thread), team, payload).await?;
                 }
+                end_unstarted_members(self.store.as_ref(), &self.run, &stored, self.fence).await;
                 (previous, Some(stored))
             }
         };
@@ -1765,12 +1766,14 @@ impl TurnEngine {
             }
             _ => None,
         });
+        // This thread's own steps and answered calls: another thread's calls may have the
+        // same ids.
+        let own = || stored.iter().filter(|event| event.thread_or_main() == self.thread);
         self.steps = u32::try_from(
-            stored.iter().filter(|event| matches!(event.payload, EventPayload::StepCompleted { .. })).count(),
+            own().filter(|event| matches!(event.payload, EventPayload::StepCompleted { .. })).count(),
         )
         .unwrap_or(u32::MAX);
-        self.responded = stored
-            .iter()
+        self.responded = own()
             .filter_map(|event| match &event.payload {
                 EventPayload::ToolResponse { tool_call_id, .. } => Some(tool_call_id.clone()),
                 _ => None,
@@ -2269,10 +2272,25 @@ impl TurnEngine {
         self.sink.flush().await?;
         let mut cancel = self.cancel.clone();
         let grace = self.agent.limits().cancel_grace;
+        // Of several calls, those still running when a cancellation's grace runs out give
+        // up one by one, so the results of the others are kept.
+        let give_up = (calls.len() > 1).then(|| tokio::sync::watch::channel(false));
         let (results, stopped) = {
             let this = &*self;
-            let mut runs = calls.iter().zip(prepared).map(|(call, prepared)| async move {
-                (call.clone(), this.run_tool(call, prepared, alone).await)
+            let gave_up = give_up.as_ref().map(|(_, gave_up)| gave_up);
+            let mut runs = calls.iter().zip(prepared).map(|(call, prepared)| {
+                // A thread stops by itself on cancellation and records how it ended: it is
+                // waited for rather than dropped.
+                let waits = this.agent.tool(&call.function.name).is_some_and(|tool| tool.ends_on_cancel());
+                let mut gave_up = gave_up.filter(|_| !waits).cloned();
+                async move {
+                    let run = this.run_tool(call, prepared, alone);
+                    let Some(gave_up) = gave_up.as_mut() else { return (call.clone(), Some(run.await)) };
+                    tokio::select! {
+                        ran = run => (call.clone(), Some(ran)),
+                        _ = gave_up.wait_for(|gave_up| *gave_up) => (call.clone(), None),
+                    }
+                }
             });
             // A lone call (the usual case) runs in place: `join_all` would allocate its
             // future, large enough to make glibc consolidate its free lists each time.
@@ -2287,8 +2305,6 @@ impl TurnEngine {
             } else {
                 Either::Right(futures_util::future::join_all(runs))
             });
-            // Threads stop by themselves on cancellation and record how they ended: wait for
-            // them rather than drop them.
             let patient = calls
                 .iter()
                 .all(|call| this.agent.tool(&call.function.name).is_some_and(|tool| tool.ends_on_cancel()));
@@ -2300,7 +2316,13 @@ impl TurnEngine {
                     } else {
                         match tokio::time::timeout(grace, &mut running).await {
                             Ok(results) => (results, Some(reason)),
-                            Err(_) => return Err(Stop::Cancelled(reason)),
+                            Err(_) => match &give_up {
+                                Some((give_up, _)) => {
+                                    let _sent = give_up.send(true);
+                                    (running.await, Some(reason))
+                                }
+                                None => return Err(Stop::Cancelled(reason)),
+                            },
                         }
                     }
                 },
@@ -2316,6 +2338,8 @@ impl TurnEngine {
         let mut auth: Vec<McpServerAuth> = Vec::new();
         let mut paused = Vec::new();
         for (call, ran) in results {
+            // A call given up past the grace is left unanswered: the turn's end closes it.
+            let Some(ran) = ran else { continue };
             match ran? {
                 Ran::Result(result) => {
                     // A call id the model uses again in this turn gets this result.
@@ -2712,6 +2736,48 @@ async fn end_member(store: &dyn Store, mut member: RunRecord, state: TurnState, 
         tracing::warn!(run = %member.id, %error, "a member run of a turn that ended stays open");
     }
     stored.is_ok()
+}
+
+/// Ends the member runs of `run` (at any depth) that a dead process stored and stopped
+/// before their thread's first event (`thread.created`): no client saw those threads, so
+/// they end with an error state and no event, instead of staying running for ever (best
+/// effort, as [`end_dead_threads`]).
+async fn end_unstarted_members(store: &dyn Store, run: &RunRecord, stored: &[EventEnvelope], fence: Fence) {
+    /// Nesting levels looked into.
+    const MAX_NESTING: usize = 8;
+    let started: HashSet<ThreadId> = stored
+        .iter()
+        .filter(|event| matches!(event.payload, EventPayload::ThreadCreated { .. }))
+        .map(EventEnvelope::thread_or_main)
+        .collect();
+    let mut parents = vec![run.id];
+    for _ in 0..MAX_NESTING {
+        let mut below = Vec::new();
+        for parent in parents {
+            let query = RunQuery { parent: ParentFilter::Of(parent), ..RunQuery::default() };
+            let Ok(page) = store.list_runs(run.session_id, &query, &PageRequest::first(MAX_PAGE)).await
+            else {
+                continue;
+            };
+            for member in page.items {
+                below.push(member.id);
+                let unstarted = member.thread_id.as_ref().is_none_or(|thread| !started.contains(thread));
+                if unstarted && matches!(member.state, TurnState::Running) {
+                    let message = "interrupted: the process running the turn stopped as this thread started";
+                    let state = TurnState::Error {
+                        message: message.to_owned(),
+                        completed_at: Timestamp::now(),
+                        metrics: None,
+                    };
+                    end_member(store, member, state, fence).await;
+                }
+            }
+        }
+        if below.is_empty() {
+            break;
+        }
+        parents = below;
+    }
 }
 
 async fn end_running_members(store: &dyn Store, run: &RunRecord, state: &TurnState, fence: Fence) {

@@ -1320,13 +1320,11 @@ pub async fn a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period
     assert!(journal[0].result.is_some());
 }
 
-/// Scenario.
-pub async fn a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled(harness: Harness) {
-    #[derive(serde::Deserialize, schemars::JsonSchema)]
-    struct Nothing {}
+/// A `hang` tool that never returns (and ignores cancellation), and what says it started.
+fn hanging_tool_started() -> (FunctionTool<NoArguments>, tokio::sync::oneshot::Receiver<()>) {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
     let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
-    let hang = FunctionTool::new("hang", "Never returns.", move |_: Nothing, _| {
+    let hang = FunctionTool::new("hang", "Never returns.", move |_: NoArguments, _| {
         let started_tx = started_tx.clone();
         async move {
             if let Some(started) = started_tx.lock().unwrap().take() {
@@ -1336,6 +1334,12 @@ pub async fn a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancell
             Ok::<_, ToolError>(String::new())
         }
     });
+    (hang, started_rx)
+}
+
+/// Scenario.
+pub async fn a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled(harness: Harness) {
+    let (hang, started_rx) = hanging_tool_started();
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("hang", &json!({}))]));
     let limits = AgentLimits { cancel_grace: Duration::from_millis(20), ..AgentLimits::default() };
     let runtime = runtime(&harness, Agent::builder("hang", model).tool(hang.shared()).limits(limits).build());
@@ -1348,6 +1352,57 @@ pub async fn a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancell
     // The journal shows the call started without a result: it is in doubt, not done.
     let journal = harness.store.journal(turn.id()).await.unwrap();
     assert!(journal[0].result.is_none());
+}
+
+/// Scenario: of two calls of one message, the one that finished is kept when the other
+/// outlasts the cancellation's grace: its result is stored and is what the next turn's
+/// model sees; only the abandoned call is closed as not completed.
+pub async fn a_call_that_finished_is_kept_when_another_outlasts_the_grace(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let (hang, started_rx) = hanging_tool_started();
+    let quick = FunctionTool::new("quick", "Returns at once.", |_: Nothing, _| async {
+        Ok::<_, ToolError>("quick result".to_owned())
+    });
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        if request.messages.iter().any(|message| message.role == Role::Tool) {
+            ScriptedResponse::text("Seen.")
+        } else {
+            ScriptedResponse::tool_call("quick", &json!({})).with_tool_call("hang", &json!({}))
+        }
+    }));
+    let limits = AgentLimits { cancel_grace: Duration::from_millis(20), ..AgentLimits::default() };
+    let agent =
+        Agent::builder("pair", model.clone()).tool(quick.shared()).tool(hang.shared()).limits(limits).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "pair").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    started_rx.await.unwrap();
+    turn.cancel().await.unwrap();
+    let state = turn.state().await.unwrap();
+    assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let responses: Vec<String> = stored
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ToolResponse { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(responses, ["quick result"], "the finished call's result is kept");
+    let next = session.create_turn(TurnRequest::message("and now?")).await.unwrap();
+    next.wait().await.unwrap();
+    let requests = model.requests();
+    let last = requests.last().unwrap();
+    let results: Vec<String> = last
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::Tool)
+        .map(agentry_types::Message::text)
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0], "quick result", "the model sees what ran");
+    assert!(results[1].starts_with("The call did not complete"), "{results:?}");
 }
 
 /// Scenario.
@@ -1957,6 +2012,35 @@ pub async fn a_recovery_pass_resumes_only_turns_under_lapsed_leases(harness: Har
     }
 }
 
+/// Scenario: a dead process that stored a member run and stopped before its thread's first
+/// event leaves no run running for ever: the recovered turn ends it with an error, and
+/// the turn goes on to its end.
+pub async fn a_member_run_stored_just_before_a_crash_ends_when_its_turn_is_recovered(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("done")]));
+    let runtime = runtime(&harness, Agent::builder("quick", model).build());
+    let session = session_for(&runtime, "quick").await;
+    let left = leave_a_dead_process(&harness, &session, true).await.unwrap();
+    let mut member = agentry_types::RunRecord::new(
+        session.id(),
+        vec![TurnInputItem::message("help")],
+        agentry_types::Subject::user("dead"),
+    );
+    member.parent_run_id = Some(left);
+    member.thread_id = Some(agentry_types::ThreadId::new_sub_thread());
+    member.agent_id = Some("helper".to_owned());
+    harness.store.put_run(&member, None).await.unwrap();
+    let resumed = runtime.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [left]);
+    let state = resumed[0].wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("done"), "{state:?}");
+    let ended = harness.store.get_run(member.id).await.unwrap();
+    assert!(
+        matches!(&ended.state, TurnState::Error { message, .. } if message.starts_with("interrupted")),
+        "{:?}",
+        ended.state
+    );
+}
+
 /// Scenario: a recovery pass in a process without the session's agent ends the turn a dead
 /// process left with an error and stores its `turn.done`, numbered above every `seq` the
 /// dead process reserved: a client following the turn sees it end, and the session goes on.
@@ -2269,6 +2353,8 @@ macro_rules! runner_scenarios {
             calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_turn,
             a_cancelled_turn_lets_a_running_tool_finish_within_the_grace_period,
             a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled,
+            a_call_that_finished_is_kept_when_another_outlasts_the_grace,
+            a_member_run_stored_just_before_a_crash_ends_when_its_turn_is_recovered,
             a_paused_turn_is_resumed_by_another_runtime_on_the_same_store,
             a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,
             memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,

@@ -107,8 +107,9 @@ struct PausedHere(std::sync::Mutex<Vec<Resume>>);
 struct ResumeSlot {
     /// The agent that ran it.
     agent: String,
-    /// The task it was given: of two threads of one agent started by one call (tasks
-    /// assigned to one member), each call of the agent takes up the thread of its task.
+    /// The task it was given: a call of the agent takes up a thread of its own task only
+    /// (of two tasks assigned to one member, each its own), or one whose task is not known
+    /// (empty: its run's input became the answers that resumed it).
     task: String,
     resume: Resume,
     /// A paused thread whose instance a call has taken up (`ThreadScope::resumed_team`):
@@ -590,7 +591,7 @@ impl ThreadScope {
         let index = slots
             .iter()
             .position(|slot| free(slot) && slot.task == task)
-            .or_else(|| slots.iter().position(free))?;
+            .or_else(|| slots.iter().position(|slot| free(slot) && slot.task.is_empty()))?;
         let slot = &mut slots[index];
         slot.claimed = true;
         match &slot.resume {
@@ -622,12 +623,14 @@ impl ThreadScope {
                     }
                     _ => false,
                 };
+                // A thread whose task is not known any more (its run's input became the
+                // answers that resumed it) goes to any call of its agent.
                 let free = |slot: &ResumeSlot| slot.agent == agent.name() && !slot.claimed;
                 let index = threads
                     .iter()
                     .position(claimed)
                     .or_else(|| threads.iter().position(|slot| free(slot) && slot.task == task))
-                    .or_else(|| threads.iter().position(free))?;
+                    .or_else(|| threads.iter().position(|slot| free(slot) && slot.task.is_empty()))?;
                 Some(threads.remove(index).resume)
             })
         };
@@ -881,6 +884,9 @@ pub(crate) struct TurnEngine {
     direct_answer: Arc<std::sync::Mutex<Option<ThreadMessage>>>,
     /// Member threads this turn's input resumes.
     resumes: Resumes,
+    /// Calls a dead process left without a result whose threads had all ended: they run
+    /// again on their threads' stored ends, without asking ([`Tool::resumes_threads`]).
+    settled: HashSet<String>,
     /// The model message whose tool calls are running (their `message_id`).
     calling_message: std::sync::Mutex<Option<EventId>>,
     model_calls: u32,
@@ -915,6 +921,7 @@ impl TurnEngine {
             approved: HashSet::new(),
             direct_answer: Arc::default(),
             resumes: Arc::default(),
+            settled: HashSet::new(),
             calling_message: std::sync::Mutex::new(None),
             team: None,
             ledger: None,
@@ -1190,6 +1197,7 @@ impl TurnEngine {
                     self.sink.stage_team(Some(thread), team, payload).await?;
                 }
                 end_unstarted_members(self.store.as_ref(), &self.run, &stored, self.fence).await;
+                self.prepare_recovered_threads(&stored).await?;
                 (previous, Some(stored))
             }
         };
@@ -1534,6 +1542,32 @@ impl TurnEngine {
                 }
             }
             self.collect_resumes(&turn, &mut waiting, depth == 0, &mut slots).await?;
+        }
+        // A call of this thread that a dead process left in doubt, of a tool whose effects
+        // are its threads, and that a person is asked to run again: if allowed, its threads
+        // that had answered give their answers instead of running again (the others, ended
+        // as interrupted or failed, start afresh).
+        let retried: HashSet<&str> = previous
+            .state
+            .required_actions()
+            .iter()
+            .filter(|record| record.action.thread_id() == Some(&self.thread))
+            .flat_map(|record| match &record.action {
+                RequiredAction::ToolApproval { tool_calls, .. } => tool_calls.as_slice(),
+                _ => &[],
+            })
+            .filter(|call| call.may_have_run)
+            .filter(|call| self.agent.tool(&call.name).is_some_and(|tool| tool.resumes_threads()))
+            .map(|call| call.id.as_str())
+            .collect();
+        if !retried.is_empty() {
+            let mut answered = Vec::new();
+            self.collect_resumes(previous, &mut HashSet::new(), true, &mut answered).await?;
+            slots.extend(answered.into_iter().filter(|((thread, call), slot)| {
+                *thread == self.thread
+                    && retried.contains(call.as_str())
+                    && matches!(slot.resume, Resume::Answered { .. })
+            }));
         }
         let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (call, slot) in slots {
@@ -2220,8 +2254,61 @@ impl TurnEngine {
     fn in_doubt(&self, call: &ToolCall) -> bool {
         self.journal.get(&call.id).is_some_and(|entry| {
             entry.result.is_none()
+                && !self.settled.contains(&call.id)
                 && !self.agent.tool(&call.function.name).is_some_and(|tool| tool.idempotent())
         })
+    }
+
+    /// After a crash: the threads that this thread's calls without a result started, and
+    /// that had ended before the process stopped, give their stored ends when those calls
+    /// run again (for tools whose only effects are such threads, [`Tool::resumes_threads`]),
+    /// so no member runs twice; a call all of whose threads had ended is no longer in doubt.
+    /// Threads the recovery ended as interrupted start afresh if a person allows the call.
+    async fn prepare_recovered_threads(&mut self, stored: &[EventEnvelope]) -> Result<(), Stop> {
+        let open: HashSet<&str> = self
+            .journal
+            .values()
+            .filter(|entry| entry.result.is_none())
+            .filter(|entry| self.agent.tool(&entry.tool_name).is_some_and(|tool| tool.resumes_threads()))
+            .map(|entry| entry.tool_call_id.as_str())
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        let ended: HashSet<ThreadId> = stored
+            .iter()
+            .filter(|event| matches!(event.payload, EventPayload::ThreadDone { .. }))
+            .map(EventEnvelope::thread_or_main)
+            .collect();
+        let mut threads: HashMap<&str, Vec<ThreadId>> = HashMap::new();
+        for event in stored {
+            if let EventPayload::ThreadCreated { parent, .. } = &event.payload
+                && parent.thread_id == self.thread
+                && let Some(call) = open.get(parent.tool_call_id.as_str())
+            {
+                threads.entry(call).or_default().push(event.thread_or_main());
+            }
+        }
+        let mut slots = Vec::new();
+        let run = self.run.clone();
+        self.collect_resumes(&run, &mut HashSet::new(), true, &mut slots).await?;
+        let mut resumes = self.resumes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for ((thread, call), slot) in slots {
+            let ended_before = match &slot.resume {
+                Resume::Answered { thread, .. } | Resume::Failed { thread, .. } => ended.contains(thread),
+                Resume::Paused { .. } => false,
+            };
+            if thread == self.thread && open.contains(call.as_str()) && ended_before {
+                resumes.entry((thread, call)).or_default().push(slot);
+            }
+        }
+        drop(resumes);
+        for (call, started) in threads {
+            if started.iter().all(|thread| ended.contains(thread)) {
+                self.settled.insert(call.to_owned());
+            }
+        }
+        Ok(())
     }
 
     async fn emit_tool_response(&mut self, call: &ToolCall, result: &ToolResult) -> Result<(), Stop> {

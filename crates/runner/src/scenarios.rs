@@ -2041,6 +2041,54 @@ pub async fn a_member_run_stored_just_before_a_crash_ends_when_its_turn_is_recov
     );
 }
 
+/// Scenario: a delegating call whose thread had answered when its process stopped (before
+/// the call's own result was stored) runs again on the thread's stored answer, without
+/// asking anyone: the sub-agent does not run twice and the turn goes on to its end.
+pub async fn a_delegation_whose_thread_had_answered_is_not_in_doubt_after_a_crash(harness: Harness) {
+    let helper_model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("helped")));
+    let helper = Agent::builder("helper", helper_model.clone()).build();
+    let (after_thread_tx, after_thread_rx) = tokio::sync::oneshot::channel::<()>();
+    let after_thread = Arc::new(std::sync::Mutex::new(Some(after_thread_tx)));
+    let delegate = {
+        let (helper, after_thread) = (helper.clone(), after_thread.clone());
+        FunctionTool::new("delegate", "Asks the helper.", move |_: NoArguments, context| {
+            let (helper, after_thread) = (helper.clone(), after_thread.clone());
+            async move {
+                let answer = context.run_thread(&helper, "Help.", "helper").await?.answer;
+                // The first process stops here, after the thread's end and before the
+                // call's result is stored.
+                let stopped = after_thread.lock().unwrap().take();
+                if let Some(stopped) = stopped {
+                    let _ = stopped.send(());
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ToolError>(format!("helper: {answer}"))
+            }
+        })
+        .ends_on_cancel()
+        .resumes_threads()
+        .shared()
+    };
+    let model = Arc::new(ScriptedModel::responder(|request| match request.messages.last() {
+        Some(message) if message.role == Role::Tool => {
+            ScriptedResponse::text(format!("Done, {}", message.text()))
+        }
+        _ => ScriptedResponse::tool_call("delegate", &json!({})),
+    }));
+    let agent = |model: Arc<ScriptedModel>| Agent::builder("lead", model).tool(delegate.clone()).build();
+    let first = runtime(&harness, agent(model.clone()));
+    let session = session_for(&first, "lead").await;
+    let turn = session.create_turn(TurnRequest::message("go")).await.unwrap();
+    after_thread_rx.await.unwrap();
+    assert_eq!(first.hand_over().await, 1);
+    let second = runtime(&harness, agent(model));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Done, helper: helped"), "{state:?}");
+    assert_eq!(helper_model.requests().len(), 1, "the helper answered once");
+}
+
 /// Scenario: a recovery pass in a process without the session's agent ends the turn a dead
 /// process left with an error and stores its `turn.done`, numbered above every `seq` the
 /// dead process reserved: a client following the turn sees it end, and the session goes on.
@@ -2355,6 +2403,7 @@ macro_rules! runner_scenarios {
             a_tool_past_the_grace_period_is_abandoned_and_the_turn_ends_cancelled,
             a_call_that_finished_is_kept_when_another_outlasts_the_grace,
             a_member_run_stored_just_before_a_crash_ends_when_its_turn_is_recovered,
+            a_delegation_whose_thread_had_answered_is_not_in_doubt_after_a_crash,
             a_paused_turn_is_resumed_by_another_runtime_on_the_same_store,
             a_tool_with_its_own_timeout_uses_it_instead_of_the_agents,
             memory_summaries_and_profiles_are_updated_after_a_turn_and_injected_into_the_next,

@@ -291,6 +291,15 @@ pub trait Tool: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether the tool's only effects are the sub-agent threads it runs, each resumable
+    /// (a delegation to named members, not a spawn of a new instance): after a crash, its
+    /// threads that had ended give their stored ends when the call runs again, instead of
+    /// running again, and a call all of whose threads had ended runs again without asking a
+    /// person (otherwise it is in doubt, as a call of a tool that is not idempotent).
+    fn resumes_threads(&self) -> bool {
+        false
+    }
+
     /// How long one call may take; `None` uses the agent's
     /// [`AgentLimits::tool_timeout`](crate::AgentLimits::tool_timeout).
     fn timeout(&self) -> Option<std::time::Duration> {
@@ -377,6 +386,7 @@ pub struct FunctionTool<A> {
     idempotent: bool,
     timeout: Option<std::time::Duration>,
     ends_on_cancel: bool,
+    resumes_threads: bool,
     call: Box<BoxedCall<A>>,
     arguments: PhantomData<fn() -> A>,
 }
@@ -416,6 +426,7 @@ where
             idempotent: false,
             timeout: None,
             ends_on_cancel: false,
+            resumes_threads: false,
             call: Box::new(move |arguments, context| Box::pin(function(arguments, context))),
             arguments: PhantomData,
         }
@@ -440,6 +451,14 @@ where
     #[must_use]
     pub const fn ends_on_cancel(mut self) -> Self {
         self.ends_on_cancel = true;
+        self
+    }
+
+    /// Declares that the tool's only effects are resumable sub-agent threads (see
+    /// [`Tool::resumes_threads`]).
+    #[must_use]
+    pub const fn resumes_threads(mut self) -> Self {
+        self.resumes_threads = true;
         self
     }
 
@@ -486,6 +505,10 @@ where
 
     fn ends_on_cancel(&self) -> bool {
         self.ends_on_cancel
+    }
+
+    fn resumes_threads(&self) -> bool {
+        self.resumes_threads
     }
 
     async fn call(&self, arguments: Value, context: ToolContext) -> Result<String, ToolError> {

@@ -624,6 +624,7 @@ fn delegate_to_member(members: Arc<Crew>) -> Arc<dyn Tool> {
         },
     )
     .ends_on_cancel()
+    .resumes_threads()
     .shared()
 }
 
@@ -643,6 +644,7 @@ fn route_to_member(members: Arc<Crew>) -> Arc<dyn Tool> {
         },
     )
     .ends_on_cancel()
+    .resumes_threads()
     .shared()
 }
 
@@ -667,5 +669,6 @@ fn delegate_to_members(members: Arc<Crew>) -> Arc<dyn Tool> {
         },
     )
     .ends_on_cancel()
+    .resumes_threads()
     .shared()
 }

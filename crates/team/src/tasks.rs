@@ -313,6 +313,7 @@ pub(crate) fn tools(team: &str, members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
             },
         )
         .ends_on_cancel()
+        .resumes_threads()
     };
     let run_many = {
         let (board, members) = (board.clone(), members);
@@ -331,6 +332,7 @@ pub(crate) fn tools(team: &str, members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
             },
         )
         .ends_on_cancel()
+        .resumes_threads()
     };
     let complete = {
         let board = board.clone();

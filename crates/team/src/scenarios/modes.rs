@@ -342,6 +342,72 @@ pub async fn two_paused_tasks_of_one_member_each_resume_with_their_own_task(harn
     );
 }
 
+/// Scenario: a broadcast whose process stops while one member still works and the other
+/// has answered is put to a person (the call may have run); allowed, the member that had
+/// answered gives its stored answer instead of running again, and only the interrupted
+/// one starts afresh.
+pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answered(harness: Harness) {
+    use agentry_memory::Order;
+    let swift = Arc::new(ScriptedModel::responder(|request| {
+        ScriptedResponse::text(format!("swift says: {}", request.last_user_text().unwrap_or_default()))
+    }));
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if this_turns_results(request).is_empty() && request.last_user_text().as_deref() == Some("Report.") {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
+        } else {
+            ScriptedResponse::text(format!("Heard: {}", this_turns_results(request).join(" | ")))
+        }
+    }));
+    let team = |slow: Arc<dyn agentry_model::Model>| {
+        Team::builder("panel", coordinator.clone())
+            .mode(TeamMode::Broadcast)
+            .member(Agent::builder("swift", swift.clone()).build())
+            .member(Agent::builder("slow", slow).build())
+            .build()
+    };
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let (first, session, turn) = super::start(&harness, team(Stalled::new(&asked, None)), "Report.").await;
+    // The process stops once swift has answered and slow works.
+    let mut events = turn.stream(None);
+    let mut swift_done = false;
+    while !swift_done {
+        let event = events.next().await.expect("the broadcast runs").unwrap();
+        swift_done =
+            matches!(&event.payload, EventPayload::ThreadDone { title, .. } if title.starts_with("swift"));
+    }
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("slow says: late.")))));
+    let resumed = second.recover().await.unwrap();
+    let state = resumed[0].wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    assert!(tool_calls[0].may_have_run, "the broadcast is in doubt: slow was interrupted");
+    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let session = second.get_session(session.id()).await.unwrap();
+    let retry = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+    let state = retry.wait().await.unwrap();
+    let (_, answer) = answer(&state).unwrap();
+    assert!(answer.contains("swift says: Report.") && answer.contains("slow says: late."), "{answer}");
+    assert_eq!(swift.requests().len(), 1, "swift, which had answered, did not run again");
+    let started: Vec<String> = retry
+        .events(Order::Asc)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ThreadCreated { title, .. } => Some(title.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), 1, "only slow starts again: {started:?}");
+    assert!(started[0].starts_with("slow"), "{started:?}");
+}
+
 /// A member model that answers nothing: it says when it is asked, then holds its reply
 /// back until the request is dropped.
 #[derive(Debug)]

@@ -310,15 +310,16 @@ fn stream_turn(state: &Arc<AppState>, turn: &TurnHandle, after: Option<u64>) -> 
     let turn_id = turn.id();
     let frames = turn.stream(after).filter_map(move |event| async move {
         match event {
-            Ok(event) => harness::render(&event).map(|rendered| frame(&event, &rendered)),
+            Ok(event) => harness::render(&event).map(|rendered| Ok(frame(&event, &rendered))),
             Err(error) => {
-                // The client reconnects with its last id and gets the rest.
+                // The connection is aborted, not closed: the client takes the stream for
+                // cut, reconnects with its last id and gets the rest.
                 tracing::warn!(turn = %turn_id, %error, "a turn stream ended early");
-                None
+                Some(Err(sse::Cut(format!("reading the turn's events failed: {error}"))))
             }
         }
     });
-    sse::respond(state, frames)
+    sse::respond_or_cut(state, frames)
 }
 
 fn frame(event: &EventEnvelope, rendered: &HarnessEvent) -> Frame {

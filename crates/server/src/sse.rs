@@ -31,21 +31,31 @@ pub(crate) fn last_event_id(headers: &axum::http::HeaderMap) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
-/// Why a stream was cut: the server is stopping. Ending the body with it aborts the
-/// connection.
+/// Why a stream was cut before its end: the server is stopping, or reading what it
+/// streams failed. Ending the body with it aborts the connection, so the client
+/// reconnects with its cursor instead of taking the stream for finished.
 #[derive(Debug)]
-struct Stopping;
+pub(crate) struct Cut(pub(crate) String);
 
-impl std::fmt::Display for Stopping {
+impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the server is stopping")
+        f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for Stopping {}
+impl std::error::Error for Cut {}
 
 /// An SSE response of `frames`, cut (the connection aborted) when the server stops.
 pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
+    respond_or_cut(state, frames.map(Ok))
+}
+
+/// An SSE response of `frames`, cut (the connection aborted) at the first error, or when
+/// the server stops.
+pub(crate) fn respond_or_cut(
+    state: &Arc<AppState>,
+    frames: impl Stream<Item = Result<Frame, Cut>> + Send + 'static,
+) -> Response {
     let cut = futures_util::stream::unfold(
         (Box::pin(frames), Box::pin(state.stopped()), false),
         |(mut frames, mut stopped, over)| async move {
@@ -54,8 +64,13 @@ pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> +
             }
             tokio::select! {
                 biased;
-                () = &mut stopped => Some((Err(Stopping), (frames, stopped, true))),
-                next = frames.next() => next.map(|frame| (Ok(frame), (frames, stopped, false))),
+                () = &mut stopped => {
+                    Some((Err(Cut("the server is stopping".to_owned())), (frames, stopped, true)))
+                }
+                next = frames.next() => next.map(|frame| {
+                    let over = frame.is_err();
+                    (frame, (frames, stopped, over))
+                }),
             }
         },
     );

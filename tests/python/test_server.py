@@ -1529,6 +1529,25 @@ class AgUi(unittest.TestCase):
         text = "".join(e.delta for e in answered if kind(e) == "TEXT_MESSAGE_CONTENT")
         self.assertEqual(text, "Echo: hello again")
 
+    def test_an_agui_run_retried_after_a_dropped_connection_goes_on(self):
+        # A connection that drops is retried under the same runId: the run is not taken
+        # for aborted, and the retry streams it to its end.
+        thread = f"retried-{os.urandom(4).hex()}"
+        body = {"threadId": thread, "runId": "r1", "messages": [{"id": "m1", "role": "user", "content": "slow"}]}
+        with http() as h:
+            with h.stream("POST", "/agui/demo", json=body) as response:
+                self.assertEqual(response.status_code, 200)
+                for line in response.iter_lines():
+                    if '"TEXT_MESSAGE_CONTENT"' in line:
+                        break
+            retried = agui_run(h, body)
+        self.assertEqual(kind(retried[0]), "RUN_STARTED")
+        self.assertEqual(kind(retried[-1]), "RUN_FINISHED")
+        alice = client()
+        session = next(s for s in alice.list_sessions(agent_name="demo", limit=100) if s.title == thread)
+        turn = next(iter(alice.get_session(session.id).list_turns()))
+        self.assertEqual(turn.state.status, "done", turn.state)
+
     def test_an_agui_run_without_a_user_message_is_refused_naming_messages(self):
         with http() as h:
             for messages in ([], [{"id": "s", "role": "system", "content": "be brief"}], [{"id": "u", "role": "user", "content": ""}]):

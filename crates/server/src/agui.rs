@@ -585,6 +585,7 @@ fn stream_turn(
     // resumed), so the turn is cancelled rather than left running for no one.
     // The guard lives in the closing part of the stream, which is dropped unpolled when
     // the connection goes first, and run only once the frames are over.
+    state.agui_streams.attach(turn.id());
     let abort = AbortOnDisconnect { turn: Some(turn), over: ended.clone(), state: Arc::clone(&state) };
     let frames = frames.take_until(state.stopped()).map(move |(frame, last)| {
         if last {
@@ -622,17 +623,55 @@ struct AbortOnDisconnect {
 
 impl Drop for AbortOnDisconnect {
     fn drop(&mut self) {
-        if self.over.load(Ordering::Relaxed) || *self.state.stopping.borrow() {
+        let Some(turn) = self.turn.take() else { return };
+        let last = self.state.agui_streams.detach(turn.id());
+        if !last || self.over.load(Ordering::Relaxed) || *self.state.stopping.borrow() {
             return;
         }
-        let Some(turn) = self.turn.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let state = Arc::clone(&self.state);
         runtime.spawn(async move {
+            // A client whose connection dropped retries the run under its `runId`: the
+            // turn goes on if it comes back within the grace (its stream is attached).
+            tokio::time::sleep(RETRY_GRACE).await;
+            if state.agui_streams.attached(turn.id()) {
+                return;
+            }
             tracing::info!(turn = %turn.id(), "the AG-UI client went away before the run's end: cancelling it");
             if let Err(error) = turn.cancel().await {
                 tracing::warn!(turn = %turn.id(), %error, "cancelling an abandoned AG-UI run failed");
             }
         });
+    }
+}
+
+/// How long a run whose client went away waits for a retry under its `runId` before it is
+/// cancelled as aborted.
+const RETRY_GRACE: Duration = Duration::from_secs(2);
+
+/// The AG-UI streams open on each turn (see [`AbortOnDisconnect`]).
+#[derive(Debug, Default)]
+pub(crate) struct Streams(std::sync::Mutex<HashMap<agentry_types::TurnId, usize>>);
+
+impl Streams {
+    fn attach(&self, turn: agentry_types::TurnId) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(turn).or_default() += 1;
+    }
+
+    /// Whether it was the turn's last stream.
+    fn detach(&self, turn: agentry_types::TurnId) -> bool {
+        let mut streams = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(count) = streams.get_mut(&turn) else { return true };
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            streams.remove(&turn);
+            return true;
+        }
+        false
+    }
+
+    fn attached(&self, turn: agentry_types::TurnId) -> bool {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&turn)
     }
 }
 

@@ -97,6 +97,9 @@ pub(crate) struct AppState {
     pub(crate) stopping: watch::Receiver<bool>,
     /// AG-UI threads begun before derived session ids, mapped to their sessions.
     pub(crate) agui_threads: agui::Threads,
+    /// The AG-UI streams open on each turn: a run's turn is cancelled when its last
+    /// client goes away and no retry comes back for it.
+    pub(crate) agui_streams: agui::Streams,
     /// Turns started or recovered by this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
     /// The store's file as it was opened, when the server opened it: readiness checks it
@@ -249,6 +252,7 @@ impl Server {
             stopping,
             running: Mutex::new(std::collections::HashMap::new()),
             agui_threads: agui::Threads::default(),
+            agui_streams: agui::Streams::default(),
             store_file,
         });
         // Turns a dead process left running are finished in the background; the server

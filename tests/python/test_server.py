@@ -1464,6 +1464,12 @@ class AgUi(unittest.TestCase):
             second = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [use, calling, result], "tools": tools})
             text = "".join(e.delta for e in second if kind(e) == "TEXT_MESSAGE_CONTENT")
             self.assertEqual(text, "Done: sunny")
+            # The client's own result is not sent back to it, also when it retries the run.
+            retried = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [use, calling, result], "tools": tools})
+            for run in (second, retried):
+                echoed = [e for e in run if kind(e) == "TOOL_CALL_RESULT" and e.tool_call_id == call]
+                self.assertEqual(echoed, [], "the client holds its result already")
+            self.assertEqual("".join(e.delta for e in retried if kind(e) == "TEXT_MESSAGE_CONTENT"), "Done: sunny")
             # A call left unanswered blocks the next message, and the error says how to go on.
             left = agui_run(h, {"threadId": thread + "-left", "runId": "r1", "messages": [use], "tools": tools})
             pending = left[-1].outcome.pending_tool_call_ids

@@ -326,6 +326,22 @@ async fn run_input(
     Ok((resume_input(actions, &answers)?, by_client))
 }
 
+/// The calls that a run's tool messages (after its last assistant message) answered in
+/// `turn`'s input: the client holds those results already.
+fn answered_in_messages(body: &RunAgentInput, turn: &agentry_types::RunRecord) -> Vec<String> {
+    let added = body.messages.iter().rposition(|message| message.role == "assistant").map_or(0, |at| at + 1);
+    body.messages[added..]
+        .iter()
+        .filter(|message| message.role == "tool")
+        .filter_map(|message| message.tool_call_id.clone())
+        .filter(|id| {
+            turn.input.iter().any(
+                |item| matches!(item, TurnInputItem::ToolResponse(response) if response.tool_call_id == *id),
+            )
+        })
+        .collect()
+}
+
 /// The ids of the calls a turn's required actions wait on.
 fn pending_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
     actions
@@ -459,7 +475,10 @@ async fn run(
         && let Some(turn) = same_run(session, &body.run_id).await
     {
         let frontend = body.tools.iter().map(|tool| tool.name.clone()).collect();
-        return Ok(stream_turn(&state, turn, body.thread_id, body.run_id, Vec::new(), frontend));
+        // The answers the client sent as tool messages are in its list already, as they
+        // were when the run was first sent.
+        let answered = answered_in_messages(&body, turn.record());
+        return Ok(stream_turn(&state, turn, body.thread_id, body.run_id, answered, frontend));
     }
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.

@@ -223,6 +223,16 @@ impl Memory {
         })
     }
 
+    /// The user whose profile a session's memory reads and updates: the configured one,
+    /// else the session's own (a facade opened on a session another created), else this
+    /// facade's.
+    fn user_of<'a>(&'a self, session: Option<&'a SessionRecord>) -> &'a str {
+        match (self.config.user_id.as_deref(), session.and_then(|session| session.user_id.as_deref())) {
+            (Some(user), _) | (None, Some(user)) => user,
+            (None, None) => &self.user_id,
+        }
+    }
+
     /// The session used when a call names none.
     #[must_use]
     pub const fn session_id(&self) -> SessionId {
@@ -308,7 +318,7 @@ impl Memory {
                 Some(format!("Summary of the conversation so far:\n{}", summary.summary));
         }
         if self.config.user_analysis_memory
-            && let Some(profile) = self.store.profile(&self.user_id).await?
+            && let Some(profile) = self.store.profile(self.user_of(session.as_ref())).await?
         {
             let text = serde_json::to_string_pretty(&profile.profile).unwrap_or_default();
             prepared.system_prompt_injection = Some(format!("What you know about the user:\n{text}"));
@@ -457,7 +467,7 @@ impl Memory {
         // The profile is the user's: a summary that fails (or is refused by a stale fence)
         // does not keep it from being written.
         let summarized = self.summarize(model.as_ref(), session_id, &transcript, fence).await;
-        let profiled = self.analyze_user(model.as_ref(), &transcript).await;
+        let profiled = self.analyze_user(model.as_ref(), session_id, &transcript).await;
         summarized.and(profiled)
     }
 
@@ -493,9 +503,20 @@ impl Memory {
         Ok(())
     }
 
-    async fn analyze_user(&self, model: &dyn Model, transcript: &str) -> Result<(), String> {
+    async fn analyze_user(
+        &self,
+        model: &dyn Model,
+        session_id: SessionId,
+        transcript: &str,
+    ) -> Result<(), String> {
         if self.config.user_analysis_memory {
-            let current = self.store.profile(&self.user_id).await.map_err(|e| e.to_string())?;
+            let session = match self.store.get_session(session_id).await {
+                Ok(session) => Some(session),
+                Err(StoreError::NotFound { .. }) => None,
+                Err(error) => return Err(error.to_string()),
+            };
+            let user_id = self.user_of(session.as_ref()).to_owned();
+            let current = self.store.profile(&user_id).await.map_err(|e| e.to_string())?;
             let current_profile = current.as_ref().map_or(Value::Object(Map::new()), |p| p.profile.clone());
             let schema = self
                 .config
@@ -518,11 +539,8 @@ impl Memory {
                     return Ok(());
                 }
             }
-            let profile = UserProfile {
-                user_id: self.user_id.clone(),
-                profile: Value::Object(extracted),
-                updated_at: Timestamp::now(),
-            };
+            let profile =
+                UserProfile { user_id, profile: Value::Object(extracted), updated_at: Timestamp::now() };
             // An update is merged by the store in one step, so that another session's
             // fields stored meanwhile stay too.
             match mode {

@@ -905,7 +905,9 @@ pub fn add_usage(a: &BudgetUsage, b: &BudgetUsage) -> BudgetUsage {
         tokens_used: a.tokens_used.saturating_add(b.tokens_used),
         steps_used: a.steps_used.saturating_add(b.steps_used),
         tool_calls_used: a.tool_calls_used.saturating_add(b.tool_calls_used),
-        cost_used_usd: a.cost_used_usd + b.cost_used_usd,
+        // Saturated as the counts are: an infinite cost would not be stored as a number,
+        // and the ledger would not read back.
+        cost_used_usd: (a.cost_used_usd + b.cost_used_usd).min(f64::MAX),
         elapsed_ms: match (a.elapsed_ms, b.elapsed_ms) {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),

@@ -1022,6 +1022,16 @@ impl BudgetStore for SqliteStore {
             if let Some(fence) = reservation.lease {
                 check_fence(connection, fence.session_id, Some(fence))?;
             }
+            // An id held already is a conflict, not a lack of room (the held reservation
+            // would count against itself), as on the other backends.
+            let held_already = connection
+                .prepare_cached("SELECT 1 FROM reservations WHERE id = ?1")
+                .map_err(sqlite)?
+                .exists(params![reservation.id])
+                .map_err(sqlite)?;
+            if held_already {
+                return Err(Conflict::AlreadyExists { kind: "budget reservation", id: reservation.id.clone() }.into());
+            }
             for scope in &reservation.scopes {
                 let row = budget_row(connection, scope)?.ok_or_else(|| StoreError::not_found("budget", scope))?;
                 let held = rules::add_usage(&row.used, &reserved(connection, scope, now)?);

@@ -1749,8 +1749,26 @@ pub async fn budget_unknown_scopes_and_reservations_and_duplicates(store: Arc<dy
     store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap();
     let error = store.reserve(&reservation("r", &["s"], tokens(1), at(9)), at(0)).await.unwrap_err();
     assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
+    // A retried reservation whose id is held is a conflict also where its second hold
+    // would not fit: the first does not count against itself.
+    store
+        .create_budget("tight", &BudgetLimit { max_tokens: Some(10), ..BudgetLimit::default() }, None)
+        .await
+        .unwrap();
+    store.reserve(&reservation("t", &["tight"], tokens(6), at(9)), at(0)).await.unwrap();
+    let error = store.reserve(&reservation("t", &["tight"], tokens(6), at(9)), at(0)).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict(Conflict::AlreadyExists { .. })), "{error:?}");
     assert_not_found(store.settle("nope", &tokens(1)).await);
     assert_not_found(store.release("nope").await);
+    // Costs at the edge of the number range saturate: the ledger stays readable.
+    store.create_budget("costly", &BudgetLimit::default(), None).await.unwrap();
+    let huge = BudgetUsage { cost_used_usd: f64::MAX, ..BudgetUsage::default() };
+    for id in ["c1", "c2"] {
+        store.reserve(&reservation(id, &["costly"], BudgetUsage::default(), at(9)), at(0)).await.unwrap();
+        store.settle(id, &huge).await.unwrap();
+    }
+    let ledger = store.budget("costly", at(1)).await.unwrap();
+    assert!(ledger.used.cost_used_usd.is_finite(), "{:?}", ledger.used);
 }
 
 /// Many concurrent reservations never hold more than the limit.

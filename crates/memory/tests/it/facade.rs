@@ -206,6 +206,50 @@ async fn user_analysis_builds_a_profile_from_the_model_and_injects_it_into_the_s
     );
 }
 
+/// A facade opened on a session another created, with no user of its own, serves the
+/// session's user: it injects the profile the first built, and its updates go there too.
+#[tokio::test]
+async fn a_facade_without_a_user_serves_the_sessions_user() {
+    let store = store();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::text("{\"name\": \"Ada\"}"),
+        ScriptedResponse::text("{\"city\": \"Lyon\"}"),
+    ]));
+    let first = memory(
+        store.clone(),
+        Some(model.clone()),
+        MemoryConfig { user_analysis_memory: true, ..MemoryConfig::default() },
+    );
+    first
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("I'm Ada", "Hello Ada")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap();
+    let config = MemoryConfig {
+        user_analysis_memory: true,
+        session_id: Some(first.session_id()),
+        ..MemoryConfig::default()
+    };
+    let second = memory(store.clone(), Some(model), config);
+    assert_ne!(second.user_id(), first.user_id(), "the second facade has no user of its own");
+    let prepared = second.prepare_inputs_for_task(None, None).await.unwrap();
+    let injection = prepared.system_prompt_injection.expect("the session's user's profile is injected");
+    assert!(injection.contains("Ada"), "{injection}");
+    second
+        .save_session(
+            &agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice")),
+            SessionType::Agent,
+            None,
+        )
+        .await
+        .unwrap();
+    let profile = first.user_memory().unwrap().profile().await.unwrap().unwrap();
+    assert_eq!(profile, json!({"name": "Ada", "city": "Lyon"}), "the update went to the session's user");
+}
+
 /// A new session of user `ada` with profile analysis on `model`.
 fn ada_session(store: &Arc<dyn Store>, model: Arc<dyn Model>) -> Memory {
     let config = MemoryConfig {

@@ -196,6 +196,12 @@ pub(crate) struct TurnSink {
 struct TurnLocals(std::sync::Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>);
 
 impl TurnLocals {
+    /// The turn's `T`, if something made it.
+    fn existing<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        let locals = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        locals.get(&std::any::TypeId::of::<T>()).cloned()?.downcast::<T>().ok()
+    }
+
     /// The turn's `T`, made with `T::default()` on first use.
     fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
         let mut locals = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -1094,8 +1100,9 @@ impl TurnEngine {
         };
         // Threads that paused in this turn wait for its required actions: a turn that ends
         // asking for none (cancelled, failed, or answered regardless) leaves them to no one.
-        if !matches!(outcome, Ok(Outcome::Paused(..))) {
-            let here = self.sink.locals.get::<PausedHere>();
+        if !matches!(outcome, Ok(Outcome::Paused(..)))
+            && let Some(here) = self.sink.locals.existing::<PausedHere>()
+        {
             left.extend(here.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..));
         }
         let mut stored: Option<Vec<EventEnvelope>> = None;

@@ -1551,28 +1551,48 @@ impl TurnEngine {
             self.collect_resumes(&turn, &mut waiting, depth == 0, &mut slots).await?;
         }
         // A call of this thread that a dead process left in doubt, of a tool whose effects
-        // are its threads, and that a person is asked to run again: if allowed, its threads
-        // that had answered give their answers instead of running again (the others, ended
-        // as interrupted or failed, start afresh).
-        let retried: HashSet<&str> = previous
-            .state
-            .required_actions()
-            .iter()
-            .filter(|record| record.action.thread_id() == Some(&self.thread))
-            .flat_map(|record| match &record.action {
-                RequiredAction::ToolApproval { tool_calls, .. } => tool_calls.as_slice(),
-                _ => &[],
-            })
-            .filter(|call| call.may_have_run)
-            .filter(|call| self.agent.tool(&call.name).is_some_and(|tool| tool.resumes_threads()))
-            .map(|call| call.id.as_str())
-            .collect();
-        if !retried.is_empty() {
+        // are its threads, and that a person was asked to run again: its threads that had
+        // answered before the crash give their answers instead of running again (the
+        // others, ended as interrupted or failed, start afresh), in the turn that runs it
+        // again and in each later turn that goes on with it (a thread it started afresh
+        // paused). They are found back along the turns, up to the one that asked.
+        let in_doubt_asked = |turn: &RunRecord| -> HashSet<String> {
+            turn.state
+                .required_actions()
+                .iter()
+                .filter(|record| record.action.thread_id() == Some(&self.thread))
+                .flat_map(|record| match &record.action {
+                    RequiredAction::ToolApproval { tool_calls, .. } => tool_calls.as_slice(),
+                    _ => &[],
+                })
+                .filter(|call| call.may_have_run)
+                .filter(|call| self.agent.tool(&call.name).is_some_and(|tool| tool.resumes_threads()))
+                .map(|call| call.id.clone())
+                .collect()
+        };
+        let mut open: HashSet<String> = in_doubt_asked(previous);
+        open.extend(
+            slots.iter().filter(|((thread, _), _)| *thread == self.thread).map(|((_, call), _)| call.clone()),
+        );
+        let mut turn = std::borrow::Cow::Borrowed(previous);
+        // (Nothing to look for, the usual case, reads nothing.)
+        for depth in 0..if open.is_empty() { 0 } else { MAX_RESUME_CHAIN } {
+            if depth > 0 {
+                let Some(earlier) = turn.previous_turn_id else { break };
+                turn = std::borrow::Cow::Owned(self.store.get_run(earlier).await?);
+            }
+            let asked: HashSet<String> = in_doubt_asked(&turn).intersection(&open).cloned().collect();
+            if asked.is_empty() {
+                if depth > 0 {
+                    break;
+                }
+                continue;
+            }
             let mut answered = Vec::new();
-            self.collect_resumes(previous, &mut HashSet::new(), true, &mut answered).await?;
+            self.collect_resumes(&turn, &mut HashSet::new(), true, &mut answered).await?;
             slots.extend(answered.into_iter().filter(|((thread, call), slot)| {
                 *thread == self.thread
-                    && retried.contains(call.as_str())
+                    && asked.contains(call)
                     && matches!(slot.resume, Resume::Answered { .. })
             }));
         }
@@ -1893,6 +1913,14 @@ impl TurnEngine {
                         // A call a dead process started without a recorded result is left
                         // unanswered: the boundary step asks again, saying it is in doubt.
                         ApprovalDecision::Allow if self.in_doubt(&call) => {}
+                        // A call that runs threads is left to the boundary step too, which
+                        // runs it once as approved: a thread of it that pauses pauses the
+                        // turn there, where run here its request would be dropped.
+                        ApprovalDecision::Allow
+                            if self
+                                .agent
+                                .tool(&call.function.name)
+                                .is_some_and(|tool| tool.ends_on_cancel()) => {}
                         ApprovalDecision::Allow => approved.push((slot, call)),
                         ApprovalDecision::Deny { reason } => {
                             let content = match reason {
@@ -2282,9 +2310,17 @@ impl TurnEngine {
         if open.is_empty() {
             return Ok(());
         }
+        // Threads that ended by themselves: not those an earlier recovery ended as
+        // interrupted (their tasks were not done).
         let ended: HashSet<ThreadId> = stored
             .iter()
-            .filter(|event| matches!(event.payload, EventPayload::ThreadDone { .. }))
+            .filter(|event| match &event.payload {
+                EventPayload::ThreadDone { outcome: ThreadOutcome::Error { error, .. }, .. } => {
+                    !error.starts_with("interrupted")
+                }
+                EventPayload::ThreadDone { .. } => true,
+                _ => false,
+            })
             .map(EventEnvelope::thread_or_main)
             .collect();
         let mut threads: HashMap<&str, Vec<ThreadId>> = HashMap::new();
@@ -2381,6 +2417,8 @@ impl TurnEngine {
                     let run = this.run_tool(call, prepared, alone);
                     let Some(gave_up) = gave_up.as_mut() else { return (call.clone(), Some(run.await)) };
                     tokio::select! {
+                        // A call that finished as the grace ran out is kept.
+                        biased;
                         ran = run => (call.clone(), Some(ran)),
                         _ = gave_up.wait_for(|gave_up| *gave_up) => (call.clone(), None),
                     }

@@ -643,17 +643,20 @@ struct AbortOnDisconnect {
 impl Drop for AbortOnDisconnect {
     fn drop(&mut self) {
         let Some(turn) = self.turn.take() else { return };
-        let last = self.state.agui_streams.detach(turn.id());
-        if !last || self.over.load(Ordering::Relaxed) || *self.state.stopping.borrow() {
+        let Some(generation) = self.state.agui_streams.detach(turn.id()) else { return };
+        if self.over.load(Ordering::Relaxed) || *self.state.stopping.borrow() {
+            // Nothing to cancel: the turn is forgotten (unless a stream attached meanwhile).
+            let _forgotten = self.state.agui_streams.unchanged_since(turn.id(), generation);
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let state = Arc::clone(&self.state);
         runtime.spawn(async move {
             // A client whose connection dropped retries the run under its `runId`: the
-            // turn goes on if it comes back within the grace (its stream is attached).
+            // turn goes on if it comes back within the grace (its stream attached since,
+            // even if that one went away too: its own grace then counts).
             tokio::time::sleep(RETRY_GRACE).await;
-            if state.agui_streams.attached(turn.id()) {
+            if !state.agui_streams.unchanged_since(turn.id(), generation) {
                 return;
             }
             tracing::info!(turn = %turn.id(), "the AG-UI client went away before the run's end: cancelling it");
@@ -668,29 +671,37 @@ impl Drop for AbortOnDisconnect {
 /// cancelled as aborted.
 const RETRY_GRACE: Duration = Duration::from_secs(2);
 
-/// The AG-UI streams open on each turn (see [`AbortOnDisconnect`]).
+/// The AG-UI streams open on each turn (see [`AbortOnDisconnect`]), and how many have
+/// attached to it: a turn whose last stream went away is cancelled only if none attached
+/// since.
 #[derive(Debug, Default)]
-pub(crate) struct Streams(std::sync::Mutex<HashMap<agentry_types::TurnId, usize>>);
+pub(crate) struct Streams(std::sync::Mutex<HashMap<agentry_types::TurnId, (usize, u64)>>);
 
 impl Streams {
     fn attach(&self, turn: agentry_types::TurnId) {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(turn).or_default() += 1;
-    }
-
-    /// Whether it was the turn's last stream.
-    fn detach(&self, turn: agentry_types::TurnId) -> bool {
         let mut streams = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(count) = streams.get_mut(&turn) else { return true };
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            streams.remove(&turn);
-            return true;
-        }
-        false
+        let (open, attached) = streams.entry(turn).or_default();
+        *open += 1;
+        *attached += 1;
     }
 
-    fn attached(&self, turn: agentry_types::TurnId) -> bool {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&turn)
+    /// When it was the turn's last stream, how many had attached.
+    fn detach(&self, turn: agentry_types::TurnId) -> Option<u64> {
+        let mut streams = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (open, attached) = streams.get_mut(&turn)?;
+        *open = open.saturating_sub(1);
+        (*open == 0).then_some(*attached)
+    }
+
+    /// Whether no stream is open on the turn and none attached since `attached` had;
+    /// forgets the turn then.
+    fn unchanged_since(&self, turn: agentry_types::TurnId, attached: u64) -> bool {
+        let mut streams = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let unchanged = streams.get(&turn).is_none_or(|(open, now)| *open == 0 && *now == attached);
+        if unchanged {
+            streams.remove(&turn);
+        }
+        unchanged
     }
 }
 

@@ -69,6 +69,7 @@ macro_rules! team_scenarios {
             spawn::a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_resume,
             modes::a_member_resumed_by_a_turn_that_is_handed_over_ends_with_it,
             modes::a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answered,
+            modes::a_retried_broadcast_whose_fresh_member_asks_pauses_for_it,
             coordinate::a_member_whose_model_panics_leaves_no_run_running,
             modes::a_task_whose_member_pauses_resumes_next_turn_from_the_stored_task_list,
             modes::two_paused_tasks_of_one_member_each_resume_with_their_own_task,

@@ -408,6 +408,68 @@ pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answ
     assert!(started[0].starts_with("slow"), "{started:?}");
 }
 
+/// Scenario: as above, and the member that starts afresh asks for an approval: the retry
+/// pauses for it (on that member's thread) rather than dropping its request and asking to
+/// run the broadcast again; allowed, the broadcast ends with both answers, swift's from
+/// before the crash.
+pub async fn a_retried_broadcast_whose_fresh_member_asks_pauses_for_it(harness: Harness) {
+    let swift = Arc::new(ScriptedModel::responder(|request| {
+        ScriptedResponse::text(format!("swift says: {}", request.last_user_text().unwrap_or_default()))
+    }));
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if this_turns_results(request).is_empty() && request.last_user_text().as_deref() == Some("Report.") {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
+        } else {
+            ScriptedResponse::text(format!("Heard: {}", this_turns_results(request).join(" | ")))
+        }
+    }));
+    let team = |slow: Agent| {
+        Team::builder("panel", coordinator.clone())
+            .mode(TeamMode::Broadcast)
+            .member(Agent::builder("swift", swift.clone()).build())
+            .member(slow)
+            .build()
+    };
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let stalled = Agent::builder("clerk", Stalled::new(&asked, None)).build();
+    let (first, session, turn) = super::start(&harness, team(stalled), "Report.").await;
+    let mut events = turn.stream(None);
+    let mut swift_done = false;
+    while !swift_done {
+        let event = events.next().await.expect("the broadcast runs").unwrap();
+        swift_done =
+            matches!(&event.payload, EventPayload::ThreadDone { title, .. } if title.starts_with("swift"));
+    }
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+
+    let second = Runtime::new(harness.store.clone());
+    second.register(team(super::gated_clerk()));
+    let resumed = second.recover().await.unwrap();
+    let state = resumed[0].wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    assert!(thread_id.is_main() && tool_calls[0].may_have_run, "{record:?}");
+    let session = second.get_session(session.id()).await.unwrap();
+    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let retry = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+    let state = retry.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    assert!(!thread_id.is_main(), "the clerk's own request, not the broadcast again: {record:?}");
+    assert_eq!(tool_calls[0].name, "file_report");
+    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let last = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
+    let state = last.wait().await.unwrap();
+    let (_, answer) = answer(&state).unwrap();
+    assert!(answer.contains("swift says: Report.") && answer.contains("Report filed."), "{answer}");
+    assert_eq!(swift.requests().len(), 1, "swift, which had answered, did not run again");
+}
+
 /// A member model that answers nothing: it says when it is asked, then holds its reply
 /// back until the request is dropped.
 #[derive(Debug)]

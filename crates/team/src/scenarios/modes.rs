@@ -342,12 +342,15 @@ pub async fn two_paused_tasks_of_one_member_each_resume_with_their_own_task(harn
     );
 }
 
-/// Scenario: a broadcast whose process stops while one member still works and the other
-/// has answered is put to a person (the call may have run); allowed, the member that had
-/// answered gives its stored answer instead of running again, and only the interrupted
-/// one starts afresh.
-pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answered(harness: Harness) {
-    use agentry_memory::Order;
+/// A broadcast team `panel` (members `swift`, which answers at once, and `slow`) whose
+/// process is handed over once swift answered while slow works; then a second process,
+/// with `slow` as given, recovers the turn, which asks whether to run the broadcast again
+/// (it may have run). Returns swift's model, that process's session, and the call to
+/// allow.
+async fn broadcast_in_doubt_after_a_crash(
+    harness: &Harness,
+    slow_next: Agent,
+) -> (Arc<ScriptedModel>, agentry_runner::Session, agentry_types::TurnInputItem) {
     let swift = Arc::new(ScriptedModel::responder(|request| {
         ScriptedResponse::text(format!("swift says: {}", request.last_user_text().unwrap_or_default()))
     }));
@@ -358,15 +361,16 @@ pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answ
             ScriptedResponse::text(format!("Heard: {}", this_turns_results(request).join(" | ")))
         }
     }));
-    let team = |slow: Arc<dyn agentry_model::Model>| {
+    let team = |slow: Agent| {
         Team::builder("panel", coordinator.clone())
             .mode(TeamMode::Broadcast)
             .member(Agent::builder("swift", swift.clone()).build())
-            .member(Agent::builder("slow", slow).build())
+            .member(slow)
             .build()
     };
     let asked = Arc::new(tokio::sync::Notify::new());
-    let (first, session, turn) = super::start(&harness, team(Stalled::new(&asked, None)), "Report.").await;
+    let stalled = Agent::builder(slow_next.name(), Stalled::new(&asked, None)).build();
+    let (first, session, turn) = super::start(harness, team(stalled), "Report.").await;
     // The process stops once swift has answered and slow works.
     let mut events = turn.stream(None);
     let mut swift_done = false;
@@ -377,18 +381,28 @@ pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answ
     }
     asked.notified().await;
     assert_eq!(first.hand_over().await, 1);
-
     let second = Runtime::new(harness.store.clone());
-    second.register(team(Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("slow says: late.")))));
+    second.register(team(slow_next));
     let resumed = second.recover().await.unwrap();
     let state = resumed[0].wait().await.unwrap();
     let [record] = state.required_actions() else { panic!("{state:?}") };
     let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
         panic!("{record:?}")
     };
-    assert!(tool_calls[0].may_have_run, "the broadcast is in doubt: slow was interrupted");
+    assert!(thread_id.is_main() && tool_calls[0].may_have_run, "the broadcast is in doubt: {record:?}");
     let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
-    let session = second.get_session(session.id()).await.unwrap();
+    (swift, second.get_session(session.id()).await.unwrap(), allow)
+}
+
+/// Scenario: a broadcast whose process stops while one member still works and the other
+/// has answered is put to a person (the call may have run); allowed, the member that had
+/// answered gives its stored answer instead of running again, and only the interrupted
+/// one starts afresh.
+pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answered(harness: Harness) {
+    use agentry_memory::Order;
+    let late = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("slow says: late.")));
+    let (swift, session, allow) =
+        broadcast_in_doubt_after_a_crash(&harness, Agent::builder("slow", late).build()).await;
     let retry = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
     let state = retry.wait().await.unwrap();
     let (_, answer) = answer(&state).unwrap();
@@ -413,47 +427,7 @@ pub async fn a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answ
 /// run the broadcast again; allowed, the broadcast ends with both answers, swift's from
 /// before the crash.
 pub async fn a_retried_broadcast_whose_fresh_member_asks_pauses_for_it(harness: Harness) {
-    let swift = Arc::new(ScriptedModel::responder(|request| {
-        ScriptedResponse::text(format!("swift says: {}", request.last_user_text().unwrap_or_default()))
-    }));
-    let coordinator = Arc::new(ScriptedModel::responder(|request| {
-        if this_turns_results(request).is_empty() && request.last_user_text().as_deref() == Some("Report.") {
-            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Report."}))
-        } else {
-            ScriptedResponse::text(format!("Heard: {}", this_turns_results(request).join(" | ")))
-        }
-    }));
-    let team = |slow: Agent| {
-        Team::builder("panel", coordinator.clone())
-            .mode(TeamMode::Broadcast)
-            .member(Agent::builder("swift", swift.clone()).build())
-            .member(slow)
-            .build()
-    };
-    let asked = Arc::new(tokio::sync::Notify::new());
-    let stalled = Agent::builder("clerk", Stalled::new(&asked, None)).build();
-    let (first, session, turn) = super::start(&harness, team(stalled), "Report.").await;
-    let mut events = turn.stream(None);
-    let mut swift_done = false;
-    while !swift_done {
-        let event = events.next().await.expect("the broadcast runs").unwrap();
-        swift_done =
-            matches!(&event.payload, EventPayload::ThreadDone { title, .. } if title.starts_with("swift"));
-    }
-    asked.notified().await;
-    assert_eq!(first.hand_over().await, 1);
-
-    let second = Runtime::new(harness.store.clone());
-    second.register(team(super::gated_clerk()));
-    let resumed = second.recover().await.unwrap();
-    let state = resumed[0].wait().await.unwrap();
-    let [record] = state.required_actions() else { panic!("{state:?}") };
-    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
-        panic!("{record:?}")
-    };
-    assert!(thread_id.is_main() && tool_calls[0].may_have_run, "{record:?}");
-    let session = second.get_session(session.id()).await.unwrap();
-    let allow = agentry_types::TurnInputItem::allow(thread_id.clone(), tool_calls[0].id.clone());
+    let (swift, session, allow) = broadcast_in_doubt_after_a_crash(&harness, super::gated_clerk()).await;
     let retry = session.create_turn(TurnRequest::input(vec![allow])).await.unwrap();
     let state = retry.wait().await.unwrap();
     let [record] = state.required_actions() else { panic!("{state:?}") };

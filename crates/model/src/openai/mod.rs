@@ -370,12 +370,12 @@ impl Model for OpenAiCompatibleModel {
 }
 
 /// Whether an error in place of a response's first delta is retried: an error object with
-/// a 429 or 5xx code (a model still loading, an overloaded upstream), or a body that ended
-/// before any event.
+/// a 5xx code (a model still loading, an overloaded upstream) or a 429 that is not an
+/// exhausted quota, or a body that ended before any event.
 const fn retried_in_stream(error: &ModelError) -> bool {
     match error {
-        ModelError::Http { status, .. } => *status == 429 || (*status >= 500 && *status <= 599),
-        ModelError::Disconnected => true,
+        ModelError::Http { status, .. } => *status >= 500 && *status <= 599,
+        ModelError::RateLimited { .. } | ModelError::Disconnected => true,
         _ => false,
     }
 }

@@ -367,7 +367,9 @@ fn marked_error(data: &str) -> ModelError {
 
 /// An error object sent inside a `200 OK` stream, as [`ModelError::Http`]: its status is
 /// the object's `code` (or `status`) when that is an HTTP error status, as OpenRouter and
-/// vLLM send, and 0 otherwise, since the HTTP response itself succeeded.
+/// vLLM send, and 0 otherwise, since the HTTP response itself succeeded. A 429 is
+/// [`ModelError::RateLimited`], as in a response's status, unless it says the quota is
+/// used up, which waiting does not fix.
 fn stream_error(error: &Value) -> ModelError {
     let status = ["code", "status"]
         .iter()
@@ -375,7 +377,18 @@ fn stream_error(error: &Value) -> ModelError {
         .find(|code| (400..=599).contains(code))
         .and_then(|code| u16::try_from(code).ok())
         .unwrap_or(0);
-    ModelError::Http { status, message: error_value_message(error) }
+    let message = error_value_message(error);
+    if status == 429 && !says_quota_exhausted(error) {
+        // `RateLimited` carries no message: the server's is logged here.
+        tracing::warn!(%message, "the model provider is rate limiting requests (429 in its stream)");
+        return ModelError::RateLimited { retry_after: None };
+    }
+    ModelError::Http { status, message }
+}
+
+/// Whether an error object says the account's quota is used up.
+fn says_quota_exhausted(error: &Value) -> bool {
+    ["code", "type"].iter().any(|key| error.get(key).and_then(Value::as_str) == Some("insufficient_quota"))
 }
 
 fn error_value_message(error: &Value) -> String {
@@ -524,10 +537,6 @@ pub(crate) fn excerpt(text: &str) -> String {
 /// Whether an error body says the account's quota is used up (OpenAI sends this with
 /// 429), which waiting does not fix.
 pub(crate) fn is_quota_exhausted(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body).is_ok_and(|json| {
-        ["code", "type"].iter().any(|key| {
-            json.get("error").and_then(|error| error.get(key)).and_then(Value::as_str)
-                == Some("insufficient_quota")
-        })
-    })
+    serde_json::from_slice::<Value>(body)
+        .is_ok_and(|json| json.get("error").is_some_and(says_quota_exhausted))
 }

@@ -1014,6 +1014,34 @@ async fn an_error_object_or_an_empty_body_in_place_of_the_first_delta_is_retried
     assert_eq!(server.requests().len(), 3);
 }
 
+/// In a stream as in a status, a 429 for an exhausted quota is not waited out (waiting
+/// does not fix it), and one that only limits the rate is.
+#[tokio::test]
+async fn an_exhausted_quota_in_place_of_the_first_delta_is_not_retried_and_a_rate_limit_is() {
+    let quota = json!({"error": {"message": "You exceeded your current quota", "code": 429, "type": "insufficient_quota"}});
+    let server = TestServer::start(vec![
+        Reply::sse(stream_of(&[quota], false)),
+        Reply::sse(fixture("openai_text.sse")),
+    ])
+    .await;
+    let (_, error) = run(&server.model(), hello()).await;
+    assert_eq!(
+        error,
+        Some(ModelError::Http { status: 429, message: "You exceeded your current quota".into() })
+    );
+    assert_eq!(server.requests().len(), 1, "not retried");
+    let limited = json!({"error": {"message": "Rate limit reached", "code": 429}});
+    let server = TestServer::start(vec![
+        Reply::sse(stream_of(&[limited], false)),
+        Reply::sse(fixture("openai_text.sse")),
+    ])
+    .await;
+    let (deltas, error) = run(&server.model(), hello()).await;
+    assert_eq!(error, None);
+    assert_eq!(merge(&deltas).content, "Hello! How can I help you today?");
+    assert_eq!(server.requests().len(), 2, "retried once");
+}
+
 #[tokio::test]
 async fn a_finished_answer_without_usage_is_not_held_by_a_server_that_keeps_the_connection_open() {
     let (closed_tx, _closed_rx) = oneshot::channel();

@@ -97,6 +97,10 @@ const MAX_RESUME_CHAIN: usize = 64;
 /// thread and the call's id (two threads may give their calls the same id).
 type Resumes = Arc<std::sync::Mutex<HashMap<(ThreadId, String), Vec<ResumeSlot>>>>;
 
+/// How the error of a thread that a stopped process left begins: recovery tells these
+/// ends from the ends threads came to by themselves.
+const INTERRUPTED: &str = "interrupted: the process running the turn stopped";
+
 /// The member threads that paused in this turn (a turn local): should the turn end
 /// without asking for them (cancelled, failed, or answered regardless), they end with it.
 #[derive(Default)]
@@ -1109,9 +1113,9 @@ impl TurnEngine {
         for resume in left {
             let Resume::Paused { run, thread, parent, title, team, .. } = resume else { continue };
             let completed_at = Timestamp::now();
-            let (state, ended, team) = match &run.state {
+            let (state, error, ended, team) = match &run.state {
                 TurnState::Running => {
-                    let error = "interrupted: the process running the turn stopped while this thread resumed";
+                    let error = format!("{INTERRUPTED} while this thread resumed");
                     // The instance started again in this turn, in its mission: it ends there.
                     if stored.is_none() {
                         stored = crate::live::stored_events(self.store.as_ref(), self.run.id, Order::Asc)
@@ -1128,8 +1132,9 @@ impl TurnEngine {
                         _ => started,
                     });
                     (
-                        TurnState::Error { message: error.to_owned(), completed_at, metrics: None },
-                        EventPayload::InstanceFailed { error: error.to_owned() },
+                        TurnState::Error { message: error.clone(), completed_at, metrics: None },
+                        error.clone(),
+                        EventPayload::InstanceFailed { error },
                         started,
                     )
                 }
@@ -1137,22 +1142,19 @@ impl TurnEngine {
                     match &abandoned {
                         Err(reason) => (
                             TurnState::Cancelled { reason: *reason, completed_at, metrics: None },
+                            format!("cancelled: {}", reason.as_str()),
                             EventPayload::InstanceCancelled { reason: Some(reason.as_str().to_owned()) },
                             team.map(|team| *team),
                         ),
                         Ok(error) => (
                             TurnState::Error { message: error.clone(), completed_at, metrics: None },
+                            error.clone(),
                             EventPayload::InstanceFailed { error: error.clone() },
                             team.map(|team| *team),
                         ),
                     }
                 }
                 // Ended meanwhile.
-                _ => continue,
-            };
-            let error = match &state {
-                TurnState::Cancelled { reason, .. } => format!("cancelled: {}", reason.as_str()),
-                TurnState::Error { message, .. } => message.clone(),
                 _ => continue,
             };
             if !end_member(self.store.as_ref(), *run, state, self.fence).await {
@@ -2316,7 +2318,7 @@ impl TurnEngine {
             .iter()
             .filter(|event| match &event.payload {
                 EventPayload::ThreadDone { outcome: ThreadOutcome::Error { error, .. }, .. } => {
-                    !error.starts_with("interrupted")
+                    !error.starts_with(INTERRUPTED)
                 }
                 EventPayload::ThreadDone { .. } => true,
                 _ => false,
@@ -2735,7 +2737,7 @@ pub(crate) async fn end_dead_threads(
     stored: &[EventEnvelope],
     fence: Fence,
 ) -> Vec<(ThreadId, Option<TeamContext>, EventPayload)> {
-    let error = "interrupted: the process running the turn stopped before the thread ended".to_owned();
+    let error = format!("{INTERRUPTED} before the thread ended");
     let mut ends = Vec::new();
     let mut dead = HashSet::new();
     for created in stored {
@@ -2895,9 +2897,8 @@ async fn end_unstarted_members(store: &dyn Store, run: &RunRecord, stored: &[Eve
                 below.push(member.id);
                 let unstarted = member.thread_id.as_ref().is_none_or(|thread| !started.contains(thread));
                 if unstarted && matches!(member.state, TurnState::Running) {
-                    let message = "interrupted: the process running the turn stopped as this thread started";
                     let state = TurnState::Error {
-                        message: message.to_owned(),
+                        message: format!("{INTERRUPTED} as this thread started"),
                         completed_at: Timestamp::now(),
                         metrics: None,
                     };

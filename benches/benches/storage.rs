@@ -4,7 +4,9 @@
 //! - `event_appends_50_writers`: durable event appends from 50 concurrent writers, one event
 //!   per call, in each durability mode, and eight per call under `relaxed`;
 //! - `replay_1000_events`: reading one turn's 1,000 stored events;
-//! - `history_window_20`: loading a 20-message history window from a session with 10,000 runs.
+//! - `history_window_20`: loading a 20-message history window from a session with 10,000 runs;
+//! - `member_listing`: listing the 4 members of a session's first turn when the session holds
+//!   10 or 10,000 runs (turns of 4 members each; flat: runs are indexed by parent).
 //!
 //! Stores live under `target/bench-stores` on the real disk, so syncs cost what they cost.
 
@@ -15,7 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentry_benches::{bench_store_dir, event_for, open_store};
-use agentry_memory::{Durability, HistoryQuery, InMemoryStore, Order, Store};
+use agentry_memory::{
+    Durability, HistoryQuery, InMemoryStore, Order, PageRequest, ParentFilter, RunQuery, Store,
+};
 use agentry_types::{Message, RunRecord, SessionId, SessionRecord, SessionType, Subject, TurnInputItem};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
@@ -257,5 +261,53 @@ fn history_window(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append_run, event_appends, replay, history_window);
+/// Stores `runs` runs in a session: turns of 4 members each. Returns the first turn's id.
+async fn fill_teams(store: &Arc<dyn Store>, session: SessionId, runs: usize) -> agentry_types::TurnId {
+    let mut turn = run(session);
+    let first = turn.id;
+    for index in 0..runs {
+        if index > 0 && index % 5 == 0 {
+            turn = run(session);
+        }
+        if index % 5 == 0 {
+            store.put_run(&turn, None).await.unwrap();
+        } else {
+            let mut member = run(session);
+            member.parent_run_id = Some(turn.id);
+            store.put_run(&member, None).await.unwrap();
+        }
+    }
+    first
+}
+
+fn member_listing(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("member_listing");
+    for backend in BACKENDS {
+        for k in [10usize, 10_000] {
+            let fresh = fresh(backend, Durability::Relaxed);
+            let store = fresh.store.clone();
+            let (session, first) = runtime.block_on(async {
+                let id = session(&*store).await;
+                let first = fill_teams(&store, id, k).await;
+                (id, first)
+            });
+            group.bench_with_input(BenchmarkId::new(backend, format!("k={k}")), &k, |b, _| {
+                b.to_async(&runtime).iter(|| {
+                    let store = store.clone();
+                    async move {
+                        let query = RunQuery { parent: ParentFilter::Of(first), ..RunQuery::default() };
+                        let members =
+                            store.list_runs(session, &query, &PageRequest::first(100)).await.unwrap();
+                        assert_eq!(members.items.len(), 4);
+                        members
+                    }
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append_run, event_appends, replay, history_window, member_listing);
 criterion_main!(benches);

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt as _;
 use tokio::sync::oneshot;
 
-use crate::{HistoryQuery, ParentFilter, RunQuery, StoreError, StoreResult};
+use crate::{HistoryQuery, RunQuery, StoreError, StoreResult};
 
 /// How long a writer thread looks for its next job before it sleeps.
 pub const SPIN: Duration = Duration::from_micros(30);
@@ -64,14 +64,11 @@ pub const REPLY_SPIN: Duration = Duration::from_micros(300);
 pub const SMALL_PAGE: usize = 8;
 
 /// Whether listing a page of `limit` runs with `query` is a small read: a short page
-/// without filters that could skip over many runs to fill it.
+/// without filters that could skip over many runs to fill it (the parent filter does not:
+/// backends index runs by parent).
 #[must_use]
 pub fn small_run_page(query: &RunQuery, limit: usize) -> bool {
-    limit <= SMALL_PAGE
-        && query.statuses.is_empty()
-        && query.agent_id.is_none()
-        && query.team_id.is_none()
-        && !matches!(query.parent, ParentFilter::Of(_))
+    limit <= SMALL_PAGE && query.statuses.is_empty() && query.agent_id.is_none() && query.team_id.is_none()
 }
 
 /// The store calls of one backend (writes and reads, counted together) waiting for their

@@ -20,8 +20,9 @@ use crate::error::{Conflict, StoreError, StoreResult};
 use crate::page::{Order, Page, PageRequest, decode_token};
 use crate::rules;
 use crate::store::{
-    BudgetStore, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore, RunQuery,
-    RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, TurnStart, TurnStep, UserStore,
+    BudgetStore, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore, ParentFilter,
+    RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoredEvent, TurnStart, TurnStep,
+    UserStore,
 };
 
 #[derive(Debug)]
@@ -39,6 +40,8 @@ struct State {
     runs: HashMap<TurnId, RunRow>,
     /// Each session's runs by creation order.
     session_runs: HashMap<SessionId, BTreeMap<u64, TurnId>>,
+    /// Each run's member runs by creation order (a run's parent is fixed).
+    member_runs: HashMap<TurnId, BTreeMap<u64, TurnId>>,
     next_run_order: u64,
     events: BTreeMap<u64, Arc<EventEnvelope>>,
     turn_events: HashMap<TurnId, BTreeMap<u64, u64>>,
@@ -97,7 +100,20 @@ impl State {
         self.next_run_order += 1;
         let order = self.next_run_order;
         self.session_runs.entry(run.session_id).or_default().insert(order, run.id);
+        if let Some(parent) = run.parent_run_id {
+            self.member_runs.entry(parent).or_default().insert(order, run.id);
+        }
         self.runs.insert(run.id, RunRow { record: run.clone(), last_seq: 0, high_water: 0 });
+    }
+
+    /// Drops a deleted member run (created `order`th) from its parent's index.
+    fn forget_member(&mut self, parent: TurnId, order: u64) {
+        if let Some(members) = self.member_runs.get_mut(&parent) {
+            members.remove(&order);
+            if members.is_empty() {
+                self.member_runs.remove(&parent);
+            }
+        }
     }
 
     fn fence(&self, session: SessionId, fence: Option<Fence>) -> StoreResult<()> {
@@ -171,8 +187,11 @@ impl SessionStore for InMemoryStore {
         let mut state = self.state();
         let session = state.sessions.remove(&id).ok_or_else(|| StoreError::not_found("session", id))?;
         state.session_index.remove(&(session.created_at, id));
-        for (_, run) in state.session_runs.remove(&id).unwrap_or_default() {
-            state.runs.remove(&run);
+        for (order, run) in state.session_runs.remove(&id).unwrap_or_default() {
+            let parent = state.runs.remove(&run).and_then(|row| row.record.parent_run_id);
+            if let Some(parent) = parent {
+                state.forget_member(parent, order);
+            }
             state.turn_events.remove(&run);
             state.messages.remove(&run);
             state.journal.remove(&run);
@@ -242,12 +261,8 @@ impl RunStore for InMemoryStore {
         }
         state.fence(run.session_id, fence)?;
         if let Some(row) = state.runs.get_mut(&run.id) {
-            if row.record.session_id != run.session_id {
-                return Err(StoreError::InvalidInput(format!(
-                    "run {} belongs to session {}, not {}",
-                    run.id, row.record.session_id, run.session_id
-                )));
-            }
+            rules::check_run_session_id(run.id, run.session_id, row.record.session_id)?;
+            rules::check_run_parent(run.id, run.parent_run_id, row.record.parent_run_id)?;
             row.record = run.clone();
             return Ok(());
         }
@@ -273,7 +288,11 @@ impl RunStore for InMemoryStore {
             return Err(StoreError::not_found("session", session));
         }
         let empty = BTreeMap::new();
-        let runs = state.session_runs.get(&session).unwrap_or(&empty);
+        let runs = match query.parent {
+            ParentFilter::Of(parent) => state.member_runs.get(&parent),
+            ParentFilter::TopLevel | ParentFilter::Any => state.session_runs.get(&session),
+        }
+        .unwrap_or(&empty);
         let ordered: Box<dyn Iterator<Item = (&u64, &TurnId)>> = match (query.order, after) {
             (Order::Asc, None) => Box::new(runs.iter()),
             (Order::Asc, Some(after)) => Box::new(runs.range(after.saturating_add(1)..)),
@@ -282,7 +301,8 @@ impl RunStore for InMemoryStore {
         };
         let items: Vec<(u64, RunRecord)> = ordered
             .filter_map(|(order, id)| state.runs.get(id).map(|row| (*order, row)))
-            .filter(|(_, row)| query.matches(&row.record))
+            // A parent's members may lie in other sessions too.
+            .filter(|(_, row)| row.record.session_id == session && query.matches(&row.record))
             .take(limit + 1)
             .map(|(order, row)| (order, row.record.clone()))
             .collect();
@@ -444,6 +464,7 @@ impl State {
                 let session = row.record.session_id;
                 if let Some(run) = run {
                     rules::check_run_session_id(turn, run.session_id, session)?;
+                    rules::check_run_parent(turn, run.parent_run_id, row.record.parent_run_id)?;
                 }
                 (session, row.last_seq, None)
             }

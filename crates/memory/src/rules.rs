@@ -533,10 +533,32 @@ pub struct EncodedStep {
     pub keys: Vec<EventKey>,
     /// The step's journal writes (their sizes checked).
     pub journal: Vec<JournalEntry>,
-    /// The run record's session and encoding.
-    pub run: Option<(SessionId, Vec<u8>)>,
+    /// The run record, encoded.
+    pub run: Option<EncodedRun>,
     /// Whether the lease is released after the step.
     pub release_lease: bool,
+}
+
+/// A run record encoded for a backend, with the fields its indexes are keyed by.
+#[derive(Debug)]
+pub struct EncodedRun {
+    /// The run's session.
+    pub session_id: SessionId,
+    /// The run it is a member run of (`None` for a turn): fixed once stored (see
+    /// [`check_run_parent`]), so that members can be listed by parent.
+    pub parent_run_id: Option<TurnId>,
+    /// The record's encoding ([`encode`]).
+    pub body: Vec<u8>,
+}
+
+impl EncodedRun {
+    /// Encodes a run record.
+    ///
+    /// # Errors
+    /// `TooLarge` or `InvalidInput`, as [`encode`].
+    pub fn of(run: &RunRecord) -> StoreResult<Self> {
+        Ok(Self { session_id: run.session_id, parent_run_id: run.parent_run_id, body: encode("run", run)? })
+    }
 }
 
 /// Checks what of a step can be checked without the store (seq range, record sizes, the
@@ -550,7 +572,7 @@ pub fn encode_step(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> Store
         step.messages.iter().map(|message| encode("message", message)).collect::<StoreResult<_>>()?;
     let events = step.events.iter().map(|event| encode_event(event)).collect::<StoreResult<_>>()?;
     let run = match &step.run {
-        Some(run) => Some((run.session_id, encode("run", run)?)),
+        Some(run) => Some(EncodedRun::of(run)?),
         None => None,
     };
     for entry in &step.journal {
@@ -723,13 +745,13 @@ pub fn check_turn_start(
     Ok(lease)
 }
 
-/// Whether an encoded run record is a member run's (it has a parent), read without
-/// building the rest of the record (it is still parsed through).
+/// The parent of an encoded run record (`None` for a turn), read without building the
+/// rest of the record (it is still parsed through).
 ///
 /// # Errors
 /// `Corrupt` when the record does not parse.
-pub fn is_member_run(body: &[u8]) -> StoreResult<bool> {
-    Ok(decode::<RunHead>("run", body)?.parent_run_id.is_some())
+pub fn run_parent(body: &[u8]) -> StoreResult<Option<TurnId>> {
+    Ok(decode::<RunHead>("run", body)?.parent_run_id)
 }
 
 /// Refuses a step's run record (of `run`, in `claimed`) whose session is not the stored
@@ -740,6 +762,24 @@ pub fn check_run_session_id(run: TurnId, claimed: SessionId, stored: SessionId) 
     } else {
         Err(StoreError::InvalidInput(format!("run {run} belongs to session {stored}, not {claimed}")))
     }
+}
+
+/// Refuses a record of a stored run (`run`) that names another parent (`claimed`) than the
+/// stored one (`stored`), or moves a turn under a parent or a member run to the top level:
+/// backends index runs by parent, and a run's parent is fixed when it is created.
+pub fn check_run_parent(run: TurnId, claimed: Option<TurnId>, stored: Option<TurnId>) -> StoreResult<()> {
+    if claimed == stored {
+        return Ok(());
+    }
+    let named = |parent: Option<TurnId>| match parent {
+        Some(parent) => format!("a member run of {parent}"),
+        None => "a top-level run".to_owned(),
+    };
+    Err(StoreError::InvalidInput(format!(
+        "run {run} is {}; it cannot become {}: a run's parent is fixed when it is created",
+        named(stored),
+        named(claimed)
+    )))
 }
 
 /// What [`check_event_batch`] needs of an event: small and `Copy`, so a backend can hand

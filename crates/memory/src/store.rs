@@ -317,8 +317,9 @@ pub trait SessionStore: Send + Sync {
 /// Runs (turns and member runs).
 #[async_trait]
 pub trait RunStore: Send + Sync {
-    /// Creates a run, or replaces the run with the same id (its session must stay the
-    /// same: `InvalidInput` otherwise). `NotFound` when the session does not exist.
+    /// Creates a run, or replaces the run with the same id (its session and its parent
+    /// must stay the same: `InvalidInput` otherwise). `NotFound` when the session does not
+    /// exist.
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()>;
 
     /// Reads a run. `NotFound` when it does not exist.
@@ -326,6 +327,9 @@ pub trait RunStore: Send + Sync {
 
     /// Lists a session's runs in creation order. `NotFound` when the session does not
     /// exist; `InvalidInput` for a foreign token.
+    ///
+    /// Runs are indexed by parent: listing the members of a run, or the top-level runs,
+    /// reads only those runs, however many others the session holds.
     async fn list_runs(
         &self,
         session: SessionId,

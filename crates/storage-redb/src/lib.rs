@@ -61,13 +61,14 @@ use crate::tables::META;
 /// marks a file whose events may be stored in event format 2
 /// (`agentry_memory::rules::encode_event`), which a build of version 2 cannot read, so
 /// that such a build refuses the file as too new instead of reporting its new events as
-/// damaged.
+/// damaged. Version 4 indexes runs by parent (`session_turns`, `member_runs`,
+/// `run_parents`), which a build of version 3 would not keep up to date.
 ///
 /// A new table that older builds can do without (their writes stay correct; they only
 /// ignore it) comes without a version change and is created on open: `session_budgets`
 /// (which ledgers a session owns; a build without it leaves a deleted session's ledgers
 /// behind, as builds before it did).
-pub(crate) const VERSION: u64 = 3;
+pub(crate) const VERSION: u64 = 4;
 
 /// How a [`RedbStore`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,6 +333,9 @@ fn prepare(database: &Database) -> StoreResult<()> {
             .map(|value| value.value());
         if version == Some(1) {
             ops::migrate_1_to_2(&write)?;
+        }
+        if version.is_some_and(|version| version < 4) {
+            ops::index_runs_by_parent(&write)?;
         }
         let mut meta = write.open_table(META).map_err(redb_error)?;
         meta.insert("schema_version", VERSION).map_err(redb_error)?;

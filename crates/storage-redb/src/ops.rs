@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use agentry_events::EventEnvelope;
 use agentry_memory::handoff;
+use agentry_memory::rules::EncodedRun;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
-    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
+    Order, Page, PageRequest, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate,
+    StoreError, StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key,
+    decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -22,9 +24,9 @@ use serde::{Deserialize, Serialize};
 use uuid_bits::{session_key, turn_key};
 
 use crate::tables::{
-    BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
-    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUNS, SESSION_BUDGETS, SESSION_EVENTS, SESSION_INDEX,
-    SESSION_RUNS, SESSIONS, TURN_EVENTS,
+    BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMBER_RUNS, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
+    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUN_PARENTS, RUNS, SESSION_BUDGETS, SESSION_EVENTS,
+    SESSION_INDEX, SESSION_RUNS, SESSION_TURNS, SESSIONS, TURN_EVENTS,
 };
 use crate::{RedbStore, Tx, counter, redb_error, set_counter};
 
@@ -53,6 +55,9 @@ pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     touch(transaction, RUNS)?;
     touch(transaction, RUN_META)?;
     touch(transaction, SESSION_RUNS)?;
+    touch(transaction, SESSION_TURNS)?;
+    touch(transaction, MEMBER_RUNS)?;
+    touch(transaction, RUN_PARENTS)?;
     touch(transaction, EVENTS)?;
     touch(transaction, TURN_EVENTS)?;
     touch(transaction, SESSION_EVENTS)?;
@@ -118,9 +123,14 @@ fn run_meta(table: &impl ReadableTable<u128, RunMeta>, turn: TurnId) -> StoreRes
         .ok_or_else(|| StoreError::not_found("run", turn))
 }
 
-/// Gives a new run of `session` the next place among the runs (the record itself is
-/// stored by the caller); returns its metadata.
-fn insert_run_meta(transaction: &WriteTransaction, id: TurnId, session: SessionId) -> StoreResult<RunMeta> {
+/// Gives a new run of `session` under `parent` (a turn: none) the next place among the
+/// runs and indexes it (the record itself is stored by the caller); returns its metadata.
+fn insert_run_meta(
+    transaction: &WriteTransaction,
+    id: TurnId,
+    session: SessionId,
+    parent: Option<TurnId>,
+) -> StoreResult<RunMeta> {
     let order = counter(transaction, "last_run_order")? + 1;
     set_counter(transaction, "last_run_order", order)?;
     let meta = (session_key(session), order, 0);
@@ -128,7 +138,57 @@ fn insert_run_meta(transaction: &WriteTransaction, id: TurnId, session: SessionI
     metas.insert(turn_key(id), meta).map_err(redb_error)?;
     let mut session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
     session_runs.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
+    index_run(transaction, id, session, order, parent)?;
     Ok(meta)
+}
+
+/// Indexes a run by its parent: among its session's turns, or its parent's members.
+fn index_run(
+    transaction: &WriteTransaction,
+    id: TurnId,
+    session: SessionId,
+    order: u64,
+    parent: Option<TurnId>,
+) -> StoreResult<()> {
+    match parent {
+        None => {
+            let mut turns = transaction.open_table(SESSION_TURNS).map_err(redb_error)?;
+            turns.insert((session_key(session), order), turn_key(id)).map_err(redb_error)?;
+        }
+        Some(parent) => {
+            let mut members = transaction.open_table(MEMBER_RUNS).map_err(redb_error)?;
+            members.insert((turn_key(parent), order), turn_key(id)).map_err(redb_error)?;
+            let mut parents = transaction.open_table(RUN_PARENTS).map_err(redb_error)?;
+            parents.insert(turn_key(id), turn_key(parent)).map_err(redb_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// Migrates a store of schema 3 or older to 4: indexes every run by its parent, read from
+/// its record. A record that does not parse is indexed as a turn; it fails to decode
+/// wherever it is read, as before.
+pub(crate) fn index_runs_by_parent(transaction: &WriteTransaction) -> StoreResult<()> {
+    let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+    let runs = transaction.open_table(RUNS).map_err(redb_error)?;
+    for entry in session_runs.iter().map_err(redb_error)? {
+        let (key, run) = entry.map_err(redb_error)?;
+        let ((session, order), run) = (key.value(), run.value());
+        let parent = match runs.get(run).map_err(redb_error)? {
+            Some(body) => rules::run_parent(body.value()).unwrap_or(None),
+            None => None,
+        };
+        let id = TurnId::from_uuid(uuid::Uuid::from_u128(run));
+        index_run(transaction, id, SessionId::from_uuid(uuid::Uuid::from_u128(session)), order, parent)?;
+    }
+    Ok(())
+}
+
+/// A stored run's parent (`None` for a turn).
+fn stored_parent(transaction: &WriteTransaction, run: TurnId) -> StoreResult<Option<TurnId>> {
+    let parents = transaction.open_table(RUN_PARENTS).map_err(redb_error)?;
+    let parent = parents.get(turn_key(run)).map_err(redb_error)?.map(|parent| parent.value());
+    Ok(parent.map(|parent| TurnId::from_uuid(uuid::Uuid::from_u128(parent))))
 }
 
 /// The last stored seq of a turn (0 when none).
@@ -221,11 +281,11 @@ impl SessionStore for RedbStore {
                 }
             };
             let budgets = session_budgets(transaction, key)?;
-            let runs: Vec<u128> = {
+            let runs: Vec<(u64, u128)> = {
                 let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
                 let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;
                 range
-                    .map(|entry| entry.map(|(_, run)| run.value()).map_err(redb_error))
+                    .map(|entry| entry.map(|(order, run)| (order.value().1, run.value())).map_err(redb_error))
                     .collect::<StoreResult<_>>()?
             };
             let positions: Vec<u64> = {
@@ -245,11 +305,13 @@ impl SessionStore for RedbStore {
             }
             drop(index);
             transaction.open_table(LEASES).map_err(redb_error)?.remove(key).map_err(redb_error)?;
-            transaction
-                .open_table(SESSION_RUNS)
-                .map_err(redb_error)?
-                .retain_in((key, 0)..=(key, u64::MAX), |_, _| false)
-                .map_err(redb_error)?;
+            for table in [SESSION_RUNS, SESSION_TURNS] {
+                transaction
+                    .open_table(table)
+                    .map_err(redb_error)?
+                    .retain_in((key, 0)..=(key, u64::MAX), |_, _| false)
+                    .map_err(redb_error)?;
+            }
             transaction
                 .open_table(SESSION_EVENTS)
                 .map_err(redb_error)?
@@ -260,7 +322,21 @@ impl SessionStore for RedbStore {
                 events.remove(position).map_err(redb_error)?;
             }
             drop(events);
-            for run in runs {
+            for (order, run) in runs {
+                // A member leaves its parent's index (the parent may be another session's).
+                let parent = transaction
+                    .open_table(RUN_PARENTS)
+                    .map_err(redb_error)?
+                    .remove(run)
+                    .map_err(redb_error)?
+                    .map(|parent| parent.value());
+                if let Some(parent) = parent {
+                    transaction
+                        .open_table(MEMBER_RUNS)
+                        .map_err(redb_error)?
+                        .remove((parent, order))
+                        .map_err(redb_error)?;
+                }
                 transaction.open_table(RUNS).map_err(redb_error)?.remove(run).map_err(redb_error)?;
                 transaction.open_table(RUN_META).map_err(redb_error)?.remove(run).map_err(redb_error)?;
                 transaction
@@ -353,8 +429,8 @@ impl SessionStore for RedbStore {
 #[async_trait]
 impl RunStore for RedbStore {
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
-        let body = rules::encode("run", run)?;
-        let (id, session) = (run.id, run.session_id);
+        let id = run.id;
+        let EncodedRun { session_id: session, parent_run_id: parent, body } = EncodedRun::of(run)?;
         self.write(move |transaction| {
             if !session_exists(transaction, session)? {
                 return Err(StoreError::not_found("session", session));
@@ -369,10 +445,13 @@ impl RunStore for RedbStore {
                         session_of(meta)
                     )));
                 }
-                Some(_) => drop(metas),
+                Some(_) => {
+                    drop(metas);
+                    rules::check_run_parent(id, parent, stored_parent(transaction, id)?)?;
+                }
                 None => {
                     drop(metas);
-                    insert_run_meta(transaction, id, session)?;
+                    insert_run_meta(transaction, id, session, parent)?;
                 }
             }
             let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
@@ -405,15 +484,19 @@ impl RunStore for RedbStore {
             if sessions.get(session_key(session)).map_err(redb_error)?.is_none() {
                 return Err(StoreError::not_found("session", session));
             }
-            let key = session_key(session);
-            let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+            // Members through their parent's index, turns through the session's index of
+            // turns, every run through the session's.
+            let (index, key) = match query.parent {
+                ParentFilter::Of(parent) => (MEMBER_RUNS, turn_key(parent)),
+                ParentFilter::TopLevel => (SESSION_TURNS, session_key(session)),
+                ParentFilter::Any => (SESSION_RUNS, session_key(session)),
+            };
+            let index = transaction.open_table(index).map_err(redb_error)?;
             let runs = transaction.open_table(RUNS).map_err(redb_error)?;
             let range = match (query.order, after) {
-                (Order::Asc, Some(after)) => {
-                    session_runs.range((key, after.saturating_add(1))..=(key, u64::MAX))
-                }
-                (Order::Asc, None) | (Order::Desc, None) => session_runs.range((key, 0)..=(key, u64::MAX)),
-                (Order::Desc, Some(after)) => session_runs.range((key, 0)..(key, after)),
+                (Order::Asc, Some(after)) => index.range((key, after.saturating_add(1))..=(key, u64::MAX)),
+                (Order::Asc, None) | (Order::Desc, None) => index.range((key, 0)..=(key, u64::MAX)),
+                (Order::Desc, Some(after)) => index.range((key, 0)..(key, after)),
             }
             .map_err(redb_error)?;
             let entries: Box<dyn Iterator<Item = _>> =
@@ -423,7 +506,8 @@ impl RunStore for RedbStore {
                 let (order_key, run) = entry.map_err(redb_error)?;
                 let order = order_key.value().1;
                 let Some(record) = get_json::<RunRecord, u128>(&runs, run.value(), "run")? else { continue };
-                if query.matches(&record) {
+                // A parent's members may lie in other sessions too.
+                if record.session_id == session && query.matches(&record) {
                     items.push((order, record));
                     if items.len() > limit {
                         break;
@@ -630,17 +714,20 @@ fn write_step_in(
     let (meta, new_run) = match (found, &step.run) {
         (Ok(meta), _) => (meta, false),
         // The turn's first step creates its run: checked here, stored below.
-        (Err(error), Some((run_session, _))) if error.is_not_found() => {
-            if !session_exists(transaction, *run_session)? {
-                return Err(StoreError::not_found("session", *run_session));
+        (Err(error), Some(run)) if error.is_not_found() => {
+            if !session_exists(transaction, run.session_id)? {
+                return Err(StoreError::not_found("session", run.session_id));
             }
-            ((session_key(*run_session), 0, 0), true)
+            ((session_key(run.session_id), 0, 0), true)
         }
         (Err(error), _) => return Err(error),
     };
     let session = session_of(meta);
-    if let Some((run_session, _)) = &step.run {
-        rules::check_run_session_id(turn, *run_session, session)?;
+    if let Some(run) = &step.run {
+        rules::check_run_session_id(turn, run.session_id, session)?;
+        if !new_run {
+            rules::check_run_parent(turn, run.parent_run_id, stored_parent(transaction, turn)?)?;
+        }
     }
     let last_seq = match transaction.turns.get(turn) {
         Some(facts) => facts.last_seq,
@@ -653,7 +740,10 @@ fn write_step_in(
         .into_iter()
         .map(|(order, entry)| Ok((order, rules::encode("journal entry", &entry)?, entry)))
         .collect::<StoreResult<Vec<_>>>()?;
-    let meta = if new_run { insert_run_meta(transaction, turn, session)? } else { meta };
+    let meta = match &step.run {
+        Some(run) if new_run => insert_run_meta(transaction, turn, session, run.parent_run_id)?,
+        _ => meta,
+    };
     if let Some(seq) = step.high_water {
         let mark = meta.2.max(last_seq).max(seq);
         if mark != meta.2 {
@@ -675,9 +765,9 @@ fn write_step_in(
             None => insert_journal_entry(transaction, &entry, &body)?,
         }
     }
-    if let Some((_, body)) = &step.run {
+    if let Some(run) = &step.run {
         let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
-        runs.insert(turn_key(turn), body.as_slice()).map_err(redb_error)?;
+        runs.insert(turn_key(turn), run.body.as_slice()).map_err(redb_error)?;
     }
     if step.release_lease {
         let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;
@@ -689,17 +779,14 @@ fn write_step_in(
 /// The session's newest top-level run.
 fn latest_turn(transaction: &WriteTransaction, session: SessionId) -> StoreResult<Option<TurnId>> {
     let key = session_key(session);
-    let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
-    let runs = transaction.open_table(RUNS).map_err(redb_error)?;
-    for entry in session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?.rev() {
-        let (_, run) = entry.map_err(redb_error)?;
-        let run = run.value();
-        let Some(body) = runs.get(run).map_err(redb_error)? else { continue };
-        if !rules::is_member_run(body.value())? {
-            return Ok(Some(TurnId::from_uuid(uuid::Uuid::from_u128(run))));
+    let turns = transaction.open_table(SESSION_TURNS).map_err(redb_error)?;
+    let last = turns.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?.next_back();
+    match last {
+        Some(entry) => {
+            Ok(Some(TurnId::from_uuid(uuid::Uuid::from_u128(entry.map_err(redb_error)?.1.value()))))
         }
+        None => Ok(None),
     }
-    Ok(None)
 }
 
 /// Stores checked, encoded events of a turn under new positions (the changing half of

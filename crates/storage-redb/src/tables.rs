@@ -16,6 +16,13 @@ pub(crate) const RUNS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("
 pub(crate) const RUN_META: TableDefinition<'_, u128, (u128, u64, u64)> = TableDefinition::new("run_meta");
 /// (session id, creation order) → run id.
 pub(crate) const SESSION_RUNS: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("session_runs");
+/// (session id, creation order) → run id, for the session's top-level runs (turns).
+pub(crate) const SESSION_TURNS: TableDefinition<'_, (u128, u64), u128> =
+    TableDefinition::new("session_turns");
+/// (parent run id, creation order) → run id, for member runs.
+pub(crate) const MEMBER_RUNS: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("member_runs");
+/// Member run id → its parent's id (fixed when the run is created; turns have none).
+pub(crate) const RUN_PARENTS: TableDefinition<'_, u128, u128> = TableDefinition::new("run_parents");
 /// Position → stored event (`agentry_memory::rules::encode_event`).
 pub(crate) const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 /// (turn id, seq) → position.

@@ -8,8 +8,9 @@ use agentry_events::EventEnvelope;
 use agentry_memory::handoff;
 use agentry_memory::{
     BudgetStore, Conflict, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore, MessageStore,
-    Order, Page, PageRequest, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate, StoreError,
-    StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key, decode_token, rules,
+    Order, Page, PageRequest, ParentFilter, RunQuery, RunStore, SessionQuery, SessionStore, SessionUpdate,
+    StoreError, StoreResult, StoredEvent, TurnFacts, TurnStart, TurnStep, UserStore, decode_key,
+    decode_token, rules,
 };
 use agentry_types::{
     BudgetLedger, BudgetLimit, BudgetReservation, BudgetUsage, Fence, HistoryMessage, JournalEntry, Lease,
@@ -204,9 +205,9 @@ impl SessionStore for SqliteStore {
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
-        let body = rules::encode("run", run)?;
-        let (id, session) = (run.id, run.session_id);
-        self.write(move |connection| put_run_in(connection, id, session, &body, fence)).await
+        let id = run.id;
+        let run = rules::EncodedRun::of(run)?;
+        self.write(move |connection| put_run_in(connection, id, &run, fence)).await
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
@@ -228,16 +229,26 @@ impl RunStore for SqliteStore {
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
-            let sql = match query.order {
-                Order::Asc => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order > ?2 ORDER BY run_order ASC",
-                Order::Desc => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order < ?2 ORDER BY run_order DESC",
+            // Members through their parent's index, turns through the session's index of
+            // turns (the parent filter is then met already), every run through the session's.
+            let sql = match (&query.parent, query.order) {
+                (ParentFilter::Of(_), Order::Asc) => "SELECT run_order, body FROM runs INDEXED BY runs_by_parent WHERE parent_id = ?3 AND session_id = ?1 AND run_order > ?2 ORDER BY run_order ASC",
+                (ParentFilter::Of(_), Order::Desc) => "SELECT run_order, body FROM runs INDEXED BY runs_by_parent WHERE parent_id = ?3 AND session_id = ?1 AND run_order < ?2 ORDER BY run_order DESC",
+                (ParentFilter::TopLevel, Order::Asc) => "SELECT run_order, body FROM runs INDEXED BY runs_top_level WHERE session_id = ?1 AND parent_id IS NULL AND run_order > ?2 ORDER BY run_order ASC",
+                (ParentFilter::TopLevel, Order::Desc) => "SELECT run_order, body FROM runs INDEXED BY runs_top_level WHERE session_id = ?1 AND parent_id IS NULL AND run_order < ?2 ORDER BY run_order DESC",
+                (ParentFilter::Any, Order::Asc) => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order > ?2 ORDER BY run_order ASC",
+                (ParentFilter::Any, Order::Desc) => "SELECT run_order, body FROM runs WHERE session_id = ?1 AND run_order < ?2 ORDER BY run_order DESC",
             };
             let bound = after.unwrap_or(match query.order {
                 Order::Asc => i64::MIN,
                 Order::Desc => i64::MAX,
             });
             let mut statement = connection.prepare_cached(sql).map_err(sqlite)?;
-            let mut rows = statement.query(params![key, bound]).map_err(sqlite)?;
+            let mut rows = match &query.parent {
+                ParentFilter::Of(parent) => statement.query(params![key, bound, parent.to_string()]),
+                ParentFilter::TopLevel | ParentFilter::Any => statement.query(params![key, bound]),
+            }
+            .map_err(sqlite)?;
             let mut items: Vec<(i64, RunRecord)> = Vec::new();
             while let Some(row) = rows.next().map_err(sqlite)? {
                 let order: i64 = row.get(0).map_err(sqlite)?;
@@ -421,14 +432,17 @@ fn write_step_in(
     let (session, created) = match (run_seq_row(tx, turn, &key), &step.run) {
         (Ok((session, _)), _) => (session, false),
         // The turn's first step creates its run (checking its session and the fence).
-        (Err(error), Some((run_session, body))) if error.is_not_found() => {
-            put_run_in(tx, turn, *run_session, body, fence)?;
-            (*run_session, true)
+        (Err(error), Some(run)) if error.is_not_found() => {
+            put_run_in(tx, turn, run, fence)?;
+            (run.session_id, true)
         }
         (Err(error), _) => return Err(error),
     };
-    if let Some((run_session, _)) = &step.run {
-        rules::check_run_session_id(turn, *run_session, session)?;
+    if let Some(run) = &step.run {
+        rules::check_run_session_id(turn, run.session_id, session)?;
+        if !created {
+            rules::check_run_parent(turn, run.parent_run_id, stored_parent(tx, turn, &key)?)?;
+        }
     }
     check_fence(tx, session, fence)?;
     if let Some(seq) = step.high_water {
@@ -454,8 +468,8 @@ fn write_step_in(
             write_journal_row(tx, &key, &entry, stored.is_none())?;
         }
     }
-    if let Some((_, body)) = step.run.as_ref().filter(|_| !created) {
-        update_run_body(tx, &key, body)?;
+    if let Some(run) = step.run.as_ref().filter(|_| !created) {
+        update_run_body(tx, &key, &run.body)?;
     }
     if step.release_lease {
         delete_lease(tx, session)?;
@@ -474,20 +488,16 @@ fn run_exists(connection: &Connection, turn: TurnId) -> StoreResult<bool> {
 
 /// The session's newest top-level run.
 fn latest_turn(connection: &Connection, session: &str) -> StoreResult<Option<TurnId>> {
-    let mut statement = connection
-        .prepare_cached("SELECT id, body FROM runs WHERE session_id = ?1 ORDER BY run_order DESC")
+    let id: Option<String> = connection
+        .prepare_cached(
+            "SELECT id FROM runs INDEXED BY runs_top_level WHERE session_id = ?1 AND parent_id IS NULL ORDER BY run_order DESC LIMIT 1",
+        )
+        .map_err(sqlite)?
+        .query_row([session], |row| row.get(0))
+        .optional()
         .map_err(sqlite)?;
-    let mut rows = statement.query([session]).map_err(sqlite)?;
-    while let Some(row) = rows.next().map_err(sqlite)? {
-        if !rules::is_member_run(blob(row, 1)?)? {
-            let id: String = row.get(0).map_err(sqlite)?;
-            return id
-                .parse()
-                .map(Some)
-                .map_err(|_| StoreError::Corrupt(format!("a stored run id {id:?} does not parse")));
-        }
-    }
-    Ok(None)
+    id.map(|id| id.parse().map_err(|_| StoreError::Corrupt(format!("a stored run id {id:?} does not parse"))))
+        .transpose()
 }
 
 /// Removes a session's lease, inside a write.
@@ -567,36 +577,67 @@ fn update_run_body(connection: &Connection, key: &str, body: &[u8]) -> StoreResu
 fn put_run_in(
     connection: &Connection,
     id: TurnId,
-    session: SessionId,
-    body: &[u8],
+    run: &rules::EncodedRun,
     fence: Option<Fence>,
 ) -> StoreResult<()> {
+    let session = run.session_id;
     let session_key = session.to_string();
     if !session_exists(connection, &session_key)? {
         return Err(StoreError::not_found("session", session));
     }
     check_fence(connection, session, fence)?;
     let key = id.to_string();
-    let existing: Option<String> = connection
-        .prepare_cached("SELECT session_id FROM runs WHERE id = ?1")
+    let existing: Option<(String, Option<String>)> = connection
+        .prepare_cached("SELECT session_id, parent_id FROM runs WHERE id = ?1")
         .map_err(sqlite)?
-        .query_row([&key], |row| row.get(0))
+        .query_row([&key], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
         .map_err(sqlite)?;
     match existing {
-        Some(stored) if stored != session_key => {
+        Some((stored, _)) if stored != session_key => {
             Err(StoreError::InvalidInput(format!("run {id} belongs to session {stored}, not {session_key}")))
         }
-        Some(_) => update_run_body(connection, &key, body),
+        Some((_, parent)) => {
+            rules::check_run_parent(id, run.parent_run_id, parse_parent(id, parent)?)?;
+            update_run_body(connection, &key, &run.body)
+        }
         None => {
             connection
-                .prepare_cached("INSERT INTO runs (id, session_id, body) VALUES (?1, ?2, ?3)")
+                .prepare_cached("INSERT INTO runs (id, session_id, parent_id, body) VALUES (?1, ?2, ?3, ?4)")
                 .map_err(sqlite)?
-                .execute(params![key, session_key, body])
+                .execute(params![
+                    key,
+                    session_key,
+                    run.parent_run_id.map(|parent| parent.to_string()),
+                    run.body
+                ])
                 .map_err(sqlite)?;
             Ok(())
         }
     }
+}
+
+/// A stored run's parent, from its `parent_id` column.
+fn parse_parent(run: TurnId, parent: Option<String>) -> StoreResult<Option<TurnId>> {
+    parent
+        .map(|parent| {
+            parent
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("run {run} has an invalid parent id {parent:?}")))
+        })
+        .transpose()
+}
+
+/// A stored run's parent (`None` for a turn). `NotFound` when the run does not exist.
+fn stored_parent(connection: &Connection, run: TurnId, key: &str) -> StoreResult<Option<TurnId>> {
+    let parent: Option<String> = connection
+        .prepare_cached("SELECT parent_id FROM runs WHERE id = ?1")
+        .map_err(sqlite)?
+        .query_row([key], |row| row.get(0))
+        .optional()
+        .map_err(sqlite)?
+        .ok_or_else(|| StoreError::not_found("run", run))?;
+    parse_parent(run, parent)
 }
 
 /// A run's session and explicitly raised high-water mark, without decoding its record.

@@ -18,8 +18,9 @@ pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 /// a build of version 1 cannot read, so that such a build refuses the file as too new
 /// instead of reporting its new events as damaged. Version 3 records the session a budget
 /// ledger belongs to, so that deleting the session deletes it, and indexes reservations'
-/// scope links by reservation (settling one looked at every link).
-pub(crate) const VERSION: u32 = 3;
+/// scope links by reservation (settling one looked at every link). Version 4 keeps each
+/// run's parent beside its record and indexes runs by parent and turns by session.
+pub(crate) const VERSION: u32 = 4;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -99,6 +100,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE budgets ADD COLUMN session_id TEXT;
     CREATE INDEX budgets_by_session ON budgets (session_id) WHERE session_id IS NOT NULL;
     CREATE INDEX reservation_scopes_by_reservation ON reservation_scopes (reservation_id);
+    ",
+    // 3 -> 4: each run's parent, from its record (a record that is not valid JSON stays
+    // top-level; it fails to decode wherever it is read, as before), and the indexes that
+    // list a run's members and a session's turns without reading the other runs.
+    r"
+    ALTER TABLE runs ADD COLUMN parent_id TEXT;
+    UPDATE runs SET parent_id = json_extract(CAST(body AS TEXT), '$.parent_run_id')
+        WHERE json_valid(CAST(body AS TEXT));
+    CREATE INDEX runs_by_parent ON runs (parent_id, run_order) WHERE parent_id IS NOT NULL;
+    CREATE INDEX runs_top_level ON runs (session_id, run_order) WHERE parent_id IS NULL;
     ",
 ];
 

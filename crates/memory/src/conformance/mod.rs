@@ -84,6 +84,8 @@ macro_rules! conformance_tests {
             run_unknown_is_not_found,
             runs_list_in_both_orders_across_pages,
             runs_list_filters_by_parent_status_agent_and_team,
+            runs_members_are_listed_by_parent_among_other_runs_in_both_orders_across_pages,
+            a_runs_parent_is_fixed_when_it_is_created,
             runs_list_of_an_unknown_session_is_not_found,
             events_append_assigns_increasing_positions_and_read_back_by_turn,
             events_with_a_stale_or_repeated_seq_are_refused_and_change_nothing,
@@ -222,6 +224,67 @@ pub fn format_1_events() -> Vec<(Vec<u8>, EventEnvelope)> {
             (bytes, serde_json::from_value(line["event"].clone()).unwrap())
         })
         .collect()
+}
+
+/// A session's runs stored for a migration test: turns with members among them (one a
+/// member of a member), the parent of each run listed in [`RunsWithMembers::members`].
+#[derive(Debug)]
+pub struct RunsWithMembers {
+    /// The session.
+    pub session: SessionId,
+    /// Its turns, oldest first.
+    pub turns: Vec<TurnId>,
+    /// Each parent with its members, oldest first.
+    pub members: Vec<(TurnId, Vec<TurnId>)>,
+}
+
+/// Stores [`RunsWithMembers`] in a new session.
+pub async fn store_runs_with_members(store: &dyn Store) -> RunsWithMembers {
+    let session = new_session(store).await;
+    let first = new_run(store, session.id).await.id;
+    let mut of_first = Vec::new();
+    let mut of_member = Vec::new();
+    for _ in 0..2 {
+        let mut member = run_in(session.id);
+        member.parent_run_id = Some(first);
+        store.put_run(&member, None).await.unwrap();
+        of_first.push(member.id);
+    }
+    let second = new_run(store, session.id).await.id;
+    let mut nested = run_in(session.id);
+    nested.parent_run_id = Some(of_first[0]);
+    store.put_run(&nested, None).await.unwrap();
+    of_member.push(nested.id);
+    RunsWithMembers {
+        session: session.id,
+        turns: vec![first, second],
+        members: vec![(of_first[0], of_member), (first, of_first), (second, Vec::new())],
+    }
+}
+
+/// Checks a store holding [`RunsWithMembers`], stored before its runs were indexed by
+/// parent: turns and each parent's members are listed, a member keeps its parent, and a
+/// member stored now is listed after the others.
+pub async fn check_runs_with_members(store: &dyn Store, runs: &RunsWithMembers) {
+    let list = |parent: ParentFilter| async move {
+        let query = RunQuery { parent, ..RunQuery::default() };
+        let page = store.list_runs(runs.session, &query, &PageRequest::first(10)).await.unwrap();
+        page.items.into_iter().map(|run| run.id).collect::<Vec<_>>()
+    };
+    assert_eq!(list(ParentFilter::TopLevel).await, runs.turns);
+    for (parent, members) in &runs.members {
+        assert_eq!(&list(ParentFilter::Of(*parent)).await, members);
+    }
+    let (parent, members) = &runs.members[1];
+    let mut moved = store.get_run(members[0]).await.unwrap();
+    moved.parent_run_id = Some(runs.turns[1]);
+    assert_invalid(store.put_run(&moved, None).await);
+    let mut later = run_in(runs.session);
+    later.parent_run_id = Some(*parent);
+    store.put_run(&later, None).await.unwrap();
+    let mut expected = members.clone();
+    expected.push(later.id);
+    assert_eq!(list(ParentFilter::Of(*parent)).await, expected);
 }
 
 /// The first turn of [`format_1_events`] (over 20 events), with a session and a run with
@@ -704,6 +767,107 @@ pub async fn runs_list_filters_by_parent_status_agent_and_team(store: Arc<dyn St
         RunQuery { parent: ParentFilter::Any, agent_id: Some("researcher".into()), ..Default::default() };
     assert_eq!(list(by_agent).await, [member.id]);
     assert_eq!(list(RunQuery { team_id: Some("crew".into()), ..Default::default() }).await, [turn.id]);
+}
+
+/// The members of a run are listed by their parent among the session's other turns and
+/// members, in creation order both ways and across pages; turns are listed without the
+/// members between them; a member stored in another session under the same parent is that
+/// session's, and deleting it leaves the listing as it was.
+pub async fn runs_members_are_listed_by_parent_among_other_runs_in_both_orders_across_pages(
+    store: Arc<dyn Store>,
+) {
+    let session = new_session(&*store).await;
+    let other = new_session(&*store).await;
+    let first = new_run(&*store, session.id).await;
+    let second = new_run(&*store, session.id).await;
+    let (mut of_first, mut of_second, mut turns) = (Vec::new(), Vec::new(), vec![first.id, second.id]);
+    for round in 0..3 {
+        for (parent, members) in [(first.id, &mut of_first), (second.id, &mut of_second)] {
+            let mut member = run_in(session.id);
+            member.parent_run_id = Some(parent);
+            store.put_run(&member, None).await.unwrap();
+            members.push(member.id);
+        }
+        // A member of a member, and a later turn, in between.
+        let mut nested = run_in(session.id);
+        nested.parent_run_id = Some(of_first[round]);
+        store.put_run(&nested, None).await.unwrap();
+        turns.push(new_run(&*store, session.id).await.id);
+    }
+    let mut stranger = run_in(other.id);
+    stranger.parent_run_id = Some(first.id);
+    store.put_run(&stranger, None).await.unwrap();
+    let listed = |session: SessionId, parent: ParentFilter, order: Order| {
+        let store = store.clone();
+        async move {
+            let query = RunQuery { order, parent, ..RunQuery::default() };
+            let mut page = PageRequest::first(2);
+            let mut listed = Vec::new();
+            loop {
+                let result = store.list_runs(session, &query, &page).await.unwrap();
+                assert!(result.items.len() <= 2);
+                listed.extend(result.items.iter().map(|run| run.id));
+                match result.next_token {
+                    Some(token) => page = PageRequest::after(token, 2),
+                    None => break listed,
+                }
+            }
+        }
+    };
+    let reversed = |ids: &[TurnId]| ids.iter().rev().copied().collect::<Vec<_>>();
+    for pass in 0..2 {
+        assert_eq!(listed(session.id, ParentFilter::Of(first.id), Order::Asc).await, of_first);
+        assert_eq!(listed(session.id, ParentFilter::Of(first.id), Order::Desc).await, reversed(&of_first));
+        assert_eq!(listed(session.id, ParentFilter::Of(second.id), Order::Asc).await, of_second);
+        assert_eq!(listed(session.id, ParentFilter::Of(second.id), Order::Desc).await, reversed(&of_second));
+        assert_eq!(listed(session.id, ParentFilter::TopLevel, Order::Asc).await, turns);
+        assert_eq!(listed(session.id, ParentFilter::TopLevel, Order::Desc).await, reversed(&turns));
+        assert_eq!(listed(session.id, ParentFilter::Any, Order::Asc).await.len(), 2 + 3 * 4);
+        assert!(listed(session.id, ParentFilter::Of(turns[4]), Order::Asc).await.is_empty());
+        if pass == 0 {
+            assert_eq!(listed(other.id, ParentFilter::Of(first.id), Order::Asc).await, [stranger.id]);
+            // The second pass: the stranger's session deleted changes nothing here.
+            store.delete_session(other.id).await.unwrap();
+        }
+    }
+    store.delete_session(session.id).await.unwrap();
+    let query = RunQuery { parent: ParentFilter::Of(first.id), ..RunQuery::default() };
+    assert_not_found(store.list_runs(session.id, &query, &PageRequest::first(10)).await);
+}
+
+/// A stored run keeps its parent: a record that moves a member under another parent or to
+/// the top level, or a turn under a parent, is refused (by `put_run` and by `write_step`)
+/// and changes nothing.
+pub async fn a_runs_parent_is_fixed_when_it_is_created(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let turn = new_run(&*store, session.id).await;
+    let other = new_run(&*store, session.id).await;
+    let mut member = run_in(session.id);
+    member.parent_run_id = Some(turn.id);
+    store.put_run(&member, None).await.unwrap();
+    let moved = |parent: Option<TurnId>, run: &RunRecord| RunRecord {
+        parent_run_id: parent,
+        agent_id: Some("moved".into()),
+        ..run.clone()
+    };
+    for (run, parent) in [(&member, Some(other.id)), (&member, None), (&turn, Some(other.id))] {
+        assert_invalid(store.put_run(&moved(parent, run), None).await);
+        let step = TurnStep {
+            run: Some(moved(parent, run)),
+            events: vec![Arc::new(event(run, 1))],
+            ..TurnStep::default()
+        };
+        assert_invalid(store.write_step(run.id, &step, None).await);
+        assert_eq!(store.get_run(run.id).await.unwrap(), *run);
+        assert!(store.turn_events(run.id, Order::Asc, None, 10).await.unwrap().is_empty());
+    }
+    let members = RunQuery { parent: ParentFilter::Of(turn.id), ..RunQuery::default() };
+    let listed = store.list_runs(session.id, &members, &PageRequest::first(10)).await.unwrap();
+    assert_eq!(listed.items, [member.clone()]);
+    // The same parent is no move.
+    let renamed = moved(Some(turn.id), &member);
+    store.put_run(&renamed, None).await.unwrap();
+    assert_eq!(store.get_run(member.id).await.unwrap(), renamed);
 }
 
 /// Listing the runs of an unknown session is not found.

@@ -30,11 +30,13 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
                 )
                 .unwrap();
         }
-        // Schema 1's shape: ledgers without the session they belong to.
+        // Schema 1's shape: ledgers without the session they belong to, runs without
+        // their parent.
         connection
             .execute_batch(
                 "DROP INDEX budgets_by_session; DROP INDEX reservation_scopes_by_reservation;
-                 ALTER TABLE budgets DROP COLUMN session_id;",
+                 ALTER TABLE budgets DROP COLUMN session_id;
+                 DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;",
             )
             .unwrap();
         connection.pragma_update(None, "user_version", 1).unwrap();
@@ -56,7 +58,7 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
 
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     let formats: Vec<u8> = connection
         .prepare("SELECT body FROM events ORDER BY position")
         .unwrap()
@@ -90,6 +92,34 @@ fn processes_opening_a_new_file_at_once_all_open_it() {
         }
         let connection = rusqlite::Connection::open(&path).unwrap();
         let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-        assert_eq!(version, 3);
+        assert_eq!(version, 4);
     }
+}
+
+/// A store of schema 3, which kept no run's parent beside its record, is migrated: its
+/// runs' parents are read from their records, and turns and members are listed by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let runs = {
+        let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+        agentry_memory::conformance::store_runs_with_members(&store).await
+    };
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        // Schema 3's shape.
+        connection
+            .execute_batch(
+                "DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;",
+            )
+            .unwrap();
+        connection.pragma_update(None, "user_version", 3).unwrap();
+    }
+    let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+    agentry_memory::conformance::check_runs_with_members(&store, &runs).await;
+    drop(store);
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 4);
 }

@@ -6,7 +6,9 @@
 //! - `replay_1000_events`: reading one turn's 1,000 stored events;
 //! - `history_window_20`: loading a 20-message history window from a session with 10,000 runs;
 //! - `member_listing`: listing the 4 members of a session's first turn when the session holds
-//!   10 or 10,000 runs (turns of 4 members each; flat: runs are indexed by parent).
+//!   10 or 10,000 runs (turns of 4 members each; flat: runs are indexed by parent);
+//! - `owner_listing`: listing the 5 sessions of one owner, its oldest, when the store holds
+//!   10 or 10,000 sessions of others (flat: sessions are indexed by owner).
 //!
 //! Stores live under `target/bench-stores` on the real disk, so syncs cost what they cost.
 
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use agentry_benches::{bench_store_dir, event_for, open_store};
 use agentry_memory::{
-    Durability, HistoryQuery, InMemoryStore, Order, PageRequest, ParentFilter, RunQuery, Store,
+    Durability, HistoryQuery, InMemoryStore, Order, PageRequest, ParentFilter, RunQuery, SessionQuery, Store,
 };
 use agentry_types::{Message, RunRecord, SessionId, SessionRecord, SessionType, Subject, TurnInputItem};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -309,5 +311,36 @@ fn member_listing(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append_run, event_appends, replay, history_window, member_listing);
+fn owner_listing(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("owner_listing");
+    for backend in BACKENDS {
+        for k in [10usize, 10_000] {
+            let fresh = fresh(backend, Durability::Relaxed);
+            let store = fresh.store.clone();
+            runtime.block_on(async {
+                for index in 0..k + 5 {
+                    let owner = if index < 5 { "rare".to_owned() } else { format!("user{}", index % 100) };
+                    let session = SessionRecord::new(SessionType::Agent, "bench", Subject::user(owner));
+                    store.create_session(&session).await.unwrap();
+                }
+            });
+            group.bench_with_input(BenchmarkId::new(backend, format!("k={k}")), &k, |b, _| {
+                b.to_async(&runtime).iter(|| {
+                    let store = store.clone();
+                    async move {
+                        let query =
+                            SessionQuery { owner: Some("rare".to_owned()), ..SessionQuery::default() };
+                        let sessions = store.list_sessions(&query, &PageRequest::first(20)).await.unwrap();
+                        assert_eq!(sessions.items.len(), 5);
+                        sessions
+                    }
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append_run, event_appends, replay, history_window, member_listing, owner_listing);
 criterion_main!(benches);

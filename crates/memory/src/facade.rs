@@ -364,7 +364,8 @@ impl Memory {
     /// memory processing; a completed run keeps its messages (`full_session_memory`) and
     /// updates the summary (`summary_memory`) and the user profile
     /// (`user_analysis_memory`). The run is durable before any analysis starts; when the
-    /// analysis fails, the error says the run was saved.
+    /// analysis fails, the error says the run was saved. A run saved again keeps its
+    /// `parent_run_id` (the store refuses a move with `InvalidInput`).
     pub async fn save_session(
         &self,
         output: &RunOutputDocument,

@@ -37,6 +37,8 @@ struct State {
     sessions: HashMap<SessionId, SessionRecord>,
     /// (created_at, id) of every session, for newest-first listing.
     session_index: BTreeSet<(Timestamp, SessionId)>,
+    /// The same for each owner's sessions.
+    owner_index: HashMap<String, BTreeSet<(Timestamp, SessionId)>>,
     runs: HashMap<TurnId, RunRow>,
     /// Each session's runs by creation order.
     session_runs: HashMap<SessionId, BTreeMap<u64, TurnId>>,
@@ -164,6 +166,11 @@ impl SessionStore for InMemoryStore {
             return Err(Conflict::AlreadyExists { kind: "session", id: session.id.to_string() }.into());
         }
         state.session_index.insert((session.created_at, session.id));
+        state
+            .owner_index
+            .entry(session.owner.subject_id.clone())
+            .or_default()
+            .insert((session.created_at, session.id));
         state.sessions.insert(session.id, session.clone());
         Ok(())
     }
@@ -187,6 +194,12 @@ impl SessionStore for InMemoryStore {
         let mut state = self.state();
         let session = state.sessions.remove(&id).ok_or_else(|| StoreError::not_found("session", id))?;
         state.session_index.remove(&(session.created_at, id));
+        if let Some(owned) = state.owner_index.get_mut(&session.owner.subject_id) {
+            owned.remove(&(session.created_at, id));
+            if owned.is_empty() {
+                state.owner_index.remove(&session.owner.subject_id);
+            }
+        }
         for (order, run) in state.session_runs.remove(&id).unwrap_or_default() {
             let parent = state.runs.remove(&run).and_then(|row| row.record.parent_run_id);
             if let Some(parent) = parent {
@@ -223,15 +236,25 @@ impl SessionStore for InMemoryStore {
             None => None,
         };
         let state = self.state();
-        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match (after, query.oldest_first) {
-            (Some(after), false) => Box::new(state.session_index.range(..after).rev()),
-            (None, false) => Box::new(state.session_index.iter().rev()),
-            (Some(after), true) => Box::new(
-                state.session_index.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
-            ),
-            (None, true) => Box::new(state.session_index.iter()),
+        let empty = BTreeSet::new();
+        let index = match &query.owner {
+            Some(owner) => state.owner_index.get(owner).unwrap_or(&empty),
+            None => &state.session_index,
         };
+        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match (after, query.oldest_first) {
+            (Some(after), false) => Box::new(index.range(..after).rev()),
+            (None, false) => Box::new(index.iter().rev()),
+            (Some(after), true) => {
+                Box::new(index.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)))
+            }
+            (None, true) => Box::new(index.iter()),
+        };
+        // Past the far end of the creation bounds, nothing more matches.
         let items: Vec<SessionRecord> = keys
+            .take_while(|(created, _)| match query.oldest_first {
+                false => query.created_from.is_none_or(|from| *created >= from),
+                true => query.created_until.is_none_or(|until| *created <= until),
+            })
             .filter_map(|(_, id)| state.sessions.get(id))
             .filter(|session| query.matches(session))
             .take(limit + 1)

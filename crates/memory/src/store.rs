@@ -307,6 +307,9 @@ pub trait SessionStore: Send + Sync {
 
     /// Lists sessions newest first (by creation time, then id). `InvalidInput` for a token
     /// not issued by this listing.
+    ///
+    /// Sessions are indexed by owner: listing one owner's sessions reads only theirs, and
+    /// only those within the creation bounds, however many sessions others hold.
     async fn list_sessions(
         &self,
         query: &SessionQuery,
@@ -328,8 +331,9 @@ pub trait RunStore: Send + Sync {
     /// Lists a session's runs in creation order. `NotFound` when the session does not
     /// exist; `InvalidInput` for a foreign token.
     ///
-    /// Runs are indexed by parent: listing the members of a run, or the top-level runs,
-    /// reads only those runs, however many others the session holds.
+    /// Runs are indexed by parent: listing the members of a run reads only those runs,
+    /// however many others the session holds (SQLite and redb list turns through an index
+    /// of their own as well; the in-memory store filters the session's runs for them).
     async fn list_runs(
         &self,
         session: SessionId,

@@ -88,8 +88,9 @@ impl TeamSession {
         })
     }
 
-    /// Adds a run, or replaces the run with the same `run_id`. The run needs a `run_id`
-    /// (`InvalidInput` otherwise).
+    /// Adds a run, or replaces the run with the same `run_id`. The run needs a `run_id`, and
+    /// a replaced run keeps its `parent_run_id` (`InvalidInput` otherwise: the store lists
+    /// members by parent).
     pub async fn upsert_run(&self, run: &MemberResponse) -> StoreResult<()> {
         let (run_id, status, parent, agent, team) = match run {
             MemberResponse::Agent(run) => (

@@ -62,13 +62,14 @@ use crate::tables::META;
 /// (`agentry_memory::rules::encode_event`), which a build of version 2 cannot read, so
 /// that such a build refuses the file as too new instead of reporting its new events as
 /// damaged. Version 4 indexes runs by parent (`session_turns`, `member_runs`,
-/// `run_parents`), which a build of version 3 would not keep up to date.
+/// `run_parents`), which a build of version 3 would not keep up to date. Version 5 indexes
+/// sessions by owner (`session_owners`), likewise.
 ///
 /// A new table that older builds can do without (their writes stay correct; they only
 /// ignore it) comes without a version change and is created on open: `session_budgets`
 /// (which ledgers a session owns; a build without it leaves a deleted session's ledgers
 /// behind, as builds before it did).
-pub(crate) const VERSION: u64 = 4;
+pub(crate) const VERSION: u64 = 5;
 
 /// How a [`RedbStore`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,6 +337,9 @@ fn prepare(database: &Database) -> StoreResult<()> {
         }
         if version.is_some_and(|version| version < 4) {
             ops::index_runs_by_parent(&write)?;
+        }
+        if version.is_some_and(|version| version < 5) {
+            ops::index_sessions_by_owner(&write)?;
         }
         let mut meta = write.open_table(META).map_err(redb_error)?;
         meta.insert("schema_version", VERSION).map_err(redb_error)?;

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
+use std::ops::Bound;
+
 use agentry_memory::handoff;
 use agentry_memory::rules::EncodedRun;
 use agentry_memory::{
@@ -26,7 +28,7 @@ use uuid_bits::{session_key, turn_key};
 use crate::tables::{
     BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMBER_RUNS, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
     RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUN_PARENTS, RUNS, SESSION_BUDGETS, SESSION_EVENTS,
-    SESSION_INDEX, SESSION_RUNS, SESSION_TURNS, SESSIONS, TURN_EVENTS,
+    SESSION_INDEX, SESSION_OWNERS, SESSION_RUNS, SESSION_TURNS, SESSIONS, TURN_EVENTS,
 };
 use crate::{RedbStore, Tx, counter, redb_error, set_counter};
 
@@ -52,6 +54,7 @@ pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     }
     touch(transaction, SESSIONS)?;
     touch(transaction, SESSION_INDEX)?;
+    touch(transaction, SESSION_OWNERS)?;
     touch(transaction, RUNS)?;
     touch(transaction, RUN_META)?;
     touch(transaction, SESSION_RUNS)?;
@@ -142,6 +145,29 @@ fn insert_run_meta(
     Ok(meta)
 }
 
+/// A session's place in the listings: (created µs, session id).
+type SessionListKey = (i64, u128);
+
+/// The listing keys (created µs, session id) a page of `query` reads, in key order: the
+/// query's creation bounds, cut at the page's cursor `after` in the listing's direction.
+/// `None` when the range is empty.
+fn session_key_range(
+    query: &SessionQuery,
+    after: Option<SessionListKey>,
+) -> Option<(Bound<SessionListKey>, Bound<SessionListKey>)> {
+    let (mut low, mut low_open) = ((query.created_from.map_or(i64::MIN, Timestamp::unix_micros), 0), false);
+    let (mut high, mut high_open) =
+        ((query.created_until.map_or(i64::MAX, Timestamp::unix_micros), u128::MAX), false);
+    match after {
+        Some(after) if query.oldest_first && after >= low => (low, low_open) = (after, true),
+        Some(after) if !query.oldest_first && after <= high => (high, high_open) = (after, true),
+        _ => {}
+    }
+    let bound = |key, open| if open { Bound::Excluded(key) } else { Bound::Included(key) };
+    (low < high || (low == high && !low_open && !high_open))
+        .then(|| (bound(low, low_open), bound(high, high_open)))
+}
+
 /// Indexes a run by its parent: among its session's turns, or its parent's members.
 fn index_run(
     transaction: &WriteTransaction,
@@ -180,6 +206,22 @@ pub(crate) fn index_runs_by_parent(transaction: &WriteTransaction) -> StoreResul
         };
         let id = TurnId::from_uuid(uuid::Uuid::from_u128(run));
         index_run(transaction, id, SessionId::from_uuid(uuid::Uuid::from_u128(session)), order, parent)?;
+    }
+    Ok(())
+}
+
+/// Migrates a store of schema 4 or older to 5: indexes every session by its owner, read
+/// from its record. A record that does not parse is listed for no owner; it fails to
+/// decode wherever it is read, as before.
+pub(crate) fn index_sessions_by_owner(transaction: &WriteTransaction) -> StoreResult<()> {
+    let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+    let mut owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
+    for entry in sessions.iter().map_err(redb_error)? {
+        let (id, body) = entry.map_err(redb_error)?;
+        if let Ok(session) = rules::decode::<SessionRecord>("session", body.value()) {
+            let key = (session.owner.subject_id.as_str(), session.created_at.unix_micros(), id.value());
+            owners.insert(key, ()).map_err(redb_error)?;
+        }
     }
     Ok(())
 }
@@ -227,6 +269,7 @@ impl SessionStore for RedbStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
         let body = rules::encode("session", session)?;
         let (id, created) = (session.id, session.created_at.unix_micros());
+        let owner = session.owner.subject_id.clone();
         self.write(move |transaction| {
             let mut sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
             if sessions.get(session_key(id)).map_err(redb_error)?.is_some() {
@@ -235,6 +278,8 @@ impl SessionStore for RedbStore {
             sessions.insert(session_key(id), body.as_slice()).map_err(redb_error)?;
             let mut index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
             index.insert((created, session_key(id)), ()).map_err(redb_error)?;
+            let mut owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
+            owners.insert((owner.as_str(), created, session_key(id)), ()).map_err(redb_error)?;
             Ok(())
         })
         .await
@@ -271,10 +316,10 @@ impl SessionStore for RedbStore {
             // The record is read only for its creation time, the key of its listing entry. A
             // record that no longer reads (nested too deeply by a build before the nesting
             // limit, or damaged) must still be deletable: its entry is then looked for.
-            let created: Option<i64> = {
+            let created: Option<(i64, String)> = {
                 let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
                 match get_json::<SessionRecord, _>(&sessions, key, "session") {
-                    Ok(Some(session)) => Some(session.created_at.unix_micros()),
+                    Ok(Some(session)) => Some((session.created_at.unix_micros(), session.owner.subject_id)),
                     Ok(None) => return Err(StoreError::not_found("session", id)),
                     Err(StoreError::Corrupt(_)) => None,
                     Err(error) => return Err(error),
@@ -297,13 +342,18 @@ impl SessionStore for RedbStore {
             };
             transaction.open_table(SESSIONS).map_err(redb_error)?.remove(key).map_err(redb_error)?;
             let mut index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
+            let mut owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
             match created {
-                Some(created) => {
+                Some((created, owner)) => {
                     index.remove((created, key)).map_err(redb_error)?;
+                    owners.remove((owner.as_str(), created, key)).map_err(redb_error)?;
                 }
-                None => index.retain(|(_, session), ()| session != key).map_err(redb_error)?,
+                None => {
+                    index.retain(|(_, session), ()| session != key).map_err(redb_error)?;
+                    owners.retain(|(_, _, session), ()| session != key).map_err(redb_error)?;
+                }
             }
-            drop(index);
+            drop((index, owners));
             transaction.open_table(LEASES).map_err(redb_error)?.remove(key).map_err(redb_error)?;
             for table in [SESSION_RUNS, SESSION_TURNS] {
                 transaction
@@ -394,20 +444,29 @@ impl SessionStore for RedbStore {
         let query = query.clone();
         self.read(move |transaction| {
             let index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
+            let owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
-            let range = match (after, query.oldest_first) {
-                (Some(after), false) => index.range(..after).map_err(redb_error)?,
-                (Some(after), true) => index
-                    .range::<(i64, u128)>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-                    .map_err(redb_error)?,
-                (None, _) => index.range::<(i64, u128)>(..).map_err(redb_error)?,
+            let Some((lower, upper)) = session_key_range(&query, after) else {
+                return Ok(Page { items: Vec::new(), next_token: None });
             };
-            let entries: Box<dyn Iterator<Item = _>> =
-                if query.oldest_first { Box::new(range) } else { Box::new(range.rev()) };
+            // An owner's sessions through their own index; the creation bounds bound the
+            // range read, as the cursor does.
+            let ids: Box<dyn DoubleEndedIterator<Item = StoreResult<u128>>> = match &query.owner {
+                Some(owner) => {
+                    let owned =
+                        |bound: Bound<(i64, u128)>| bound.map(|(created, id)| (owner.as_str(), created, id));
+                    let range = owners.range((owned(lower), owned(upper))).map_err(redb_error)?;
+                    Box::new(range.map(|entry| entry.map(|(key, _)| key.value().2).map_err(redb_error)))
+                }
+                None => {
+                    let range = index.range((lower, upper)).map_err(redb_error)?;
+                    Box::new(range.map(|entry| entry.map(|(key, _)| key.value().1).map_err(redb_error)))
+                }
+            };
+            let ids: Box<dyn Iterator<Item = _>> = if query.oldest_first { ids } else { Box::new(ids.rev()) };
             let mut items = Vec::new();
-            for entry in entries {
-                let (key, _) = entry.map_err(redb_error)?;
-                let (_, id) = key.value();
+            for id in ids {
+                let id = id?;
                 let Some(session) = get_json::<SessionRecord, u128>(&sessions, id, "session")? else {
                     continue;
                 };

@@ -9,6 +9,9 @@ pub(crate) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("me
 pub(crate) const SESSIONS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("sessions");
 /// (created µs, session id) → () for newest-first listing.
 pub(crate) const SESSION_INDEX: TableDefinition<'_, (i64, u128), ()> = TableDefinition::new("session_index");
+/// (owner subject id, created µs, session id) → () for listing an owner's sessions.
+pub(crate) const SESSION_OWNERS: TableDefinition<'_, (&str, i64, u128), ()> =
+    TableDefinition::new("session_owners");
 /// Run id → run JSON.
 pub(crate) const RUNS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("runs");
 /// Run id → (session id, creation order, explicitly raised high-water mark). The last

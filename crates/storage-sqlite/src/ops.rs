@@ -81,11 +81,14 @@ impl SessionStore for SqliteStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
         let body = rules::encode("session", session)?;
         let (id, created) = (session.id.to_string(), session.created_at.unix_micros());
+        let owner = session.owner.subject_id.clone();
         self.write(move |connection| {
             let inserted = connection
-                .prepare_cached("INSERT OR IGNORE INTO sessions (id, created_us, body) VALUES (?1, ?2, ?3)")
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO sessions (id, created_us, owner, body) VALUES (?1, ?2, ?3, ?4)",
+                )
                 .map_err(sqlite)?
-                .execute(params![id, created, body])
+                .execute(params![id, created, owner, body])
                 .map_err(sqlite)?;
             if inserted == 0 {
                 return Err(Conflict::AlreadyExists { kind: "session", id }.into());
@@ -173,16 +176,25 @@ impl SessionStore for SqliteStore {
         self.read(move |connection| {
             let (micros, id) = after.unwrap_or((i64::MAX, String::new()));
             let unbounded = id.is_empty();
-            let mut statement = connection
-                .prepare_cached(if query.oldest_first {
-                    "SELECT body FROM sessions WHERE ?3 OR (created_us, id) > (?1, ?2)
-                     ORDER BY created_us ASC, id ASC"
-                } else {
-                    "SELECT body FROM sessions WHERE ?3 OR (created_us, id) < (?1, ?2)
-                     ORDER BY created_us DESC, id DESC"
-                })
-                .map_err(sqlite)?;
-            let mut rows = statement.query(params![micros, id, unbounded]).map_err(sqlite)?;
+            // An owner's sessions through their own index; the creation bounds bound the
+            // range read, as the cursor does.
+            let (index, owned) = match query.owner {
+                Some(_) => ("INDEXED BY sessions_by_owner", "owner = ?6 AND"),
+                None => ("", ""),
+            };
+            let (after, direction) = if query.oldest_first { (">", "ASC") } else { ("<", "DESC") };
+            let sql = format!(
+                "SELECT body FROM sessions {index} WHERE {owned} created_us BETWEEN ?4 AND ?5
+                 AND (?3 OR (created_us, id) {after} (?1, ?2)) ORDER BY created_us {direction}, id {direction}"
+            );
+            let mut statement = connection.prepare_cached(&sql).map_err(sqlite)?;
+            let from = query.created_from.map_or(i64::MIN, Timestamp::unix_micros);
+            let until = query.created_until.map_or(i64::MAX, Timestamp::unix_micros);
+            let mut rows = match &query.owner {
+                Some(owner) => statement.query(params![micros, id, unbounded, from, until, owner]),
+                None => statement.query(params![micros, id, unbounded, from, until]),
+            }
+            .map_err(sqlite)?;
             let mut items = Vec::new();
             while let Some(row) = rows.next().map_err(sqlite)? {
                 let body: Vec<u8> = row.get(0).map_err(sqlite)?;

@@ -20,7 +20,8 @@ pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 /// ledger belongs to, so that deleting the session deletes it, and indexes reservations'
 /// scope links by reservation (settling one looked at every link). Version 4 keeps each
 /// run's parent beside its record and indexes runs by parent and turns by session.
-pub(crate) const VERSION: u32 = 4;
+/// Version 5 keeps each session's owner beside its record and indexes sessions by owner.
+pub(crate) const VERSION: u32 = 5;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -110,6 +111,14 @@ const MIGRATIONS: &[&str] = &[
         WHERE json_valid(CAST(body AS TEXT));
     CREATE INDEX runs_by_parent ON runs (parent_id, run_order) WHERE parent_id IS NOT NULL;
     CREATE INDEX runs_top_level ON runs (session_id, run_order) WHERE parent_id IS NULL;
+    ",
+    // 4 -> 5: each session's owner, from its record (a record that is not valid JSON is
+    // listed for no owner), and the index that lists an owner's sessions.
+    r"
+    ALTER TABLE sessions ADD COLUMN owner TEXT;
+    UPDATE sessions SET owner = json_extract(CAST(body AS TEXT), '$.owner.subject_id')
+        WHERE json_valid(CAST(body AS TEXT));
+    CREATE INDEX sessions_by_owner ON sessions (owner, created_us, id);
     ",
 ];
 

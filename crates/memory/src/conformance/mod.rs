@@ -76,6 +76,7 @@ macro_rules! conformance_tests {
             sessions_list_newest_first_across_pages,
             sessions_list_oldest_first_across_pages,
             sessions_list_filters_by_type_name_owner_user_and_creation_time,
+            an_owners_sessions_are_listed_among_others_in_both_orders_across_pages_within_creation_bounds,
             sessions_list_refuses_a_garbage_or_foreign_page_token,
             run_put_and_get_round_trips,
             run_put_replaces_by_id_and_keeps_creation_order,
@@ -263,9 +264,13 @@ pub async fn store_runs_with_members(store: &dyn Store) -> RunsWithMembers {
 }
 
 /// Checks a store holding [`RunsWithMembers`], stored before its runs were indexed by
-/// parent: turns and each parent's members are listed, a member keeps its parent, and a
-/// member stored now is listed after the others.
+/// parent and its sessions by owner: turns and each parent's members are listed, a member
+/// keeps its parent, a member stored now is listed after the others, and the session is
+/// listed for its owner.
 pub async fn check_runs_with_members(store: &dyn Store, runs: &RunsWithMembers) {
+    let owned = SessionQuery { owner: Some(alice().subject_id), ..SessionQuery::default() };
+    let sessions = store.list_sessions(&owned, &PageRequest::first(10)).await.unwrap();
+    assert_eq!(sessions.items.iter().map(|session| session.id).collect::<Vec<_>>(), [runs.session]);
     let list = |parent: ParentFilter| async move {
         let query = RunQuery { parent, ..RunQuery::default() };
         let page = store.list_runs(runs.session, &query, &PageRequest::first(10)).await.unwrap();
@@ -868,6 +873,75 @@ pub async fn a_runs_parent_is_fixed_when_it_is_created(store: Arc<dyn Store>) {
     let renamed = moved(Some(turn.id), &member);
     store.put_run(&renamed, None).await.unwrap();
     assert_eq!(store.get_run(member.id).await.unwrap(), renamed);
+}
+
+/// An owner's sessions are listed among many of other owners, in both orders, across
+/// pages (sessions created at the same moment included), within creation bounds (alone
+/// too, and empty when they cross); a deleted session leaves the owner's listing.
+pub async fn an_owners_sessions_are_listed_among_others_in_both_orders_across_pages_within_creation_bounds(
+    store: Arc<dyn Store>,
+) {
+    let mut all = Vec::new();
+    for second in 0..12i64 {
+        for owner in ["ann", "bob", "cy"] {
+            let mut session = SessionRecord::new(SessionType::Agent, "helper", Subject::user(owner));
+            // Two of each owner's sessions share their creation time.
+            session.created_at = at(second - second % 2 * i64::from(second % 4 == 1));
+            store.create_session(&session).await.unwrap();
+            all.push(session);
+        }
+    }
+    let listed = |query: SessionQuery| {
+        let store = store.clone();
+        async move {
+            let mut page = PageRequest::first(2);
+            let mut ids = Vec::new();
+            loop {
+                let result = store.list_sessions(&query, &page).await.unwrap();
+                ids.extend(result.items.iter().map(|session| session.id));
+                match result.next_token {
+                    Some(token) => page = PageRequest::after(token, 2),
+                    None => break ids,
+                }
+            }
+        }
+    };
+    let expected = |all: &[SessionRecord], owner: Option<&str>, from: i64, until: i64, oldest_first: bool| {
+        let mut sessions: Vec<&SessionRecord> = all
+            .iter()
+            .filter(|session| owner.is_none_or(|owner| session.owner.subject_id == owner))
+            .filter(|session| session.created_at >= at(from) && session.created_at <= at(until))
+            .collect();
+        sessions.sort_by_key(|session| (session.created_at, session.id));
+        if !oldest_first {
+            sessions.reverse();
+        }
+        sessions.into_iter().map(|session| session.id).collect::<Vec<_>>()
+    };
+    for (owner, from, until) in
+        [(Some("ann"), 0, 11), (Some("bob"), 3, 8), (None, 4, 6), (Some("cy"), 5, 5), (Some("ann"), 7, 2)]
+    {
+        for oldest_first in [false, true] {
+            let query = SessionQuery {
+                owner: owner.map(str::to_owned),
+                created_from: Some(at(from)),
+                created_until: Some(at(until)),
+                oldest_first,
+                ..SessionQuery::default()
+            };
+            let want = expected(&all, owner, from, until, oldest_first);
+            assert_eq!(listed(query.clone()).await, want, "{owner:?} {from}..={until} {oldest_first}");
+            if from == 0 {
+                let unbounded = SessionQuery { created_from: None, created_until: None, ..query };
+                assert_eq!(listed(unbounded).await, want);
+            }
+        }
+    }
+    assert!(listed(SessionQuery { owner: Some("dee".into()), ..SessionQuery::default() }).await.is_empty());
+    let gone = all.remove(0);
+    store.delete_session(gone.id).await.unwrap();
+    let ann = SessionQuery { owner: Some("ann".into()), ..SessionQuery::default() };
+    assert_eq!(listed(ann).await, expected(&all, Some("ann"), 0, 11, false));
 }
 
 /// Listing the runs of an unknown session is not found.

@@ -87,7 +87,7 @@ async fn a_file_from_a_newer_schema_version_is_refused_and_left_alone() {
     }
     let before = std::fs::read(&path).unwrap();
     let error = open(&path).unwrap_err();
-    assert_eq!(error, StoreError::VersionTooNew { found: 99, supported: 4 });
+    assert_eq!(error, StoreError::VersionTooNew { found: 99, supported: 5 });
     assert!(std::fs::read(&path).unwrap() == before, "the refused file was changed");
 }
 

@@ -71,7 +71,7 @@ async fn a_schema_1_store_is_migrated_and_keeps_its_turns() {
     let database =
         Database::builder().set_concurrency_mode(redb::ConcurrencyMode::MultiWriter).create(&path).unwrap();
     let read = database.begin_read().unwrap();
-    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 4);
+    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 5);
 }
 
 const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
@@ -119,17 +119,18 @@ async fn a_schema_2_store_reads_its_format_1_events_and_adds_new_ones_in_format_
     let database =
         Database::builder().set_concurrency_mode(redb::ConcurrencyMode::MultiWriter).create(&path).unwrap();
     let read = database.begin_read().unwrap();
-    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 4);
+    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 5);
     let formats: Vec<u8> =
         read.open_table(EVENTS).unwrap().iter().unwrap().map(|entry| entry.unwrap().1.value()[0]).collect();
     assert_eq!(formats.last(), Some(&2));
     assert!(formats[..formats.len() - 1].iter().all(|format| *format == 1), "{formats:?}");
 }
 
-/// A store of schema 3, which did not index runs by parent, is migrated: its runs are
-/// indexed from their records, and turns and members are listed by them.
+/// A store of schema 3, which did not index runs by parent nor sessions by owner, is
+/// migrated: both are indexed from the records, and turns, members and an owner's
+/// sessions are listed by them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
+async fn a_schema_3_store_lists_its_members_turns_and_owners_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.redb");
     let runs = {
@@ -142,13 +143,16 @@ async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
             .create(&path)
             .unwrap();
         let write = database.begin_write().unwrap();
-        // Schema 3's shape: none of the three indexes.
+        // Schema 3's shape: none of the four indexes.
         let session_turns: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("session_turns");
         let member_runs: TableDefinition<'_, (u128, u64), u128> = TableDefinition::new("member_runs");
         let run_parents: TableDefinition<'_, u128, u128> = TableDefinition::new("run_parents");
         assert!(write.delete_table(session_turns).unwrap());
         assert!(write.delete_table(member_runs).unwrap());
         assert!(write.delete_table(run_parents).unwrap());
+        let session_owners: TableDefinition<'_, (&str, i64, u128), ()> =
+            TableDefinition::new("session_owners");
+        assert!(write.delete_table(session_owners).unwrap());
         write.open_table(META).unwrap().insert("schema_version", 3).unwrap();
         write.commit().unwrap();
     }
@@ -158,5 +162,5 @@ async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
     let database =
         Database::builder().set_concurrency_mode(redb::ConcurrencyMode::MultiWriter).create(&path).unwrap();
     let read = database.begin_read().unwrap();
-    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 4);
+    assert_eq!(read.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 5);
 }

@@ -36,7 +36,8 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
             .execute_batch(
                 "DROP INDEX budgets_by_session; DROP INDEX reservation_scopes_by_reservation;
                  ALTER TABLE budgets DROP COLUMN session_id;
-                 DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;",
+                 DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;
+                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;",
             )
             .unwrap();
         connection.pragma_update(None, "user_version", 1).unwrap();
@@ -58,7 +59,7 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
 
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     let formats: Vec<u8> = connection
         .prepare("SELECT body FROM events ORDER BY position")
         .unwrap()
@@ -92,14 +93,15 @@ fn processes_opening_a_new_file_at_once_all_open_it() {
         }
         let connection = rusqlite::Connection::open(&path).unwrap();
         let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-        assert_eq!(version, 4);
+        assert_eq!(version, 5);
     }
 }
 
-/// A store of schema 3, which kept no run's parent beside its record, is migrated: its
-/// runs' parents are read from their records, and turns and members are listed by them.
+/// A store of schema 3, which kept no run's parent nor session's owner beside their
+/// records, is migrated: both are read from the records, and turns, members and an owner's
+/// sessions are listed by them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
+async fn a_schema_3_store_lists_its_members_turns_and_owners_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
     let runs = {
@@ -111,7 +113,8 @@ async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
         // Schema 3's shape.
         connection
             .execute_batch(
-                "DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;",
+                "DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;
+                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;",
             )
             .unwrap();
         connection.pragma_update(None, "user_version", 3).unwrap();
@@ -121,5 +124,5 @@ async fn a_schema_3_store_lists_its_members_and_turns_by_parent() {
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
 }

@@ -241,20 +241,22 @@ impl SessionStore for InMemoryStore {
             Some(owner) => state.owner_index.get(owner).unwrap_or(&empty),
             None => &state.session_index,
         };
-        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> = match (after, query.oldest_first) {
-            (Some(after), false) => Box::new(index.range(..after).rev()),
-            (None, false) => Box::new(index.iter().rev()),
-            (Some(after), true) => {
-                Box::new(index.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)))
-            }
-            (None, true) => Box::new(index.iter()),
-        };
-        // Past the far end of the creation bounds, nothing more matches.
+        // The creation bounds, cut at the cursor, bound the range read.
+        let low = (
+            query.created_from.unwrap_or(Timestamp::from_unix_micros(i64::MIN)),
+            SessionId::from_uuid(uuid::Uuid::nil()),
+        );
+        let high = (
+            query.created_until.unwrap_or(Timestamp::from_unix_micros(i64::MAX)),
+            SessionId::from_uuid(uuid::Uuid::from_u128(u128::MAX)),
+        );
+        let keys: Box<dyn Iterator<Item = &(Timestamp, SessionId)>> =
+            match rules::listing_range(low, high, after, query.oldest_first) {
+                Some(range) if query.oldest_first => Box::new(index.range(range)),
+                Some(range) => Box::new(index.range(range).rev()),
+                None => Box::new(std::iter::empty()),
+            };
         let items: Vec<SessionRecord> = keys
-            .take_while(|(created, _)| match query.oldest_first {
-                false => query.created_from.is_none_or(|from| *created >= from),
-                true => query.created_until.is_none_or(|until| *created <= until),
-            })
             .filter_map(|(_, id)| state.sessions.get(id))
             .filter(|session| query.matches(session))
             .take(limit + 1)

@@ -539,6 +539,28 @@ pub struct EncodedStep {
     pub release_lease: bool,
 }
 
+/// The keys a page of a listing reads, in key order: from `low` to `high`, both included,
+/// cut at the page's cursor `after` in the listing's direction (`ascending`: the keys above
+/// it; otherwise the keys below it). `None` when nothing is left to read.
+#[must_use]
+pub fn listing_range<K: Ord + Copy>(
+    low: K,
+    high: K,
+    after: Option<K>,
+    ascending: bool,
+) -> Option<(std::ops::Bound<K>, std::ops::Bound<K>)> {
+    use std::ops::Bound;
+    let ((mut low, mut low_open), (mut high, mut high_open)) = ((low, false), (high, false));
+    match after {
+        Some(after) if ascending && after >= low => (low, low_open) = (after, true),
+        Some(after) if !ascending && after <= high => (high, high_open) = (after, true),
+        _ => {}
+    }
+    let bound = |key, open| if open { Bound::Excluded(key) } else { Bound::Included(key) };
+    (low < high || (low == high && !low_open && !high_open))
+        .then(|| (bound(low, low_open), bound(high, high_open)))
+}
+
 /// A run record encoded for a backend, with the fields its indexes are keyed by.
 #[derive(Debug)]
 pub struct EncodedRun {

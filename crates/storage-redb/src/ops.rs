@@ -149,23 +149,14 @@ fn insert_run_meta(
 type SessionListKey = (i64, u128);
 
 /// The listing keys (created µs, session id) a page of `query` reads, in key order: the
-/// query's creation bounds, cut at the page's cursor `after` in the listing's direction.
-/// `None` when the range is empty.
+/// query's creation bounds, cut at the page's cursor `after`. `None` when nothing is left.
 fn session_key_range(
     query: &SessionQuery,
     after: Option<SessionListKey>,
 ) -> Option<(Bound<SessionListKey>, Bound<SessionListKey>)> {
-    let (mut low, mut low_open) = ((query.created_from.map_or(i64::MIN, Timestamp::unix_micros), 0), false);
-    let (mut high, mut high_open) =
-        ((query.created_until.map_or(i64::MAX, Timestamp::unix_micros), u128::MAX), false);
-    match after {
-        Some(after) if query.oldest_first && after >= low => (low, low_open) = (after, true),
-        Some(after) if !query.oldest_first && after <= high => (high, high_open) = (after, true),
-        _ => {}
-    }
-    let bound = |key, open| if open { Bound::Excluded(key) } else { Bound::Included(key) };
-    (low < high || (low == high && !low_open && !high_open))
-        .then(|| (bound(low, low_open), bound(high, high_open)))
+    let low = (query.created_from.map_or(i64::MIN, Timestamp::unix_micros), 0);
+    let high = (query.created_until.map_or(i64::MAX, Timestamp::unix_micros), u128::MAX);
+    rules::listing_range(low, high, after, query.oldest_first)
 }
 
 /// Indexes a run by its parent: among its session's turns, or its parent's members.
@@ -211,8 +202,9 @@ pub(crate) fn index_runs_by_parent(transaction: &WriteTransaction) -> StoreResul
 }
 
 /// Migrates a store of schema 4 or older to 5: indexes every session by its owner, read
-/// from its record. A record that does not parse is listed for no owner; it fails to
-/// decode wherever it is read, as before.
+/// from its record. A record that does not decode (damaged, or nested too deeply by a
+/// build before the nesting limit) is listed for no owner: its owner's listings leave it
+/// out, while listings without an owner still fail on it, as before.
 pub(crate) fn index_sessions_by_owner(transaction: &WriteTransaction) -> StoreResult<()> {
     let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
     let mut owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;

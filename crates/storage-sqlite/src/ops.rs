@@ -174,25 +174,31 @@ impl SessionStore for SqliteStore {
         };
         let query = query.clone();
         self.read(move |connection| {
-            let (micros, id) = after.unwrap_or((i64::MAX, String::new()));
-            let unbounded = id.is_empty();
-            // An owner's sessions through their own index; the creation bounds bound the
-            // range read, as the cursor does.
+            // An owner's sessions through their own index. The creation bounds and the
+            // cursor bound the range of the index read.
             let (index, owned) = match query.owner {
-                Some(_) => ("INDEXED BY sessions_by_owner", "owner = ?6 AND"),
+                Some(_) => ("INDEXED BY sessions_by_owner", "owner = ?3 AND"),
                 None => ("", ""),
             };
-            let (after, direction) = if query.oldest_first { (">", "ASC") } else { ("<", "DESC") };
+            let (beyond, direction) = if query.oldest_first { (">", "ASC") } else { ("<", "DESC") };
+            let cursor = match after {
+                Some(_) => format!("AND (created_us, id) {beyond} (?4, ?5)"),
+                None => String::new(),
+            };
             let sql = format!(
-                "SELECT body FROM sessions {index} WHERE {owned} created_us BETWEEN ?4 AND ?5
-                 AND (?3 OR (created_us, id) {after} (?1, ?2)) ORDER BY created_us {direction}, id {direction}"
+                "SELECT body FROM sessions {index} WHERE {owned} created_us BETWEEN ?1 AND ?2 {cursor}
+                 ORDER BY created_us {direction}, id {direction}"
             );
             let mut statement = connection.prepare_cached(&sql).map_err(sqlite)?;
             let from = query.created_from.map_or(i64::MIN, Timestamp::unix_micros);
             let until = query.created_until.map_or(i64::MAX, Timestamp::unix_micros);
-            let mut rows = match &query.owner {
-                Some(owner) => statement.query(params![micros, id, unbounded, from, until, owner]),
-                None => statement.query(params![micros, id, unbounded, from, until]),
+            // ?3 is the owner and ?4, ?5 the cursor; SQLite counts parameters up to the
+            // highest number used, so with a cursor and no owner ?3 is bound and unused.
+            let owner = query.owner.as_deref().unwrap_or_default();
+            let mut rows = match (&after, &query.owner) {
+                (Some((micros, id)), _) => statement.query(params![from, until, owner, micros, id]),
+                (None, Some(owner)) => statement.query(params![from, until, owner]),
+                (None, None) => statement.query(params![from, until]),
             }
             .map_err(sqlite)?;
             let mut items = Vec::new();

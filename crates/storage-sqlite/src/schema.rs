@@ -113,7 +113,9 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_top_level ON runs (session_id, run_order) WHERE parent_id IS NULL;
     ",
     // 4 -> 5: each session's owner, from its record (a record that is not valid JSON is
-    // listed for no owner), and the index that lists an owner's sessions.
+    // listed for no owner; one nested too deeply for the store to decode stays listed for
+    // its owner, and such listings fail on it, as before), and the index that lists an
+    // owner's sessions.
     r"
     ALTER TABLE sessions ADD COLUMN owner TEXT;
     UPDATE sessions SET owner = json_extract(CAST(body AS TEXT), '$.owner.subject_id')

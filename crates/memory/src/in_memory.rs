@@ -586,7 +586,11 @@ impl MessageStore for InMemoryStore {
             .unwrap_or(&empty)
             .values()
             .rev()
-            .map(|id| state.run(*id).map(|row| &row.record));
+            .map(|id| state.run(*id).map(|row| &row.record))
+            // Member runs are not looked at unless the window takes them.
+            .filter(|run| {
+                query.include_member_runs || !matches!(run, Ok(run) if run.parent_run_id.is_some())
+            });
         rules::history_window(runs, query, |run| {
             Ok(state
                 .messages

@@ -189,7 +189,9 @@ impl RunQuery {
 pub const DEFAULT_HISTORY_RUNS: usize = 100;
 
 /// The most runs a history window looks at (matching or not), unless its `last_runs` is
-/// larger: runs skipped by the filters, or without messages, count too.
+/// larger: runs skipped by the filters, or without messages, count too. Member runs are
+/// looked at only by a window that includes them: a team session's members do not push
+/// its turns out of the window.
 pub const MAX_HISTORY_SCAN: usize = 1000;
 
 /// A window of a session's history: the messages of its latest runs, oldest first.
@@ -197,7 +199,8 @@ pub const MAX_HISTORY_SCAN: usize = 1000;
 /// Runs are taken newest first, skipping those that do not match the filters, until
 /// `last_runs` runs are taken or `last_messages` messages are collected; with neither set,
 /// the last [`DEFAULT_HISTORY_RUNS`] runs. A window never reads the whole session: it
-/// looks at most at the latest [`MAX_HISTORY_SCAN`] runs, or `last_runs` when more. Cut to
+/// looks at most at the latest [`MAX_HISTORY_SCAN`] runs (turns only, unless it includes
+/// member runs), or `last_runs` when more. Cut to
 /// `last_messages`, it never starts with a tool result (its call was cut off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HistoryQuery {

@@ -920,7 +920,9 @@ impl MessageStore for RedbStore {
                 return Err(StoreError::not_found("session", session));
             }
             let key = session_key(session);
-            let session_runs = transaction.open_table(SESSION_RUNS).map_err(redb_error)?;
+            // Member runs are not looked at unless the window takes them: turns only, then.
+            let index = if query.include_member_runs { SESSION_RUNS } else { SESSION_TURNS };
+            let session_runs = transaction.open_table(index).map_err(redb_error)?;
             let runs_table = transaction.open_table(RUNS).map_err(redb_error)?;
             let messages = transaction.open_table(MESSAGES).map_err(redb_error)?;
             let range = session_runs.range((key, 0)..=(key, u64::MAX)).map_err(redb_error)?;

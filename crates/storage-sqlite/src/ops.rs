@@ -730,8 +730,13 @@ impl MessageStore for SqliteStore {
             if !session_exists(connection, &key)? {
                 return Err(StoreError::not_found("session", session));
             }
+            // Member runs are not looked at unless the window takes them: turns only, then.
             let mut runs_statement = connection
-                .prepare_cached("SELECT body FROM runs WHERE session_id = ?1 ORDER BY run_order DESC")
+                .prepare_cached(if query.include_member_runs {
+                    "SELECT body FROM runs WHERE session_id = ?1 ORDER BY run_order DESC"
+                } else {
+                    "SELECT body FROM runs INDEXED BY runs_top_level WHERE session_id = ?1 AND parent_id IS NULL ORDER BY run_order DESC"
+                })
                 .map_err(sqlite)?;
             let mut rows = runs_statement.query([&key]).map_err(sqlite)?;
             let runs = std::iter::from_fn(|| match rows.next() {

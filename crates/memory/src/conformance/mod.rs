@@ -29,8 +29,8 @@ use serde_json::json;
 use crate::error::{Conflict, StoreError, StoreResult};
 use crate::page::{Order, Page, PageRequest};
 use crate::store::{
-    FeedQuery, HistoryQuery, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery, SessionUpdate, Store,
-    StoredEvent, TurnStart, TurnStep,
+    FeedQuery, HistoryQuery, MAX_HISTORY_SCAN, MAX_RECORD_BYTES, ParentFilter, RunQuery, SessionQuery,
+    SessionUpdate, Store, StoredEvent, TurnStart, TurnStep,
 };
 
 /// A fresh store for one case, with whatever must live as long as it (a temporary
@@ -110,6 +110,7 @@ macro_rules! conformance_tests {
             history_filters_roles_statuses_agents_teams_and_replayed_messages,
             history_last_messages_bound_and_the_default_bound,
             history_includes_member_runs_only_when_asked,
+            a_team_sessions_member_runs_do_not_push_its_turns_out_of_a_history_window,
             messages_of_an_unknown_run_or_session_are_not_found,
             profiles_are_saved_and_replaced,
             profile_merges_keep_other_fields_and_refuse_bad_patches_unchanged,
@@ -1573,6 +1574,28 @@ pub async fn history_includes_member_runs_only_when_asked(store: Arc<dyn Store>)
         texts(&store.history(session.id, &with_members).await.unwrap()),
         ["team question", "member answer"]
     );
+}
+
+/// A window without member runs does not look at them: a turn followed by more member
+/// runs than a window looks at still has its messages in the window.
+pub async fn a_team_sessions_member_runs_do_not_push_its_turns_out_of_a_history_window(
+    store: Arc<dyn Store>,
+) {
+    let session = new_session(&*store).await;
+    let first = run_with_messages(&*store, session.id, &[Message::user("first question")], |_| {}).await;
+    let members: Vec<RunRecord> = (0..=MAX_HISTORY_SCAN)
+        .map(|_| RunRecord { parent_run_id: Some(first.id), ..run_in(session.id) })
+        .collect();
+    // Together, so that the backends commit them in a few groups.
+    futures_util::future::try_join_all(members.iter().map(|member| store.put_run(member, None)))
+        .await
+        .unwrap();
+    run_with_messages(&*store, session.id, &[Message::user("second question")], |_| {}).await;
+    let window = store.history(session.id, &HistoryQuery::default()).await.unwrap();
+    assert_eq!(texts(&window), ["first question", "second question"]);
+    // A window of member runs too looks at no more than its bound.
+    let with_members = HistoryQuery { include_member_runs: true, ..Default::default() };
+    assert_eq!(texts(&store.history(session.id, &with_members).await.unwrap()), ["second question"]);
 }
 
 /// Messages need their run, history its session.

@@ -42,6 +42,7 @@
 //! inherit_env = ["GITHUB_TOKEN"]   # stdio: variables of the server's own to pass on
 //! tools = ["get-sum", "echo"]      # only these of its tools (two tools may not share a name)
 //! optional = false                 # true: start without its tools when it cannot be reached
+//!                                   # (tried again in the background until it answers)
 //!
 //! [[teams]]
 //! name = "crew"
@@ -733,6 +734,7 @@ impl Config {
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();
         let mut mcp = Vec::new();
+        let mut unreached = Vec::new();
         if self.demo_agents {
             built.push(demo::demo_agent());
             let (team, policy) = demo::demo_team(approvals, control);
@@ -743,7 +745,7 @@ impl Config {
             if built.iter().any(|existing| existing.name() == agent.name) {
                 return Err(ConfigError::Invalid(format!("agent {:?} is defined twice", agent.name)));
             }
-            built.push(self.build_agent(agent, &mut mcp).await?);
+            built.push(self.build_agent(agent, &mut mcp, &mut unreached).await?);
         }
         for team in &self.teams {
             if built.iter().any(|existing| existing.name() == team.name) {
@@ -796,7 +798,7 @@ impl Config {
             }
             built.push(builder.build());
         }
-        Ok(BuiltAgents { agents: built, policies, mcp })
+        Ok(BuiltAgents { agents: built, policies, mcp, unreached })
     }
 
     /// The models and tools a team's spawn templates name, each checked at start: a model
@@ -903,11 +905,13 @@ impl Config {
         Ok(Arc::new(model))
     }
 
-    /// Builds an agent; its MCP connections are also added to `mcp`.
+    /// Builds an agent; its MCP connections are also added to `mcp`, and the optional MCP
+    /// servers it could not reach to `unreached`.
     async fn build_agent(
         &self,
         config: &AgentConfig,
         mcp: &mut Vec<Arc<McpConnection>>,
+        unreached: &mut Vec<UnreachedMcpServer>,
     ) -> Result<Agent, ConfigError> {
         let mut limits = AgentLimits::default();
         if let Some(max) = config.max_iterations {
@@ -1016,12 +1020,14 @@ impl Config {
                 Some(tools) => transport.allow_tools(tools.iter().cloned()),
                 None => transport,
             };
-            let connection = match McpConnection::connect(transport).await {
+            let connection = match McpConnection::connect(transport.clone()).await {
                 Ok(connection) => connection,
                 Err(error) if server.optional => {
                     tracing::error!(agent = %config.name, server = %server.name, %error,
-                        "an optional MCP server cannot be reached: the agent starts without its tools");
+                        "an optional MCP server cannot be reached: the agent starts without its tools, \
+                         and the server tries again in the background");
                     skipped.push(server);
+                    unreached.push(UnreachedMcpServer { agent: config.name.clone(), server: transport });
                     continue;
                 }
                 Err(error) => {
@@ -1105,6 +1111,18 @@ pub struct BuiltAgents {
     pub policies: Vec<(String, SpawnPolicy)>,
     /// Every MCP connection the agents use, to shut down with the server.
     pub mcp: Vec<Arc<McpConnection>>,
+    /// The optional MCP servers that could not be reached: their agents were built without
+    /// their tools.
+    pub unreached: Vec<UnreachedMcpServer>,
+}
+
+/// An optional MCP server an agent was built without, as it could not be reached.
+#[derive(Debug, Clone)]
+pub struct UnreachedMcpServer {
+    /// The agent that names it.
+    pub agent: String,
+    /// How to reach it.
+    pub server: McpServerConfig,
 }
 
 /// The subject a key name stands for.

@@ -191,9 +191,20 @@ pub struct Server {
     /// The CORS headers for `cors_origins` (none when it is empty).
     cors: Option<tower_http::cors::CorsLayer>,
     grace: Duration,
-    /// The agents' MCP connections, shut down when serving ends.
-    mcp: Vec<Arc<agentry_runner::McpConnection>>,
+    /// The agents' MCP connections, shut down when serving ends (the background retry of
+    /// unreached optional servers adds to them).
+    mcp: McpConnections,
 }
+
+/// The MCP connections of every build of the agents.
+type McpConnections = Arc<Mutex<Vec<Arc<agentry_runner::McpConnection>>>>;
+
+/// The first wait before an unreached optional MCP server is tried again; each miss
+/// doubles it, up to [`MCP_RETRY_MAX`].
+const MCP_RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// The longest wait between two tries of an unreached optional MCP server.
+const MCP_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Server {
     /// Checks the configuration, builds the agents and binds the address, then opens the
@@ -232,6 +243,8 @@ impl Server {
         for agent in built.agents {
             runtime.register(agent);
         }
+        let mcp: McpConnections = Arc::new(Mutex::new(built.mcp));
+        let unreached = built.unreached;
         let (stop, stopping) = watch::channel(false);
         let feed = feed::FeedHub::start(runtime.store().clone(), runtime.events_appended(), stopping.clone())
             .await
@@ -245,8 +258,8 @@ impl Server {
             keys,
             public_metrics: config.public_metrics,
             metrics: Metrics::default(),
-            approvals,
-            control,
+            approvals: approvals.clone(),
+            control: control.clone(),
             policies: built.policies,
             heartbeat: Duration::from_secs(config.limits.heartbeat_secs.max(1)),
             stopping,
@@ -287,6 +300,17 @@ impl Server {
                 () = stopped => {},
             }
         });
+        if !unreached.is_empty() {
+            let retry = McpRetry { config: config.clone(), approvals, control, mcp: Arc::clone(&mcp) };
+            let stopped = state.stopped();
+            let runtime = state.runtime.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = retry.run(runtime, unreached) => {},
+                    () = stopped => {},
+                }
+            });
+        }
         Ok(Self {
             state,
             listener,
@@ -294,7 +318,7 @@ impl Server {
             body_limit: config.limits.body_bytes,
             cors: cors_layer(&config.cors_origins),
             grace: Duration::from_secs(config.limits.shutdown_grace_secs),
-            mcp: built.mcp,
+            mcp,
         })
     }
 
@@ -354,13 +378,74 @@ impl Server {
         }
         // Every MCP session ends, and every stdio server's process group is shut down and
         // reaped, before the process exits: none is left behind, orphaned.
-        let closing = self.mcp.iter().map(|connection| async move {
+        let connections = self.mcp.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let closing = connections.iter().map(|connection| async move {
             if let Err(error) = connection.shutdown().await {
                 tracing::warn!(server = %connection.session().name, %error, "an MCP server did not shut down cleanly");
             }
         });
         futures_util::future::join_all(closing).await;
         Ok(())
+    }
+}
+
+/// Tries the optional MCP servers that could not be reached at start again, in the
+/// background, until every one is reached or the server stops.
+struct McpRetry {
+    config: Config,
+    approvals: SpawnApprovals,
+    control: TeamControl,
+    mcp: McpConnections,
+}
+
+impl McpRetry {
+    /// Waits [`MCP_RETRY_FIRST`], doubling up to [`MCP_RETRY_MAX`] after each miss, then
+    /// tries each unreached server. Once one answers, every agent and team is built again,
+    /// connecting to every MCP server anew, and registered in place of the last build: new
+    /// turns and sessions get the server's tools (with the approvals the configuration
+    /// gates them with), while turns already running keep the agents they started with,
+    /// and the connections those use, until serving ends.
+    async fn run(self, runtime: Runtime, mut unreached: Vec<config::UnreachedMcpServer>) {
+        let mut wait = MCP_RETRY_FIRST;
+        while !unreached.is_empty() {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MCP_RETRY_MAX);
+            if !self.any_answers(&unreached).await {
+                continue;
+            }
+            match self.config.build_agents(&self.approvals, &self.control).await {
+                Ok(built) => {
+                    for agent in built.agents {
+                        runtime.register(agent);
+                    }
+                    self.mcp.lock().unwrap_or_else(PoisonError::into_inner).extend(built.mcp);
+                    for reached in unreached.iter().filter(|old| {
+                        !built
+                            .unreached
+                            .iter()
+                            .any(|still| still.agent == old.agent && still.server == old.server)
+                    }) {
+                        tracing::info!(agent = %reached.agent, server = %reached.server.name,
+                            "an optional MCP server is reached: the agent has its tools from now on");
+                    }
+                    unreached = built.unreached;
+                    wait = MCP_RETRY_FIRST;
+                }
+                Err(error) => tracing::error!(%error,
+                    "building the agents again for a reached MCP server failed; trying again later"),
+            }
+        }
+    }
+
+    /// Whether one of the unreached servers answers now (its probe is closed at once).
+    async fn any_answers(&self, unreached: &[config::UnreachedMcpServer]) -> bool {
+        for server in unreached {
+            if let Ok(connection) = agentry_runner::McpConnection::connect(server.server.clone()).await {
+                let _ = connection.close().await;
+                return true;
+            }
+        }
+        false
     }
 }
 

@@ -87,6 +87,14 @@ async fn serve(
     (address, stop, serving)
 }
 
+/// The launcher of `@modelcontextprotocol/server-everything`, installed by the test script.
+fn server_everything() -> std::path::PathBuf {
+    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(launcher.exists(), "run `npm ci --prefix tools/mcp` first: {}", launcher.display());
+    launcher
+}
+
 /// A configuration on a loopback port and the store file `path`, with `storage` lines.
 fn config_at(path: &std::path::Path, storage: &str) -> Config {
     let mut config = Config::parse(&format!("listen = \"127.0.0.1:0\"\n[storage]\n{storage}"), None).unwrap();
@@ -950,9 +958,7 @@ fn too_many_provider_retries_are_refused_naming_the_key() {
 #[tokio::test]
 async fn stopping_the_server_shuts_its_mcp_servers_down_and_leaves_no_process_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/mcp/node_modules/.bin/mcp-server-everything");
-    assert!(launcher.exists(), "run `npm ci --prefix tools/mcp` first: {}", launcher.display());
+    let launcher = server_everything();
     let pid_file = dir.path().join("mcp.pid");
     // The shell records its pid, then becomes the server (same pid).
     let script = format!("echo $$ > '{}'; exec '{}' stdio", pid_file.display(), launcher.display());
@@ -980,9 +986,7 @@ async fn stopping_the_server_shuts_its_mcp_servers_down_and_leaves_no_process_be
 #[tokio::test]
 async fn tools_sharing_a_name_are_refused_at_start_and_an_mcp_tools_list_leaves_one_out() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/mcp/node_modules/.bin/mcp-server-everything");
-    assert!(launcher.exists(), "run `npm ci --prefix tools/mcp` first: {}", launcher.display());
+    let launcher = server_everything();
     let config = |tools: &str| {
         let mut config = Config::parse(
             &format!(
@@ -1052,6 +1056,57 @@ async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
     assert_eq!(status, 200, "the agent serves without the server's tools: {body}");
     stop.send(()).unwrap();
     serving.await.unwrap();
+}
+
+/// An optional MCP server that is down at the start is tried again in the background:
+/// once it listens, the agent has its tools, gated as the configuration says.
+#[tokio::test]
+async fn an_optional_mcp_server_reached_after_the_start_gives_its_agent_its_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = server_everything();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut config = Config::parse(
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
+             requires_approval = [\"echo\"]\n[[agents.mcp]]\nname = \"late\"\n\
+             url = \"http://127.0.0.1:{port}/mcp\"\noptional = true\n"
+        ),
+        None,
+    )
+    .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let server = Server::start(config).await.unwrap();
+    let runtime = server.runtime().clone();
+    assert!(runtime.agent("a").unwrap().tool("echo").is_none(), "the server is down at the start");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let _everything = tokio::process::Command::new(&launcher)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The retry runs in the background and signals nothing: look until it has run, for at
+    // most 60 seconds (it waits 1, 2, 4, … seconds between tries).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let agent = loop {
+        let agent = runtime.agent("a").unwrap();
+        if agent.tool("echo").is_some() {
+            break agent;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent never got the late server's tools");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(agent.tool("get-sum").is_some());
+    assert!(agent.requires_approval("echo"), "the configured gate holds once the tool is there");
+    assert!(!agent.requires_approval("get-sum"));
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
 }
 
 #[test]

@@ -337,7 +337,9 @@ pub struct McpConfig {
     #[serde(default)]
     pub tools: Option<Vec<String>>,
     /// When the server cannot be reached (or started) at start, start the agent without
-    /// its tools, logging an error, instead of refusing to start (the default).
+    /// its tools, logging an error, instead of refusing to start (the default); the
+    /// server is then tried again in the background, and its tools join the agent once
+    /// it answers.
     #[serde(default)]
     pub optional: bool,
 }
@@ -718,13 +720,29 @@ impl Config {
         approvals: &SpawnApprovals,
         control: &TeamControl,
     ) -> Result<BuiltAgents, ConfigError> {
-        self.build_all(approvals, control).await.map_err(|error| self.in_file(error))
+        self.build_all(approvals, control, None).await.map_err(|error| self.in_file(error))
+    }
+
+    /// Builds every agent and team again, as [`Config::build_agents`] does, taking over
+    /// what `last` (the build before) made: an MCP server an agent is connected to already
+    /// is not connected again, and spawn policies are not read again. Only the servers the
+    /// last build could not reach are tried anew.
+    ///
+    /// Errors: as [`Config::build_agents`].
+    pub async fn rebuild_agents(
+        &self,
+        approvals: &SpawnApprovals,
+        control: &TeamControl,
+        last: &Reuse,
+    ) -> Result<BuiltAgents, ConfigError> {
+        self.build_all(approvals, control, Some(last)).await.map_err(|error| self.in_file(error))
     }
 
     async fn build_all(
         &self,
         approvals: &SpawnApprovals,
         control: &TeamControl,
+        reuse: Option<&Reuse>,
     ) -> Result<BuiltAgents, ConfigError> {
         // Every provider's address and settings are checked, also one no agent uses yet (its
         // key may be missing: it is read when an agent uses the provider).
@@ -733,8 +751,7 @@ impl Config {
         }
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();
-        let mut mcp = Vec::new();
-        let mut unreached = Vec::new();
+        let mut mcp = McpServers::default();
         if self.demo_agents {
             built.push(demo::demo_agent());
             let (team, policy) = demo::demo_team(approvals, control);
@@ -745,7 +762,7 @@ impl Config {
             if built.iter().any(|existing| existing.name() == agent.name) {
                 return Err(ConfigError::Invalid(format!("agent {:?} is defined twice", agent.name)));
             }
-            built.push(self.build_agent(agent, &mut mcp, &mut unreached).await?);
+            built.push(self.build_agent(agent, &mut mcp, reuse).await?);
         }
         for team in &self.teams {
             if built.iter().any(|existing| existing.name() == team.name) {
@@ -777,8 +794,14 @@ impl Config {
                     |message: String| ConfigError::Invalid(format!("team {:?}: {message}", team.name));
                 // A policy the configuration names must be there: without it every spawn
                 // would be denied, found out only at run time.
-                let Some(policy) = SpawnPolicy::load(path).map_err(|error| invalid(error.to_string()))?
-                else {
+                let reused = reuse
+                    .and_then(|reuse| reuse.policies.iter().find(|(name, _)| *name == team.name))
+                    .map(|(_, policy)| policy.clone());
+                let loaded = match reused {
+                    Some(policy) => Some(policy),
+                    None => SpawnPolicy::load(path).map_err(|error| invalid(error.to_string()))?,
+                };
+                let Some(policy) = loaded else {
                     let cwd =
                         std::env::current_dir().map(|dir| dir.display().to_string()).unwrap_or_default();
                     return Err(invalid(format!(
@@ -798,7 +821,14 @@ impl Config {
             }
             built.push(builder.build());
         }
-        Ok(BuiltAgents { agents: built, policies, mcp, unreached })
+        let McpServers { connected, unreached } = mcp;
+        Ok(BuiltAgents {
+            agents: built,
+            policies: policies.clone(),
+            mcp: connected.iter().map(|server| Arc::clone(&server.connection)).collect(),
+            unreached,
+            reuse: Reuse { connected, policies },
+        })
     }
 
     /// The models and tools a team's spawn templates name, each checked at start: a model
@@ -905,13 +935,13 @@ impl Config {
         Ok(Arc::new(model))
     }
 
-    /// Builds an agent; its MCP connections are also added to `mcp`, and the optional MCP
-    /// servers it could not reach to `unreached`.
+    /// Builds an agent, taking over the connections of `reuse` to its MCP servers; its
+    /// connections, and the optional servers it could not reach, are added to `mcp`.
     async fn build_agent(
         &self,
         config: &AgentConfig,
-        mcp: &mut Vec<Arc<McpConnection>>,
-        unreached: &mut Vec<UnreachedMcpServer>,
+        mcp: &mut McpServers,
+        reuse: Option<&Reuse>,
     ) -> Result<Agent, ConfigError> {
         let mut limits = AgentLimits::default();
         if let Some(max) = config.max_iterations {
@@ -1020,14 +1050,24 @@ impl Config {
                 Some(tools) => transport.allow_tools(tools.iter().cloned()),
                 None => transport,
             };
-            let connection = match McpConnection::connect(transport.clone()).await {
+            let reused = reuse.and_then(|reuse| {
+                reuse
+                    .connected
+                    .iter()
+                    .find(|connected| connected.agent == config.name && connected.server == transport)
+            });
+            let connecting = match reused {
+                Some(reused) => Ok(Arc::clone(&reused.connection)),
+                None => McpConnection::connect(transport.clone()).await.map(Arc::new),
+            };
+            let connection = match connecting {
                 Ok(connection) => connection,
                 Err(error) if server.optional => {
                     tracing::error!(agent = %config.name, server = %server.name, %error,
                         "an optional MCP server cannot be reached: the agent starts without its tools, \
                          and the server tries again in the background");
                     skipped.push(server);
-                    unreached.push(UnreachedMcpServer { agent: config.name.clone(), server: transport });
+                    mcp.unreached.push(UnreachedMcpServer { agent: config.name.clone(), server: transport });
                     continue;
                 }
                 Err(error) => {
@@ -1050,8 +1090,11 @@ impl Config {
             for name in offered {
                 claim(&config.name, &mut sources, name, format!("MCP server {:?}", server.name))?;
             }
-            let connection = Arc::new(connection);
-            mcp.push(Arc::clone(&connection));
+            mcp.connected.push(ConnectedMcpServer {
+                agent: config.name.clone(),
+                server: transport,
+                connection: Arc::clone(&connection),
+            });
             builder = builder.mcp(connection);
         }
         // A name that matches no tool would gate nothing: the agent's own check refuses it
@@ -1114,6 +1157,31 @@ pub struct BuiltAgents {
     /// The optional MCP servers that could not be reached: their agents were built without
     /// their tools.
     pub unreached: Vec<UnreachedMcpServer>,
+    /// What a rebuild ([`Config::rebuild_agents`]) takes over from this build.
+    pub reuse: Reuse,
+}
+
+/// What a rebuild of the agents takes over from the build before it: its MCP connections
+/// and the spawn policies it read.
+#[derive(Debug, Clone, Default)]
+pub struct Reuse {
+    connected: Vec<ConnectedMcpServer>,
+    policies: Vec<(String, SpawnPolicy)>,
+}
+
+/// An agent's connection to one of its MCP servers.
+#[derive(Debug, Clone)]
+struct ConnectedMcpServer {
+    agent: String,
+    server: McpServerConfig,
+    connection: Arc<McpConnection>,
+}
+
+/// The MCP servers a build connected to, and the optional ones it could not reach.
+#[derive(Debug, Default)]
+struct McpServers {
+    connected: Vec<ConnectedMcpServer>,
+    unreached: Vec<UnreachedMcpServer>,
 }
 
 /// An optional MCP server an agent was built without, as it could not be reached.

@@ -196,8 +196,9 @@ pub struct Server {
     mcp: McpConnections,
 }
 
-/// The MCP connections of every build of the agents.
-type McpConnections = Arc<Mutex<Vec<Arc<agentry_runner::McpConnection>>>>;
+/// The MCP connections of every build of the agents; taken (`None`) once serving ends,
+/// to be shut down.
+type McpConnections = Arc<Mutex<Option<Vec<Arc<agentry_runner::McpConnection>>>>>;
 
 /// The first wait before an unreached optional MCP server is tried again; each miss
 /// doubles it, up to [`MCP_RETRY_MAX`].
@@ -243,8 +244,8 @@ impl Server {
         for agent in built.agents {
             runtime.register(agent);
         }
-        let mcp: McpConnections = Arc::new(Mutex::new(built.mcp));
-        let unreached = built.unreached;
+        let mcp: McpConnections = Arc::new(Mutex::new(Some(built.mcp)));
+        let (unreached, reuse) = (built.unreached, built.reuse);
         let (stop, stopping) = watch::channel(false);
         let feed = feed::FeedHub::start(runtime.store().clone(), runtime.events_appended(), stopping.clone())
             .await
@@ -301,7 +302,7 @@ impl Server {
             }
         });
         if !unreached.is_empty() {
-            let retry = McpRetry { config: config.clone(), approvals, control, mcp: Arc::clone(&mcp) };
+            let retry = McpRetry { config: config.clone(), approvals, control, mcp: Arc::clone(&mcp), reuse };
             let stopped = state.stopped();
             let runtime = state.runtime.clone();
             tokio::spawn(async move {
@@ -378,7 +379,8 @@ impl Server {
         }
         // Every MCP session ends, and every stdio server's process group is shut down and
         // reaped, before the process exits: none is left behind, orphaned.
-        let connections = self.mcp.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        // Taken: a rebuild that ends after this shuts its own new connections down.
+        let connections = self.mcp.lock().unwrap_or_else(PoisonError::into_inner).take().unwrap_or_default();
         let closing = connections.iter().map(|connection| async move {
             if let Err(error) = connection.shutdown().await {
                 tracing::warn!(server = %connection.session().name, %error, "an MCP server did not shut down cleanly");
@@ -396,49 +398,72 @@ struct McpRetry {
     approvals: SpawnApprovals,
     control: TeamControl,
     mcp: McpConnections,
+    /// What the last build made, for the next to take over.
+    reuse: config::Reuse,
 }
 
 impl McpRetry {
     /// Waits [`MCP_RETRY_FIRST`], doubling up to [`MCP_RETRY_MAX`] after each miss, then
-    /// tries each unreached server. Once one answers, every agent and team is built again,
-    /// connecting to every MCP server anew, and registered in place of the last build: new
-    /// turns and sessions get the server's tools (with the approvals the configuration
-    /// gates them with), while turns already running keep the agents they started with,
-    /// and the connections those use, until serving ends.
-    async fn run(self, runtime: Runtime, mut unreached: Vec<config::UnreachedMcpServer>) {
+    /// tries each unreached server. Once one answers, every agent and team is built again
+    /// ([`Config::rebuild_agents`]: connected servers and spawn policies are taken over,
+    /// only unreached servers are connected anew) and, when the build reached more than
+    /// the last, registered in place of it: new turns and sessions get the server's tools
+    /// (gated as the configuration says), while turns already running keep the agents
+    /// they started with.
+    async fn run(mut self, runtime: Runtime, mut unreached: Vec<config::UnreachedMcpServer>) {
         let mut wait = MCP_RETRY_FIRST;
         while !unreached.is_empty() {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(MCP_RETRY_MAX);
-            if !self.any_answers(&unreached).await {
+            if !Self::any_answers(&unreached).await {
                 continue;
             }
-            match self.config.build_agents(&self.approvals, &self.control).await {
-                Ok(built) => {
-                    for agent in built.agents {
-                        runtime.register(agent);
-                    }
-                    self.mcp.lock().unwrap_or_else(PoisonError::into_inner).extend(built.mcp);
-                    for reached in unreached.iter().filter(|old| {
-                        !built
-                            .unreached
-                            .iter()
-                            .any(|still| still.agent == old.agent && still.server == old.server)
-                    }) {
-                        tracing::info!(agent = %reached.agent, server = %reached.server.name,
-                            "an optional MCP server is reached: the agent has its tools from now on");
-                    }
-                    unreached = built.unreached;
-                    wait = MCP_RETRY_FIRST;
+            let built = match self.config.rebuild_agents(&self.approvals, &self.control, &self.reuse).await {
+                Ok(built) => built,
+                Err(error) => {
+                    tracing::error!(%error, "an unreached MCP server answers, but the agents cannot be built with it; trying again later");
+                    continue;
                 }
-                Err(error) => tracing::error!(%error,
-                    "building the agents again for a reached MCP server failed; trying again later"),
+            };
+            // A server that answered the probe but not the build: nothing changes.
+            if built.unreached.len() >= unreached.len() {
+                continue;
             }
+            let serving = match self.mcp.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                Some(connections) => {
+                    for connection in &built.mcp {
+                        if !connections.iter().any(|known| Arc::ptr_eq(known, connection)) {
+                            connections.push(Arc::clone(connection));
+                        }
+                    }
+                    true
+                }
+                None => false,
+            };
+            if !serving {
+                // Serving ended while the build ran: its new connections end with it.
+                for connection in built.mcp {
+                    let _ = connection.shutdown().await;
+                }
+                return;
+            }
+            for agent in built.agents {
+                runtime.register(agent);
+            }
+            for reached in unreached.iter().filter(|old| {
+                !built.unreached.iter().any(|still| still.agent == old.agent && still.server == old.server)
+            }) {
+                tracing::info!(agent = %reached.agent, server = %reached.server.name,
+                    "an optional MCP server is reached: the agent has its tools from now on");
+            }
+            unreached = built.unreached;
+            self.reuse = built.reuse;
+            wait = MCP_RETRY_FIRST;
         }
     }
 
     /// Whether one of the unreached servers answers now (its probe is closed at once).
-    async fn any_answers(&self, unreached: &[config::UnreachedMcpServer]) -> bool {
+    async fn any_answers(unreached: &[config::UnreachedMcpServer]) -> bool {
         for server in unreached {
             if let Ok(connection) = agentry_runner::McpConnection::connect(server.server.clone()).await {
                 let _ = connection.close().await;

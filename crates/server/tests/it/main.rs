@@ -1059,17 +1059,22 @@ async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
 }
 
 /// An optional MCP server that is down at the start is tried again in the background:
-/// once it listens, the agent has its tools, gated as the configuration says.
+/// once it listens, the agent has its tools, gated as the configuration says, and the
+/// agent's other MCP server, connected all along, is not started again.
 #[tokio::test]
 async fn an_optional_mcp_server_reached_after_the_start_gives_its_agent_its_tools() {
     let dir = tempfile::tempdir().unwrap();
     let launcher = server_everything();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let starts = dir.path().join("starts");
+    // The shell notes each start of the steady server, then becomes it.
+    let script = format!("echo $$ >> '{}'; exec '{}' stdio", starts.display(), launcher.display());
     let mut config = Config::parse(
         &format!(
             "listen = \"127.0.0.1:0\"\n[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"p\"\n\
-             requires_approval = [\"echo\"]\n[[agents.mcp]]\nname = \"late\"\n\
-             url = \"http://127.0.0.1:{port}/mcp\"\noptional = true\n"
+             requires_approval = [\"echo\"]\n\
+             [[agents.mcp]]\nname = \"steady\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\ntools = [\"get-sum\"]\n\
+             [[agents.mcp]]\nname = \"late\"\nurl = \"http://127.0.0.1:{port}/mcp\"\noptional = true\ntools = [\"echo\"]\n"
         ),
         None,
     )
@@ -1077,12 +1082,14 @@ async fn an_optional_mcp_server_reached_after_the_start_gives_its_agent_its_tool
     config.storage.path = dir.path().join("agentry.db");
     let server = Server::start(config).await.unwrap();
     let runtime = server.runtime().clone();
-    assert!(runtime.agent("a").unwrap().tool("echo").is_none(), "the server is down at the start");
+    let first = runtime.agent("a").unwrap();
+    assert!(first.tool("get-sum").is_some());
+    assert!(first.tool("echo").is_none(), "the late server is down at the start");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
-    let _everything = tokio::process::Command::new(&launcher)
+    let _late = tokio::process::Command::new(&launcher)
         .arg("streamableHttp")
         .env("PORT", port.to_string())
         .stdin(std::process::Stdio::null())
@@ -1105,6 +1112,8 @@ async fn an_optional_mcp_server_reached_after_the_start_gives_its_agent_its_tool
     assert!(agent.tool("get-sum").is_some());
     assert!(agent.requires_approval("echo"), "the configured gate holds once the tool is there");
     assert!(!agent.requires_approval("get-sum"));
+    let started = std::fs::read_to_string(&starts).unwrap();
+    assert_eq!(started.lines().count(), 1, "the steady server was started again: {started}");
     stop.send(()).unwrap();
     serving.await.unwrap().unwrap();
 }

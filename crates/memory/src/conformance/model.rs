@@ -1,7 +1,8 @@
 //! The model test: random sequences of store operations, applied to the backend and to a
 //! plain reference model, with every read compared.
 //!
-//! The model covers sessions, runs, events, the feed, high-water marks and leases; results
+//! The model covers sessions, runs (turns and member runs, listed by parent), events, the
+//! feed, high-water marks and leases; results
 //! are compared by outcome (ok, not found, conflict, invalid input) and by content.
 
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use super::{Harness, event};
 use crate::error::StoreError;
 use crate::page::{Order, PageRequest};
-use crate::store::{FeedQuery, RunQuery, SessionQuery, Store, TurnStart, TurnStep};
+use crate::store::{FeedQuery, ParentFilter, RunQuery, SessionQuery, Store, TurnStart, TurnStep};
 
 const SESSIONS: u8 = 3;
 const RUNS: u8 = 6;
@@ -31,7 +32,8 @@ pub enum Op {
     CreateSession(u8),
     /// Delete the session in a slot.
     DeleteSession(u8),
-    /// Put the run of a slot into a session slot, done or running.
+    /// Put the run of a slot into a session slot, done or running, as a member of the run
+    /// of another slot or as a turn.
     PutRun {
         /// The session slot.
         session: u8,
@@ -39,6 +41,8 @@ pub enum Op {
         run: u8,
         /// Whether the run is finished.
         done: bool,
+        /// The parent's run slot (`None`: a turn).
+        parent: Option<u8>,
     },
     /// Append events: each step adds to the model's last seq (0 makes a stale seq).
     /// With `as_step`, through `write_step`, raising the high-water mark to that value with
@@ -70,6 +74,8 @@ pub enum Op {
         desc: bool,
         /// The page size.
         page: u8,
+        /// Which runs: 0 turns, 1 every run, `2 + slot` the members of the run of a slot.
+        parent: u8,
     },
     /// List every session through every page.
     ListSessions {
@@ -121,12 +127,14 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..SESSIONS).prop_map(Op::CreateSession),
         1 => (0..SESSIONS).prop_map(Op::DeleteSession),
-        4 => (0..SESSIONS, 0..RUNS, any::<bool>()).prop_map(|(session, run, done)| Op::PutRun { session, run, done }),
+        4 => (0..SESSIONS, 0..RUNS, any::<bool>(), proptest::option::weighted(0.4, 0..RUNS))
+            .prop_map(|(session, run, done, parent)| Op::PutRun { session, run, done, parent }),
         6 => (0..RUNS, proptest::collection::vec(0u8..3, 1..4), proptest::option::of(0u8..30))
             .prop_map(|(run, steps, as_step)| Op::Append { run, steps, as_step }),
         3 => (0..RUNS, any::<bool>(), proptest::option::of(0u8..12), 1u8..6)
             .prop_map(|(run, desc, after, limit)| Op::ReadTurn { run, desc, after, limit }),
-        2 => (0..SESSIONS, any::<bool>(), 1u8..4).prop_map(|(session, desc, page)| Op::ListRuns { session, desc, page }),
+        3 => (0..SESSIONS, any::<bool>(), 1u8..4, 0..RUNS + 2)
+            .prop_map(|(session, desc, page, parent)| Op::ListRuns { session, desc, page, parent }),
         1 => (1u8..4).prop_map(|page| Op::ListSessions { page }),
         2 => Just(Op::Feed),
         2 => (0..RUNS, 0u8..20).prop_map(|(run, raise)| Op::HighWater { run, raise }),
@@ -160,6 +168,8 @@ fn outcome<T>(result: &Result<T, StoreError>) -> Outcome {
 #[derive(Debug, Default)]
 struct ModelRun {
     session: u8,
+    /// The parent's run slot, fixed when the run is created.
+    parent: Option<u8>,
     seqs: Vec<u64>,
     high_water: u64,
 }
@@ -239,17 +249,20 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 model.feed.retain(|(run, _)| !gone.contains(run));
             }
         }
-        Op::PutRun { session, run, done } => {
-            let record = model.run_record(run, session, done);
+        Op::PutRun { session, run, done, parent } => {
+            let mut record = model.run_record(run, session, done);
+            record.parent_run_id = parent.map(|slot| model.run_ids[slot as usize]);
             let result = store.put_run(&record, None).await;
             let expected = match (model.sessions.contains_key(&session), model.runs.get(&run)) {
                 (false, _) => Outcome::NotFound,
-                (true, Some(existing)) if existing.session != session => Outcome::Invalid,
+                (true, Some(existing)) if existing.session != session || existing.parent != parent => {
+                    Outcome::Invalid
+                }
                 _ => Outcome::Ok,
             };
             prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
             if expected == Outcome::Ok && !model.runs.contains_key(&run) {
-                model.runs.insert(run, ModelRun { session, ..ModelRun::default() });
+                model.runs.insert(run, ModelRun { session, parent, ..ModelRun::default() });
                 model.run_order.entry(session).or_default().push(run);
             }
         }
@@ -313,9 +326,22 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 }
             }
         }
-        Op::ListRuns { session, desc, page } => {
-            let query =
-                RunQuery { order: if desc { Order::Desc } else { Order::Asc }, ..RunQuery::default() };
+        Op::ListRuns { session, desc, page, parent } => {
+            let filter = match parent {
+                0 => ParentFilter::TopLevel,
+                1 => ParentFilter::Any,
+                slot => ParentFilter::Of(model.run_ids[usize::from(slot - 2)]),
+            };
+            let listed = |slot: &u8| match parent {
+                0 => model.runs.get(slot).is_some_and(|run| run.parent.is_none()),
+                1 => true,
+                of => model.runs.get(slot).is_some_and(|run| run.parent == Some(of - 2)),
+            };
+            let query = RunQuery {
+                order: if desc { Order::Desc } else { Order::Asc },
+                parent: filter,
+                ..RunQuery::default()
+            };
             let session_id = model.session_ids[session as usize];
             let mut request = PageRequest::first(page as usize);
             let mut got = Vec::new();
@@ -336,7 +362,12 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             let mut expected: Vec<TurnId> = model
                 .run_order
                 .get(&session)
-                .map(|runs| runs.iter().map(|slot| model.run_ids[*slot as usize]).collect())
+                .map(|runs| {
+                    runs.iter()
+                        .filter(|slot| listed(slot))
+                        .map(|slot| model.run_ids[*slot as usize])
+                        .collect()
+                })
                 .unwrap_or_default();
             if desc {
                 expected.reverse();
@@ -465,7 +496,13 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 previous: previous.map(|slot| model.run_ids[slot as usize]),
             };
             let result = store.start_turn(record.id, &step, &start).await;
-            let latest = model.run_order.get(&session).and_then(|runs| runs.last().copied());
+            // The session's latest turn: member runs do not count.
+            let latest = model.run_order.get(&session).and_then(|runs| {
+                runs.iter()
+                    .rev()
+                    .copied()
+                    .find(|slot| model.runs.get(slot).is_some_and(|run| run.parent.is_none()))
+            });
             let expected = if !model.sessions.contains_key(&session) {
                 Outcome::NotFound
             } else if model.leases.get(&session).is_some_and(|(_, _, expires)| *expires > now_s)
@@ -482,7 +519,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 prop_assert_eq!(positions.len(), 1);
                 model.last_token = lease.token;
                 model.leases.insert(session, (owner, lease.token, now_s + 10));
-                model.runs.insert(run, ModelRun { session, seqs: vec![1], high_water: 1 });
+                model.runs.insert(run, ModelRun { session, parent: None, seqs: vec![1], high_water: 1 });
                 model.run_order.entry(session).or_default().push(run);
                 model.feed.push((run, 1));
             }

@@ -77,10 +77,19 @@ pub enum Op {
         /// Which runs: 0 turns, 1 every run, `2 + slot` the members of the run of a slot.
         parent: u8,
     },
-    /// List every session through every page.
+    /// List sessions through every page: every one, or one owner's, within creation
+    /// bounds (in seconds).
     ListSessions {
         /// The page size.
         page: u8,
+        /// The owner number (sessions of even slots are owner 0's, of odd slots owner 1's).
+        owner: Option<u8>,
+        /// Created at or after.
+        from: Option<u8>,
+        /// Created at or before.
+        until: Option<u8>,
+        /// Oldest first?
+        oldest_first: bool,
     },
     /// Read the whole feed.
     Feed,
@@ -135,7 +144,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(run, desc, after, limit)| Op::ReadTurn { run, desc, after, limit }),
         3 => (0..SESSIONS, any::<bool>(), 1u8..4, 0..RUNS + 2)
             .prop_map(|(session, desc, page, parent)| Op::ListRuns { session, desc, page, parent }),
-        1 => (1u8..4).prop_map(|page| Op::ListSessions { page }),
+        2 => (1u8..4, proptest::option::of(0u8..2), proptest::option::of(0u8..20), proptest::option::of(0u8..20), any::<bool>())
+            .prop_map(|(page, owner, from, until, oldest_first)| Op::ListSessions { page, owner, from, until, oldest_first }),
         2 => Just(Op::Feed),
         2 => (0..RUNS, 0u8..20).prop_map(|(run, raise)| Op::HighWater { run, raise }),
         2 => (0..SESSIONS, 0u8..3, 0u8..40).prop_map(|(session, owner, now)| Op::Acquire { session, owner, now }),
@@ -225,7 +235,8 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
     match *op {
         Op::CreateSession(slot) => {
             model.clock += 1;
-            let mut session = SessionRecord::new(SessionType::Agent, "model", Subject::user("m"));
+            let mut session =
+                SessionRecord::new(SessionType::Agent, "model", Subject::user(format!("owner{}", slot % 2)));
             session.id = model.session_ids[slot as usize];
             session.created_at = at(model.clock);
             let result = store.create_session(&session).await;
@@ -374,11 +385,18 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             }
             prop_assert_eq!(got, expected, "{:?}", op);
         }
-        Op::ListSessions { page } => {
+        Op::ListSessions { page, owner, from, until, oldest_first } => {
+            let query = SessionQuery {
+                owner: owner.map(|owner| format!("owner{owner}")),
+                created_from: from.map(|from| at(i64::from(from))),
+                created_until: until.map(|until| at(i64::from(until))),
+                oldest_first,
+                ..SessionQuery::default()
+            };
             let mut request = PageRequest::first(page as usize);
             let mut got = Vec::new();
             loop {
-                let result = store.list_sessions(&SessionQuery::default(), &request).await;
+                let result = store.list_sessions(&query, &request).await;
                 let page_result = result.map_err(|e| TestCaseError::fail(e.to_string()))?;
                 got.extend(page_result.items.iter().map(|session| session.id));
                 match page_result.next_token {
@@ -389,10 +407,17 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             let mut expected: Vec<(i64, SessionId)> = model
                 .sessions
                 .iter()
+                .filter(|(slot, created)| {
+                    owner.is_none_or(|owner| *slot % 2 == owner)
+                        && from.is_none_or(|from| **created >= i64::from(from))
+                        && until.is_none_or(|until| **created <= i64::from(until))
+                })
                 .map(|(slot, created)| (*created, model.session_ids[*slot as usize]))
                 .collect();
             expected.sort();
-            expected.reverse();
+            if !oldest_first {
+                expected.reverse();
+            }
             prop_assert_eq!(got, expected.into_iter().map(|(_, id)| id).collect::<Vec<_>>(), "{:?}", op);
         }
         Op::Feed => {

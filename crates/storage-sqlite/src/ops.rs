@@ -447,20 +447,18 @@ fn write_step_in(
     // The run's existence, session and fence are checked once for the whole step:
     // nothing inside it can change them.
     let key = turn.to_string();
-    let (session, created) = match (run_seq_row(tx, turn, &key), &step.run) {
-        (Ok((session, _)), _) => (session, false),
+    let (session, stored_parent, created) = match (run_session_and_parent(tx, turn, &key), &step.run) {
+        (Ok((session, parent)), _) => (session, parent, false),
         // The turn's first step creates its run (checking its session and the fence).
         (Err(error), Some(run)) if error.is_not_found() => {
             put_run_in(tx, turn, run, fence)?;
-            (run.session_id, true)
+            (run.session_id, run.parent_run_id, true)
         }
         (Err(error), _) => return Err(error),
     };
     if let Some(run) = &step.run {
         rules::check_run_session_id(turn, run.session_id, session)?;
-        if !created {
-            rules::check_run_parent(turn, run.parent_run_id, stored_parent(tx, turn, &key)?)?;
-        }
+        rules::check_run_parent(turn, run.parent_run_id, stored_parent)?;
     }
     check_fence(tx, session, fence)?;
     if let Some(seq) = step.high_water {
@@ -646,16 +644,23 @@ fn parse_parent(run: TurnId, parent: Option<String>) -> StoreResult<Option<TurnI
         .transpose()
 }
 
-/// A stored run's parent (`None` for a turn). `NotFound` when the run does not exist.
-fn stored_parent(connection: &Connection, run: TurnId, key: &str) -> StoreResult<Option<TurnId>> {
-    let parent: Option<String> = connection
-        .prepare_cached("SELECT parent_id FROM runs WHERE id = ?1")
+/// A stored run's session and parent (`None` for a turn), without decoding its record.
+/// `NotFound` when the run does not exist.
+fn run_session_and_parent(
+    connection: &Connection,
+    run: TurnId,
+    key: &str,
+) -> StoreResult<(SessionId, Option<TurnId>)> {
+    let (session, parent): (String, Option<String>) = connection
+        .prepare_cached("SELECT session_id, parent_id FROM runs WHERE id = ?1")
         .map_err(sqlite)?
-        .query_row([key], |row| row.get(0))
+        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
         .map_err(sqlite)?
         .ok_or_else(|| StoreError::not_found("run", run))?;
-    parse_parent(run, parent)
+    let session =
+        session.parse().map_err(|_| StoreError::Corrupt(format!("run {run} has an invalid session id")))?;
+    Ok((session, parse_parent(run, parent)?))
 }
 
 /// A run's session and explicitly raised high-water mark, without decoding its record.

@@ -337,9 +337,9 @@ pub struct McpConfig {
     #[serde(default)]
     pub tools: Option<Vec<String>>,
     /// When the server cannot be reached (or started) at start, start the agent without
-    /// its tools, logging an error, instead of refusing to start (the default); the
-    /// server is then tried again in the background, and its tools join the agent once
-    /// it answers.
+    /// its tools, logging an error, instead of refusing to start (the default); a
+    /// [`Server`](crate::Server) then tries it again in the background, and its tools
+    /// join the agent once it answers and the agents build with them.
     #[serde(default)]
     pub optional: bool,
 }

@@ -766,6 +766,14 @@ class Chat(unittest.TestCase):
 
 
 class Cli(unittest.TestCase):
+    def left_waiting(self, agent, stdin):
+        """Chats with `agent` until its input ends at a question; the run and the session
+        id the chat says to take up again."""
+        done = self.agentry("chat", agent, stdin=stdin)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("left with the turn waiting for an answer", done.stderr)
+        return done, done.stderr.split("--session ")[1].split("`")[0]
+
     def agentry(self, *args, stdin=None, stdout=subprocess.PIPE, **extra_env):
         env = dict(os.environ, AGENTRY_API_KEY=ALICE, NO_COLOR="1", **extra_env)
         return subprocess.run(
@@ -828,12 +836,9 @@ class Cli(unittest.TestCase):
         self.assertNotIn("Chatting with", done.stdout)
 
     def test_chat_says_so_when_its_input_ends_at_a_question(self):
-        done = self.agentry("chat", "demo", stdin="please email the team\n")
-        self.assertNotEqual(done.returncode, 0)
+        done, session = self.left_waiting("demo", "please email the team\n")
         self.assertIn("Allow send_email(", done.stdout)
-        self.assertIn("left with the turn waiting for an answer", done.stderr)
         # The command it suggests asks the question again, before any message.
-        session = done.stderr.split("--session ")[1].split("`")[0]
         again = self.agentry("chat", "demo", "--session", session, stdin="y\nhello after\n/quit\n")
         self.assertEqual(again.returncode, 0, again.stderr)
         self.assertIn("Allow send_email(", again.stdout)
@@ -848,11 +853,8 @@ class Cli(unittest.TestCase):
         self.assertIn("is not a session id", odd.stderr)
 
     def test_chat_names_a_members_call_when_it_takes_up_a_waiting_session(self):
-        done = self.agentry("chat", "demo-team", stdin="email the plan\n")
-        self.assertNotEqual(done.returncode, 0)
+        done, session = self.left_waiting("demo-team", "email the plan\n")
         self.assertIn("[writer] → send_email(", done.stdout)
-        self.assertIn("left with the turn waiting for an answer", done.stderr)
-        session = done.stderr.split("--session ")[1].split("`")[0]
         # Taken up again, the chat names the member's call it asks about and the member
         # that goes on, which only the turn's stored events carry.
         again = self.agentry("chat", "demo-team", "--session", session, stdin="y\n/quit\n")

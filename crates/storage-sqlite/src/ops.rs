@@ -380,7 +380,7 @@ impl EventStore for SqliteStore {
         rules::check_seq(seq)?;
         self.write(move |connection| {
             let key = turn.to_string();
-            let (session, high_water) = run_seq_row(connection, turn, &key)?;
+            let RunRow { session, high_water, .. } = run_row(connection, turn, &key)?;
             check_fence(connection, session, fence)?;
             let mark = high_water.max(last_stored_seq(connection, &key)?).max(seq);
             connection
@@ -396,7 +396,7 @@ impl EventStore for SqliteStore {
     async fn high_water(&self, turn: TurnId) -> StoreResult<u64> {
         self.read_sized(true, move |connection| {
             let key = turn.to_string();
-            let (_, high_water) = run_seq_row(connection, turn, &key)?;
+            let high_water = run_row(connection, turn, &key)?.high_water;
             Ok(high_water.max(last_stored_seq(connection, &key)?))
         })
         .await
@@ -447,8 +447,8 @@ fn write_step_in(
     // The run's existence, session and fence are checked once for the whole step:
     // nothing inside it can change them.
     let key = turn.to_string();
-    let (session, stored_parent, created) = match (run_session_and_parent(tx, turn, &key), &step.run) {
-        (Ok((session, parent)), _) => (session, parent, false),
+    let (session, stored_parent, created) = match (run_row(tx, turn, &key), &step.run) {
+        (Ok(row), _) => (row.session, parse_parent(turn, row.parent)?, false),
         // The turn's first step creates its run (checking its session and the fence).
         (Err(error), Some(run)) if error.is_not_found() => {
             put_run_in(tx, turn, run, fence)?;
@@ -495,7 +495,7 @@ fn write_step_in(
 
 /// Whether a run exists.
 fn run_exists(connection: &Connection, turn: TurnId) -> StoreResult<bool> {
-    match run_seq_row(connection, turn, &turn.to_string()) {
+    match run_row(connection, turn, &turn.to_string()) {
         Ok(_) => Ok(true),
         Err(error) if error.is_not_found() => Ok(false),
         Err(error) => Err(error),
@@ -538,7 +538,7 @@ fn append_events_in(
     let facts = match tx.turns.get(turn) {
         Some(facts) => facts,
         None => {
-            let (session, _) = run_seq_row(tx, turn, &turn_key)?;
+            let session = run_row(tx, turn, &turn_key)?.session;
             TurnFacts { session, last_seq: last_stored_seq(tx, &turn_key)? }
         }
     };
@@ -644,37 +644,27 @@ fn parse_parent(run: TurnId, parent: Option<String>) -> StoreResult<Option<TurnI
         .transpose()
 }
 
-/// A stored run's session and parent (`None` for a turn), without decoding its record.
-/// `NotFound` when the run does not exist.
-fn run_session_and_parent(
-    connection: &Connection,
-    run: TurnId,
-    key: &str,
-) -> StoreResult<(SessionId, Option<TurnId>)> {
-    let (session, parent): (String, Option<String>) = connection
-        .prepare_cached("SELECT session_id, parent_id FROM runs WHERE id = ?1")
-        .map_err(sqlite)?
-        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()
-        .map_err(sqlite)?
-        .ok_or_else(|| StoreError::not_found("run", run))?;
-    let session =
-        session.parse().map_err(|_| StoreError::Corrupt(format!("run {run} has an invalid session id")))?;
-    Ok((session, parse_parent(run, parent)?))
+/// What a write needs of a stored run, read without decoding its record.
+struct RunRow {
+    session: SessionId,
+    /// The explicitly raised high-water mark.
+    high_water: u64,
+    /// The parent's id as stored (`None` for a turn; see [`parse_parent`]).
+    parent: Option<String>,
 }
 
-/// A run's session and explicitly raised high-water mark, without decoding its record.
-fn run_seq_row(connection: &Connection, turn: TurnId, key: &str) -> StoreResult<(SessionId, u64)> {
-    let (session, high_water): (String, i64) = connection
-        .prepare_cached("SELECT session_id, high_water FROM runs WHERE id = ?1")
+/// A stored run's [`RunRow`]. `NotFound` when the run does not exist.
+fn run_row(connection: &Connection, turn: TurnId, key: &str) -> StoreResult<RunRow> {
+    let (session, high_water, parent): (String, i64, Option<String>) = connection
+        .prepare_cached("SELECT session_id, high_water, parent_id FROM runs WHERE id = ?1")
         .map_err(sqlite)?
-        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
         .optional()
         .map_err(sqlite)?
         .ok_or_else(|| StoreError::not_found("run", turn))?;
     let session =
         session.parse().map_err(|_| StoreError::Corrupt(format!("run {turn} has an invalid session id")))?;
-    Ok((session, as_u64(high_water)))
+    Ok(RunRow { session, high_water: as_u64(high_water), parent })
 }
 
 /// The last stored seq of a turn (0 when none), from the events index.
@@ -721,7 +711,7 @@ impl MessageStore for SqliteStore {
         }
         self.write(move |connection| {
             let key = run.to_string();
-            let (session, _) = run_seq_row(connection, run, &key)?;
+            let session = run_row(connection, run, &key)?.session;
             check_fence(connection, session, fence)?;
             insert_messages(connection, &key, &bodies)
         })
@@ -927,7 +917,7 @@ impl JournalStore for SqliteStore {
         let entry = entry.clone();
         self.write(move |connection| {
             let turn = entry.turn_id.to_string();
-            let (session, _) = run_seq_row(connection, entry.turn_id, &turn)?;
+            let session = run_row(connection, entry.turn_id, &turn)?.session;
             check_fence(connection, session, fence)?;
             let existing = journal_row(connection, &turn, &entry.tool_call_id)?;
             if let Some(stored) = rules::journal_start(existing.as_ref(), &entry)? {
@@ -951,7 +941,7 @@ impl JournalStore for SqliteStore {
         let (call, result) = (tool_call_id.to_owned(), result.clone());
         self.write(move |connection| {
             let key = turn.to_string();
-            let (session, _) = run_seq_row(connection, turn, &key)?;
+            let session = run_row(connection, turn, &key)?.session;
             check_fence(connection, session, fence)?;
             let existing = journal_row(connection, &key, &call)?;
             let (entry, changed) =
@@ -966,7 +956,7 @@ impl JournalStore for SqliteStore {
 
     async fn journal(&self, turn: TurnId) -> StoreResult<Vec<JournalEntry>> {
         self.read(move |connection| {
-            run_seq_row(connection, turn, &turn.to_string())?;
+            run_row(connection, turn, &turn.to_string())?;
             let mut statement = connection
                 .prepare_cached("SELECT body FROM journal WHERE turn_id = ?1 ORDER BY entry_order ASC")
                 .map_err(sqlite)?;

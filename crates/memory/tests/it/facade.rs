@@ -27,6 +27,14 @@ fn exchange(question: &str, answer: &str) -> Vec<Message> {
     vec![Message::user(question), Message::assistant(answer)]
 }
 
+/// Saves a completed run of `exchange(question, answer)` to an agent session.
+async fn save_exchange(memory: &Memory, question: &str, answer: &str) {
+    memory
+        .save_session(&agent_run(RunStatus::Completed, exchange(question, answer)), SessionType::Agent, None)
+        .await
+        .unwrap();
+}
+
 fn memory(store: Arc<dyn Store>, model: Option<Arc<ScriptedModel>>, config: MemoryConfig) -> Memory {
     Memory::new(store, model.map(|model| model as Arc<dyn Model>), config).unwrap()
 }
@@ -64,14 +72,7 @@ async fn full_session_memory_replays_completed_runs_as_history_bounded_by_num_la
         MemoryConfig { full_session_memory: true, num_last_messages: Some(3), ..MemoryConfig::default() };
     let memory = memory(store(), None, config);
     for (question, answer) in [("q1", "a1"), ("q2", "a2"), ("q3", "a3")] {
-        memory
-            .save_session(
-                &agent_run(RunStatus::Completed, exchange(question, answer)),
-                SessionType::Agent,
-                None,
-            )
-            .await
-            .unwrap();
+        save_exchange(&memory, question, answer).await;
     }
     memory
         .save_session(&agent_run(RunStatus::Paused, exchange("q4", "a4")), SessionType::Agent, None)
@@ -97,14 +98,7 @@ async fn summary_memory_summarizes_completed_runs_through_the_model_and_injects_
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("The user greeted the assistant.")]));
     let config = MemoryConfig { summary_memory: true, ..MemoryConfig::default() };
     let memory = memory(store(), Some(model.clone()), config);
-    memory
-        .save_session(
-            &agent_run(RunStatus::Completed, exchange("hello there", "hi!")),
-            SessionType::Agent,
-            None,
-        )
-        .await
-        .unwrap();
+    save_exchange(&memory, "hello there", "hi!").await;
     let prompt = model.requests()[0].messages[0].text();
     assert!(prompt.contains("user: hello there") && prompt.contains("assistant: hi!"), "{prompt}");
     let prepared = memory.prepare_inputs_for_task(None, None).await.unwrap();
@@ -180,22 +174,8 @@ async fn user_analysis_builds_a_profile_from_the_model_and_injects_it_into_the_s
     let config =
         MemoryConfig { user_analysis_memory: true, user_id: Some("ada".into()), ..MemoryConfig::default() };
     let memory = memory(store(), Some(model), config);
-    memory
-        .save_session(
-            &agent_run(RunStatus::Completed, exchange("I'm Ada, I speak French", "Bonjour Ada")),
-            SessionType::Agent,
-            None,
-        )
-        .await
-        .unwrap();
-    memory
-        .save_session(
-            &agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice")),
-            SessionType::Agent,
-            None,
-        )
-        .await
-        .unwrap();
+    save_exchange(&memory, "I'm Ada, I speak French", "Bonjour Ada").await;
+    save_exchange(&memory, "I live in Lyon", "Nice").await;
     let profile = memory.user_memory().unwrap().profile().await.unwrap().unwrap();
     assert_eq!(profile, json!({"name": "Ada", "language": "French", "city": "Lyon"}), "update mode merges");
     let prepared = memory.prepare_inputs_for_task(None, None).await.unwrap();
@@ -220,14 +200,7 @@ async fn a_facade_without_a_user_serves_the_sessions_user() {
         Some(model.clone()),
         MemoryConfig { user_analysis_memory: true, ..MemoryConfig::default() },
     );
-    first
-        .save_session(
-            &agent_run(RunStatus::Completed, exchange("I'm Ada", "Hello Ada")),
-            SessionType::Agent,
-            None,
-        )
-        .await
-        .unwrap();
+    save_exchange(&first, "I'm Ada", "Hello Ada").await;
     let config = MemoryConfig {
         user_analysis_memory: true,
         session_id: Some(first.session_id()),
@@ -238,14 +211,7 @@ async fn a_facade_without_a_user_serves_the_sessions_user() {
     let prepared = second.prepare_inputs_for_task(None, None).await.unwrap();
     let injection = prepared.system_prompt_injection.expect("the session's user's profile is injected");
     assert!(injection.contains("Ada"), "{injection}");
-    second
-        .save_session(
-            &agent_run(RunStatus::Completed, exchange("I live in Lyon", "Nice")),
-            SessionType::Agent,
-            None,
-        )
-        .await
-        .unwrap();
+    save_exchange(&second, "I live in Lyon", "Nice").await;
     let profile = first.user_memory().unwrap().profile().await.unwrap().unwrap();
     assert_eq!(profile, json!({"name": "Ada", "city": "Lyon"}), "the update went to the session's user");
 }

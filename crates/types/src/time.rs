@@ -35,19 +35,27 @@ impl Timestamp {
             Ok(since) => i64::try_from(since.as_micros()).unwrap_or(i64::MAX),
             Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
         };
-        Self(micros)
+        Self::from_unix_micros(micros)
     }
 
-    /// The instant `micros` microseconds after the Unix epoch.
+    /// The instant `micros` microseconds after the Unix epoch, brought within
+    /// [`Timestamp::MIN`]..=[`Timestamp::MAX`]: every timestamp serializes as a string
+    /// that parses back, so a record stored with one can be read again.
     #[must_use]
     pub const fn from_unix_micros(micros: i64) -> Self {
-        Self(micros)
+        if micros > Self::MAX.0 {
+            Self::MAX
+        } else if micros < Self::MIN.0 {
+            Self::MIN
+        } else {
+            Self(micros)
+        }
     }
 
-    /// The instant `millis` milliseconds after the Unix epoch.
+    /// The instant `millis` milliseconds after the Unix epoch, within the same range.
     #[must_use]
     pub const fn from_unix_millis(millis: i64) -> Self {
-        Self(millis.saturating_mul(1000))
+        Self::from_unix_micros(millis.saturating_mul(1000))
     }
 
     /// Microseconds since the Unix epoch.
@@ -70,6 +78,9 @@ impl Timestamp {
 
     /// The latest instant RFC 3339 can write: `9999-12-31T23:59:59.999999Z`.
     pub const MAX: Self = Self(253_402_300_799_999_999);
+
+    /// The earliest instant RFC 3339 can write: `0000-01-01T00:00:00Z`.
+    pub const MIN: Self = Self(-62_167_219_200_000_000);
 
     /// This instant plus a duration, saturating at [`Timestamp::MAX`] (so that what is
     /// written can be read back).

@@ -67,10 +67,26 @@ fn timestamps_render_in_each_vocabulary_unit() {
     assert_eq!("2025-02-18T04:40:00.123456+01:00".parse::<Timestamp>().unwrap(), at);
     assert_eq!(Timestamp::from_unix_micros(-1).to_rfc3339(), "1969-12-31T23:59:59.999999Z");
     assert!("yesterday".parse::<Timestamp>().is_err());
-    // Past year 9999 the form has more year digits (written the general way).
-    let far = Timestamp::from_unix_micros(253_402_300_800_000_001);
-    assert_eq!(far.to_rfc3339(), "10000-01-01T00:00:00.000001Z");
-    assert_eq!(serde_json::to_string(&far).unwrap(), "\"10000-01-01T00:00:00.000001Z\"");
+}
+
+/// RFC 3339 writes years 0 to 9999 only: an instant outside them is brought to the nearest
+/// one inside, so a record stored with it reads back (a year 10000 did not parse).
+#[test]
+fn every_timestamp_reads_back_from_what_it_writes() {
+    let cases = [
+        (i64::MAX, "9999-12-31T23:59:59.999999Z"),
+        (253_402_300_800_000_001, "9999-12-31T23:59:59.999999Z"),
+        (i64::MIN, "0000-01-01T00:00:00.000000Z"),
+        (-62_167_219_200_000_001, "0000-01-01T00:00:00.000000Z"),
+    ];
+    for (micros, text) in cases {
+        let at = Timestamp::from_unix_micros(micros);
+        assert_eq!(at.to_rfc3339(), text);
+        let json = serde_json::to_string(&at).unwrap();
+        assert_eq!(serde_json::from_str::<Timestamp>(&json).unwrap(), at, "{json}");
+    }
+    assert_eq!(Timestamp::from_unix_micros(i64::MAX), Timestamp::MAX);
+    assert_eq!(Timestamp::from_unix_millis(i64::MIN), Timestamp::MIN);
 }
 
 proptest! {

@@ -121,6 +121,44 @@ impl Replies {
     }
 }
 
+/// The error of a write whose work panicked on a backend's writer thread, and of the
+/// writes committed with it: the transaction they shared is rolled back.
+#[must_use]
+pub fn write_panicked() -> StoreError {
+    StoreError::Io("a write panicked; its transaction was rolled back".to_owned())
+}
+
+/// The answer channel of a write handed to a backend's writer thread. A write whose work
+/// panics drops it unanswered as the panic unwinds; its caller then gets
+/// [`write_panicked`], not `Closed` (which tells a caller the store is closing).
+#[derive(Debug)]
+pub struct Reply<R>(Option<oneshot::Sender<StoreResult<R>>>);
+
+impl<R> Reply<R> {
+    /// Wraps the sender a caller awaits.
+    #[must_use]
+    pub const fn new(sender: oneshot::Sender<StoreResult<R>>) -> Self {
+        Self(Some(sender))
+    }
+
+    /// Answers the caller (who may have gone away meanwhile).
+    pub fn send(mut self, result: StoreResult<R>) {
+        if let Some(sender) = self.0.take() {
+            let _ = sender.send(result);
+        }
+    }
+}
+
+impl<R> Drop for Reply<R> {
+    fn drop(&mut self) {
+        if let Some(sender) = self.0.take()
+            && std::thread::panicking()
+        {
+            let _ = sender.send(Err(write_panicked()));
+        }
+    }
+}
+
 /// The most runs a history window may take and still count as a short read (see
 /// [`short_history`]): the runner's default window is 50.
 pub const SHORT_HISTORY_RUNS: usize = 64;

@@ -223,6 +223,8 @@ where
 {
     fn run(self: Box<Self>, transaction: &mut Tx<'_>) -> (Outcome, Finish) {
         let Self { work, reply } = *self;
+        // Answers the caller if `work` panics (the writer loop catches the panic).
+        let reply = handoff::Reply::new(reply);
         let result = work(transaction);
         let outcome = match &result {
             Ok(_) => Outcome::Done,
@@ -234,12 +236,7 @@ where
             }
             Err(_) => Outcome::Refused,
         };
-        (
-            outcome,
-            Box::new(move |commit: Result<(), StoreError>| {
-                let _ = reply.send(commit.and(result));
-            }),
-        )
+        (outcome, Box::new(move |commit: Result<(), StoreError>| reply.send(commit.and(result))))
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
@@ -309,14 +306,18 @@ fn check_version(read: &ReadTransaction) -> StoreResult<()> {
     };
     let tables = read.list_tables().map_err(redb_error)?.count();
     match version {
-        Some(found) if found > VERSION => Err(StoreError::VersionTooNew {
-            found: u32::try_from(found).unwrap_or(u32::MAX),
-            supported: u32::try_from(VERSION).unwrap_or(u32::MAX),
-        }),
+        Some(found) if found > VERSION => Err(version_too_new(found)),
         None if tables > 0 => {
             Err(StoreError::Corrupt("the file is a redb database but not an Agentry store".to_owned()))
         }
         _ => Ok(()),
+    }
+}
+
+fn version_too_new(found: u64) -> StoreError {
+    StoreError::VersionTooNew {
+        found: u32::try_from(found).unwrap_or(u32::MAX),
+        supported: u32::try_from(VERSION).unwrap_or(u32::MAX),
     }
 }
 
@@ -325,6 +326,17 @@ fn check_version(read: &ReadTransaction) -> StoreResult<()> {
 fn prepare(database: &Database) -> StoreResult<()> {
     check_version(&database.begin_read().map_err(redb_error)?)?;
     let write = database.begin_write().map_err(redb_error)?;
+    // An error drops the transaction, which aborts it: the file stays as it was.
+    migrate(&write)?;
+    write.commit().map_err(redb_error)?;
+    Ok(())
+}
+
+/// [`prepare`]'s changes, in its write transaction. The version is read again under the
+/// write lock: another process may have migrated the file to a newer version between the
+/// check on a snapshot and this transaction (a rolling upgrade), and stamping the file with
+/// this build's version would make later opens of this build accept a newer file.
+fn migrate(write: &WriteTransaction) -> StoreResult<()> {
     {
         let version = write
             .open_table(META)
@@ -332,14 +344,17 @@ fn prepare(database: &Database) -> StoreResult<()> {
             .get("schema_version")
             .map_err(redb_error)?
             .map(|value| value.value());
+        if let Some(found) = version.filter(|found| *found > VERSION) {
+            return Err(version_too_new(found));
+        }
         if version == Some(1) {
-            ops::migrate_1_to_2(&write)?;
+            ops::migrate_1_to_2(write)?;
         }
         if version.is_some_and(|version| version < 4) {
-            ops::index_runs_by_parent(&write)?;
+            ops::index_runs_by_parent(write)?;
         }
         if version.is_some_and(|version| version < 5) {
-            ops::index_sessions_by_owner(&write)?;
+            ops::index_sessions_by_owner(write)?;
         }
         let mut meta = write.open_table(META).map_err(redb_error)?;
         meta.insert("schema_version", VERSION).map_err(redb_error)?;
@@ -349,9 +364,7 @@ fn prepare(database: &Database) -> StoreResult<()> {
             }
         }
     }
-    ops::create_tables(&write)?;
-    write.commit().map_err(redb_error)?;
-    Ok(())
+    ops::create_tables(write)
 }
 
 impl RedbStore {
@@ -512,7 +525,10 @@ fn write_loop(
     let mut seen_generation: Option<u64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
     loop {
-        let batch = match gather.next_batch(jobs, Some(options.relaxed_sync_interval)) {
+        // Only commits left unsynced need the writer to wake up without a job: an idle
+        // store sleeps (a zero interval syncs every commit, and never waits with zero).
+        let wait = unsynced.then_some(options.relaxed_sync_interval);
+        let batch = match gather.next_batch(jobs, wait) {
             Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
                 if unsynced && sync_idle(database, switch, load).is_ok() {
@@ -592,7 +608,7 @@ fn write_loop(
             let Ok((outcome, finish)) =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut tx)))
             else {
-                poisoned = Some(StoreError::Io("a write panicked; its transaction was abandoned".to_owned()));
+                poisoned = Some(handoff::write_panicked());
                 break;
             };
             match outcome {
@@ -695,12 +711,12 @@ mod tests {
 
     use std::sync::mpsc;
 
-    use agentry_memory::handoff::WriterLoad;
+    use agentry_memory::handoff::{self, WriterLoad};
     use agentry_memory::{StoreError, StoreResult};
-    use redb::{Database, ReadTransaction, ReadableTableMetadata, TableDefinition};
+    use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTableMetadata, TableDefinition};
     use tokio::sync::oneshot;
 
-    use super::{Job, ReadJob, RedbOptions, TypedJob, prepare, write_loop};
+    use super::{Job, META, ReadJob, RedbOptions, TypedJob, VERSION, migrate, prepare, write_loop};
     use crate::backend::SyncSwitch;
 
     const ROWS: TableDefinition<'_, u64, u64> = TableDefinition::new("test_rows");
@@ -763,5 +779,59 @@ mod tests {
         assert_eq!((first, second), (Ok(1), Ok(1)));
         // Later reads see the accepted write.
         assert_eq!((third, fourth), (Ok(2), Ok(2)));
+    }
+
+    #[test]
+    fn a_write_that_panics_fails_its_batch_and_its_caller_hears_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::create(dir.path().join("store.redb")).unwrap();
+        prepare(&database).unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        // One batch: an accepted write, then one whose work panics after it changed a row.
+        let accepted = insert(&jobs, 1, false);
+        let (reply, panicked) = oneshot::channel::<StoreResult<()>>();
+        let work = |tx: &mut super::Tx<'_>| -> StoreResult<()> {
+            tx.open_table(ROWS).unwrap().insert(2, 2).unwrap();
+            panic!("a bug in a write");
+        };
+        jobs.send(Box::new(TypedJob { work, reply })).unwrap();
+        let writer = std::thread::spawn(move || {
+            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
+            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+        });
+        let (accepted, panicked) = (accepted.blocking_recv().unwrap(), panicked.blocking_recv().unwrap());
+        // The writer goes on.
+        let later = insert(&jobs, 3, false).blocking_recv().unwrap();
+        let rows = read(&jobs).blocking_recv().unwrap();
+        drop(jobs);
+        writer.join().unwrap();
+        // Not `Closed`, which would tell the caller the store is closing.
+        assert_eq!(panicked, Err(handoff::write_panicked()));
+        assert_eq!(accepted, Err(handoff::write_panicked()), "its batch is abandoned");
+        assert_eq!(later, Ok(()));
+        assert_eq!(rows, Ok(1), "the later write's row only");
+    }
+
+    #[test]
+    fn a_file_another_process_migrated_past_this_build_is_refused_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::create(dir.path().join("store.redb")).unwrap();
+        prepare(&database).unwrap();
+        // A newer build migrates the file after this one checked its snapshot and before
+        // it took the write lock.
+        let newer = database.begin_write().unwrap();
+        newer.open_table(META).unwrap().insert("schema_version", VERSION + 1).unwrap();
+        newer.commit().unwrap();
+        let write = database.begin_write().unwrap();
+        let refused = migrate(&write);
+        drop(write);
+        assert!(
+            matches!(refused, Err(StoreError::VersionTooNew { found, .. }) if u64::from(found) == VERSION + 1),
+            "{refused:?}"
+        );
+        let read = database.begin_read().unwrap();
+        let stamped =
+            read.open_table(META).unwrap().get("schema_version").unwrap().map(|value| value.value());
+        assert_eq!(stamped, Some(VERSION + 1), "the newer version stays");
     }
 }

@@ -1375,10 +1375,15 @@ impl BudgetStore for RedbStore {
                 }
                 // Expired reservations are dropped. One whose lease ended stays until it
                 // expires, holding nothing: its holder may still settle what its step used.
+                // One that does not decode is left alone here: it refuses the reservations
+                // of its own scopes (what they hold is not known), not everyone's.
                 let mut expired = Vec::new();
                 for entry in reservations.iter().map_err(redb_error)? {
                     let (id, body) = entry.map_err(redb_error)?;
-                    let existing: BudgetReservation = rules::decode("budget reservation", body.value())?;
+                    let Ok(existing) = rules::decode::<BudgetReservation>("budget reservation", body.value())
+                    else {
+                        continue;
+                    };
                     if existing.expires_at <= now {
                         expired.push(id.value().to_owned());
                     }

@@ -136,14 +136,11 @@ where
 {
     fn run(self: Box<Self>, tx: &mut Tx<'_>) -> (bool, Finish) {
         let Self { work, reply, .. } = *self;
+        // Answers the caller if `work` panics (the writer loop catches the panic).
+        let reply = handoff::Reply::new(reply);
         let result = work(tx);
         let ok = result.is_ok();
-        (
-            ok,
-            Box::new(move |commit: Result<(), StoreError>| {
-                let _ = reply.send(commit.and(result));
-            }),
-        )
+        (ok, Box::new(move |commit: Result<(), StoreError>| reply.send(commit.and(result))))
     }
 
     fn needs_savepoint(&self) -> bool {
@@ -576,9 +573,7 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut tx))) {
                     Ok(outcome) => outcome,
                     Err(_) => {
-                        let error =
-                            StoreError::Io("a write panicked; its transaction was rolled back".to_owned());
-                        aborted = Some(error);
+                        aborted = Some(handoff::write_panicked());
                         break;
                     }
                 };
@@ -773,6 +768,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    use agentry_memory::handoff;
     use agentry_memory::{StoreError, StoreResult};
     use tokio::sync::oneshot;
 
@@ -834,6 +830,34 @@ mod tests {
         // Later reads see the accepted write, and nothing of the refused one.
         assert_eq!((third, fourth), (Ok(2), Ok(2)));
         assert!(connection.is_autocommit());
+    }
+
+    #[test]
+    fn a_write_that_panics_fails_its_batch_and_its_caller_hears_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let connection = Connection::open(dir.path().join("store.db")).unwrap();
+        connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        // One batch: an accepted write, then one whose work panics after it changed a row.
+        let accepted = insert(&jobs, false);
+        let (reply, panicked) = oneshot::channel::<StoreResult<()>>();
+        let work = |tx: &mut super::Tx<'_>| -> StoreResult<()> {
+            tx.execute("INSERT INTO t VALUES (2)", []).unwrap();
+            panic!("a bug in a write");
+        };
+        jobs.send(Box::new(TypedJob { work, reply, savepoint: true })).unwrap();
+        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO));
+        let (accepted, panicked) = (accepted.blocking_recv().unwrap(), panicked.blocking_recv().unwrap());
+        // The writer goes on.
+        let later = insert(&jobs, false).blocking_recv().unwrap();
+        let rows = read(&jobs).blocking_recv().unwrap();
+        drop(jobs);
+        writer.join().unwrap();
+        // Not `Closed`, which would tell the caller the store is closing.
+        assert_eq!(panicked, Err(handoff::write_panicked()));
+        assert_eq!(accepted, Err(handoff::write_panicked()), "its batch is rolled back");
+        assert_eq!(later, Ok(()));
+        assert_eq!(rows, Ok(2), "the first row and the later write's");
     }
 
     #[test]

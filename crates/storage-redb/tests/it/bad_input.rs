@@ -216,3 +216,43 @@ async fn a_session_record_that_no_longer_reads_can_still_be_deleted() {
     damage(&path, &damaged);
     conformance::check_damaged_session_deleted_whole(&open(&path).unwrap(), &damaged, &kept).await;
 }
+
+/// A damaged budget reservation refuses the reservations of its own scopes (what they hold
+/// is not known), not those of every other budget in the store.
+#[tokio::test]
+async fn a_damaged_reservation_refuses_only_its_own_budgets_reservations() {
+    use agentry_memory::BudgetStore;
+    use agentry_types::{BudgetLimit, BudgetReservation, BudgetUsage, Timestamp};
+    let reservation = |id: &str, scope: &str| BudgetReservation {
+        id: id.to_owned(),
+        scopes: vec![scope.to_owned()],
+        amount: BudgetUsage { tokens_used: 10, ..BudgetUsage::default() },
+        expires_at: Timestamp::from_unix_micros(i64::MAX),
+        lease: None,
+    };
+    let now = Timestamp::from_unix_micros(1_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let store = open(&path).unwrap();
+        let limit = BudgetLimit { max_tokens: Some(1000), ..BudgetLimit::default() };
+        for scope in ["mission:damaged", "mission:sound"] {
+            store.create_budget(scope, &limit, None).await.unwrap();
+        }
+        store.reserve(&reservation("broken", "mission:damaged"), now).await.unwrap();
+    }
+    {
+        let database = redb::Database::create(&path).unwrap();
+        let write = database.begin_write().unwrap();
+        {
+            let table = redb::TableDefinition::<&str, &[u8]>::new("reservations");
+            write.open_table(table).unwrap().insert("broken", b"{not json".as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let store = open(&path).unwrap();
+    store.reserve(&reservation("fine", "mission:sound"), now).await.expect("another budget's reservation");
+    assert_eq!(store.budget("mission:sound", now).await.unwrap().reserved.tokens_used, 10);
+    let refused = store.reserve(&reservation("unknown", "mission:damaged"), now).await.unwrap_err();
+    assert!(agentry_memory::rules::is_damaged_record(&refused), "{refused:?}");
+}

@@ -220,6 +220,18 @@ impl TurnRequest {
 
 /// Checks a turn's own client-side tools: valid names, none twice and none of the agent's,
 /// and object schemas.
+/// The rules a turn request breaks whatever turn it follows, besides its input's shape
+/// ([`check_shape`]): its client tools and its client context.
+fn check_request(agent: &Agent, request: &TurnRequest) -> RuntimeResult<()> {
+    check_client_tools(agent, &request.client_tools)?;
+    if let Some(at) = request.client_context.iter().position(|item| item.description.trim().is_empty()) {
+        return Err(RunnerError::InvalidInput(format!(
+            "client context {at} has no description: say what its value is"
+        )));
+    }
+    Ok(())
+}
+
 fn check_client_tools(agent: &Agent, tools: &[ToolSpec]) -> RuntimeResult<()> {
     let invalid = |message: String| Err(RunnerError::InvalidInput(message));
     for (at, tool) in tools.iter().enumerate() {
@@ -558,13 +570,26 @@ impl Runtime {
         Ok(())
     }
 
-    /// A session's running top-level turns, newest first, at most `limit` read (see
-    /// [`left_running`]).
+    /// A session's running top-level turns, newest first, at most `limit` (see
+    /// [`left_running`]). Runs an application saved as running through the Memory facade
+    /// or the session views are passed over, however many there are: a turn older than
+    /// them is still found.
     async fn running_turns(&self, session: SessionId, limit: usize) -> RuntimeResult<Vec<RunRecord>> {
         let query =
             RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
-        let runs = self.inner.store.list_runs(session, &query, &PageRequest::first(limit)).await?.items;
-        Ok(runs.into_iter().filter(left_running).collect())
+        let mut page = PageRequest::first(limit);
+        let mut turns = Vec::new();
+        loop {
+            let listed = self.inner.store.list_runs(session, &query, &page).await?;
+            turns.extend(listed.items.into_iter().filter(left_running));
+            match listed.next_token {
+                Some(token) if turns.len() < limit => page = PageRequest::after(token, limit),
+                _ => {
+                    turns.truncate(limit);
+                    return Ok(turns);
+                }
+            }
+        }
     }
 
     /// Whether this runtime is starting a turn of the session (see [`Starting`]).
@@ -613,6 +638,9 @@ impl Runtime {
         // A turn this runtime runs, or is starting, is not abandoned, whatever its lease
         // says. Starts first: a start leaves that set only once its turn is live. A log left
         // by an engine that stopped here without its end does not count.
+        if self.is_starting(session.id) {
+            return Ok(None);
+        }
         let running_here = self
             .inner
             .live
@@ -620,7 +648,7 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&run.id)
             .is_some_and(|live| !live.is_abandoned());
-        if self.is_starting(session.id) || running_here {
+        if running_here {
             return Ok(None);
         }
         // The listing may be older than the turn's end: a turn that ended since is left as
@@ -657,8 +685,10 @@ impl Runtime {
     }
 
     /// Resumes `run`, left running by a dead process, under `lease`, the session's lease
-    /// just taken. Without the session's agent in this process the turn ends with an
-    /// error, its `turn.done` stored, and the lease is released.
+    /// just taken. Without the session's agent in this process, or with one whose
+    /// definition has a problem (which `create_turn` refuses to run: a misnamed
+    /// `requires_approval` would let its tool run ungated), the turn ends with an error,
+    /// its `turn.done` stored, and the lease is released.
     async fn resume_under(
         &self,
         session: &SessionRecord,
@@ -666,21 +696,28 @@ impl Runtime {
         lease: Lease,
     ) -> RuntimeResult<Option<TurnHandle>> {
         let store = &self.inner.store;
-        let Some(agent) = self.agent(&session.name) else {
-            let state = TurnState::Error {
-                message: format!(
-                    "agent {} is not registered in the process that recovered the turn",
-                    session.name
-                ),
-                completed_at: Timestamp::now(),
-                metrics: None,
-            };
-            let ended = crate::engine::end_left_turn(store.as_ref(), run, state, lease.fence()).await;
-            if ended.is_err() {
-                give_back(store.as_ref(), session.id, lease.token).await;
+        let agent = match self.require_agent(&session.name) {
+            Ok(agent) => Ok(agent),
+            Err(RunnerError::InvalidAgent { problem, .. }) => Err(format!(
+                "agent {} cannot resume the turn in the process that recovered it: {problem}",
+                session.name
+            )),
+            Err(_) => Err(format!(
+                "agent {} is not registered in the process that recovered the turn",
+                session.name
+            )),
+        };
+        let agent = match agent {
+            Ok(agent) => agent,
+            Err(message) => {
+                let state = TurnState::Error { message, completed_at: Timestamp::now(), metrics: None };
+                let ended = crate::engine::end_left_turn(store.as_ref(), run, state, lease.fence()).await;
+                if ended.is_err() {
+                    give_back(store.as_ref(), session.id, lease.token).await;
+                }
+                ended?;
+                return Ok(None);
             }
-            ended?;
-            return Ok(None);
         };
         let loaded = async {
             let previous = match run.previous_turn_id {
@@ -914,6 +951,10 @@ impl Runtime {
                 Err(crate::engine::Unfinished::Unstored) => {
                     runtime.inner.forget_live(&live);
                     live.close();
+                    // After the lease keeper's round under way, if any: it may have listed
+                    // the turn before it was forgotten, and its renewal would otherwise
+                    // make the lease live again after the give-back.
+                    let _round = runtime.inner.keeper_round.lock().await;
                     give_back(store.as_ref(), live.session_id, live.lease_token).await;
                 }
             }
@@ -1051,6 +1092,14 @@ impl Session {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
         }
         let agent = runtime.require_agent(&session.name)?;
+        // What the request breaks whatever turn it follows is refused at once, as invalid:
+        // not as `TurnRunning` (which a caller may retry) while a turn runs, and without
+        // taking the session's lease.
+        check_request(&agent, &request)?;
+        // A failed read is read again under the lease.
+        let previous = previous.ok();
+        let run = self
+            .new_run(&request, previous.as_ref().and_then(|previous| previous.as_ref().map(|run| run.id)))?;
         // A turn usually starts with one write: it is built on the latest turn as read, and
         // the store takes the lease and stores the turn's first step together, refusing
         // the start if another turn was stored meanwhile. The turn is prepared again under
@@ -1058,15 +1107,10 @@ impl Session {
         // and the caller told `TurnResumed`), when the start lost such a race, and when the
         // request does not fit the latest turn as read (under the lease a running turn wins:
         // `TurnRunning`, which a caller may retry).
-        let prepared = async {
-            let previous = previous?;
-            if previous.as_ref().is_some_and(|run| !run.state.is_terminal()) {
-                return Ok(None);
-            }
-            let run = self.new_run(&request, previous.as_ref(), previous.as_ref().map(|run| run.id))?;
-            Ok::<_, RunnerError>(Some((run, previous)))
-        };
-        if let Ok(Some((run, previous))) = prepared.await {
+        if let Some(previous) = previous
+            && previous.as_ref().is_none_or(|run| run.state.is_terminal())
+            && check_against_previous(&request.input, previous.as_ref()).is_ok()
+        {
             match runtime.start_turn(agent.clone(), run, previous).await {
                 Err(StoreError::Conflict(Conflict::LatestTurnChanged { .. })) => {}
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
@@ -1153,30 +1197,16 @@ impl Session {
         }
     }
 
-    /// Builds a new turn chained on `chained_on`, checking the input against `finished`
-    /// (the turn it chains on when that turn finished; `None` for the session's first).
-    fn new_run(
-        &self,
-        request: &TurnRequest,
-        finished: Option<&RunRecord>,
-        chained_on: Option<TurnId>,
-    ) -> RuntimeResult<RunRecord> {
-        check_against_previous(&request.input, finished)?;
+    /// Builds a new turn chained on `chained_on` from a request [`check_request`] passed;
+    /// refuses one too large to leave room for its end. Its input is checked against the
+    /// turn it chains on by the caller ([`check_against_previous`]).
+    fn new_run(&self, request: &TurnRequest, chained_on: Option<TurnId>) -> RuntimeResult<RunRecord> {
         let created_by =
             request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
         let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
         run.previous_turn_id = chained_on;
-        if !request.client_tools.is_empty() {
-            let agent = self.runtime.require_agent(&self.record.name)?;
-            check_client_tools(&agent, &request.client_tools)?;
-            run.client_tools = request.client_tools.clone();
-        }
-        if let Some(at) = request.client_context.iter().position(|item| item.description.trim().is_empty()) {
-            return Err(RunnerError::InvalidInput(format!(
-                "client context {at} has no description: say what its value is"
-            )));
-        }
-        run.client_context = request.client_context.clone();
+        run.client_tools.clone_from(&request.client_tools);
+        run.client_context.clone_from(&request.client_context);
         if self.record.session_type == SessionType::Team {
             run.team_id = Some(self.record.name.clone());
         } else {
@@ -1206,7 +1236,8 @@ impl Session {
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
             return Ok(Leased::Resumed(running.id));
         }
-        let run = self.new_run(request, previous.as_ref(), previous.as_ref().map(|run| run.id))?;
+        check_against_previous(&request.input, previous.as_ref())?;
+        let run = self.new_run(request, previous.as_ref().map(|run| run.id))?;
         Ok(Leased::New(Box::new((run, previous))))
     }
 

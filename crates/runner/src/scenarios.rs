@@ -424,6 +424,7 @@ pub async fn a_turns_client_context_is_shown_to_its_model_after_the_instructions
         "{error:?}"
     );
     assert!(session.list_turns(Order::Asc, &PageRequest::first(10)).await.unwrap().items.is_empty());
+    assert_eq!(harness.store.lease(session.id()).await.unwrap(), None, "refused before the lease is taken");
 
     let given = vec![context("The page open", "Invoices, page 2"), context("Selected rows", "3")];
     let request = TurnRequest { client_context: given.clone(), ..TurnRequest::message("Where am I?") };
@@ -524,6 +525,12 @@ pub async fn of_fifty_concurrent_turns_on_one_session_exactly_one_runs(harness: 
         let result = session.create_turn(request).await;
         assert!(matches!(result, Err(RunnerError::TurnRunning { .. })), "{result:?}");
     }
+    // A request that breaks a rule whatever turn it follows is refused as invalid: a
+    // caller told the session is busy would retry it for ever.
+    let nameless = agentry_types::ClientContext { description: String::new(), value: "x".to_owned() };
+    let broken = TurnRequest { client_context: vec![nameless], ..TurnRequest::message("late") };
+    let result = session.create_turn(broken).await;
+    assert!(matches!(result, Err(RunnerError::InvalidInput(_))), "{result:?}");
     gate.add_permits(1);
     started[0].wait().await.unwrap();
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap();
@@ -1183,6 +1190,27 @@ pub async fn a_running_checkpoint_saved_through_the_session_views_is_not_resumed
     let state = turn.wait().await.unwrap();
     assert_eq!(answer_text(&state).as_deref(), Some("Fresh answer."), "{state:?}");
     assert_eq!(model.requests().len(), 1);
+}
+
+/// Scenario: a turn a dead process left running is recovered even under more runs than a
+/// listing page that an application saved as running through the session views since.
+pub async fn a_turn_left_under_many_running_checkpoints_is_still_recovered(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Recovered.")));
+    let agent = Agent::builder("keeper", model).session_type(agentry_types::SessionType::Team).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "keeper").await;
+    let left = leave_a_dead_process(&harness, &session, true).await.unwrap();
+    let view = agentry_memory::TeamSession::load(harness.store.clone(), session.id()).await.unwrap();
+    for _ in 0..12 {
+        let mut checkpoint = agentry_types::agno::RunOutput::new(1_800_000_000);
+        checkpoint.run_id = Some(agentry_types::TurnId::new().to_string());
+        checkpoint.status = agentry_types::RunStatus::Running;
+        view.upsert_run(&agentry_types::agno::MemberResponse::Agent(Box::new(checkpoint))).await.unwrap();
+    }
+    let resumed = runtime.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [left]);
+    let state = resumed[0].wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Recovered."), "{state:?}");
 }
 
 /// A model whose first answer sends text, then a tool-call chunk that cannot merge (its
@@ -2089,10 +2117,13 @@ pub async fn a_delegation_whose_thread_had_answered_is_not_in_doubt_after_a_cras
     assert_eq!(helper_model.requests().len(), 1, "the helper answered once");
 }
 
-/// Scenario: a recovery pass in a process without the session's agent ends the turn a dead
-/// process left with an error and stores its `turn.done`, numbered above every `seq` the
-/// dead process reserved: a client following the turn sees it end, and the session goes on.
-pub async fn a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done(harness: Harness) {
+/// Scenario: a recovery pass in a process without the session's agent, or whose agent has
+/// a problem, ends the turn a dead process left with an error and stores its `turn.done`,
+/// numbered above every `seq` the dead process reserved: a client following the turn sees
+/// it end, and the session goes on.
+pub async fn a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a_stored_turn_done(
+    harness: Harness,
+) {
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("done")]));
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
     let session = session_for(&runtime, "quick").await;
@@ -2119,6 +2150,29 @@ pub async fn a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done(har
     assert_eq!(harness.store.lease(session.id()).await.unwrap(), None, "the lease was released");
     let next = session.create_turn(TurnRequest::message("hi")).await.unwrap();
     assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("done"));
+    // Nor does a process whose agent of that name has a problem (which `create_turn`
+    // refuses to run: here a misspelt `requires_approval` would leave its tool ungated).
+    let crashed = session_for(&runtime, "quick").await;
+    let left = leave_a_dead_process(&harness, &crashed, true).await.unwrap();
+    let called = Arc::new(AtomicUsize::new(0));
+    let counting = {
+        let called = called.clone();
+        Arc::new(ScriptedModel::responder(move |_| {
+            called.fetch_add(1, Ordering::SeqCst);
+            ScriptedResponse::text("ran")
+        }))
+    };
+    let misconfigured = Runtime::new(harness.store.clone());
+    misconfigured.register(Agent::builder("quick", counting).requires_approval("send_mail").build());
+    assert!(misconfigured.recover().await.unwrap().is_empty(), "nothing to resume with a broken agent");
+    let state = runtime.get_turn(left).await.unwrap().wait().await.unwrap();
+    assert!(
+        matches!(&state, TurnState::Error { message, .. }
+            if message.contains("agent quick cannot resume") && message.contains("send_mail")),
+        "{state:?}"
+    );
+    assert_eq!(called.load(Ordering::SeqCst), 0, "the broken agent's model was never called");
+    assert_eq!(harness.store.lease(crashed.id()).await.unwrap(), None, "the lease was released");
 }
 
 /// Scenario: an input and an answer each under the record limit but over it together (the
@@ -2410,6 +2464,7 @@ macro_rules! runner_scenarios {
             memory_serves_a_team_session_and_cuts_history_to_its_last_messages,
             a_failed_memory_update_keeps_the_answer_and_names_the_failure,
             a_running_checkpoint_saved_through_the_session_views_is_not_resumed_as_a_turn,
+            a_turn_left_under_many_running_checkpoints_is_still_recovered,
             a_delta_that_does_not_merge_keeps_the_text_already_streamed,
             a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
@@ -2447,7 +2502,7 @@ macro_rules! runner_scenarios {
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,
-            a_turn_recovered_without_its_agent_ends_with_a_stored_turn_done,
+            a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a_stored_turn_done,
             an_end_too_large_to_keep_with_its_input_fails_the_turn_once,
             an_input_leaving_no_room_for_the_end_is_refused_at_the_start,
             a_start_beside_a_live_turn_whose_lease_lapsed_leaves_it_running,

@@ -58,7 +58,7 @@
 //! [limits]
 //! body_bytes = 8388608             # the largest request body (413 above it; at least 1024)
 //! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
-//! shutdown_grace_secs = 10         # how long SIGTERM waits for running turns
+//! shutdown_grace_secs = 10         # how long SIGTERM waits for requests and running turns
 //!
 //! [runtime]
 //! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
@@ -416,7 +416,8 @@ pub struct LimitsConfig {
     /// Seconds between SSE keep-alive comments and feed heartbeats.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_secs: u64,
-    /// Seconds running turns get to finish when the server is asked to stop.
+    /// Seconds requests under way and running turns get to finish when the server is
+    /// asked to stop (connections still open after it are cut, turns handed over).
     #[serde(default = "default_grace")]
     pub shutdown_grace_secs: u64,
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_events::render::{agent_team, harness};
-use agentry_memory::{FeedQuery, Order, Store, StoredEvent};
+use agentry_memory::{FeedQuery, Order, Store, StoreError, StoredEvent};
 use agentry_types::SessionId;
 use axum::Router;
 use axum::extract::State;
@@ -234,7 +234,7 @@ fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<I
                 }
                 for event in events {
                     last = Some(event.position);
-                    if visible(&state, &scope, &mut owners, &event).await
+                    if visible(&state, &scope, &mut owners, &event).await?
                         && let Some(frame) = render(&event)
                     {
                         yield_frame.send(frame).await.map_err(drop)?;
@@ -254,7 +254,7 @@ fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<I
                             }
                             last = Some(event.position);
                             if session.is_none_or(|id| event.event.session_id == id)
-                                && visible(&state, &scope, &mut owners, &event).await
+                                && visible(&state, &scope, &mut owners, &event).await?
                                 && let Some(frame) = render(&event)
                             {
                                 yield_frame.send(frame).await.map_err(drop)?;
@@ -270,31 +270,37 @@ fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<I
     })
 }
 
-/// Whether the connection may see an event's session.
+/// Whether the connection may see an event's session. A session that cannot be read now
+/// (the store failed) ends the connection rather than being taken for someone else's: its
+/// events would be skipped for good, as the cursor moves past them, where the client
+/// reconnecting from the last event it got is given them again.
 async fn visible(
     state: &AppState,
     scope: &Scope,
     owners: &mut HashMap<SessionId, bool>,
     event: &StoredEvent,
-) -> bool {
+) -> Result<bool, ()> {
     match scope {
-        Scope::Session(id) => event.event.session_id == *id,
+        Scope::Session(id) => Ok(event.event.session_id == *id),
         Scope::Owner(owner) => {
             let session = event.event.session_id;
             if let Some(known) = owners.get(&session) {
-                return *known;
+                return Ok(*known);
             }
-            let mine = state
-                .runtime
-                .store()
-                .get_session(session)
-                .await
-                .is_ok_and(|record| &record.owner.subject_id == owner);
+            let mine = match state.runtime.store().get_session(session).await {
+                Ok(record) => &record.owner.subject_id == owner,
+                // Deleted since: nobody's any more.
+                Err(StoreError::NotFound { .. }) => false,
+                Err(error) => {
+                    tracing::warn!(%session, %error, "a feed could not read an event's session; closing it");
+                    return Err(());
+                }
+            };
             if owners.len() >= OWNERS_CACHED {
                 owners.clear();
             }
             owners.insert(session, mine);
-            mine
+            Ok(mine)
         }
     }
 }

@@ -19,6 +19,7 @@
 mod agui;
 mod auth;
 pub mod config;
+mod cut;
 pub mod demo;
 mod error;
 mod feed;
@@ -339,9 +340,11 @@ impl Server {
     }
 
     /// Serves until `shutdown` resolves; then stops accepting connections, ends event
-    /// streams, and gives running turns the configured grace to finish (their progress
-    /// is stored at every step either way; a turn still running afterwards is recovered by
-    /// the next start); last, it shuts down the agents' MCP servers.
+    /// streams, and gives requests under way and running turns the configured grace to
+    /// finish (a turn's progress is stored at every step either way; one still running
+    /// afterwards is handed over, so the next start recovers it at once; a connection
+    /// still open, a client that stalls in the middle of a request, is closed); last, it
+    /// shuts down the agents' MCP servers.
     ///
     /// Errors: `Serve` when the listener fails.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
@@ -354,22 +357,62 @@ impl Server {
         }
         let stop = self.stop;
         let stopped = self.state.stopped();
-        let serving = axum::serve(self.listener, app).with_graceful_shutdown(async move {
+        let (signalled, shutting_down) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
+        let (cut, cut_when) = watch::channel(false);
+        let listener = cut::CutListener { inner: self.listener, cut: cut_when };
+        let serving = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!(
                 "stopping: no new connections; event streams are cut (clients reconnect with their cursor)"
             );
+            let _ = signalled.send(tokio::time::Instant::now());
             let _ = stop.send(true);
             stopped.await;
         });
-        serving.await.map_err(|error| ServerError::Serve(error.to_string()))?;
+        // The grace runs from the signal, for connections and turns together: a client that
+        // stalls in the middle of a request (or stops reading a response) must not keep the
+        // process from handing its turns over and shutting its MCP servers down.
+        let serve_error = |error: std::io::Error| ServerError::Serve(error.to_string());
+        let mut serving = std::pin::pin!(serving.into_future());
+        let mut shutting_down = shutting_down;
+        let stage = tokio::select! {
+            biased;
+            signalled = &mut shutting_down => match signalled {
+                Ok(at) => Stage::Signalled(at),
+                // The shutdown future went without a signal: serving is ending on its own.
+                Err(_) => Stage::Ending,
+            },
+            served = &mut serving => {
+                served.map_err(serve_error)?;
+                Stage::Served
+            }
+        };
+        let end = match stage {
+            Stage::Signalled(at) => {
+                let end = at + self.grace;
+                match tokio::time::timeout_at(end, &mut serving).await {
+                    Ok(served) => served.map_err(serve_error)?,
+                    // Their next read or write fails (one they wait on too), which ends them.
+                    Err(_) => {
+                        let _ = cut.send(true);
+                        tracing::warn!(grace = ?self.grace, "connections still open after the grace are cut");
+                    }
+                }
+                end
+            }
+            Stage::Ending => {
+                serving.await.map_err(serve_error)?;
+                tokio::time::Instant::now() + self.grace
+            }
+            Stage::Served => tokio::time::Instant::now() + self.grace,
+        };
         // Every turn the runtime runs, also those no request of this server started (one a
         // start resumed for a dead process, one a recovery pass took over).
         let runtime = &self.state.runtime;
         let running = runtime.running_count();
         if running > 0 {
             tracing::info!(count = running, grace = ?self.grace, "waiting for running turns");
-            if tokio::time::timeout(self.grace, runtime.idle()).await.is_err() {
+            if tokio::time::timeout_at(end, runtime.idle()).await.is_err() {
                 let handed = self.state.runtime.hand_over().await;
                 tracing::warn!(
                     count = handed,
@@ -389,6 +432,16 @@ impl Server {
         futures_util::future::join_all(closing).await;
         Ok(())
     }
+}
+
+/// Where serving stood when it stopped waiting for the shutdown signal.
+enum Stage {
+    /// The signal came at this instant.
+    Signalled(tokio::time::Instant),
+    /// Serving is ending without a signal.
+    Ending,
+    /// Serving ended.
+    Served,
 }
 
 /// Tries the optional MCP servers that could not be reached at start again, in the

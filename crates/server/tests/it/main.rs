@@ -955,6 +955,34 @@ fn too_many_provider_retries_are_refused_naming_the_key() {
     assert!(error.to_string().contains("providers.p.max_retries is 11"), "{error}");
 }
 
+/// A client that stalls in the middle of a request does not hold the server's stop up past
+/// the grace: its connection is closed, and the stop goes on to the turns and MCP servers.
+#[tokio::test]
+async fn a_client_stalled_mid_request_does_not_hold_the_stop_past_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.limits.shutdown_grace_secs = 1;
+    let (address, stop, serving) = serve(config).await;
+    let mut stalled = TcpStream::connect(address).await.unwrap();
+    let head = "POST /v1/agents/sessions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                content-length: 1000\r\n\r\n{\"agent_name\"";
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    // The request is being read: a second connection gets an answer, so the first was
+    // accepted and is waiting for the rest of its body.
+    let (status, _) = request(address, "GET", "/v1/agents/sessions?agent_name=nobody", &json!(null)).await;
+    assert_eq!(status, 404);
+    stop.send(()).unwrap();
+    // Awaited, with a bound only so that a regression fails instead of hanging the suite.
+    tokio::time::timeout(Duration::from_secs(60), serving)
+        .await
+        .expect("the server stopped while a client stalled")
+        .unwrap();
+    // Cut, even though the process (this test) goes on: no answer, and the socket closes.
+    let mut rest = Vec::new();
+    let read = stalled.read_to_end(&mut rest).await;
+    assert!(read.is_err() || rest.is_empty(), "the stalled request got no answer: {rest:?}");
+}
+
 #[tokio::test]
 async fn stopping_the_server_shuts_its_mcp_servers_down_and_leaves_no_process_behind() {
     let dir = tempfile::tempdir().unwrap();

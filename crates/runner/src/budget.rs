@@ -30,6 +30,25 @@ pub struct Exhausted {
     pub first: bool,
 }
 
+/// Why a step's reservation was not made.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// A budget ran out: the thread stops, cancelled (`budget-exhausted`).
+    Exhausted(Exhausted),
+    /// The budget could not be read or held (the store failed): the thread fails with this
+    /// message, and no budget is reported exhausted.
+    Unavailable(String),
+    /// The turn's lease went to another process: this one stops writing, as on any other
+    /// fenced write.
+    LeaseLost,
+}
+
+impl From<Exhausted> for Refused {
+    fn from(exhausted: Exhausted) -> Self {
+        Self::Exhausted(exhausted)
+    }
+}
+
 /// What a step really used.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Spent {
@@ -55,9 +74,10 @@ pub struct Settled {
 /// Budget checks around each model and tool call of a thread.
 #[async_trait]
 pub trait StepBudget: Send + Sync + fmt::Debug {
-    /// Holds an amount for the next step. Returns the reservation's id, or why the budget
-    /// cannot cover it (all scopes or none are held).
-    async fn reserve(&self, step: Step) -> Result<String, Exhausted>;
+    /// Holds an amount for the next step (all scopes or none). Returns the reservation's
+    /// id, or why none was made: the budget cannot cover the step, or the budget could not
+    /// be reached.
+    async fn reserve(&self, step: Step) -> Result<String, Refused>;
 
     /// Settles a reservation with what the step really used (the implementation adds cost
     /// and elapsed time as it measures them); `None` when it could not be settled (it expired

@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
 use crate::agent::Agent;
-use crate::budget::{Exhausted, Spent, Step, StepBudget};
+use crate::budget::{Exhausted, Refused, Spent, Step, StepBudget};
 use crate::live::LiveTurn;
 use crate::tool::{ThreadInstance, ToolContext, ToolError};
 
@@ -959,7 +959,11 @@ impl TurnEngine {
     async fn reserve_from(&self, ledger: &Arc<dyn StepBudget>, step: Step) -> Result<Option<String>, Stop> {
         match ledger.reserve(step).await {
             Ok(reservation) => Ok(Some(reservation)),
-            Err(exhausted) => Err(self.exhausted(exhausted).await),
+            Err(Refused::Exhausted(exhausted)) => Err(self.exhausted(exhausted).await),
+            Err(Refused::Unavailable(error)) => {
+                Err(Stop::Failed(format!("the budget is unavailable: {error}")))
+            }
+            Err(Refused::LeaseLost) => Err(Stop::LeaseLost),
         }
     }
 

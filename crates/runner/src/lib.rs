@@ -51,7 +51,7 @@ mod streaming;
 mod tool;
 
 pub use agent::{Agent, AgentBuilder, AgentLimits, AgentMemory, DEFAULT_MAX_TOOL_OUTPUT_BYTES};
-pub use budget::{Exhausted, Settled, Spent, Step, StepBudget};
+pub use budget::{Exhausted, Refused, Settled, Spent, Step, StepBudget};
 pub use engine::CancelToken;
 pub use error::{RunnerError, RuntimeResult};
 pub use live::EventStream;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentry_memory::{Conflict, Store, StoreError};
-use agentry_runner::{Exhausted, Settled, Spent, Step, StepBudget, ToolContext};
+use agentry_runner::{Exhausted, Refused, Settled, Spent, Step, StepBudget, ToolContext};
 use agentry_types::{
     BudgetLimit, BudgetReservation, BudgetUsage, CancellationReason, EventId, Fence, Timestamp, Usage,
     lease_expiry,
@@ -64,11 +64,13 @@ impl Budgets {
     /// session owns the ledgers (deleting it deletes them), its [`MissionReported`] is
     /// shared by the mission's instances, and reservations are made under its lease. An
     /// instance that `resumes` (it paused in an earlier turn) keeps the ledger it has.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn instance(
         &self,
         context: &ToolContext,
         mission: &str,
         instance: &str,
+        ancestors: Vec<String>,
         limit: BudgetLimit,
         resumes: bool,
         control: crate::TeamControl,
@@ -100,6 +102,7 @@ impl Budgets {
             settled_ms: AtomicU64::new(0),
             store,
             instance: instance.to_owned(),
+            ancestors,
             mission: mission.to_owned(),
             limit,
             tokens_per_step: self.tokens_per_step,
@@ -125,6 +128,10 @@ pub(crate) struct InstanceLedger {
     settled_ms: AtomicU64,
     store: Arc<dyn Store>,
     instance: String,
+    /// The instances above it, nearest first (design §8a: a reservation covers the
+    /// instance, its ancestors and its mission), so a spawner's budget bounds what the
+    /// instances it spawns spend.
+    ancestors: Vec<String>,
     mission: String,
     limit: BudgetLimit,
     tokens_per_step: u64,
@@ -136,7 +143,7 @@ pub(crate) struct InstanceLedger {
 
 #[async_trait]
 impl StepBudget for InstanceLedger {
-    async fn reserve(&self, step: Step) -> Result<String, Exhausted> {
+    async fn reserve(&self, step: Step) -> Result<String, Refused> {
         let amount = match step {
             Step::Model => {
                 BudgetUsage { tokens_used: self.tokens_per_step, steps_used: 1, ..BudgetUsage::default() }
@@ -146,7 +153,11 @@ impl StepBudget for InstanceLedger {
         let now = Timestamp::now();
         let reservation = BudgetReservation {
             id: format!("res_{}", EventId::new()),
-            scopes: vec![self.instance.clone(), self.mission.clone()],
+            scopes: std::iter::once(&self.instance)
+                .chain(&self.ancestors)
+                .chain(std::iter::once(&self.mission))
+                .cloned()
+                .collect(),
             amount,
             expires_at: lease_expiry(now, RESERVATION_TTL),
             lease: self.lease,
@@ -156,14 +167,22 @@ impl StepBudget for InstanceLedger {
             Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
                 let usage =
                     self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
-                Err(self.exhausted(scope == self.mission, dimension, usage))
+                if self.ancestors.contains(&scope) {
+                    // The instance can spend no more than what is left to those above it;
+                    // each of them reports its own exhaustion at its own next step.
+                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
+                    let exhausted_by = format!("ancestor_{dimension}");
+                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
+                }
+                Err(self.exhausted(scope == self.mission, dimension, usage).into())
             }
-            Err(error) => Err(Exhausted {
-                exhausted_by: format!("ledger_unavailable: {error}"),
-                usage: BudgetUsage::default(),
-                mission: false,
-                first: !self.instance_reported.swap(true, Ordering::AcqRel),
-            }),
+            // Not the budget's doing: nothing is reported exhausted (a real exhaustion later
+            // still is), and the store's words stay out of the team's events.
+            Err(StoreError::Conflict(Conflict::StaleFence { .. })) => Err(Refused::LeaseLost),
+            Err(error) => {
+                tracing::warn!(instance = %self.instance, %error, "reserving a step's budget failed");
+                Err(Refused::Unavailable(error.to_string()))
+            }
         }
     }
 
@@ -255,5 +274,54 @@ impl InstanceLedger {
             mission,
             first,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentry_memory::InMemoryStore;
+
+    use super::*;
+
+    fn ledger(store: Arc<dyn Store>) -> InstanceLedger {
+        InstanceLedger {
+            control: crate::TeamControl::default(),
+            prices: Arc::default(),
+            started: Instant::now(),
+            earlier_ms: 0,
+            settled_ms: AtomicU64::new(0),
+            store,
+            instance: "ins_a".to_owned(),
+            ancestors: Vec::new(),
+            mission: "mis_a".to_owned(),
+            limit: BudgetLimit { max_tool_calls: Some(1), ..BudgetLimit::default() },
+            tokens_per_step: 10,
+            mission_reported: Arc::default(),
+            instance_reported: AtomicBool::new(false),
+            lease: None,
+        }
+    }
+
+    /// A budget the store cannot hold (here: its ledgers are not there) fails the step
+    /// without reporting the budget exhausted, and a real exhaustion afterwards is still
+    /// the first reported.
+    #[tokio::test]
+    async fn a_ledger_the_store_cannot_hold_is_unavailable_not_exhausted() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let ledger = ledger(store.clone());
+        let refused = ledger.reserve(Step::Tool).await.unwrap_err();
+        assert!(
+            matches!(&refused, Refused::Unavailable(message) if message.contains("ins_a")),
+            "{refused:?}"
+        );
+        store.create_budget("ins_a", &ledger.limit, None).await.unwrap();
+        store.create_budget("mis_a", &BudgetLimit::default(), None).await.unwrap();
+        ledger.reserve(Step::Tool).await.expect("the one tool call the budget allows");
+        let refused = ledger.reserve(Step::Tool).await.unwrap_err();
+        assert!(
+            matches!(&refused, Refused::Exhausted(Exhausted { first: true, mission: false, exhausted_by, .. })
+                if exhausted_by == "max_tool_calls"),
+            "{refused:?}"
+        );
     }
 }

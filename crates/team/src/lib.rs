@@ -296,7 +296,7 @@ impl TeamBuilder {
                     default_model: self.model.clone(),
                     role: None,
                     depth: 0,
-                    parent_instance: None,
+                    ancestors: Vec::new(),
                 };
                 let builder = if memberless {
                     builder
@@ -457,7 +457,7 @@ pub(crate) async fn run_member(
         role: member.name(),
         limit,
         instance_id: None,
-        parent_instance_id: None,
+        ancestors: Vec::new(),
         skill_hash: skills,
     };
     run_instance(crew, context, member, task, title, spec).await
@@ -483,7 +483,10 @@ pub(crate) struct InstanceSpec<'a> {
     pub(crate) role: &'a str,
     pub(crate) limit: BudgetLimit,
     pub(crate) instance_id: Option<String>,
-    pub(crate) parent_instance_id: Option<String>,
+    /// The instance that spawned it, then that one's spawner, and so on (none for a
+    /// member of the coordinator's): it reserves from their budgets as well as its own and
+    /// its mission's.
+    pub(crate) ancestors: Vec<String>,
     pub(crate) skill_hash: String,
 }
 
@@ -496,7 +499,8 @@ pub(crate) async fn run_instance(
     title: String,
     spec: InstanceSpec<'_>,
 ) -> Result<ThreadResult, ToolError> {
-    let InstanceSpec { role, limit, instance_id, parent_instance_id, skill_hash } = spec;
+    let InstanceSpec { role, limit, instance_id, ancestors, skill_hash } = spec;
+    let parent_instance_id = ancestors.first().cloned();
     let mission_id = format!("mis_{}", context.turn_id);
     // A member that paused in the previous turn (for an approval, an answer) goes on as the
     // same instance, with the usage its ledger holds, in this turn's mission.
@@ -504,7 +508,15 @@ pub(crate) async fn run_instance(
     let instance_id = resumed.clone().or(instance_id).unwrap_or_else(|| format!("ins_{}", EventId::new()));
     let ledger = crew
         .budgets
-        .instance(context, &mission_id, &instance_id, limit, resumed.is_some(), crew.control.clone())
+        .instance(
+            context,
+            &mission_id,
+            &instance_id,
+            ancestors,
+            limit,
+            resumed.is_some(),
+            crew.control.clone(),
+        )
         .await
         .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?;
     let ledger = ledger.map(Arc::new);

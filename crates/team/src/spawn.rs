@@ -375,6 +375,19 @@ impl SpawnApprovals {
     }
 }
 
+/// A spawn registered for approval: it leaves the waiting list when this is dropped (a
+/// decided one already has).
+struct Undecided<'a> {
+    approvals: &'a SpawnApprovals,
+    id: &'a str,
+}
+
+impl Drop for Undecided<'_> {
+    fn drop(&mut self) {
+        self.approvals.forget(self.id);
+    }
+}
+
 /// What templates are made of: models and tools by name.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnCatalog {
@@ -401,8 +414,9 @@ pub(crate) struct Spawner {
     pub(crate) role: Option<String>,
     /// How deep the spawning agent is (the coordinator is 0).
     pub(crate) depth: u32,
-    /// The instance that spawns (none for the coordinator).
-    pub(crate) parent_instance: Option<String>,
+    /// The instance that spawns, then the instance that spawned it, and so on (none for
+    /// the coordinator): an instance it spawns reserves from each of their budgets too.
+    pub(crate) ancestors: Vec<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -531,7 +545,9 @@ impl Spawner {
             let child = Self {
                 role: Some(role_name.to_owned()),
                 depth: self.depth + 1,
-                parent_instance: Some(instance_id.to_owned()),
+                ancestors: std::iter::once(instance_id.to_owned())
+                    .chain(self.ancestors.iter().cloned())
+                    .collect(),
                 ..self.clone()
             };
             builder = builder.tool(spawn_agent(child));
@@ -567,7 +583,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     let team = |instance_id: Option<String>| TeamContext {
         mission_id: Some(format!("mis_{mission}")),
         instance_id,
-        parent_instance_id: spawner.parent_instance.clone(),
+        parent_instance_id: spawner.ancestors.first().cloned(),
         source: Some(if crate::directed::is_operator_call(&context.tool_call_id) {
             EventSource::UiAction
         } else {
@@ -640,22 +656,23 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             task: args.task.clone(),
             justification: args.justification.clone(),
         });
+        // Undecided, the spawn leaves the list of those waiting however the wait ends: timed
+        // out, cancelled, or dropped with the call (a panic elsewhere in the turn).
+        let _waiting = Undecided { approvals: &spawner.approvals, id: &id };
         let wait = role.approval_timeout_secs.map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
         let decided = context.until_cancelled(tokio::time::timeout(wait, decision)).await;
         match decided {
-            Some(Ok(Ok(Decision::Approve))) => approval_id = Some(id),
+            Some(Ok(Ok(Decision::Approve))) => approval_id = Some(id.clone()),
             Some(Ok(Ok(Decision::Deny(reason)))) => {
                 uncount();
                 return deny("approval_denied", reason).await;
             }
             Some(Err(_elapsed)) => {
-                spawner.approvals.forget(&id);
                 uncount();
                 let waited = wait.as_secs();
                 return deny("approval_denied", format!("no one decided the spawn within {waited} s")).await;
             }
             Some(Ok(Err(_))) | None => {
-                spawner.approvals.forget(&id);
                 uncount();
                 return deny("approval_denied", "the spawn was not decided before the turn ended".to_owned())
                     .await;
@@ -677,7 +694,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         role: &args.role,
         limit: budget,
         instance_id: Some(instance_id),
-        parent_instance_id: spawner.parent_instance.clone(),
+        ancestors: spawner.ancestors.clone(),
         skill_hash: skills,
     };
     crate::run_instance(&spawner.crew, context, &agent, args.task, title, spec)

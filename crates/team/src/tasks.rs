@@ -51,6 +51,36 @@ struct Task {
 struct Lists {
     by_turn: HashMap<SessionId, Vec<Task>>,
     order: VecDeque<SessionId>,
+    /// Sessions whose list a running turn uses (read from the store once in the turn, and
+    /// not again): never dropped to make room, or the turn would go on with an empty list
+    /// and save it over the stored one.
+    pinned: HashMap<SessionId, usize>,
+}
+
+/// A running turn's hold on its session's list (see [`Lists::pinned`]), let go when the
+/// turn ends (with its turn locals).
+struct Pin {
+    lists: Arc<Mutex<Lists>>,
+    session: SessionId,
+}
+
+impl Pin {
+    fn new(lists: &Arc<Mutex<Lists>>, session: SessionId) -> Self {
+        *lists.lock().unwrap_or_else(PoisonError::into_inner).pinned.entry(session).or_default() += 1;
+        Self { lists: lists.clone(), session }
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut lists = self.lists.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = lists.pinned.get_mut(&self.session) {
+            *count -= 1;
+            if *count == 0 {
+                lists.pinned.remove(&self.session);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -69,7 +99,10 @@ struct Board {
 /// store: set once a read finishes, and awaited by the turn's other calls meanwhile, so
 /// that none of them changes the list before it is read.
 #[derive(Default)]
-struct BoardsLoaded(Mutex<HashMap<usize, Arc<tokio::sync::OnceCell<()>>>>);
+struct BoardsLoaded(Mutex<HashMap<usize, (Loaded, Pin)>>);
+
+/// Settled once a turn's read of a board's list finished.
+type Loaded = Arc<tokio::sync::OnceCell<()>>;
 
 impl Board {
     fn new(team: &str) -> Self {
@@ -85,8 +118,11 @@ impl Board {
         let mut lists = self.lists.lock().unwrap_or_else(PoisonError::into_inner);
         if !lists.by_turn.contains_key(&turn) {
             lists.order.push_back(turn);
+            // The oldest list no running turn uses makes room (with every one in use, the
+            // bound waits until one is let go).
             if lists.order.len() > KEPT_TURNS
-                && let Some(oldest) = lists.order.pop_front()
+                && let Some(at) = lists.order.iter().position(|kept| !lists.pinned.contains_key(kept))
+                && let Some(oldest) = lists.order.remove(at)
             {
                 lists.by_turn.remove(&oldest);
             }
@@ -133,7 +169,14 @@ impl Board {
             return;
         };
         let board = Arc::as_ptr(&self.lists) as usize;
-        let once = loaded.0.lock().unwrap_or_else(PoisonError::into_inner).entry(board).or_default().clone();
+        let once = loaded
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(board)
+            .or_insert_with(|| (Arc::default(), Pin::new(&self.lists, context.session_id)))
+            .0
+            .clone();
         // Settled by the first read that finishes, even unsuccessfully: a later read must
         // not replace a list the turn's calls have already worked on (a task one of them
         // started would be pending again). A read dropped with its call settles nothing.
@@ -373,4 +416,41 @@ pub(crate) fn tools(team: &str, members: Arc<Crew>) -> Vec<Arc<dyn Tool>> {
         },
     );
     vec![create.shared(), run.shared(), run_many.shared(), complete.shared(), list.shared()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str) -> Task {
+        Task {
+            id: id.to_owned(),
+            title: id.to_owned(),
+            description: String::new(),
+            assignee: "worker".to_owned(),
+            status: Status::Running,
+            result: None,
+        }
+    }
+
+    /// A list a running turn uses is kept however many other sessions' lists come after
+    /// it; once the turn lets go, it is the first to make room.
+    #[test]
+    fn a_list_in_use_is_not_dropped_to_make_room() {
+        let board = Board::new("team");
+        let (used, idle) = (SessionId::new(), SessionId::new());
+        board.with(used, |tasks| tasks.push(task("task-1")));
+        board.with(idle, |tasks| tasks.push(task("task-1")));
+        let pin = Pin::new(&board.lists, used);
+        for _ in 0..KEPT_TURNS {
+            board.with(SessionId::new(), |tasks| tasks.push(task("other")));
+        }
+        let kept = |session| board.lists.lock().unwrap().by_turn.contains_key(&session);
+        assert!(kept(used), "the turn's list stays");
+        assert!(!kept(idle), "an idle list made room");
+        drop(pin);
+        board.with(SessionId::new(), |tasks| tasks.push(task("other")));
+        assert!(!kept(used), "let go, it is the oldest");
+        assert!(board.lists.lock().unwrap().pinned.is_empty());
+    }
 }

@@ -395,6 +395,73 @@ model = "small"
     }
 }
 
+/// Scenario: an instance spends no more than what is left to the instance that spawned
+/// it (design §8a: a reservation covers the instance, its ancestors and its mission). A
+/// manager allowed two tool calls, its spawn one of them, leaves its worker one, however
+/// large the worker's own budget: the worker's second call is refused as its ancestor's.
+pub async fn an_instance_spends_no_more_than_its_spawner_has_left(harness: Harness) {
+    let policy = SpawnPolicy::parse(
+        r#"
+coordinator_role = "lead"
+[roles.lead]
+can_spawn = ["manager"]
+[roles.manager]
+can_spawn = ["worker"]
+budget = { max_tool_calls = 2 }
+[roles.manager.templates.default]
+instructions = "You manage."
+model = "manager"
+[roles.worker]
+budget = { max_tool_calls = 10 }
+[roles.worker.templates.default]
+instructions = "You work."
+model = "worker"
+tools = ["work"]
+"#,
+    )
+    .unwrap();
+    let manager: Arc<dyn Model> = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("spawn_agent", &json!({"role": "worker", "task": "Work."}))
+        } else {
+            ScriptedResponse::text("managed")
+        }
+    }));
+    // The worker works until it is stopped.
+    let worker: Arc<dyn Model> =
+        Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("work", &json!({}))));
+    let works = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let work = {
+        let works = works.clone();
+        agentry_runner::FunctionTool::new("work", "Works.", move |_: serde_json::Map<String, Value>, _| {
+            works.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, agentry_runner::ToolError>("more".to_owned()) }
+        })
+        .shared()
+    };
+    let catalog = SpawnCatalog {
+        models: HashMap::from([("manager".to_owned(), manager), ("worker".to_owned(), worker)]),
+        tools: vec![work],
+    };
+    let team = Team::builder("org", coordinator(vec![json!({"role": "manager", "task": "Run it."})]))
+        .spawn_policy(Some(policy))
+        .catalog(catalog)
+        .build();
+    let (_runtime, _session, turn) = super::start(&harness, team, "Staff it.").await;
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let exhausted: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exhausted, ["ancestor_max_tool_calls"], "the worker ran into its manager's budget");
+    assert_eq!(works.load(std::sync::atomic::Ordering::SeqCst), 1, "the one call the manager had left");
+    let state = turn.wait().await.unwrap();
+    assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the team answered: {state:?}");
+}
+
 /// Scenario: an instance left running by a handed-over turn ends as failed when another
 /// process resumes the turn (`agent_team.instance.failed`, then `thread.done`; its member
 /// run an error), so nothing lists it as running for ever. The resumed turn cannot know

@@ -230,7 +230,9 @@ impl fmt::Debug for SqliteStore {
 }
 
 fn configure(connection: &Connection, options: &SqliteOptions) -> StoreResult<()> {
-    connection.busy_timeout(options.busy_timeout).map_err(sqlite)?;
+    // SQLite takes at most `i32::MAX` milliseconds (about 24 days): a longer wait is that.
+    let most = Duration::from_millis(u64::try_from(i32::MAX).unwrap_or(u64::MAX));
+    connection.busy_timeout(options.busy_timeout.min(most)).map_err(sqlite)?;
     connection.set_prepared_statement_cache_capacity(64);
     // The query planner's stability guarantee: a cached statement keeps its plan. Without
     // it SQLite compiles a statement again whenever a parameter its plan looked at (a

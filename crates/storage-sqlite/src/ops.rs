@@ -1065,9 +1065,12 @@ impl BudgetStore for SqliteStore {
     async fn budget(&self, scope: &str, now: Timestamp) -> StoreResult<BudgetLedger> {
         let scope = scope.to_owned();
         self.read(move |connection| {
+            // Both reads on one snapshot: a settlement committed between two would move its
+            // amount from reserved to used with neither read seeing it.
+            let snapshot = connection.unchecked_transaction().map_err(sqlite)?;
             let row =
-                budget_row(connection, &scope)?.ok_or_else(|| StoreError::not_found("budget", &scope))?;
-            let reserved = reserved(connection, &scope, now)?;
+                budget_row(&snapshot, &scope)?.ok_or_else(|| StoreError::not_found("budget", &scope))?;
+            let reserved = reserved(&snapshot, &scope, now)?;
             Ok(BudgetLedger { scope, limit: row.limit, used: row.used, reserved })
         })
         .await

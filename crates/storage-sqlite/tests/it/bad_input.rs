@@ -207,3 +207,12 @@ async fn a_session_record_that_no_longer_reads_can_still_be_deleted() {
     drop(connection);
     conformance::check_damaged_session_deleted_whole(&open(&path).unwrap(), &damaged, &kept).await;
 }
+
+/// A busy timeout past what SQLite takes (`i32::MAX` milliseconds) waits that long instead
+/// of failing the open (rusqlite panics on it).
+#[test]
+fn a_busy_timeout_past_sqlites_longest_opens_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteOptions { busy_timeout: std::time::Duration::MAX, ..SqliteOptions::default() };
+    SqliteStore::open(dir.path().join("store.db"), options).expect("the store opens");
+}

@@ -2945,11 +2945,22 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 pub(crate) async fn fail_after_panic(
     store: &dyn Store,
-    mut run: RunRecord,
+    turn: TurnId,
     fence: Fence,
     sink: &TurnSink,
     panic: &str,
 ) -> Option<Arc<EventEnvelope>> {
+    // As last stored (the engine's copy went with it): read only on this rare path rather
+    // than kept aside for every turn. One that cannot be read, or that ended before the
+    // panic, is left as it is (for the next start or recovery pass).
+    let mut run = match store.get_run(turn).await {
+        Ok(run) if !run.state.is_terminal() => run,
+        Ok(_) => return None,
+        Err(error) => {
+            tracing::warn!(%turn, %error, "reading the run of a turn whose engine panicked failed");
+            return None;
+        }
+    };
     let state = TurnState::Error {
         message: format!("internal error: the turn stopped unexpectedly: it panicked ({panic})"),
         completed_at: Timestamp::now(),

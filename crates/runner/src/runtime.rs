@@ -896,7 +896,7 @@ impl Runtime {
             self.inner.appended.clone(),
         ));
         let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
-        let (panic_sink, panic_run) = (sink.clone(), run.clone());
+        let panic_sink = sink.clone();
         let engine = TurnEngine::new(store.clone(), agent, run, sink, fence, cancel);
         let runtime = self.clone();
         // Boxed: the turn's future is large (about 15 KB), and tokio would otherwise copy it
@@ -922,9 +922,15 @@ impl Runtime {
                 Err(panic) => {
                     let message = crate::engine::panic_message(panic.as_ref());
                     tracing::error!(turn = %live.turn_id, panic = %message, "the turn's engine panicked; the turn ends with an error");
-                    crate::engine::fail_after_panic(store.as_ref(), panic_run, fence, &panic_sink, &message)
-                        .await
-                        .ok_or(crate::engine::Unfinished::Unstored)
+                    crate::engine::fail_after_panic(
+                        store.as_ref(),
+                        live.turn_id,
+                        fence,
+                        &panic_sink,
+                        &message,
+                    )
+                    .await
+                    .ok_or(crate::engine::Unfinished::Unstored)
                 }
             };
             // The sink goes before anyone sees the end: what tools kept for the turn

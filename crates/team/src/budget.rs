@@ -16,11 +16,18 @@ use agentry_types::{
 };
 use async_trait::async_trait;
 
-/// How long a reservation holds at most if its instance dies before settling it. A
-/// reservation made in a turn ends sooner, with the turn's lease (when another process
-/// takes the turn over, or the turn gives its lease back): this bounds only one made
-/// outside a turn.
+/// How long a reservation made outside a turn (without a lease) holds at most if its
+/// instance dies before settling it.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);
+
+/// The same for a reservation made in a turn. It ends with the turn's lease (when another
+/// process takes the turn over, or the turn gives its lease back), so its time limit only
+/// bounds how long a dead holder's reservation is kept. It is long: a step holds its
+/// reservation for as long as it runs, and a step may run as long as its turn (a
+/// `spawn_agent` call lasts the spawned instance's whole run, and its approval wait an hour
+/// by default); a reservation that lapsed part way would stop holding, and once swept,
+/// its settlement would fail and the step's usage go uncounted.
+const LEASED_RESERVATION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Mission-wide settings of a team's budgets.
 #[derive(Debug, Clone)]
@@ -159,7 +166,10 @@ impl StepBudget for InstanceLedger {
                 .cloned()
                 .collect(),
             amount,
-            expires_at: lease_expiry(now, RESERVATION_TTL),
+            expires_at: lease_expiry(
+                now,
+                if self.lease.is_some() { LEASED_RESERVATION_TTL } else { RESERVATION_TTL },
+            ),
             lease: self.lease,
         };
         match self.store.reserve(&reservation, now).await {
@@ -300,6 +310,30 @@ mod tests {
             instance_reported: AtomicBool::new(false),
             lease: None,
         }
+    }
+
+    /// A reservation made under the turn's lease still holds after the ten minutes one
+    /// made outside a turn gets: a step (a spawn whose instance runs long) keeps what it
+    /// holds for as long as it runs.
+    #[tokio::test]
+    async fn a_reservation_under_the_turns_lease_holds_for_as_long_as_its_step_runs() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let session = agentry_types::SessionRecord::new(
+            agentry_types::SessionType::Team,
+            "team",
+            agentry_types::Subject::user("u"),
+        );
+        store.create_session(&session).await.unwrap();
+        let now = Timestamp::now();
+        let lease = store.acquire_lease(session.id, "here", Duration::from_secs(30), now).await.unwrap();
+        let mut ledger = ledger(store.clone());
+        ledger.lease = Some(lease.fence());
+        store.create_budget("ins_a", &ledger.limit, Some(session.id)).await.unwrap();
+        store.create_budget("mis_a", &BudgetLimit::default(), Some(session.id)).await.unwrap();
+        ledger.reserve(Step::Tool).await.unwrap();
+        let later = now.saturating_add(RESERVATION_TTL + Duration::from_secs(60));
+        let held = store.budget("ins_a", later).await.unwrap().reserved;
+        assert_eq!(held.tool_calls_used, 1, "still held after {RESERVATION_TTL:?}");
     }
 
     /// A budget the store cannot hold (here: its ledgers are not there) fails the step

@@ -468,6 +468,8 @@ async fn run(
     if body.thread_id.trim().is_empty() {
         return Err(ApiError::bad_param("threadId", "threadId must name the conversation: it is empty"));
     }
+    // Before the thread's session or turn is made: a run refused its stream creates nothing.
+    let slot = state.streams.take(&caller.0.subject_id)?;
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
     // A run sent again under its `runId` (a client retrying after a dropped connection) is
     // the same run: its turn is streamed again from its start, not run a second time.
@@ -478,7 +480,7 @@ async fn run(
         // The answers the client sent as tool messages are in its list already, as they
         // were when the run was first sent.
         let answered = answered_in_messages(&body, turn.record());
-        return Ok(stream_turn(&state, turn, body.thread_id, body.run_id, answered, frontend));
+        return Ok(stream_turn(&state, slot, turn, body.thread_id, body.run_id, answered, frontend));
     }
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
@@ -540,7 +542,7 @@ async fn run(
     };
     state.track(&turn);
     remember_run(&state, &session, &body.run_id, &turn).await;
-    Ok(stream_turn(&state, turn, body.thread_id, body.run_id, answered_by_client, frontend_tools))
+    Ok(stream_turn(&state, slot, turn, body.thread_id, body.run_id, answered_by_client, frontend_tools))
 }
 
 /// The session-state key under which a thread's latest run is kept: its `runId` and turn.
@@ -571,6 +573,7 @@ async fn same_run(session: &Session, run_id: &str) -> Option<TurnHandle> {
 /// `RUN_ERROR`; the turn is cancelled if the client goes away before.
 fn stream_turn(
     state: &Arc<AppState>,
+    slot: sse::StreamSlot,
     turn: TurnHandle,
     thread_id: String,
     run_id: String,
@@ -629,7 +632,7 @@ fn stream_turn(
         })
     })
     .filter_map(std::future::ready);
-    sse::respond_ending(&state, frames.chain(interrupted))
+    sse::respond_ending(&state, slot, frames.chain(interrupted))
 }
 
 /// Cancels a run's turn when dropped before the run's frames were over: its client went

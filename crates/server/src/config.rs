@@ -59,6 +59,7 @@
 //! body_bytes = 8388608             # the largest request body (413 above it; at least 1024)
 //! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
 //! shutdown_grace_secs = 10         # how long SIGTERM waits for requests and running turns
+//! streams_per_subject = 64         # event streams one caller may have open at once
 //!
 //! [runtime]
 //! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
@@ -420,6 +421,10 @@ pub struct LimitsConfig {
     /// asked to stop (connections still open after it are cut, turns handed over).
     #[serde(default = "default_grace")]
     pub shutdown_grace_secs: u64,
+    /// The most event streams (turn streams, subscriptions, feeds, AG-UI runs) one caller
+    /// may have open at once; one more is refused with 429 `too_many_streams`.
+    #[serde(default = "default_streams")]
+    pub streams_per_subject: usize,
 }
 
 impl Default for LimitsConfig {
@@ -428,6 +433,7 @@ impl Default for LimitsConfig {
             body_bytes: default_body_bytes(),
             heartbeat_secs: default_heartbeat(),
             shutdown_grace_secs: default_grace(),
+            streams_per_subject: default_streams(),
         }
     }
 }
@@ -456,6 +462,9 @@ pub const MIN_BODY_BYTES: usize = 1024;
 
 const fn default_grace() -> u64 {
     10
+}
+const fn default_streams() -> usize {
+    64
 }
 const fn default_lease() -> u64 {
     30
@@ -586,6 +595,12 @@ impl Config {
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
         within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 0)?;
         within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
+        if self.limits.streams_per_subject == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.streams_per_subject is 0; it must be at least 1 (every event stream would be refused)"
+                    .to_owned(),
+            ));
+        }
         if self.limits.body_bytes < MIN_BODY_BYTES {
             return Err(ConfigError::Invalid(format!(
                 "limits.body_bytes is {}; it must be at least {MIN_BODY_BYTES} (every request with a body would be refused)",

@@ -74,6 +74,7 @@ impl ApiError {
             404 => "not_found_error",
             409 | 412 => "conflict_error",
             413 => "request_too_large",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }

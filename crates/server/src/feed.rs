@@ -171,7 +171,8 @@ async fn session_feed(
         })?;
     let session = caller.session(&state, id).await?;
     let after = cursor(&headers, &params)?;
-    Ok(sse::respond(&state, feed(state.clone(), Scope::Session(session.id()), after)))
+    let slot = state.streams.take(&caller.0.subject_id)?;
+    Ok(sse::respond(&state, slot, feed(state.clone(), Scope::Session(session.id()), after)))
 }
 
 async fn global_feed(
@@ -181,7 +182,8 @@ async fn global_feed(
     Params(params): Params,
 ) -> ApiResult<Response> {
     let after = cursor(&headers, &params)?;
-    Ok(sse::respond(&state, feed(state.clone(), Scope::Owner(caller.0.subject_id), after)))
+    let slot = state.streams.take(&caller.0.subject_id)?;
+    Ok(sse::respond(&state, slot, feed(state.clone(), Scope::Owner(caller.0.subject_id), after)))
 }
 
 /// The frames of one connection: connected, then stored events after `after` (all when

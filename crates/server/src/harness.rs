@@ -291,6 +291,9 @@ async fn create_turn(
         }
         Some(id) => PreviousTurn::Turn(id.parse().map_err(|_| ApiError::not_found("turn", id))?),
     };
+    // Taken before the turn is created: a stream refused after would leave a turn its
+    // caller never heard of.
+    let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
     let request = TurnRequest {
         input: body.input.unwrap_or_default(),
         previous_turn_id,
@@ -299,14 +302,19 @@ async fn create_turn(
     };
     let turn = session.create_turn(request).await?;
     state.track(&turn);
-    if body.stream.unwrap_or(false) {
-        return Ok(stream_turn(&state, &turn, None));
+    if let Some(slot) = slot {
+        return Ok(stream_turn(&state, slot, &turn, None));
     }
     Ok(Json(json!({"data": harness::turn(turn.record())})).into_response())
 }
 
 /// The SSE response of a turn's events after `after`.
-fn stream_turn(state: &Arc<AppState>, turn: &TurnHandle, after: Option<u64>) -> Response {
+fn stream_turn(
+    state: &Arc<AppState>,
+    slot: sse::StreamSlot,
+    turn: &TurnHandle,
+    after: Option<u64>,
+) -> Response {
     let turn_id = turn.id();
     let frames = turn.stream(after).filter_map(move |event| async move {
         match event {
@@ -319,7 +327,7 @@ fn stream_turn(state: &Arc<AppState>, turn: &TurnHandle, after: Option<u64>) -> 
             }
         }
     });
-    sse::respond_or_cut(state, frames)
+    sse::respond_or_cut(state, slot, frames)
 }
 
 fn frame(event: &EventEnvelope, rendered: &HarnessEvent) -> Frame {
@@ -445,7 +453,8 @@ async fn subscribe(
             return Err(ApiError::bad_param(param, message));
         }
     }
-    Ok(stream_turn(&state, &turn, after))
+    let slot = state.streams.take(&caller.0.subject_id)?;
+    Ok(stream_turn(&state, slot, &turn, after))
 }
 
 /// A page token over a turn's or a session's stored events.

@@ -101,6 +101,8 @@ pub(crate) struct AppState {
     /// The AG-UI streams open on each turn: a run's turn is cancelled when its last
     /// client goes away and no retry comes back for it.
     pub(crate) agui_streams: agui::Streams,
+    /// Each caller's open event streams (`limits.streams_per_subject`).
+    pub(crate) streams: Arc<sse::StreamSlots>,
     /// Turns started or recovered by this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
     /// The store's file as it was opened, when the server opened it: readiness checks it
@@ -268,6 +270,7 @@ impl Server {
             running: Mutex::new(std::collections::HashMap::new()),
             agui_threads: agui::Threads::default(),
             agui_streams: agui::Streams::default(),
+            streams: sse::StreamSlots::new(config.limits.streams_per_subject),
             store_file,
         });
         // Turns a dead process left running are finished in the background; the server

@@ -5,15 +5,71 @@
 //! chunk), so a client tells a cut stream from a finished one, and reconnects with its
 //! cursor (an SDK's event iterator raises instead of ending as if the turn were over).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 
 use crate::AppState;
+use crate::error::{ApiError, ApiResult};
+
+/// The event streams each caller has open, at most `limit` at once: one client cannot
+/// hold the server's connections and tasks (and the store reads a feed's replay makes)
+/// without bound.
+#[derive(Debug)]
+pub(crate) struct StreamSlots {
+    limit: usize,
+    open: Mutex<HashMap<String, usize>>,
+}
+
+impl StreamSlots {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { limit, open: Mutex::default() })
+    }
+
+    /// A slot for one more stream of `subject`, taken before anything the stream is for is
+    /// created (a turn, a session); 429 `too_many_streams` when the caller has all of its
+    /// own open.
+    pub(crate) fn take(self: &Arc<Self>, subject: &str) -> ApiResult<StreamSlot> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(subject.to_owned()).or_default();
+        if *count >= self.limit {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_streams",
+                format!(
+                    "{} event streams are open for this caller, the most allowed (limits.streams_per_subject): close one first",
+                    self.limit
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(StreamSlot { slots: Arc::clone(self), subject: subject.to_owned() })
+    }
+}
+
+/// One open stream of a caller, given back when its response body is dropped.
+#[derive(Debug)]
+pub(crate) struct StreamSlot {
+    slots: Arc<StreamSlots>,
+    subject: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.subject) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.subject);
+            }
+        }
+    }
+}
 
 /// One frame: an optional `id` and the JSON `data`.
 #[derive(Debug)]
@@ -46,14 +102,19 @@ impl std::fmt::Display for Cut {
 impl std::error::Error for Cut {}
 
 /// An SSE response of `frames`, cut (the connection aborted) when the server stops.
-pub(crate) fn respond(state: &Arc<AppState>, frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
-    respond_or_cut(state, frames.map(Ok))
+pub(crate) fn respond(
+    state: &Arc<AppState>,
+    slot: StreamSlot,
+    frames: impl Stream<Item = Frame> + Send + 'static,
+) -> Response {
+    respond_or_cut(state, slot, frames.map(Ok))
 }
 
 /// An SSE response of `frames`, cut (the connection aborted) at the first error, or when
 /// the server stops.
 pub(crate) fn respond_or_cut(
     state: &Arc<AppState>,
+    slot: StreamSlot,
     frames: impl Stream<Item = Result<Frame, Cut>> + Send + 'static,
 ) -> Response {
     let cut = futures_util::stream::unfold(
@@ -74,27 +135,30 @@ pub(crate) fn respond_or_cut(
             }
         },
     );
-    respond_results(state, cut)
+    respond_results(state, slot, cut)
 }
 
 /// An SSE response of `frames`, which end by themselves when the server stops (so that a
 /// stream may close with a last frame of its own).
 pub(crate) fn respond_ending(
     state: &Arc<AppState>,
+    slot: StreamSlot,
     frames: impl Stream<Item = Frame> + Send + 'static,
 ) -> Response {
-    respond_results(state, frames.map(Ok::<_, Infallible>))
+    respond_results(state, slot, frames.map(Ok::<_, Infallible>))
 }
 
 /// An SSE response of `frames`; an error ends the body with it, which aborts the connection.
 fn respond_results<E: std::error::Error + Send + Sync + 'static>(
     state: &Arc<AppState>,
+    slot: StreamSlot,
     frames: impl Stream<Item = Result<Frame, E>> + Send + 'static,
 ) -> Response {
     let client = state.metrics.sse_client();
     let counting = state.clone();
     let events = frames.map(move |frame| {
-        let _client = &client;
+        // Both held for as long as the body is.
+        let _held = (&client, &slot);
         let frame = frame?;
         counting.metrics.event_streamed();
         let event = Event::default().data(frame.data);

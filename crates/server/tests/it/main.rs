@@ -129,6 +129,7 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ("[limits]\nheartbeat_secs = 18446744073709551615\n", "limits.heartbeat_secs"),
         ("[limits]\nshutdown_grace_secs = 99999999999\n", "limits.shutdown_grace_secs"),
         ("[limits]\nbody_bytes = 0\n", "limits.body_bytes is 0; it must be at least 1024"),
+        ("[limits]\nstreams_per_subject = 0\n", "limits.streams_per_subject is 0; it must be at least 1"),
         ("[providers.p]\nmodel = \"m\"\ntimeout_secs = 18446744073709551615\n", "providers.p.timeout_secs"),
         (
             "[providers.p]\nmodel = \"m\"\nstream_idle_timeout_secs = 0\n",
@@ -672,6 +673,83 @@ async fn with_keys_metrics_take_a_key_unless_made_public() {
         stop.send(()).unwrap();
         serving.await.unwrap();
     }
+}
+
+/// A caller's event streams are capped (`limits.streams_per_subject`): one more is 429
+/// `too_many_streams`, and a streamed turn refused so is never created; other callers
+/// are not affected, and a stream closed gives its slot back.
+#[tokio::test]
+async fn a_caller_may_have_only_so_many_event_streams_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "listen = \"127.0.0.1:0\"\n[limits]\nstreams_per_subject = 2\nheartbeat_secs = 1\n\
+                [[keys]]\nkey = \"k-alice\"\nsubject = \"alice\"\n[[keys]]\nkey = \"k-bob\"\nsubject = \"bob\"\n";
+    let mut config = Config::parse(text, None).unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config).await;
+    // A feed kept open: the connection, once its response's head is read.
+    let open_feed = |key: &'static str| async move {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let head = format!(
+            "GET /global/event HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).await.unwrap();
+        (status, reader)
+    };
+    let first = open_feed("k-alice").await;
+    let second = open_feed("k-alice").await;
+    assert!(first.0.starts_with("HTTP/1.1 200") && second.0.starts_with("HTTP/1.1 200"), "{first:?}");
+    let (refused, mut body) = open_feed("k-alice").await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    let mut rest = String::new();
+    let _ = body.read_to_string(&mut rest).await;
+    assert!(rest.contains("\"code\":\"too_many_streams\""), "{rest}");
+    // A streamed turn refused is not created.
+    let post = |path: String, body: Value| async move {
+        let body = body.to_string();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k-alice\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        raw_exchange(address, &head).await
+    };
+    let created = post("/v1/agents/sessions".to_owned(), json!({"agent_name": "demo"})).await;
+    let session: Value = serde_json::from_str(created.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let id = session["data"]["id"].as_str().unwrap().to_owned();
+    let turn_body = json!({"input": [{"type": "user.message", "content": "hi"}], "stream": true});
+    let turn = post(format!("/v1/agents/sessions/{id}/turns"), turn_body).await;
+    assert!(turn.starts_with("HTTP/1.1 429"), "{turn}");
+    let turns = raw_exchange(
+        address,
+        &format!(
+            "GET /v1/agents/sessions/{id}/turns HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k-alice\r\n\
+             Connection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(turns.contains("\"data\":[]"), "no turn was created: {turns}");
+    // Another caller's streams are its own.
+    let bobs = open_feed("k-bob").await;
+    assert!(bobs.0.starts_with("HTTP/1.1 200"), "{bobs:?}");
+    // Closed, a stream gives its slot back once the server notices (at its next write: a
+    // heartbeat, every second here).
+    drop(first);
+    let mut tries = 0;
+    loop {
+        let (status, _reader) = open_feed("k-alice").await;
+        if status.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "the slot came back: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop((second, bobs));
+    stop.send(()).unwrap();
+    serving.await.unwrap();
 }
 
 /// Every session titled `title`, with its number of runs, read from the store file.

@@ -97,6 +97,16 @@ impl State {
         positions
     }
 
+    /// A top-level run written: its session shows it as its latest activity (see
+    /// [`SessionStore::get_session`]).
+    fn touch_session(&mut self, run: &RunRecord) {
+        if run.parent_run_id.is_none()
+            && let Some(session) = self.sessions.get_mut(&run.session_id)
+        {
+            session.updated_at = session.updated_at.max(run.updated_at);
+        }
+    }
+
     /// Stores a new run (checked) after the session's others.
     fn insert_run(&mut self, run: &RunRecord) {
         self.next_run_order += 1;
@@ -289,9 +299,10 @@ impl RunStore for InMemoryStore {
             rules::check_run_session_id(run.id, run.session_id, row.record.session_id)?;
             rules::check_run_parent(run.id, run.parent_run_id, row.record.parent_run_id)?;
             row.record = run.clone();
-            return Ok(());
+        } else {
+            state.insert_run(run);
         }
-        state.insert_run(run);
+        state.touch_session(run);
         Ok(())
     }
 
@@ -539,6 +550,9 @@ impl State {
         // A run this step created already holds the record.
         if let Some(run) = step.run.as_ref().filter(|_| !created) {
             row.record = run.clone();
+        }
+        if let Some(run) = &step.run {
+            self.touch_session(run);
         }
         if step.release_lease {
             self.leases.remove(&session);

@@ -569,6 +569,9 @@ pub struct EncodedRun {
     /// The run it is a member run of (`None` for a turn): fixed once stored (see
     /// [`check_run_parent`]), so that members can be listed by parent.
     pub parent_run_id: Option<TurnId>,
+    /// When the record was last changed: a turn's moves its session's `updated_at` (see
+    /// [`SessionStore::get_session`](crate::SessionStore::get_session)).
+    pub updated_at: Timestamp,
     /// The record's encoding ([`encode`]).
     pub body: Vec<u8>,
 }
@@ -579,8 +582,33 @@ impl EncodedRun {
     /// # Errors
     /// `TooLarge` or `InvalidInput`, as [`encode`].
     pub fn of(run: &RunRecord) -> StoreResult<Self> {
-        Ok(Self { session_id: run.session_id, parent_run_id: run.parent_run_id, body: encode("run", run)? })
+        Ok(Self {
+            session_id: run.session_id,
+            parent_run_id: run.parent_run_id,
+            updated_at: run.updated_at,
+            body: encode("run", run)?,
+        })
     }
+
+    /// The time its session shows as its latest activity, for a turn (a member run moves
+    /// nothing).
+    #[must_use]
+    pub fn activity(&self) -> Option<Timestamp> {
+        self.parent_run_id.is_none().then_some(self.updated_at)
+    }
+}
+
+/// A session as read, with the latest activity its store kept beside the record (see
+/// [`SessionStore::get_session`](crate::SessionStore::get_session)).
+#[must_use]
+pub fn with_activity(
+    mut session: agentry_types::SessionRecord,
+    activity: Option<Timestamp>,
+) -> agentry_types::SessionRecord {
+    if let Some(activity) = activity {
+        session.updated_at = session.updated_at.max(activity);
+    }
+    session
 }
 
 /// Checks what of a step can be checked without the store (seq range, record sizes, the

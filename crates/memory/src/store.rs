@@ -298,6 +298,11 @@ pub trait SessionStore: Send + Sync {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()>;
 
     /// Reads a session. `NotFound` when it does not exist.
+    ///
+    /// Its `updated_at` is the later of its own last update and the `updated_at` of its
+    /// top-level runs as last written (by `put_run`, or a step carrying the run: a turn's
+    /// start, pause and end): a session shows when it was last active, and never goes
+    /// back. Member runs do not count. Listings show the same.
     async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord>;
 
     /// Applies an update atomically and returns the updated session. `NotFound` when it

@@ -194,6 +194,10 @@ pub async fn a_second_turn_chains_on_the_first_and_sees_its_history(harness: Har
     );
     let turns = session.list_turns(Order::Desc, &PageRequest::first(10)).await.unwrap();
     assert_eq!(turns.items.iter().map(TurnHandle::id).collect::<Vec<_>>(), [second.id(), first.id()]);
+    // The session shows its latest activity: the second turn's end.
+    let ended = harness.store.get_run(second.id()).await.unwrap();
+    assert!(ended.updated_at > session.record().created_at);
+    assert_eq!(harness.store.get_session(session.id()).await.unwrap().updated_at, ended.updated_at);
 }
 
 /// Scenario.

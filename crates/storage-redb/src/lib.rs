@@ -68,7 +68,8 @@ use crate::tables::META;
 /// A new table that older builds can do without (their writes stay correct; they only
 /// ignore it) comes without a version change and is created on open: `session_budgets`
 /// (which ledgers a session owns; a build without it leaves a deleted session's ledgers
-/// behind, as builds before it did).
+/// behind, as builds before it did), `session_activity` (each session's latest activity;
+/// a build without it does not move it, and leaves a deleted session's entry behind).
 pub(crate) const VERSION: u64 = 5;
 
 /// How a [`RedbStore`] runs.

@@ -27,8 +27,8 @@ use uuid_bits::{session_key, turn_key};
 
 use crate::tables::{
     BUDGETS, EVENTS, JOURNAL, JOURNAL_ORDER, LEASES, MEMBER_RUNS, MEMORIES, MEMORY_INDEX, MESSAGES, PROFILES,
-    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUN_PARENTS, RUNS, SESSION_BUDGETS, SESSION_EVENTS,
-    SESSION_INDEX, SESSION_OWNERS, SESSION_RUNS, SESSION_TURNS, SESSIONS, TURN_EVENTS,
+    RESERVATION_SCOPES, RESERVATIONS, RUN_META, RUN_PARENTS, RUNS, SESSION_ACTIVITY, SESSION_BUDGETS,
+    SESSION_EVENTS, SESSION_INDEX, SESSION_OWNERS, SESSION_RUNS, SESSION_TURNS, SESSIONS, TURN_EVENTS,
 };
 use crate::{RedbStore, Tx, counter, redb_error, set_counter};
 
@@ -55,6 +55,7 @@ pub(crate) fn create_tables(transaction: &WriteTransaction) -> StoreResult<()> {
     touch(transaction, SESSIONS)?;
     touch(transaction, SESSION_INDEX)?;
     touch(transaction, SESSION_OWNERS)?;
+    touch(transaction, SESSION_ACTIVITY)?;
     touch(transaction, RUNS)?;
     touch(transaction, RUN_META)?;
     touch(transaction, SESSION_RUNS)?;
@@ -251,6 +252,29 @@ fn check_fence(transaction: &WriteTransaction, session: SessionId, fence: Option
     rules::check_fence(session, lease_of(transaction, session)?.as_ref(), fence)
 }
 
+/// A session's record with its latest activity (see [`SESSION_ACTIVITY`]).
+fn read_session<T: ReadableTable<u128, &'static [u8]>>(
+    sessions: &T,
+    activity: &impl ReadableTable<u128, i64>,
+    id: u128,
+) -> StoreResult<Option<SessionRecord>> {
+    let Some(session) = get_json::<SessionRecord, u128>(sessions, id, "session")? else { return Ok(None) };
+    let active =
+        activity.get(id).map_err(redb_error)?.map(|micros| Timestamp::from_unix_micros(micros.value()));
+    Ok(Some(rules::with_activity(session, active)))
+}
+
+/// Moves a session's latest activity forward to a turn's record as written.
+fn touch_session(transaction: &WriteTransaction, session: SessionId, run: &EncodedRun) -> StoreResult<()> {
+    let Some(activity) = run.activity() else { return Ok(()) };
+    let mut table = transaction.open_table(SESSION_ACTIVITY).map_err(redb_error)?;
+    let known = table.get(session_key(session)).map_err(redb_error)?.map(|micros| micros.value());
+    if known.is_none_or(|known| known < activity.unix_micros()) {
+        table.insert(session_key(session), activity.unix_micros()).map_err(redb_error)?;
+    }
+    Ok(())
+}
+
 fn session_exists(transaction: &WriteTransaction, session: SessionId) -> StoreResult<bool> {
     let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
     Ok(sessions.get(session_key(session)).map_err(redb_error)?.is_some())
@@ -280,7 +304,8 @@ impl SessionStore for RedbStore {
     async fn get_session(&self, id: SessionId) -> StoreResult<SessionRecord> {
         self.read_sized(true, move |transaction| {
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
-            get_json(&sessions, session_key(id), "session")?
+            let activity = transaction.open_table(SESSION_ACTIVITY).map_err(redb_error)?;
+            read_session(&sessions, &activity, session_key(id))?
                 .ok_or_else(|| StoreError::not_found("session", id))
         })
         .await
@@ -290,8 +315,10 @@ impl SessionStore for RedbStore {
         let update = update.clone();
         self.write(move |transaction| {
             let mut sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
-            let mut session: SessionRecord = get_json(&sessions, session_key(id), "session")?
+            let activity = transaction.open_table(SESSION_ACTIVITY).map_err(redb_error)?;
+            let mut session = read_session(&sessions, &activity, session_key(id))?
                 .ok_or_else(|| StoreError::not_found("session", id))?;
+            drop(activity);
             check_fence(transaction, id, update.fence)?;
             update.apply(&mut session, Timestamp::now());
             let body = rules::encode("session", &session)?;
@@ -333,6 +360,7 @@ impl SessionStore for RedbStore {
                     .collect::<StoreResult<_>>()?
             };
             transaction.open_table(SESSIONS).map_err(redb_error)?.remove(key).map_err(redb_error)?;
+            transaction.open_table(SESSION_ACTIVITY).map_err(redb_error)?.remove(key).map_err(redb_error)?;
             let mut index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
             let mut owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
             match created {
@@ -438,6 +466,7 @@ impl SessionStore for RedbStore {
             let index = transaction.open_table(SESSION_INDEX).map_err(redb_error)?;
             let owners = transaction.open_table(SESSION_OWNERS).map_err(redb_error)?;
             let sessions = transaction.open_table(SESSIONS).map_err(redb_error)?;
+            let activity = transaction.open_table(SESSION_ACTIVITY).map_err(redb_error)?;
             let Some((lower, upper)) = session_key_range(&query, after) else {
                 return Ok(Page { items: Vec::new(), next_token: None });
             };
@@ -459,7 +488,7 @@ impl SessionStore for RedbStore {
             let mut items = Vec::new();
             for id in ids {
                 let id = id?;
-                let Some(session) = get_json::<SessionRecord, u128>(&sessions, id, "session")? else {
+                let Some(session) = read_session(&sessions, &activity, id)? else {
                     continue;
                 };
                 if query.matches(&session) {
@@ -481,8 +510,9 @@ impl SessionStore for RedbStore {
 impl RunStore for RedbStore {
     async fn put_run(&self, run: &RunRecord, fence: Option<Fence>) -> StoreResult<()> {
         let id = run.id;
-        let EncodedRun { session_id: session, parent_run_id: parent, body } = EncodedRun::of(run)?;
+        let encoded = EncodedRun::of(run)?;
         self.write(move |transaction| {
+            let (session, parent) = (encoded.session_id, encoded.parent_run_id);
             if !session_exists(transaction, session)? {
                 return Err(StoreError::not_found("session", session));
             }
@@ -506,8 +536,9 @@ impl RunStore for RedbStore {
                 }
             }
             let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
-            runs.insert(turn_key(id), body.as_slice()).map_err(redb_error)?;
-            Ok(())
+            runs.insert(turn_key(id), encoded.body.as_slice()).map_err(redb_error)?;
+            drop(runs);
+            touch_session(transaction, session, &encoded)
         })
         .await
     }
@@ -819,6 +850,8 @@ fn write_step_in(
     if let Some(run) = &step.run {
         let mut runs = transaction.open_table(RUNS).map_err(redb_error)?;
         runs.insert(turn_key(turn), run.body.as_slice()).map_err(redb_error)?;
+        drop(runs);
+        touch_session(transaction, session, run)?;
     }
     if step.release_lease {
         let mut leases = transaction.open_table(LEASES).map_err(redb_error)?;

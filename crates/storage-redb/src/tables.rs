@@ -12,6 +12,9 @@ pub(crate) const SESSION_INDEX: TableDefinition<'_, (i64, u128), ()> = TableDefi
 /// (owner subject id, created µs, session id) → () for listing an owner's sessions.
 pub(crate) const SESSION_OWNERS: TableDefinition<'_, (&str, i64, u128), ()> =
     TableDefinition::new("session_owners");
+/// Session id → its latest activity: the `updated_at` of its turns as last written, in
+/// microseconds (`SessionStore::get_session`).
+pub(crate) const SESSION_ACTIVITY: TableDefinition<'_, u128, i64> = TableDefinition::new("session_activity");
 /// Run id → run JSON.
 pub(crate) const RUNS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("runs");
 /// Run id → (session id, creation order, explicitly raised high-water mark). The last

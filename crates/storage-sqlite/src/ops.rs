@@ -32,13 +32,32 @@ fn session_exists(connection: &Connection, id: &str) -> StoreResult<bool> {
 }
 
 fn session_row(connection: &Connection, id: &str) -> StoreResult<Option<SessionRecord>> {
-    let body: Option<Vec<u8>> = connection
-        .prepare_cached("SELECT body FROM sessions WHERE id = ?1")
+    let row: Option<(Vec<u8>, Option<i64>)> = connection
+        .prepare_cached("SELECT body, active_us FROM sessions WHERE id = ?1")
         .map_err(sqlite)?
-        .query_row([id], |row| row.get(0))
+        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
         .map_err(sqlite)?;
-    body.map(|body| rules::decode("session", &body)).transpose()
+    row.map(|(body, active)| decode_session(&body, active)).transpose()
+}
+
+/// A session's record with the latest activity kept beside it (`active_us`).
+fn decode_session(body: &[u8], active: Option<i64>) -> StoreResult<SessionRecord> {
+    Ok(rules::with_activity(rules::decode("session", body)?, active.map(Timestamp::from_unix_micros)))
+}
+
+/// Moves a session's latest activity forward to a turn's record as written.
+fn touch_session(connection: &Connection, session: &str, run: &rules::EncodedRun) -> StoreResult<()> {
+    if let Some(activity) = run.activity() {
+        connection
+            .prepare_cached(
+                "UPDATE sessions SET active_us = ?2 WHERE id = ?1 AND (active_us IS NULL OR active_us < ?2)",
+            )
+            .map_err(sqlite)?
+            .execute(params![session, activity.unix_micros()])
+            .map_err(sqlite)?;
+    }
+    Ok(())
 }
 
 fn require_run(connection: &Connection, id: TurnId) -> StoreResult<RunRecord> {
@@ -186,7 +205,7 @@ impl SessionStore for SqliteStore {
                 None => String::new(),
             };
             let sql = format!(
-                "SELECT body FROM sessions {index} WHERE {owned} created_us BETWEEN ?1 AND ?2 {cursor}
+                "SELECT body, active_us FROM sessions {index} WHERE {owned} created_us BETWEEN ?1 AND ?2 {cursor}
                  ORDER BY created_us {direction}, id {direction}"
             );
             let mut statement = connection.prepare_cached(&sql).map_err(sqlite)?;
@@ -204,7 +223,7 @@ impl SessionStore for SqliteStore {
             let mut items = Vec::new();
             while let Some(row) = rows.next().map_err(sqlite)? {
                 let body: Vec<u8> = row.get(0).map_err(sqlite)?;
-                let session: SessionRecord = rules::decode("session", &body)?;
+                let session = decode_session(&body, row.get(1).map_err(sqlite)?)?;
                 if query.matches(&session) {
                     items.push(session);
                     if items.len() > limit {
@@ -486,6 +505,7 @@ fn write_step_in(
     }
     if let Some(run) = step.run.as_ref().filter(|_| !created) {
         update_run_body(tx, &key, &run.body)?;
+        touch_session(tx, &session.to_string(), run)?;
     }
     if step.release_lease {
         delete_lease(tx, session)?;
@@ -615,7 +635,8 @@ fn put_run_in(
         }
         Some((_, parent)) => {
             rules::check_run_parent(id, run.parent_run_id, parse_parent(id, parent)?)?;
-            update_run_body(connection, &key, &run.body)
+            update_run_body(connection, &key, &run.body)?;
+            touch_session(connection, &session_key, run)
         }
         None => {
             connection
@@ -628,7 +649,7 @@ fn put_run_in(
                     run.body
                 ])
                 .map_err(sqlite)?;
-            Ok(())
+            touch_session(connection, &session_key, run)
         }
     }
 }

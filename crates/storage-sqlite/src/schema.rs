@@ -21,7 +21,8 @@ pub(crate) const APPLICATION_ID: i64 = 0x4147_5452;
 /// scope links by reservation (settling one looked at every link). Version 4 keeps each
 /// run's parent beside its record and indexes runs by parent and turns by session.
 /// Version 5 keeps each session's owner beside its record and indexes sessions by owner.
-pub(crate) const VERSION: u32 = 5;
+/// Version 6 keeps each session's latest activity (its turns' writes) beside its record.
+pub(crate) const VERSION: u32 = 6;
 
 /// Each migration takes the schema from version `index` to `index + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -121,6 +122,11 @@ const MIGRATIONS: &[&str] = &[
     UPDATE sessions SET owner = json_extract(CAST(body AS TEXT), '$.owner.subject_id')
         WHERE json_valid(CAST(body AS TEXT));
     CREATE INDEX sessions_by_owner ON sessions (owner, created_us, id);
+    ",
+    // 5 -> 6: each session's latest activity, the `updated_at` of its turns as written
+    // (none for the sessions of older files until their next turn).
+    r"
+    ALTER TABLE sessions ADD COLUMN active_us INTEGER;
     ",
 ];
 

@@ -72,6 +72,7 @@ macro_rules! conformance_tests {
             a_session_refused_as_existing_is_readable_at_once,
             session_unknown_is_not_found_everywhere,
             session_update_merges_metadata_and_state_and_null_removes_keys,
+            a_session_shows_its_latest_activity,
             session_delete_removes_its_runs_events_messages_journal_and_lease,
             sessions_list_newest_first_across_pages,
             sessions_list_oldest_first_across_pages,
@@ -478,6 +479,41 @@ pub async fn session_update_merges_metadata_and_state_and_null_removes_keys(stor
     assert_eq!(updated.summary.as_ref().map(|s| s.summary.as_str()), Some("short"));
     assert!(updated.updated_at >= session.updated_at);
     assert_eq!(store.get_session(session.id).await.unwrap(), updated);
+}
+
+/// A session shows when it was last active: its `updated_at` moves forward to that of its
+/// top-level runs as they are written (`put_run`, a step carrying the run), in reads and
+/// listings alike, never back; member runs do not move it.
+pub async fn a_session_shows_its_latest_activity(store: Arc<dyn Store>) {
+    let session = new_session(&*store).await;
+    let later =
+        |seconds: i64| Timestamp::from_unix_micros(session.updated_at.unix_micros() + seconds * 1_000_000);
+    let updated_at = || async { store.get_session(session.id).await.unwrap().updated_at };
+    let mut turn = run_in(session.id);
+    turn.updated_at = later(10);
+    store.put_run(&turn, None).await.unwrap();
+    assert_eq!(updated_at().await, later(10), "a turn written");
+    let listed = store.list_sessions(&SessionQuery::default(), &PageRequest::first(10)).await.unwrap();
+    assert_eq!(listed.items.iter().find(|listed| listed.id == session.id).unwrap().updated_at, later(10));
+    // A member run does not count; an older write does not move it back.
+    let mut member = run_in(session.id);
+    member.parent_run_id = Some(turn.id);
+    member.updated_at = later(20);
+    store.put_run(&member, None).await.unwrap();
+    turn.updated_at = later(5);
+    store.put_run(&turn, None).await.unwrap();
+    assert_eq!(updated_at().await, later(10), "neither a member nor an older write moved it");
+    // A step carrying the run (a turn's end, say) moves it too.
+    turn.updated_at = later(30);
+    let step =
+        TurnStep { run: Some(turn.clone()), events: vec![Arc::new(event(&turn, 1))], ..TurnStep::default() };
+    store.write_step(turn.id, &step, None).await.unwrap();
+    assert_eq!(updated_at().await, later(30), "a step with the run");
+    // The session's own update stamps it with its time, later still.
+    let renamed = SessionUpdate { title: Some("renamed".into()), ..SessionUpdate::default() };
+    let updated = store.update_session(session.id, &renamed).await.unwrap();
+    assert!(updated.updated_at >= later(30), "{:?}", updated.updated_at);
+    assert_eq!(updated_at().await, updated.updated_at);
 }
 
 /// Deleting a session deletes everything that belongs to it, and only that.

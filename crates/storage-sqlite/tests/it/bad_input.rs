@@ -88,7 +88,7 @@ async fn a_file_from_a_newer_schema_version_is_refused_and_left_alone() {
     }
     let before = std::fs::read(&path).unwrap();
     let error = open(&path).unwrap_err();
-    assert_eq!(error, StoreError::VersionTooNew { found: 99, supported: 5 });
+    assert_eq!(error, StoreError::VersionTooNew { found: 99, supported: 6 });
     assert!(error.to_string().contains("upgrade Agentry"));
     assert!(std::fs::read(&path).unwrap() == before, "the refused file was changed");
 }

@@ -37,7 +37,8 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
                 "DROP INDEX budgets_by_session; DROP INDEX reservation_scopes_by_reservation;
                  ALTER TABLE budgets DROP COLUMN session_id;
                  DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;
-                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;",
+                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;
+                 ALTER TABLE sessions DROP COLUMN active_us;",
             )
             .unwrap();
         connection.pragma_update(None, "user_version", 1).unwrap();
@@ -59,7 +60,7 @@ async fn a_schema_1_store_reads_its_format_1_events_and_adds_new_ones_in_format_
 
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     let formats: Vec<u8> = connection
         .prepare("SELECT body FROM events ORDER BY position")
         .unwrap()
@@ -93,7 +94,7 @@ fn processes_opening_a_new_file_at_once_all_open_it() {
         }
         let connection = rusqlite::Connection::open(&path).unwrap();
         let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-        assert_eq!(version, 5);
+        assert_eq!(version, 6);
     }
 }
 
@@ -114,7 +115,8 @@ async fn a_schema_3_store_lists_its_members_turns_and_owners_sessions() {
         connection
             .execute_batch(
                 "DROP INDEX runs_by_parent; DROP INDEX runs_top_level; ALTER TABLE runs DROP COLUMN parent_id;
-                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;",
+                 DROP INDEX sessions_by_owner; ALTER TABLE sessions DROP COLUMN owner;
+                 ALTER TABLE sessions DROP COLUMN active_us;",
             )
             .unwrap();
         connection.pragma_update(None, "user_version", 3).unwrap();
@@ -124,5 +126,5 @@ async fn a_schema_3_store_lists_its_members_turns_and_owners_sessions() {
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }

@@ -218,8 +218,6 @@ impl TurnRequest {
     }
 }
 
-/// Checks a turn's own client-side tools: valid names, none twice and none of the agent's,
-/// and object schemas.
 /// The rules a turn request breaks whatever turn it follows, besides its input's shape
 /// ([`check_shape`]): its client tools and its client context.
 fn check_request(agent: &Agent, request: &TurnRequest) -> RuntimeResult<()> {
@@ -232,6 +230,8 @@ fn check_request(agent: &Agent, request: &TurnRequest) -> RuntimeResult<()> {
     Ok(())
 }
 
+/// Checks a turn's own client-side tools: valid names, none twice and none of the agent's,
+/// and object schemas.
 fn check_client_tools(agent: &Agent, tools: &[ToolSpec]) -> RuntimeResult<()> {
     let invalid = |message: String| Err(RunnerError::InvalidInput(message));
     for (at, tool) in tools.iter().enumerate() {
@@ -508,7 +508,8 @@ impl Runtime {
     /// Errors: `Store` when listing the leases fails before any turn was resumed (after,
     /// the pass returns what it resumed and logs the error); a session the pass cannot read is
     /// logged and left to the next pass, and a turn that cannot be resumed (its agent is not
-    /// registered here) is ended with an error state instead.
+    /// registered here, or its definition has a problem) is ended with an error state
+    /// instead.
     ///
     /// [`LeaseStore::list_leases`]: agentry_memory::LeaseStore::list_leases
     pub async fn recover(&self) -> RuntimeResult<Vec<TurnHandle>> {
@@ -577,13 +578,15 @@ impl Runtime {
     async fn running_turns(&self, session: SessionId, limit: usize) -> RuntimeResult<Vec<RunRecord>> {
         let query =
             RunQuery { order: Order::Desc, statuses: vec![RunStatus::Running], ..RunQuery::default() };
-        let mut page = PageRequest::first(limit);
+        // Pages of many, however few are asked for: checkpoints may be many.
+        let size = limit.max(100);
+        let mut page = PageRequest::first(size);
         let mut turns = Vec::new();
         loop {
             let listed = self.inner.store.list_runs(session, &query, &page).await?;
             turns.extend(listed.items.into_iter().filter(left_running));
             match listed.next_token {
-                Some(token) if turns.len() < limit => page = PageRequest::after(token, limit),
+                Some(token) if turns.len() < limit => page = PageRequest::after(token, size),
                 _ => {
                     turns.truncate(limit);
                     return Ok(turns);

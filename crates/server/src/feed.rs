@@ -22,7 +22,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -172,7 +172,7 @@ async fn session_feed(
     let session = caller.session(&state, id).await?;
     let after = cursor(&headers, &params)?;
     let slot = state.streams.take(&caller.0.subject_id)?;
-    Ok(sse::respond(&state, slot, feed(state.clone(), Scope::Session(session.id()), after)))
+    Ok(sse::respond_or_cut(&state, slot, feed(state.clone(), Scope::Session(session.id()), after)))
 }
 
 async fn global_feed(
@@ -183,12 +183,16 @@ async fn global_feed(
 ) -> ApiResult<Response> {
     let after = cursor(&headers, &params)?;
     let slot = state.streams.take(&caller.0.subject_id)?;
-    Ok(sse::respond(&state, slot, feed(state.clone(), Scope::Owner(caller.0.subject_id), after)))
+    Ok(sse::respond_or_cut(&state, slot, feed(state.clone(), Scope::Owner(caller.0.subject_id), after)))
 }
 
 /// The frames of one connection: connected, then stored events after `after` (all when
 /// `None`… from the live edge when no cursor is given), then live ones, with heartbeats.
-fn feed(state: Arc<AppState>, scope: Scope, after: Option<u64>) -> impl Stream<Item = Frame> + Send {
+fn feed(
+    state: Arc<AppState>,
+    scope: Scope,
+    after: Option<u64>,
+) -> impl Stream<Item = Result<Frame, sse::Cut>> + Send {
     async_stream(move |yield_frame| async move {
         let mut live = state.feed.sender.subscribe();
         let store = state.runtime.store().clone();
@@ -308,8 +312,11 @@ async fn visible(
 }
 
 /// A stream driven by a producer task writing into a small channel: the producer stops
-/// when the consumer goes away (its send fails).
-fn async_stream<F, Fut>(producer: F) -> impl Stream<Item = Frame> + Send
+/// when the consumer goes away (its send fails). A feed has no end of its own: its
+/// producer stops only when it cannot go on (the store failed, the hub closed), and the
+/// stream then ends with a cut, which aborts the connection, so the client reconnects
+/// with its cursor rather than taking the feed for over.
+fn async_stream<F, Fut>(producer: F) -> impl Stream<Item = Result<Frame, sse::Cut>> + Send
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Frame>) -> Fut,
     Fut: std::future::Future<Output = Result<(), ()>> + Send + 'static,
@@ -319,7 +326,11 @@ where
     tokio::spawn(async move {
         let _ = task.await;
     });
-    futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|frame| (frame, receiver))
-    })
+    let frames = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|frame| (Ok(frame), receiver))
+    });
+    let cut = futures_util::stream::once(async {
+        Err(sse::Cut("the feed stopped: reconnect with the last event's id".to_owned()))
+    });
+    frames.chain(cut)
 }

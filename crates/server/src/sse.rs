@@ -101,15 +101,6 @@ impl std::fmt::Display for Cut {
 
 impl std::error::Error for Cut {}
 
-/// An SSE response of `frames`, cut (the connection aborted) when the server stops.
-pub(crate) fn respond(
-    state: &Arc<AppState>,
-    slot: StreamSlot,
-    frames: impl Stream<Item = Frame> + Send + 'static,
-) -> Response {
-    respond_or_cut(state, slot, frames.map(Ok))
-}
-
 /// An SSE response of `frames`, cut (the connection aborted) at the first error, or when
 /// the server stops.
 pub(crate) fn respond_or_cut(

@@ -26,8 +26,9 @@ const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// reservation for as long as it runs, and a step may run as long as its turn (a
 /// `spawn_agent` call lasts the spawned instance's whole run, and its approval wait an hour
 /// by default); a reservation that lapsed part way would stop holding, and once swept,
-/// its settlement would fail and the step's usage go uncounted.
-const LEASED_RESERVATION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// its settlement would fail and the step's usage go uncounted. A day: the leftovers of
+/// dead holders are kept no longer than that (redb's `reserve` reads every reservation).
+const LEASED_RESERVATION_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Mission-wide settings of a team's budgets.
 #[derive(Debug, Clone)]
@@ -137,7 +138,9 @@ pub(crate) struct InstanceLedger {
     instance: String,
     /// The instances above it, nearest first (design §8a: a reservation covers the
     /// instance, its ancestors and its mission), so a spawner's budget bounds what the
-    /// instances it spawns spend.
+    /// instances it spawns spend: their tokens, steps, tool calls and cost (not their time,
+    /// which the spawner's own `spawn_agent` step counts). Held in a second reservation,
+    /// settled without the step's time.
     ancestors: Vec<String>,
     mission: String,
     limit: BudgetLimit,
@@ -157,41 +160,18 @@ impl StepBudget for InstanceLedger {
             }
             Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
         };
-        let now = Timestamp::now();
-        let reservation = BudgetReservation {
-            id: format!("res_{}", EventId::new()),
-            scopes: std::iter::once(&self.instance)
-                .chain(&self.ancestors)
-                .chain(std::iter::once(&self.mission))
-                .cloned()
-                .collect(),
-            amount,
-            expires_at: lease_expiry(
-                now,
-                if self.lease.is_some() { LEASED_RESERVATION_TTL } else { RESERVATION_TTL },
-            ),
-            lease: self.lease,
-        };
-        match self.store.reserve(&reservation, now).await {
-            Ok(()) => Ok(reservation.id),
-            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
-                let usage =
-                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
-                if self.ancestors.contains(&scope) {
-                    // The instance can spend no more than what is left to those above it;
-                    // each of them reports its own exhaustion at its own next step.
-                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
-                    let exhausted_by = format!("ancestor_{dimension}");
-                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
-                }
-                Err(self.exhausted(scope == self.mission, dimension, usage).into())
-            }
-            // Not the budget's doing: nothing is reported exhausted (a real exhaustion later
-            // still is), and the store's words stay out of the team's events.
-            Err(StoreError::Conflict(Conflict::StaleFence { .. })) => Err(Refused::LeaseLost),
-            Err(error) => {
-                tracing::warn!(instance = %self.instance, %error, "reserving a step's budget failed");
-                Err(Refused::Unavailable(error.to_string()))
+        let own = self.hold(vec![self.instance.clone(), self.mission.clone()], amount).await?;
+        if self.ancestors.is_empty() {
+            return Ok(own);
+        }
+        // The instances above it hold the step too, in a reservation of their own: it is
+        // settled without the step's time, which each spawner counts as its own (its
+        // `spawn_agent` step lasts as long as the instance it spawned runs).
+        match self.hold(self.ancestors.clone(), amount).await {
+            Ok(theirs) => Ok(format!("{own}{SEPARATOR}{theirs}")),
+            Err(refused) => {
+                self.release(&own).await;
+                Err(refused)
             }
         }
     }
@@ -199,7 +179,9 @@ impl StepBudget for InstanceLedger {
     async fn release(&self, reservation: &str) {
         // A hold that cannot be released ends with the turn's lease, or at the latest with
         // its reservation's time limit.
-        let _released = self.store.release(reservation).await;
+        for id in reservation.split(SEPARATOR) {
+            let _released = self.store.release(id).await;
+        }
     }
 
     async fn settle(&self, reservation: &str, spent: Spent) -> Option<Settled> {
@@ -214,11 +196,19 @@ impl StepBudget for InstanceLedger {
         let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let before = self.settled_ms.swap(now_ms, Ordering::AcqRel);
         used.elapsed_ms = Some(now_ms.saturating_sub(before));
-        if let Err(error) = self.store.settle(reservation, &used).await {
+        let mut ids = reservation.split(SEPARATOR);
+        let own = ids.next().unwrap_or_default();
+        if let Err(error) = self.store.settle(own, &used).await {
             // The usage is not counted; the hold ends with the turn's lease, or at the latest
             // with the reservation's time limit.
-            tracing::warn!(reservation, %error, "settling a budget reservation failed");
+            tracing::warn!(reservation = own, %error, "settling a budget reservation failed");
             return None;
+        }
+        if let Some(theirs) = ids.next() {
+            let untimed = BudgetUsage { elapsed_ms: None, ..used };
+            if let Err(error) = self.store.settle(theirs, &untimed).await {
+                tracing::warn!(reservation = theirs, %error, "settling a budget reservation of the ancestors failed");
+            }
         }
         let now = Timestamp::now();
         let ledger = self.store.budget(&self.instance, now).await.ok()?;
@@ -249,7 +239,53 @@ impl StepBudget for InstanceLedger {
     }
 }
 
+/// Between the ids of a step's two reservations (its own and its mission's, then its
+/// ancestors'), in the one id the engine holds.
+const SEPARATOR: char = ' ';
+
 impl InstanceLedger {
+    /// Holds `amount` on `scopes`, all or none; returns the reservation's id, or why not.
+    async fn hold(&self, scopes: Vec<String>, amount: BudgetUsage) -> Result<String, Refused> {
+        let now = Timestamp::now();
+        let ttl = if self.lease.is_some() { LEASED_RESERVATION_TTL } else { RESERVATION_TTL };
+        let reservation = BudgetReservation {
+            id: format!("res_{}", EventId::new()),
+            scopes,
+            amount,
+            expires_at: lease_expiry(now, ttl),
+            lease: self.lease,
+        };
+        match self.store.reserve(&reservation, now).await {
+            Ok(()) => Ok(reservation.id),
+            Err(StoreError::Conflict(Conflict::BudgetExceeded { scope, dimension, .. })) => {
+                if self.ancestors.contains(&scope) {
+                    // The instance can spend no more than what is left to those above it. It
+                    // reports its own usage; an ancestor reports its exhaustion only if one
+                    // of its own steps is refused.
+                    let usage = self
+                        .store
+                        .budget(&self.instance, now)
+                        .await
+                        .map(|ledger| ledger.used)
+                        .unwrap_or_default();
+                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
+                    let exhausted_by = format!("ancestor_{dimension}");
+                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
+                }
+                let usage =
+                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
+                Err(self.exhausted(scope == self.mission, dimension, usage).into())
+            }
+            // Not the budget's doing: nothing is reported exhausted (a real exhaustion later
+            // still is), and the store's words stay out of the team's events.
+            Err(StoreError::Conflict(Conflict::StaleFence { .. })) => Err(Refused::LeaseLost),
+            Err(error) => {
+                tracing::warn!(instance = %self.instance, %error, "reserving a step's budget failed");
+                Err(Refused::Unavailable(error.to_string()))
+            }
+        }
+    }
+
     /// The instance's time (`max_elapsed_ms`) ran out while a step was under way: its
     /// exhaustion, with its usage and the time it has run.
     pub(crate) async fn out_of_time(&self) -> Exhausted {
@@ -334,6 +370,34 @@ mod tests {
         let later = now.saturating_add(RESERVATION_TTL + Duration::from_secs(60));
         let held = store.budget("ins_a", later).await.unwrap().reserved;
         assert_eq!(held.tool_calls_used, 1, "still held after {RESERVATION_TTL:?}");
+    }
+
+    /// A spawned instance's step is held and charged on its ancestors' ledgers too, but
+    /// without its time: a spawner's own `spawn_agent` step counts that.
+    #[tokio::test]
+    async fn ancestors_are_charged_a_step_but_not_its_time() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let mut ledger = ledger(store.clone());
+        ledger.ancestors = vec!["ins_parent".to_owned()];
+        ledger.started = Instant::now().checked_sub(Duration::from_secs(5)).unwrap();
+        for scope in ["ins_a", "mis_a", "ins_parent"] {
+            store.create_budget(scope, &BudgetLimit::default(), None).await.unwrap();
+        }
+        let reservation = ledger.reserve(Step::Tool).await.unwrap();
+        let held = store.budget("ins_parent", Timestamp::now()).await.unwrap().reserved;
+        assert_eq!(held.tool_calls_used, 1, "the ancestor holds the step");
+        let spent =
+            Spent { usage: BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }, model: None };
+        ledger.settle(&reservation, spent).await.expect("settled");
+        let used = |scope: &'static str| {
+            let store = store.clone();
+            async move { store.budget(scope, Timestamp::now()).await.unwrap().used }
+        };
+        let (own, mission, parent) = (used("ins_a").await, used("mis_a").await, used("ins_parent").await);
+        assert_eq!((own.tool_calls_used, mission.tool_calls_used, parent.tool_calls_used), (1, 1, 1));
+        assert!(own.elapsed_ms.unwrap_or(0) >= 5_000 && mission.elapsed_ms == own.elapsed_ms, "{own:?}");
+        assert_eq!(parent.elapsed_ms.unwrap_or(0), 0, "the ancestor is not charged the step's time");
+        assert_eq!(store.budget("ins_parent", Timestamp::now()).await.unwrap().reserved.tool_calls_used, 0);
     }
 
     /// A budget the store cannot hold (here: its ledgers are not there) fails the step

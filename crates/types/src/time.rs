@@ -197,7 +197,13 @@ impl FromStr for Timestamp {
         let parsed = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
             .map_err(|_| InvalidTimestamp { value: s.to_owned() })?;
         let micros = parsed.unix_timestamp_nanos().div_euclid(1000);
-        i64::try_from(micros).map(Self).map_err(|_| InvalidTimestamp { value: s.to_owned() })
+        // An offset can carry a date at either end of the years past them (`9999-12-31T23:59:59-01:00`
+        // is in year 10000), which could not be written back.
+        i64::try_from(micros)
+            .ok()
+            .filter(|micros| (Self::MIN.0..=Self::MAX.0).contains(micros))
+            .map(Self)
+            .ok_or_else(|| InvalidTimestamp { value: s.to_owned() })
     }
 }
 

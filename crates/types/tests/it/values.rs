@@ -87,6 +87,15 @@ fn every_timestamp_reads_back_from_what_it_writes() {
     }
     assert_eq!(Timestamp::from_unix_micros(i64::MAX), Timestamp::MAX);
     assert_eq!(Timestamp::from_unix_millis(i64::MIN), Timestamp::MIN);
+    // Read from text, an offset can carry a date past either end: refused, not kept.
+    for text in ["9999-12-31T23:59:59-01:00", "0000-01-01T00:00:00+01:00"] {
+        assert!(text.parse::<Timestamp>().is_err(), "{text}");
+        assert!(serde_json::from_str::<Timestamp>(&format!("{text:?}")).is_err(), "{text}");
+    }
+    assert_eq!(
+        "9999-12-31T22:59:59-01:00".parse::<Timestamp>().unwrap().to_rfc3339(),
+        "9999-12-31T23:59:59.000000Z"
+    );
 }
 
 proptest! {

@@ -315,6 +315,16 @@ fn check_version(read: &ReadTransaction) -> StoreResult<()> {
     }
 }
 
+/// Refuses to write to a file a newer build migrated past this one's schema while this
+/// process had it open.
+fn check_not_migrated_past(transaction: &WriteTransaction) -> StoreResult<()> {
+    let meta = transaction.open_table(META).map_err(redb_error)?;
+    match meta.get("schema_version").map_err(redb_error)?.map(|value| value.value()) {
+        Some(found) if found > VERSION => Err(version_too_new(found)),
+        _ => Ok(()),
+    }
+}
+
 fn version_too_new(found: u64) -> StoreError {
     StoreError::VersionTooNew {
         found: u32::try_from(found).unwrap_or(u32::MAX),
@@ -596,9 +606,17 @@ fn write_loop(
             }
         };
         // Another process wrote since this writer's last transaction: what it remembers
-        // may be stale.
+        // may be stale, and a newer build may have migrated the file past this one's schema
+        // (its indexes would not be kept up to date): then this process writes no more.
         if seen_generation != Some(generation) {
             turns.forget_all();
+            if let Err(error) = check_not_migrated_past(&transaction) {
+                let _ = transaction.abort();
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
+            }
         }
         seen_generation = None;
         let mut tx = Tx { transaction: &transaction, turns: &mut turns, last_position: None };
@@ -811,6 +829,36 @@ mod tests {
         assert_eq!(accepted, Err(handoff::write_panicked()), "its batch is abandoned");
         assert_eq!(later, Ok(()));
         assert_eq!(rows, Ok(1), "the later write's row only");
+    }
+
+    /// A writer whose file a newer build migrated past this one's schema while it was open
+    /// writes no more: its indexes would not be kept up to date.
+    #[test]
+    fn a_writer_stops_once_another_process_migrated_the_file_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = std::sync::Arc::new(Database::create(dir.path().join("store.redb")).unwrap());
+        prepare(&database).unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let writer_database = database.clone();
+        let writer = std::thread::spawn(move || {
+            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
+            write_loop(&writer_database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+        });
+        assert_eq!(insert(&jobs, 1, false).blocking_recv().unwrap(), Ok(()));
+        // Another process migrates the file (its write moves the generation on).
+        let newer = database.begin_write().unwrap();
+        let generation = super::counter(&newer, "generation").unwrap();
+        super::set_counter(&newer, "generation", generation + 1).unwrap();
+        newer.open_table(META).unwrap().insert("schema_version", VERSION + 1).unwrap();
+        newer.commit().unwrap();
+        let refused = insert(&jobs, 2, false).blocking_recv().unwrap();
+        assert!(
+            matches!(refused, Err(StoreError::VersionTooNew { found, .. }) if u64::from(found) == VERSION + 1),
+            "{refused:?}"
+        );
+        drop(jobs);
+        writer.join().unwrap();
+        assert_eq!(count(&database.begin_read().unwrap()), Ok(1), "the write before the migration only");
     }
 
     #[test]

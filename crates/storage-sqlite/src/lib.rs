@@ -555,9 +555,17 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             }
         };
         // Another connection wrote since the last transaction: what the writer remembers
-        // may be stale.
+        // may be stale, and a newer build may have migrated the file past this one's schema
+        // (its indexes would not be kept up to date): then this process writes no more.
         if seen_version != Some(version) {
             turns.forget_all();
+            if let Err(error) = check_not_migrated_past(connection) {
+                let _ = run(connection, "ROLLBACK");
+                for job in batch {
+                    job.fail(error.clone());
+                }
+                continue;
+            }
             seen_version = Some(version);
         }
         let mut tx = Tx { connection, turns: &mut turns };
@@ -638,6 +646,17 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
             finish(committed.clone());
         }
     }
+}
+
+/// Refuses to write to a file a newer build migrated past this one's schema while this
+/// process had it open.
+fn check_not_migrated_past(connection: &Connection) -> StoreResult<()> {
+    let found: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0)).map_err(sqlite)?;
+    let found = u32::try_from(found).unwrap_or(u32::MAX);
+    if found > schema::VERSION {
+        return Err(StoreError::VersionTooNew { found, supported: schema::VERSION });
+    }
+    Ok(())
 }
 
 /// `PRAGMA data_version`: changes when another connection commits.
@@ -860,6 +879,34 @@ mod tests {
         assert_eq!(accepted, Err(handoff::write_panicked()), "its batch is rolled back");
         assert_eq!(later, Ok(()));
         assert_eq!(rows, Ok(2), "the first row and the later write's");
+    }
+
+    /// A writer whose file a newer build migrated past this one's schema while it was open
+    /// writes no more: its indexes would not be kept up to date.
+    #[test]
+    fn a_writer_stops_once_another_process_migrated_the_file_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let connection = Connection::open(&path).unwrap();
+        connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO));
+        assert_eq!(insert(&jobs, false).blocking_recv().unwrap(), Ok(()));
+        // Another process migrates the file.
+        let newer = Connection::open(&path).unwrap();
+        newer.pragma_update(None, "user_version", i64::from(super::schema::VERSION) + 1).unwrap();
+        let refused = insert(&jobs, false).blocking_recv().unwrap();
+        assert_eq!(
+            refused,
+            Err(StoreError::VersionTooNew {
+                found: super::schema::VERSION + 1,
+                supported: super::schema::VERSION
+            })
+        );
+        drop(jobs);
+        writer.join().unwrap();
+        let rows: i64 = newer.query_row("SELECT count(*) FROM t", [], |row| row.get(0)).unwrap();
+        assert_eq!(rows, 2, "the first row and the write before the migration only");
     }
 
     #[test]

@@ -459,6 +459,7 @@ pub(crate) async fn run_member(
         instance_id: None,
         ancestors: Vec::new(),
         skill_hash: skills,
+        started: None,
     };
     run_instance(crew, context, member, task, title, spec).await
 }
@@ -488,6 +489,9 @@ pub(crate) struct InstanceSpec<'a> {
     /// its mission's.
     pub(crate) ancestors: Vec<String>,
     pub(crate) skill_hash: String,
+    /// Set once the instance starts (its ledger made): a spawn whose instance never
+    /// started gives its slot back.
+    pub(crate) started: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 /// Runs an agent as a new instance of `role` with its own ledger.
@@ -499,7 +503,7 @@ pub(crate) async fn run_instance(
     title: String,
     spec: InstanceSpec<'_>,
 ) -> Result<ThreadResult, ToolError> {
-    let InstanceSpec { role, limit, instance_id, ancestors, skill_hash } = spec;
+    let InstanceSpec { role, limit, instance_id, ancestors, skill_hash, started } = spec;
     let parent_instance_id = ancestors.first().cloned();
     let mission_id = format!("mis_{}", context.turn_id);
     // A member that paused in the previous turn (for an approval, an answer) goes on as the
@@ -520,6 +524,9 @@ pub(crate) async fn run_instance(
         .await
         .map_err(|error| ToolError::Failed(format!("the budget ledger is unavailable: {error}")))?;
     let ledger = ledger.map(Arc::new);
+    if let Some(started) = started {
+        started.store(true, std::sync::atomic::Ordering::Release);
+    }
     let token = CancelToken::new();
     let info = InstanceInfo {
         instance_id: instance_id.clone(),

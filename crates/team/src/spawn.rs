@@ -681,12 +681,17 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     }
     // The approval names the instance it starts (made before it), so a feed reader matches
     // it with that instance's `instance.started` among parallel spawns of one role.
-    context
+    let approved = context
         .emit_team_event(
             team(Some(instance_id.clone())),
             agentry_events::EventPayload::SpawnApproved { requested_role: args.role.clone(), approval_id },
         )
-        .await?;
+        .await;
+    if let Err(error) = approved {
+        uncount();
+        return Err(error);
+    }
+    let started = std::sync::atomic::AtomicBool::new(false);
     let budget = args.budget_override.unwrap_or_else(|| BudgetLimit::from(role.budget));
     let title = crate::title(&args.role, &args.task);
     let skills = crate::skill_hash(&template.instructions, &template.skills);
@@ -696,8 +701,12 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         instance_id: Some(instance_id),
         ancestors: spawner.ancestors.clone(),
         skill_hash: skills,
+        started: Some(&started),
     };
-    crate::run_instance(&spawner.crew, context, &agent, args.task, title, spec)
-        .await
-        .map(|result| result.answer)
+    let ran = crate::run_instance(&spawner.crew, context, &agent, args.task, title, spec).await;
+    // The slot counts only an instance that started (its ledger could not be made).
+    if !started.load(std::sync::atomic::Ordering::Acquire) {
+        uncount();
+    }
+    ran.map(|result| result.answer)
 }

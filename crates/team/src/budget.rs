@@ -26,9 +26,10 @@ const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// reservation for as long as it runs, and a step may run as long as its turn (a
 /// `spawn_agent` call lasts the spawned instance's whole run, and its approval wait an hour
 /// by default); a reservation that lapsed part way would stop holding, and once swept,
-/// its settlement would fail and the step's usage go uncounted. A day: the leftovers of
-/// dead holders are kept no longer than that (redb's `reserve` reads every reservation).
-const LEASED_RESERVATION_TTL: Duration = Duration::from_secs(24 * 3600);
+/// its settlement would fail and the step's usage go uncounted. A week (approval waits are
+/// not bounded, and neither is a spawned instance's run); the leftovers of dead holders
+/// are kept that long (redb's `reserve` reads every reservation).
+const LEASED_RESERVATION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Mission-wide settings of a team's budgets.
 #[derive(Debug, Clone)]
@@ -198,13 +199,18 @@ impl StepBudget for InstanceLedger {
         used.elapsed_ms = Some(now_ms.saturating_sub(before));
         let mut ids = reservation.split(SEPARATOR);
         let own = ids.next().unwrap_or_default();
+        let theirs = ids.next();
         if let Err(error) = self.store.settle(own, &used).await {
             // The usage is not counted; the hold ends with the turn's lease, or at the latest
-            // with the reservation's time limit.
+            // with the reservation's time limit. The ancestors' is given back, not left
+            // holding what their other instances could use.
             tracing::warn!(reservation = own, %error, "settling a budget reservation failed");
+            if let Some(theirs) = theirs {
+                let _released = self.store.release(theirs).await;
+            }
             return None;
         }
-        if let Some(theirs) = ids.next() {
+        if let Some(theirs) = theirs {
             let untimed = BudgetUsage { elapsed_ms: None, ..used };
             if let Err(error) = self.store.settle(theirs, &untimed).await {
                 tracing::warn!(reservation = theirs, %error, "settling a budget reservation of the ancestors failed");

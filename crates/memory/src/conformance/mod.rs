@@ -514,6 +514,10 @@ pub async fn a_session_shows_its_latest_activity(store: Arc<dyn Store>) {
     let updated = store.update_session(session.id, &renamed).await.unwrap();
     assert!(updated.updated_at >= later(30), "{:?}", updated.updated_at);
     assert_eq!(updated_at().await, updated.updated_at);
+    // Deleted and made again under its id (as AG-UI threads are), it starts afresh.
+    store.delete_session(session.id).await.unwrap();
+    store.create_session(&session).await.unwrap();
+    assert_eq!(updated_at().await, session.updated_at, "nothing of the deleted session's activity is left");
 }
 
 /// Deleting a session deletes everything that belongs to it, and only that.

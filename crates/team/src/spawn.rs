@@ -397,10 +397,11 @@ pub struct SpawnCatalog {
     pub tools: Vec<Arc<dyn Tool>>,
 }
 
-/// Instances spawned in one mission (one team turn), per role: the turn's own
-/// (`ToolContext::turn_local`), shared by the spawners of every depth.
+/// Instances spawned in one mission (one team turn), per team and role: the turn's own
+/// (`ToolContext::turn_local`), shared by the spawners of every depth of one team. A team
+/// nested in another counts its own (its policy is its own, whatever its roles are called).
 #[derive(Debug, Default)]
-struct SpawnCounts(Mutex<HashMap<String, u32>>);
+struct SpawnCounts(Mutex<HashMap<(usize, String), u32>>);
 
 /// Everything `spawn_agent` needs.
 #[derive(Debug, Clone)]
@@ -507,7 +508,7 @@ impl Spawner {
             }
         }
         let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.entry(args.role.clone()).or_default();
+        let count = counts.entry(self.count_key(&args.role)).or_default();
         if role.max_instances.is_some_and(|max| *count >= max) {
             return Err(Refusal(
                 "instance_limit_reached",
@@ -516,6 +517,12 @@ impl Spawner {
         }
         *count += 1;
         Ok((policy, role, template))
+    }
+
+    /// The key of `role`'s count: the team (its crew, shared by its spawners of every
+    /// depth) and the role.
+    fn count_key(&self, role: &str) -> (usize, String) {
+        (Arc::as_ptr(&self.crew) as usize, role.to_owned())
     }
 
     fn build_agent(
@@ -629,7 +636,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     // The slot `check` took counts only if the instance starts.
     let uncount = || {
         let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&args.role) {
+        if let Some(count) = counts.get_mut(&spawner.count_key(&args.role)) {
             *count = count.saturating_sub(1);
         }
     };

@@ -395,6 +395,61 @@ model = "small"
     }
 }
 
+/// Scenario: a team nested in another counts its spawns apart: each may start its one
+/// `worker`, though their roles share the name.
+pub async fn a_nested_team_counts_its_own_spawns(harness: Harness) {
+    let policy = || {
+        SpawnPolicy::parse(
+            r#"
+coordinator_role = "lead"
+[roles.lead]
+can_spawn = ["worker"]
+[roles.worker]
+max_instances = 1
+[roles.worker.templates.default]
+instructions = "You work."
+model = "small"
+"#,
+        )
+        .unwrap()
+    };
+    let catalog =
+        || SpawnCatalog { models: HashMap::from([("small".to_owned(), small_model())]), tools: Vec::new() };
+    let inner_coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("spawn_agent", &json!({"role": "worker", "task": "Inner work."}))
+        } else {
+            ScriptedResponse::text("inner done")
+        }
+    }));
+    let inner =
+        Team::builder("inner", inner_coordinator).spawn_policy(Some(policy())).catalog(catalog()).build();
+    let outer_coordinator = Arc::new(ScriptedModel::responder(|request| match tool_results(request).len() {
+        0 => ScriptedResponse::tool_call("spawn_agent", &json!({"role": "worker", "task": "Outer work."})),
+        1 => ScriptedResponse::tool_call(
+            "delegate_task_to_member",
+            &json!({"member_id": "inner", "task": "Do yours."}),
+        ),
+        _ => ScriptedResponse::text("outer done"),
+    }));
+    let outer = Team::builder("outer", outer_coordinator)
+        .member(inner)
+        .spawn_policy(Some(policy()))
+        .catalog(catalog())
+        .build();
+    let (_runtime, _session, turn) = super::start(&harness, outer, "Go.").await;
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let outcomes: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::SpawnApproved { .. } => Some("approved".to_owned()),
+            EventPayload::SpawnDenied { code, .. } => Some(code.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outcomes, ["approved", "approved"], "one worker each");
+}
+
 /// Scenario: an instance spends no more than what is left to the instance that spawned
 /// it (design §8a: a reservation covers the instance, its ancestors and its mission). A
 /// manager allowed two tool calls, its spawn one of them, leaves its worker one, however

@@ -196,6 +196,8 @@ struct Model {
     leases: HashMap<u8, (u8, u64, i64)>,
     last_token: u64,
     clock: i64,
+    /// Per session, the clock of its latest top-level run written: its `updated_at`.
+    activity: HashMap<u8, i64>,
 }
 
 fn at(seconds: i64) -> Timestamp {
@@ -214,7 +216,22 @@ impl Model {
             leases: HashMap::new(),
             last_token: 0,
             clock: 0,
+            activity: HashMap::new(),
         }
+    }
+
+    /// A session's expected `updated_at`: its creation, or its latest turn's write.
+    fn updated_at(&self, slot: u8) -> Option<Timestamp> {
+        let created = *self.sessions.get(&slot)?;
+        Some(at(self.activity.get(&slot).map_or(created, |activity| created.max(*activity))))
+    }
+
+    /// A run record written now (the clock moves on): its `updated_at` is the clock's.
+    fn written_run(&mut self, slot: u8, session: u8, done: bool) -> RunRecord {
+        self.clock += 1;
+        let mut run = self.run_record(slot, session, done);
+        run.updated_at = at(self.clock);
+        run
     }
 
     fn run_record(&self, slot: u8, session: u8, done: bool) -> RunRecord {
@@ -239,6 +256,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 SessionRecord::new(SessionType::Agent, "model", Subject::user(format!("owner{}", slot % 2)));
             session.id = model.session_ids[slot as usize];
             session.created_at = at(model.clock);
+            session.updated_at = session.created_at;
             let result = store.create_session(&session).await;
             let expected = if model.sessions.contains_key(&slot) { Outcome::Conflict } else { Outcome::Ok };
             prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
@@ -252,6 +270,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
             if expected == Outcome::Ok {
                 model.sessions.remove(&slot);
+                model.activity.remove(&slot);
                 model.leases.remove(&slot);
                 let gone: Vec<u8> = model.run_order.remove(&slot).unwrap_or_default();
                 for run in &gone {
@@ -261,7 +280,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             }
         }
         Op::PutRun { session, run, done, parent } => {
-            let mut record = model.run_record(run, session, done);
+            let mut record = model.written_run(run, session, done);
             record.parent_run_id = parent.map(|slot| model.run_ids[slot as usize]);
             let result = store.put_run(&record, None).await;
             let expected = match (model.sessions.contains_key(&session), model.runs.get(&run)) {
@@ -272,6 +291,9 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 _ => Outcome::Ok,
             };
             prop_assert_eq!(outcome(&result), expected, "{:?}: {:?}", op, result);
+            if expected == Outcome::Ok && parent.is_none() {
+                model.activity.insert(session, model.clock);
+            }
             if expected == Outcome::Ok && !model.runs.contains_key(&run) {
                 model.runs.insert(run, ModelRun { session, parent, ..ModelRun::default() });
                 model.run_order.entry(session).or_default().push(run);
@@ -398,13 +420,13 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             loop {
                 let result = store.list_sessions(&query, &request).await;
                 let page_result = result.map_err(|e| TestCaseError::fail(e.to_string()))?;
-                got.extend(page_result.items.iter().map(|session| session.id));
+                got.extend(page_result.items.iter().map(|session| (session.id, session.updated_at)));
                 match page_result.next_token {
                     Some(token) => request = PageRequest::after(token, page as usize),
                     None => break,
                 }
             }
-            let mut expected: Vec<(i64, SessionId)> = model
+            let mut expected: Vec<(i64, SessionId, Option<Timestamp>)> = model
                 .sessions
                 .iter()
                 .filter(|(slot, created)| {
@@ -412,13 +434,15 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                         && from.is_none_or(|from| **created >= i64::from(from))
                         && until.is_none_or(|until| **created <= i64::from(until))
                 })
-                .map(|(slot, created)| (*created, model.session_ids[*slot as usize]))
+                .map(|(slot, created)| (*created, model.session_ids[*slot as usize], model.updated_at(*slot)))
                 .collect();
             expected.sort();
             if !oldest_first {
                 expected.reverse();
             }
-            prop_assert_eq!(got, expected.into_iter().map(|(_, id)| id).collect::<Vec<_>>(), "{:?}", op);
+            let expected: Vec<(SessionId, Timestamp)> =
+                expected.into_iter().map(|(_, id, updated)| (id, updated.unwrap_or_default())).collect();
+            prop_assert_eq!(got, expected, "{:?}", op);
         }
         Op::Feed => {
             let feed = store
@@ -508,7 +532,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
         }
         Op::StartTurn { session, run, owner, now, previous } => {
             let now_s = i64::from(now);
-            let record = model.run_record(run, session, false);
+            let record = model.written_run(run, session, false);
             let step = TurnStep {
                 events: vec![Arc::new(event(&record, 1))],
                 run: Some(record.clone()),
@@ -544,6 +568,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
                 prop_assert_eq!(positions.len(), 1);
                 model.last_token = lease.token;
                 model.leases.insert(session, (owner, lease.token, now_s + 10));
+                model.activity.insert(session, model.clock);
                 model.runs.insert(run, ModelRun { session, parent: None, seqs: vec![1], high_water: 1 });
                 model.run_order.entry(session).or_default().push(run);
                 model.feed.push((run, 1));

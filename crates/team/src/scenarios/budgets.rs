@@ -123,13 +123,7 @@ budget = { max_elapsed_ms = 40 }
         .build();
     let (_runtime, _session, turn) = super::start(&harness, team, "Go.").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
-    let mut exhausted: Vec<String> = events
-        .iter()
-        .filter_map(|event| match &event.payload {
-            EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
-            _ => None,
-        })
-        .collect();
+    let mut exhausted = super::exhausted_by(&events);
     exhausted.sort();
     assert_eq!(exhausted, ["max_cost_usd", "max_elapsed_ms"]);
     let cancelled =

@@ -37,6 +37,17 @@ async fn start(
     (runtime, session, turn)
 }
 
+/// What each `agent_team.budget.exhausted` among `events` names as exhausted, in order.
+fn exhausted_by(events: &[std::sync::Arc<agentry_events::EventEnvelope>]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            agentry_events::EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A member `clerk` that files a report with `file_report`, which needs approval, then
 /// answers `Report filed.`.
 fn gated_clerk() -> agentry_runner::Agent {

@@ -504,14 +504,11 @@ tools = ["work"]
         .build();
     let (_runtime, _session, turn) = super::start(&harness, team, "Staff it.").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
-    let exhausted: Vec<String> = events
-        .iter()
-        .filter_map(|event| match &event.payload {
-            EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(exhausted, ["ancestor_max_tool_calls"], "the worker ran into its manager's budget");
+    assert_eq!(
+        super::exhausted_by(&events),
+        ["ancestor_max_tool_calls"],
+        "the worker ran into its manager's budget"
+    );
     assert_eq!(works.load(std::sync::atomic::Ordering::SeqCst), 1, "the one call the manager had left");
     let state = turn.wait().await.unwrap();
     assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the team answered: {state:?}");

@@ -60,6 +60,8 @@
 //! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
 //! shutdown_grace_secs = 10         # how long SIGTERM waits for requests and running turns
 //! streams_per_subject = 64         # event streams one caller may have open at once
+//! header_timeout_secs = 30         # to send a request's headers (and idle between requests)
+//! body_timeout_secs = 30           # a request body may go without data (then 408)
 //!
 //! [runtime]
 //! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
@@ -425,6 +427,15 @@ pub struct LimitsConfig {
     /// may have open at once; one more is refused with 429 `too_many_streams`.
     #[serde(default = "default_streams")]
     pub streams_per_subject: usize,
+    /// Seconds a connection has to send a request's headers, counted from when it is ready
+    /// for them (its opening, or the end of its previous response); a connection over it,
+    /// one that stalls or sits idle between requests, is closed.
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout_secs: u64,
+    /// Seconds a request body may go without sending data; a body over it is refused with
+    /// 408 `request_timeout` and its connection closed.
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_secs: u64,
 }
 
 impl Default for LimitsConfig {
@@ -434,6 +445,8 @@ impl Default for LimitsConfig {
             heartbeat_secs: default_heartbeat(),
             shutdown_grace_secs: default_grace(),
             streams_per_subject: default_streams(),
+            header_timeout_secs: default_header_timeout(),
+            body_timeout_secs: default_body_timeout(),
         }
     }
 }
@@ -465,6 +478,12 @@ const fn default_grace() -> u64 {
 }
 const fn default_streams() -> usize {
     64
+}
+const fn default_header_timeout() -> u64 {
+    30
+}
+const fn default_body_timeout() -> u64 {
+    30
 }
 const fn default_lease() -> u64 {
     30
@@ -595,6 +614,8 @@ impl Config {
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
         within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 0)?;
         within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
+        within("limits.header_timeout_secs".to_owned(), self.limits.header_timeout_secs, 1)?;
+        within("limits.body_timeout_secs".to_owned(), self.limits.body_timeout_secs, 1)?;
         if self.limits.streams_per_subject == 0 {
             return Err(ConfigError::Invalid(
                 "limits.streams_per_subject is 0; it must be at least 1 (every event stream would be refused)"

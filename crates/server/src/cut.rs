@@ -1,19 +1,85 @@
-//! Connections the server can cut. Once the shutdown grace is over, every connection still
-//! open (a client stalled in the middle of a request, one that stopped reading its
-//! response) fails its next read or write, including one it is waiting on, so its task
-//! ends and its socket closes, even while the process (an application embedding the
-//! server) goes on.
+//! The server's connections: accepted, served over HTTP/1.1, and closed when they hold the
+//! server up.
+//!
+//! - A client that does not send a request's headers within the header timeout (one that
+//!   connects and stalls, or trickles its headers in; a kept-alive connection left idle
+//!   that long) is closed ([`serve`]): without it each such connection would hold a socket
+//!   and a task for ever, and enough of them would exhaust the process's file descriptors.
+//! - Once the shutdown grace is over, every connection still open (a client stalled in the
+//!   middle of a request, one that stopped reading its response) fails its next read or
+//!   write, including one it is waiting on, so its task ends and its socket closes, even
+//!   while the process (an application embedding the server) goes on ([`CutListener`]).
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use axum::Router;
 use axum::serve::Listener;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+/// Serves `app` on `listener` until `signal` resolves; then accepts no more connections,
+/// lets each open one finish the request it is serving (an idle one closes at once), and
+/// returns once all are closed. A connection that does not send a request's headers within
+/// `header_timeout` of being ready for them is closed without a response.
+pub(crate) async fn serve(
+    mut listener: CutListener,
+    app: Router,
+    header_timeout: Duration,
+    signal: impl Future<Output = ()> + Send + 'static,
+) {
+    // Closed (its one receiver dropped) when the signal comes: the accept loop and every
+    // connection watch it.
+    let (signalled, signal_watch) = watch::channel(());
+    tokio::spawn(async move {
+        signal.await;
+        drop(signal_watch);
+    });
+    // Each connection holds a receiver until it ends; the sender sees them all gone.
+    let (connections_closed, open_connection) = watch::channel(());
+    loop {
+        let (stream, address) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = signalled.closed() => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let signalled = signalled.clone();
+        let open = open_connection.clone();
+        tokio::spawn(async move {
+            let mut builder = http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    served = connection.as_mut() => {
+                        if let Err(error) = served {
+                            tracing::debug!(%address, %error, "a connection ended with an error");
+                        }
+                        break;
+                    }
+                    () = signalled.closed(), if !stopping => {
+                        stopping = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(open_connection);
+    drop(listener);
+    connections_closed.closed().await;
+}
 
 /// A TCP listener whose connections are cut when `cut` turns true (or its sender goes).
 pub(crate) struct CutListener {

@@ -43,8 +43,20 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/agents/turns/{turn_id}", get(find_turn))
 }
 
+/// Whether a body failed because it stopped arriving (`limits.body_timeout_secs`).
+fn stalled(failed: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(failed);
+    while let Some(error) = cause {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 /// A JSON request body: a malformed or mistyped body is a 400 in the SDK's error shape
-/// naming what is wrong, an oversize one a 413. An empty body is `{}`.
+/// naming what is wrong, an oversize one a 413, one that stalls a 408. An empty body is `{}`.
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
@@ -61,6 +73,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                     "the request body is larger than the limit",
                 )
             }
+            BytesRejection::FailedToBufferBody(failed) if stalled(&failed) => ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body stopped arriving: no data came within limits.body_timeout_secs",
+            ),
             other => ApiError::bad_request(format!("cannot read the request body: {other}")),
         })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };

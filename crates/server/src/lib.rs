@@ -74,7 +74,7 @@ pub enum ServerError {
         /// Why.
         message: String,
     },
-    /// Serving failed.
+    /// Serving failed for good (not returned today: see [`Server::run`]).
     #[error("serving failed: {0}")]
     Serve(String),
 }
@@ -194,6 +194,10 @@ pub struct Server {
     /// The CORS headers for `cors_origins` (none when it is empty).
     cors: Option<tower_http::cors::CorsLayer>,
     grace: Duration,
+    /// How long a connection may take to send a request's headers (`limits.header_timeout_secs`).
+    header_timeout: Duration,
+    /// How long a request body may go without sending data (`limits.body_timeout_secs`).
+    body_timeout: Duration,
     /// The agents' MCP connections, shut down when serving ends (the background retry of
     /// unreached optional servers adds to them).
     mcp: McpConnections,
@@ -323,6 +327,8 @@ impl Server {
             body_limit: config.limits.body_bytes,
             cors: cors_layer(&config.cors_origins),
             grace: Duration::from_secs(config.limits.shutdown_grace_secs),
+            header_timeout: Duration::from_secs(config.limits.header_timeout_secs),
+            body_timeout: Duration::from_secs(config.limits.body_timeout_secs),
             mcp,
         })
     }
@@ -349,9 +355,11 @@ impl Server {
     /// still open, a client that stalls in the middle of a request, is closed); last, it
     /// shuts down the agents' MCP servers.
     ///
-    /// Errors: `Serve` when the listener fails.
+    /// Errors: none today. A failed accept (too many open files) is waited out, and a
+    /// connection's errors end only that connection; the `Result` leaves room for a
+    /// listener that can fail for good (`Serve`).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let mut app = router(self.state.clone(), self.body_limit);
+        let mut app = router(self.state.clone(), self.body_limit, self.body_timeout);
         if let Some(cors) = self.cors {
             // Outermost: a preflight is answered before any route or key check (browsers
             // send no credentials with it), and every response, errors too, carries the
@@ -363,7 +371,7 @@ impl Server {
         let (signalled, shutting_down) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
         let (cut, cut_when) = watch::channel(false);
         let listener = cut::CutListener { inner: self.listener, cut: cut_when };
-        let serving = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let signal = async move {
             shutdown.await;
             tracing::info!(
                 "stopping: no new connections; event streams are cut (clients reconnect with their cursor)"
@@ -371,12 +379,11 @@ impl Server {
             let _ = signalled.send(tokio::time::Instant::now());
             let _ = stop.send(true);
             stopped.await;
-        });
+        };
         // The grace runs from the signal, for connections and turns together: a client that
         // stalls in the middle of a request (or stops reading a response) must not keep the
         // process from handing its turns over and shutting its MCP servers down.
-        let serve_error = |error: std::io::Error| ServerError::Serve(error.to_string());
-        let mut serving = std::pin::pin!(serving.into_future());
+        let mut serving = std::pin::pin!(cut::serve(listener, app, self.header_timeout, signal));
         let mut shutting_down = shutting_down;
         let stage = tokio::select! {
             biased;
@@ -385,16 +392,13 @@ impl Server {
                 // The shutdown future went without a signal: serving is ending on its own.
                 Err(_) => Stage::Ending,
             },
-            served = &mut serving => {
-                served.map_err(serve_error)?;
-                Stage::Served
-            }
+            () = &mut serving => Stage::Served,
         };
         let end = match stage {
             Stage::Signalled(at) => {
                 let end = at + self.grace;
                 match tokio::time::timeout_at(end, &mut serving).await {
-                    Ok(served) => served.map_err(serve_error)?,
+                    Ok(()) => {}
                     // Their next read or write fails (one they wait on too), which ends them.
                     Err(_) => {
                         let _ = cut.send(true);
@@ -404,7 +408,7 @@ impl Server {
                 end
             }
             Stage::Ending => {
-                serving.await.map_err(serve_error)?;
+                serving.await;
                 tokio::time::Instant::now() + self.grace
             }
             Stage::Served => tokio::time::Instant::now() + self.grace,
@@ -662,7 +666,7 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
 }
 
 /// Every route.
-fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+fn router(state: Arc<AppState>, body_limit: usize, body_timeout: Duration) -> Router {
     Router::new()
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
@@ -677,6 +681,9 @@ fn router(state: Arc<AppState>, body_limit: usize) -> Router {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        // A body that stalls fails its read (`JsonBody` answers 408) rather than holding
+        // its connection and handler for ever.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::local_only))
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))

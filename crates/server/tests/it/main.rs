@@ -130,6 +130,8 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ("[limits]\nshutdown_grace_secs = 99999999999\n", "limits.shutdown_grace_secs"),
         ("[limits]\nbody_bytes = 0\n", "limits.body_bytes is 0; it must be at least 1024"),
         ("[limits]\nstreams_per_subject = 0\n", "limits.streams_per_subject is 0; it must be at least 1"),
+        ("[limits]\nheader_timeout_secs = 0\n", "limits.header_timeout_secs is 0; it must be between 1"),
+        ("[limits]\nbody_timeout_secs = 31536001\n", "limits.body_timeout_secs is 31536001"),
         ("[providers.p]\nmodel = \"m\"\ntimeout_secs = 18446744073709551615\n", "providers.p.timeout_secs"),
         (
             "[providers.p]\nmodel = \"m\"\nstream_idle_timeout_secs = 0\n",
@@ -1059,6 +1061,88 @@ async fn a_client_stalled_mid_request_does_not_hold_the_stop_past_the_grace() {
     let mut rest = Vec::new();
     let read = stalled.read_to_end(&mut rest).await;
     assert!(read.is_err() || rest.is_empty(), "the stalled request got no answer: {rest:?}");
+}
+
+/// A connection that does not send a request's headers in time (one that stalls in them,
+/// one that sends nothing, one kept alive idle after its answer) is closed, and an event
+/// stream open longer than that is not: the timeout is for reading a request's head.
+#[tokio::test]
+async fn connections_that_send_no_request_in_time_are_closed_and_streams_stay_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.limits.header_timeout_secs = 1;
+    config.limits.heartbeat_secs = 3;
+    let (address, stop, serving) = serve(config).await;
+    // The stream's first keep-alive comes after three seconds, past the header timeout.
+    let mut feed = TcpStream::connect(address).await.unwrap();
+    feed.write_all(b"GET /global/event HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let mut feed = BufReader::new(feed);
+    // Each read is bounded only so that a regression fails instead of hanging the suite.
+    let closed = |mut stream: TcpStream| async move {
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer))
+            .await
+            .expect("the server closed the connection");
+        (read.is_ok(), String::from_utf8_lossy(&answer).into_owned())
+    };
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let mut stalled = TcpStream::connect(address).await.unwrap();
+    stalled.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.unwrap();
+    let mut idle = TcpStream::connect(address).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let (_, answer) = closed(idle).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "the kept-alive connection was answered first: {answer}");
+    let (_, answer) = closed(stalled).await;
+    assert!(!answer.contains("200 OK"), "a request whose head never ended is not answered: {answer}");
+    let mut nothing = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(60), silent.read(&mut nothing))
+        .await
+        .expect("the server closed the silent connection");
+    assert!(matches!(read, Ok(0) | Err(_)), "nothing is sent to a silent connection: {read:?}");
+    // The stream outlived them all.
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(feed.read_line(&mut line).await.unwrap() > 0, "the stream stayed open: {lines:?}");
+        if line.starts_with(':') {
+            break;
+        }
+        lines.push(line);
+    }
+    assert!(lines[0].starts_with("HTTP/1.1 200"), "{lines:?}");
+    drop(feed);
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
+/// A request body that stops arriving is refused with 408 in the API's error shape.
+#[tokio::test]
+async fn a_request_body_that_stops_arriving_is_refused_with_408() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.limits.body_timeout_secs = 1;
+    let (address, stop, serving) = serve(config).await;
+    let mut stalled = TcpStream::connect(address).await.unwrap();
+    let head = "POST /v1/agents/sessions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                content-length: 1000\r\n\r\n{\"agent_name\"";
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(60), stalled.read_to_string(&mut answer))
+        .await
+        .expect("the stalled body was answered")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("\"code\":\"request_timeout\"") && answer.contains("body_timeout_secs"),
+        "{answer}"
+    );
+    // Nothing was created.
+    let (status, sessions) =
+        request(address, "GET", "/v1/agents/sessions?agent_name=demo", &json!(null)).await;
+    assert_eq!(status, 200);
+    assert!(sessions.contains("\"data\":[]"), "{sessions}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@
 //! require_justification = true
 //! require_approval = false
 //! approval_timeout_secs = 3600       # a gated spawn undecided this long is denied (default an hour)
-//! max_instances = 4                  # per mission
+//! max_instances = 4                  # per mission (a mission resumed after a crash counts the dead process's)
 //! max_depth = 1                      # spawned by the coordinator: depth 1
 //! budget = { max_tokens = 8000, max_tool_calls = 10 }
 //! capabilities = ["read"]            # the tools its instances may call
@@ -401,7 +401,69 @@ pub struct SpawnCatalog {
 /// (`ToolContext::turn_local`), shared by the spawners of every depth of one team. A team
 /// nested in another counts its own (its policy is its own, whatever its roles are called).
 #[derive(Debug, Default)]
-struct SpawnCounts(Mutex<HashMap<(usize, String), u32>>);
+struct SpawnCounts {
+    /// Instances this process started in the mission, by team and role.
+    started: Mutex<HashMap<(usize, String), u32>>,
+    /// Instances the mission had started before this process took its turn over (a
+    /// recovered turn), by role, read from the turn's stored events at the first spawn.
+    /// Stored events do not say which team spawned an instance: a role name that two
+    /// nested teams share counts the other's too (a limit is never exceeded, a recovered
+    /// nested team may be refused early).
+    before: tokio::sync::OnceCell<HashMap<String, u32>>,
+}
+
+impl SpawnCounts {
+    /// The instances the mission started before this process ran its turn: by role, each
+    /// spawn approved (`spawn.approved`, whose instance id it names) whose instance
+    /// started (`instance.started`). Read once per turn; none outside a turn.
+    async fn before(&self, context: &ToolContext) -> Result<&HashMap<String, u32>, ToolError> {
+        self.before.get_or_try_init(|| stored_spawns(context)).await
+    }
+}
+
+/// How many events one read of a turn's stored events takes.
+const EVENT_PAGE: usize = 1000;
+
+/// See [`SpawnCounts::before`].
+async fn stored_spawns(context: &ToolContext) -> Result<HashMap<String, u32>, ToolError> {
+    use agentry_events::EventPayload;
+    let Some(store) = context.store() else { return Ok(HashMap::new()) };
+    let mut approved: HashMap<String, String> = HashMap::new();
+    let mut started: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .turn_events(context.turn_id, agentry_memory::Order::Asc, after, EVENT_PAGE)
+            .await
+            .map_err(|error| ToolError::Failed(format!("cannot read the mission's spawns: {error}")))?;
+        for stored in &page {
+            let event = &stored.event;
+            let Some(instance) = event.team.as_ref().and_then(|team| team.instance_id.clone()) else {
+                continue;
+            };
+            match &event.payload {
+                EventPayload::SpawnApproved { requested_role, .. } => {
+                    approved.insert(instance, requested_role.clone());
+                }
+                EventPayload::InstanceStarted { .. } => {
+                    started.insert(instance);
+                }
+                _ => {}
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() == EVENT_PAGE => after = Some(last.event.seq),
+            _ => break,
+        }
+    }
+    let mut counts = HashMap::new();
+    for (instance, role) in approved {
+        if started.contains(&instance) {
+            *counts.entry(role).or_default() += 1;
+        }
+    }
+    Ok(counts)
+}
 
 /// Everything `spawn_agent` needs.
 #[derive(Debug, Clone)]
@@ -453,6 +515,7 @@ impl Spawner {
         &self,
         args: &SpawnArgs,
         counts: &SpawnCounts,
+        before: &HashMap<String, u32>,
     ) -> Result<(Arc<SpawnPolicy>, Role, Template), Refusal> {
         let Some(policy) = self.policy.clone() else {
             return Err(Refusal("spawn_policy_missing", "spawn policy file missing".to_owned()));
@@ -507,12 +570,13 @@ impl Spawner {
                 ));
             }
         }
-        let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counts = counts.started.lock().unwrap_or_else(PoisonError::into_inner);
         let count = counts.entry(self.count_key(&args.role)).or_default();
-        if role.max_instances.is_some_and(|max| *count >= max) {
+        let all = *count + before.get(&args.role).copied().unwrap_or(0);
+        if role.max_instances.is_some_and(|max| all >= max) {
             return Err(Refusal(
                 "instance_limit_reached",
-                format!("the mission already has {count} instance(s) of role {:?}, its limit", args.role),
+                format!("the mission already has {all} instance(s) of role {:?}, its limit", args.role),
             ));
         }
         *count += 1;
@@ -629,13 +693,15 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     };
     // The mission is the turn: its counts are the turn's own, and end with it.
     let counts = context.turn_local::<SpawnCounts>().unwrap_or_default();
-    let (_policy, role, template) = match spawner.check(&args, &counts) {
+    // A turn recovered from a dead process counts the instances that process started.
+    let before = counts.before(context).await?;
+    let (_policy, role, template) = match spawner.check(&args, &counts, before) {
         Ok(granted) => granted,
         Err(Refusal(code, error)) => return deny(code, error).await,
     };
     // The slot `check` took counts only if the instance starts.
     let uncount = || {
-        let mut counts = counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counts = counts.started.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(count) = counts.get_mut(&spawner.count_key(&args.role)) {
             *count = count.saturating_sub(1);
         }

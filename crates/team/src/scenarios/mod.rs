@@ -80,6 +80,7 @@ macro_rules! team_scenarios {
             spawn::an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes,
             spawn::a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_resumed,
             spawn::a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_resume,
+            spawn::an_instance_limit_counts_the_instances_a_dead_process_started,
             modes::a_member_resumed_by_a_turn_that_is_handed_over_ends_with_it,
             modes::a_broadcast_retried_after_a_crash_does_not_run_the_member_that_answered,
             modes::a_retried_broadcast_whose_fresh_member_asks_pauses_for_it,

@@ -160,23 +160,23 @@ pub async fn each_refusal_of_the_policy_has_its_own_code(harness: Harness) {
     }
 }
 
+/// A worker spawned and finished, then a second one refused at the role's limit of one.
+const ONE_WORKER_THEN_THE_LIMIT: &[(&str, &str)] = &[
+    ("requested", "worker"),
+    ("approved", "worker"),
+    ("started", "worker"),
+    ("completed", ""),
+    ("requested", "worker"),
+    ("denied", "instance_limit_reached"),
+];
+
 /// Scenario.
 pub async fn a_granted_spawn_starts_an_instance_and_the_second_beyond_the_limit_is_denied(harness: Harness) {
     let policy = SpawnPolicy::parse(POLICY).unwrap();
     let spawn = json!({"role": "worker", "task": "Write the plan.", "justification": "Needs doing."});
     let (events, answer) =
         run(&harness, Some(policy), SpawnApprovals::new(), vec![spawn.clone(), spawn]).await;
-    assert_eq!(
-        lifecycle(&events),
-        pairs(&[
-            ("requested", "worker"),
-            ("approved", "worker"),
-            ("started", "worker"),
-            ("completed", ""),
-            ("requested", "worker"),
-            ("denied", "instance_limit_reached"),
-        ])
-    );
+    assert_eq!(lifecycle(&events), pairs(ONE_WORKER_THEN_THE_LIMIT));
     assert!(answer.starts_with("worked on: Write the plan."), "{answer}");
     let started = events.iter().find_map(|event| match &event.payload {
         EventPayload::InstanceStarted { budget_limit, .. } => Some(*budget_limit),
@@ -565,6 +565,65 @@ pub async fn an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes(h
         "{:?}",
         members[0].state
     );
+}
+
+/// A coordinator that spawns a worker, then stalls once it has the worker's answer (it
+/// says when it is asked, and never replies): its process is stopped mid-turn there.
+#[derive(Debug)]
+struct SpawnThenStall(Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl Model for SpawnThenStall {
+    fn info(&self) -> agentry_model::ModelInfo {
+        agentry_model::ModelInfo { id: "spawn-then-stall".to_owned(), provider: "test".to_owned() }
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<agentry_model::ModelStream, agentry_model::ModelError> {
+        if tool_results(&request).is_empty() {
+            return coordinator(vec![json!({"role": "worker", "task": "Work.", "justification": "needed"})])
+                .stream(request)
+                .await;
+        }
+        self.0.notify_one();
+        Ok(Box::pin(futures_util::stream::pending()))
+    }
+}
+
+/// Scenario: a mission's instance limit holds across a crash. A team turn started a
+/// worker (its role's limit is one) in a process that stopped mid-turn; the process that
+/// resumes the turn refuses a second worker (`instance_limit_reached`), counting the
+/// instance the first process started.
+pub async fn an_instance_limit_counts_the_instances_a_dead_process_started(harness: Harness) {
+    let spawn = json!({"role": "worker", "task": "Work again.", "justification": "needed"});
+    let team = |coordinator: Arc<dyn Model>| {
+        let catalog =
+            SpawnCatalog { models: HashMap::from([("small".to_owned(), small_model())]), tools: Vec::new() };
+        Team::builder("org", coordinator)
+            .spawn_policy(Some(SpawnPolicy::parse(POLICY).unwrap()))
+            .catalog(catalog)
+            .build()
+    };
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let (first, _session, turn) =
+        super::start(&harness, team(Arc::new(SpawnThenStall(asked.clone()))), "Staff it.").await;
+    asked.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+    let second = Runtime::new(harness.store.clone());
+    // The same coordinator, past its first spawn: it asks for another worker.
+    second.register(team(coordinator(vec![json!({}), spawn])));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(agentry_runner::TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    assert!(matches!(state, agentry_types::TurnState::Done { .. }), "{state:?}");
+    let events: Vec<Arc<EventEnvelope>> =
+        resumed[0].events(agentry_memory::Order::Asc).await.unwrap().into_iter().map(Arc::new).collect();
+    assert_eq!(lifecycle(&events), pairs(ONE_WORKER_THEN_THE_LIMIT));
+    let denied = events.iter().find(|event| event.payload.kind() == "agent_team.spawn.denied").unwrap();
+    let EventPayload::SpawnDenied { error, .. } = &denied.payload else { unreachable!() };
+    assert!(error.contains("already has 1 instance(s)"), "{error}");
 }
 
 /// A team turn whose spawned instance runs when its process hands it over (as at a

@@ -512,7 +512,10 @@ class Durable(unittest.TestCase):
                 session = h.post("/v1/agents/sessions", json={"agent_name": "demo-team"}).json()["data"]["id"]
                 body = {"session_id": session, "role": "analyst", "task": "slow work", "justification": "ops"}
                 spawned = h.post("/v1/agent-team/spawn", json=body).json()
-                feed_frames(h, f"/event?session_id={session}", until=lambda f: f["type"] == "agent_team.instance.started")
+                # From the session's first event: the instance may start before a feed at
+                # the live edge is connected.
+                started = lambda f: f["type"] == "agent_team.instance.started"
+                feed_frames(h, f"/event?session_id={session}&after=0", until=started)
         finally:
             first.kill()
             closed(first, log)

@@ -148,6 +148,37 @@ impl ScriptedResponse {
     }
 }
 
+/// Refuses a conversation that an OpenAI-compatible provider refuses with a 400, as a real
+/// provider does: a tool result must answer a call of the assistant message it follows
+/// (with only other results between them), and an assistant message's calls must each be
+/// answered before the conversation goes on.
+fn check_tool_pairs(messages: &[agentry_types::Message]) -> Result<(), ModelError> {
+    use agentry_types::Role;
+    // The calls of the latest assistant message with calls not answered yet.
+    let mut open: Vec<&str> = Vec::new();
+    let mut answering = false;
+    for (index, message) in messages.iter().enumerate() {
+        if message.role == Role::Tool {
+            let id = message.tool_call_id.as_deref().unwrap_or_default();
+            let Some(position) = open.iter().position(|call| *call == id).filter(|_| answering) else {
+                return Err(ModelError::InvalidRequest(format!(
+                    "messages[{index}]: a message with role 'tool' must be a response to a preceding message with 'tool_calls' (tool_call_id {id:?})"
+                )));
+            };
+            open.remove(position);
+            continue;
+        }
+        if !open.is_empty() {
+            return Err(ModelError::InvalidRequest(format!(
+                "messages[{index}]: an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'; these had none: {open:?}"
+            )));
+        }
+        answering = message.role == Role::Assistant && !message.tool_calls.is_empty();
+        open = message.tool_calls.iter().map(|call| call.id.as_str()).collect();
+    }
+    Ok(())
+}
+
 type Responder = dyn Fn(&ModelRequest) -> ScriptedResponse + Send + Sync;
 
 enum Script {
@@ -269,6 +300,7 @@ impl Model for ScriptedModel {
         if request.messages.is_empty() {
             return Err(ModelError::InvalidRequest("the request has no messages".to_owned()));
         }
+        check_tool_pairs(&request.messages)?;
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(requests) = &self.requests {
             let mut requests = requests.lock().unwrap_or_else(PoisonError::into_inner);

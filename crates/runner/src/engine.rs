@@ -191,6 +191,8 @@ pub(crate) struct TurnSink {
     appended: Arc<tokio::sync::Notify>,
     /// What tools keep for the length of the turn ([`crate::ToolContext::turn_local`]).
     locals: TurnLocals,
+    /// Whether this process took the turn over from another ([`crate::ToolContext::turn_resumed`]).
+    pub(crate) resumed: bool,
 }
 
 /// Values tools keep for the length of one turn, one per type: shared by every tool call
@@ -245,6 +247,7 @@ impl TurnSink {
         emitter: TurnEmitter,
         high_water: u64,
         appended: Arc<tokio::sync::Notify>,
+        resumed: bool,
     ) -> Self {
         let turn_id = live.turn_id;
         let state = SinkState {
@@ -264,6 +267,7 @@ impl TurnSink {
             state: Mutex::new(state),
             appended,
             locals: TurnLocals::default(),
+            resumed,
         }
     }
 
@@ -290,8 +294,11 @@ impl TurnSink {
     ) -> impl std::future::Future<Output = Result<Option<Arc<EventEnvelope>>, Stop>> + Send + 'a {
         if !state.step.is_empty() {
             // Left by a write whose future was dropped (a member thread cut off at the end
-            // of a cancellation's grace): dropped with it, as a step kept in its future was.
-            state.step = TurnStep::default();
+            // of a cancellation's grace): dropped with it, as a step kept in its future was,
+            // but for its raise of the high-water mark, which numbers already handed out
+            // rely on: it goes with this step.
+            let dropped = std::mem::take(&mut state.step);
+            state.raise = state.raise.max(dropped.high_water);
         }
         let has_last = last.is_some();
         // The turn's end (its record with `turn.done`) also gives its lease back.
@@ -544,6 +551,11 @@ impl ThreadScope {
     /// The fence of the turn's lease.
     pub(crate) const fn fence(&self) -> Fence {
         self.fence
+    }
+
+    /// See [`crate::ToolContext::turn_resumed`].
+    pub(crate) fn turn_resumed(&self) -> bool {
+        self.sink.resumed
     }
 
     /// The turn's `T` (see [`crate::ToolContext::turn_local`]).
@@ -1505,17 +1517,32 @@ impl TurnEngine {
     async fn load_context(&mut self) -> Result<(), Stop> {
         // The turn's own run is the newest and always in the window: with a window of no
         // runs, its input (or a recovered turn's progress) would be applied twice.
-        let last_runs = self.agent.limits().history_runs.max(1);
-        let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
-        let history = self.store.history(self.session_id(), &query).await?;
+        let mut last_runs = self.agent.limits().history_runs.max(1);
+        let turn_id = self.turn_id();
+        let (own, mut earlier) = loop {
+            let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
+            let history = self.store.history(self.session_id(), &query).await?;
+            let (own, earlier): (Vec<_>, Vec<_>) =
+                history.into_iter().partition(|message| message.run_id == turn_id);
+            // A turn that answers the calls an earlier turn paused on starts with their
+            // results: the run that made the calls is always in the window (providers
+            // refuse a result without its call, and the boundary step looks for them).
+            let answers = self.run.input.iter().any(|item| !matches!(item, TurnInputItem::Message(_)));
+            if answers && earlier.is_empty() && last_runs == self.agent.limits().history_runs.max(1) {
+                last_runs += 1;
+                continue;
+            }
+            break (own, earlier);
+        };
+        // The window may begin with results of calls made in a run before it (a turn that
+        // answered its previous turn's calls): they go, for the same reason.
+        let orphans = earlier.iter().take_while(|stored| stored.message.role == Role::Tool).count();
+        earlier.drain(..orphans);
         // A fresh context (clearing a shared one would copy it first).
         self.context = Arc::default();
         if let Some(system) = self.main_system_prompt(Vec::new()) {
             Arc::make_mut(&mut self.context).push(Message::system(system));
         }
-        let turn_id = self.turn_id();
-        let (own, earlier): (Vec<_>, Vec<_>) =
-            history.into_iter().partition(|message| message.run_id == turn_id);
         Arc::make_mut(&mut self.context)
             .extend(earlier.into_iter().map(|stored| Message { from_history: true, ..stored.message }));
         self.own_start = self.context.len();
@@ -2215,6 +2242,17 @@ impl TurnEngine {
         }
         let direct = self.direct_answer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(direct) = direct {
+            // The message's calls still waiting (for a person, the client, an authorization
+            // or a paused member) will not run: the user has their answer. Each gets a
+            // result saying so, so the history stays a conversation providers take.
+            if let Some((_, waiting)) = self.unanswered_calls() {
+                let note =
+                    "The call did not run: another call of the same message answered the user directly.";
+                self.persist(
+                    waiting.iter().map(|call| Message::tool(call.id.clone(), note.to_owned())).collect(),
+                )
+                .await?;
+            }
             self.complete_step(None, direct.message.content.clone()).await?;
             return Ok(Some(Outcome::Answered(Some(direct))));
         }
@@ -2381,6 +2419,9 @@ impl TurnEngine {
         if calls.is_empty() {
             return Ok(ToolRuns::default());
         }
+        // A cancellation that came before the calls start stops them: none starts (the
+        // select below would otherwise start them for the grace meant for running ones).
+        self.cancel.check()?;
         for call in calls {
             if self.responded.contains(&call.id) {
                 continue;
@@ -2475,10 +2516,18 @@ impl TurnEngine {
         let mut done = Vec::with_capacity(results.len());
         let mut auth: Vec<McpServerAuth> = Vec::new();
         let mut paused = Vec::new();
+        let mut failed = None;
         for (call, ran) in results {
             // A call given up past the grace is left unanswered: the turn's end closes it.
             let Some(ran) = ran else { continue };
-            match ran? {
+            let ran = match ran {
+                Ok(ran) => ran,
+                Err(stop) => {
+                    failed.get_or_insert(stop);
+                    continue;
+                }
+            };
+            match ran {
                 Ran::Result(result) => {
                     // A call id the model uses again in this turn gets this result.
                     if let Some(entry) = self.journal.get_mut(&call.id)
@@ -2496,7 +2545,10 @@ impl TurnEngine {
                 Ran::Paused(required) => paused.extend(required),
             }
         }
-        if let Some(reason) = stopped {
+        // One call's failure (its journal write refused) stops the turn, as a cancellation
+        // does, but the calls that ran keep their results, as their journal does: the model
+        // must not be told that work with side effects did not happen.
+        if let Some(stop) = failed.or(stopped.map(Stop::Cancelled)) {
             for (call, result) in &done {
                 self.emit_tool_response(call, result).await?;
             }
@@ -2504,7 +2556,7 @@ impl TurnEngine {
                 done.into_iter().map(|(call, result)| Message::tool(call.id, result.content)).collect(),
             )
             .await?;
-            return Err(Stop::Cancelled(reason));
+            return Err(stop);
         }
         Ok(ToolRuns { results: done, auth, paused })
     }

@@ -897,6 +897,7 @@ impl Runtime {
             emitter,
             high_water,
             self.inner.appended.clone(),
+            recovered,
         ));
         let cancel = CancelWatch::new(live.cancel_receiver(), agent.limits().timeout);
         let panic_sink = sink.clone();

@@ -2382,6 +2382,96 @@ pub async fn a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once(h
     assert_eq!(history.iter().filter(|stored| stored.message.text() == "second").count(), 1);
 }
 
+/// Scenario: a short history window never hands the model a tool result without its
+/// call (providers refuse it). With a window of one run, the turn that approves a call
+/// still sees the call it answers; with two, a later turn whose window begins at that
+/// approving turn leaves its results out.
+pub async fn a_history_window_never_starts_with_results_whose_call_it_cut_off(harness: Harness) {
+    for history_runs in [1, 2] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let model = Arc::new(ScriptedModel::new(vec![
+            ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1})),
+            ScriptedResponse::text("Done: 2."),
+            ScriptedResponse::text("Hello again."),
+        ]));
+        let limits = AgentLimits { history_runs, ..AgentLimits::default() };
+        let agent = Agent::builder("gated", model.clone())
+            .tool(add_tool(calls.clone()))
+            .requires_approval("add")
+            .limits(limits)
+            .build();
+        let runtime = runtime(&harness, agent);
+        let session = session_for(&runtime, "gated").await;
+        let first = session.create_turn(TurnRequest::message("Add 1 and 1")).await.unwrap();
+        assert_eq!(first.wait().await.unwrap().required_actions().len(), 1);
+        let approve = TurnInputItem::allow(agentry_types::ThreadId::main(), "call_1_0");
+        let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+        let state = second.wait().await.unwrap();
+        assert_eq!(answer_text(&state).as_deref(), Some("Done: 2."), "window of {history_runs}: {state:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let third = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
+        let state = third.wait().await.unwrap();
+        assert_eq!(
+            answer_text(&state).as_deref(),
+            Some("Hello again."),
+            "window of {history_runs}: {state:?}"
+        );
+        let seen = model.requests().last().cloned().unwrap();
+        assert!(
+            seen.messages.first().is_none_or(|message| message.role != agentry_types::Role::Tool),
+            "window of {history_runs}: {:?}",
+            seen.messages
+        );
+    }
+}
+
+/// Scenario: a call that answers the user directly (a route to a member) next to a call
+/// that waits for an approval ends the turn with the member's answer, and the waiting call
+/// gets a result saying it did not run: the history stays a conversation a provider takes,
+/// and the next turn is answered.
+pub async fn a_direct_answer_closes_the_calls_of_its_message_still_waiting(harness: Harness) {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let member = Agent::builder(
+        "member",
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("Hi from the member.")])),
+    )
+    .build();
+    let route =
+        FunctionTool::new("route", "Hands the user to a member.", move |_: Nothing, context: ToolContext| {
+            let member = member.clone();
+            async move {
+                let result = context.run_thread(&member, "Greet.", "member").await?;
+                if let Some(output) = result.output {
+                    context.answer_directly(output);
+                }
+                Ok::<_, ToolError>(result.answer)
+            }
+        });
+    let mut both = ScriptedResponse::tool_call("route", &json!({}));
+    both.tool_calls.push(ScriptedToolCall {
+        id: None,
+        name: "add".to_owned(),
+        arguments: r#"{"a":1,"b":1}"#.to_owned(),
+    });
+    let model = Arc::new(ScriptedModel::new(vec![both, ScriptedResponse::text("Hello again.")]));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("router", model)
+        .tool(route.shared())
+        .tool(add_tool(calls.clone()))
+        .requires_approval("add")
+        .build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "router").await;
+    let first = session.create_turn(TurnRequest::message("Hi")).await.unwrap();
+    let state = first.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Hi from the member."));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let next = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
+    let state = next.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Hello again."), "{state:?}");
+}
+
 /// Scenario.
 pub async fn turn_locals_are_shared_by_a_turns_calls_and_threads_and_end_with_the_turn(harness: Harness) {
     #[derive(Default)]
@@ -2503,6 +2593,8 @@ macro_rules! runner_scenarios {
             a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_runs_once,
             a_model_message_too_large_to_keep_fails_the_turn_and_keeps_every_number,
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
+            a_history_window_never_starts_with_results_whose_call_it_cut_off,
+            a_direct_answer_closes_the_calls_of_its_message_still_waiting,
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,

@@ -189,6 +189,15 @@ impl ToolContext {
         self.scope.as_ref().map(|scope| scope.turn_local::<T>())
     }
 
+    /// Whether this process took the call's turn over from another: a turn resumed after
+    /// its process died or handed it over. What that process kept for the turn
+    /// ([`ToolContext::turn_local`]) is gone; what it did is in the turn's stored events.
+    /// False outside a turn.
+    #[must_use]
+    pub fn turn_resumed(&self) -> bool {
+        self.scope.as_ref().is_some_and(|scope| scope.turn_resumed())
+    }
+
     /// Waits for `future` unless the turn is cancelled first (then `None`). Outside a turn
     /// it just waits.
     pub async fn until_cancelled<F: std::future::Future>(&self, future: F) -> Option<F::Output> {

@@ -27,8 +27,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Serves `app` on `listener` until `signal` resolves; then accepts no more connections,
-/// lets each open one finish the request it is serving (an idle one closes at once), and
-/// returns once all are closed. A connection that does not send a request's headers within
+/// lets each open one finish the request it is serving (one between requests closes at
+/// once, one in the middle of a request's head at its header timeout), and returns once
+/// all are closed. A connection that does not send a request's headers within
 /// `header_timeout` of being ready for them is closed without a response.
 pub(crate) async fn serve(
     mut listener: CutListener,

@@ -405,7 +405,7 @@ struct SpawnCounts {
     /// Instances this process started in the mission, by team and role.
     started: Mutex<HashMap<(usize, String), u32>>,
     /// Instances the mission had started before this process took its turn over (a
-    /// recovered turn), by role, read from the turn's stored events at the first spawn.
+    /// resumed turn), by role, read from the turn's stored events at its first spawn here.
     /// Stored events do not say which team spawned an instance: a role name that two
     /// nested teams share counts the other's too (a limit is never exceeded, a recovered
     /// nested team may be refused early).
@@ -413,23 +413,28 @@ struct SpawnCounts {
 }
 
 impl SpawnCounts {
-    /// The instances the mission started before this process ran its turn: by role, each
-    /// spawn approved (`spawn.approved`, whose instance id it names) whose instance
-    /// started (`instance.started`). Read once per turn; none outside a turn.
+    /// The instances the mission spawned before this process took its turn over: by
+    /// role, each spawn approved (`spawn.approved`). Read once per turn, and only for a
+    /// turn this process resumed (none otherwise, and outside a turn).
     async fn before(&self, context: &ToolContext) -> Result<&HashMap<String, u32>, ToolError> {
-        self.before.get_or_try_init(|| stored_spawns(context)).await
+        self.before
+            .get_or_try_init(|| async {
+                if context.turn_resumed() { stored_spawns(context).await } else { Ok(HashMap::new()) }
+            })
+            .await
     }
 }
 
 /// How many events one read of a turn's stored events takes.
 const EVENT_PAGE: usize = 1000;
 
-/// See [`SpawnCounts::before`].
+/// See [`SpawnCounts::before`]. An approval counts whether or not its instance's start
+/// is stored: a resumed paused instance starts under its first id, not the one its new
+/// approval names, and the rare approval whose instance could not start errs on the side
+/// of the limit.
 async fn stored_spawns(context: &ToolContext) -> Result<HashMap<String, u32>, ToolError> {
-    use agentry_events::EventPayload;
     let Some(store) = context.store() else { return Ok(HashMap::new()) };
-    let mut approved: HashMap<String, String> = HashMap::new();
-    let mut started: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut counts = HashMap::new();
     let mut after = None;
     loop {
         let page = store
@@ -437,29 +442,14 @@ async fn stored_spawns(context: &ToolContext) -> Result<HashMap<String, u32>, To
             .await
             .map_err(|error| ToolError::Failed(format!("cannot read the mission's spawns: {error}")))?;
         for stored in &page {
-            let event = &stored.event;
-            let Some(instance) = event.team.as_ref().and_then(|team| team.instance_id.clone()) else {
-                continue;
-            };
-            match &event.payload {
-                EventPayload::SpawnApproved { requested_role, .. } => {
-                    approved.insert(instance, requested_role.clone());
-                }
-                EventPayload::InstanceStarted { .. } => {
-                    started.insert(instance);
-                }
-                _ => {}
+            if let agentry_events::EventPayload::SpawnApproved { requested_role, .. } = &stored.event.payload
+            {
+                *counts.entry(requested_role.clone()).or_default() += 1;
             }
         }
         match page.last() {
             Some(last) if page.len() == EVENT_PAGE => after = Some(last.event.seq),
             _ => break,
-        }
-    }
-    let mut counts = HashMap::new();
-    for (instance, role) in approved {
-        if started.contains(&instance) {
-            *counts.entry(role).or_default() += 1;
         }
     }
     Ok(counts)
@@ -651,6 +641,10 @@ pub(crate) fn spawn_agent(spawner: Spawner) -> Arc<dyn Tool> {
 
 async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Result<String, ToolError> {
     let mission = context.turn_id;
+    // A turn resumed from another process counts the instances that process spawned. Read
+    // before the request is emitted: a read that fails leaves no request undecided.
+    let counts = context.turn_local::<SpawnCounts>().unwrap_or_default();
+    let before = counts.before(context).await?;
     let team = |instance_id: Option<String>| TeamContext {
         mission_id: Some(format!("mis_{mission}")),
         instance_id,
@@ -691,10 +685,6 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
             Err::<String, ToolError>(ToolError::Failed(format!("{DENIED_PREFIX}({code}): {error}")))
         }
     };
-    // The mission is the turn: its counts are the turn's own, and end with it.
-    let counts = context.turn_local::<SpawnCounts>().unwrap_or_default();
-    // A turn recovered from a dead process counts the instances that process started.
-    let before = counts.before(context).await?;
     let (_policy, role, template) = match spawner.check(&args, &counts, before) {
         Ok(granted) => granted,
         Err(Refusal(code, error)) => return deny(code, error).await,

@@ -157,8 +157,17 @@ impl MessageBuilder {
                 return Err(MergeError::AfterFinish { id });
             }
         }
-        for chunk in &delta.tool_calls {
-            self.check_chunk(chunk)?;
+        if let [chunk] = delta.tool_calls.as_slice() {
+            check_chunk(&self.calls, chunk)?;
+        } else if !delta.tool_calls.is_empty() {
+            // Several chunks in one delta, which may open a call and continue it, or open
+            // one index twice: each is checked against the calls as the chunks before it
+            // leave them, as if they came in deltas of their own.
+            let mut calls = self.calls.clone();
+            for chunk in &delta.tool_calls {
+                check_chunk(&calls, chunk)?;
+                merge_chunk(&mut calls, chunk);
+            }
         }
         if delta.finish_reason.is_some() {
             self.check_completes_with(delta)?;
@@ -185,41 +194,6 @@ impl MessageBuilder {
         }
         Ok(())
     }
-
-    fn check_chunk(&self, chunk: &ToolCallDelta) -> Result<(), MergeError> {
-        let index = chunk.index;
-        if index > MAX_TOOL_CALL_INDEX {
-            return Err(MergeError::ToolCallIndexTooLarge { index });
-        }
-        let name =
-            chunk.function.as_ref().and_then(|function| function.name.as_deref()).filter(|n| !n.is_empty());
-        let existing = self.calls.get(index as usize).and_then(Option::as_ref);
-        match existing {
-            None if name.is_none() => Err(MergeError::UnknownToolCallIndex { index }),
-            None => Ok(()),
-            Some(call) => {
-                if let (Some(first), Some(got)) = (call.id.as_deref(), chunk.id.as_deref())
-                    && !got.is_empty()
-                    && first != got
-                {
-                    return Err(MergeError::ConflictingToolCallId {
-                        index,
-                        first: first.to_owned(),
-                        got: got.to_owned(),
-                    });
-                }
-                match name {
-                    Some(got) if got != call.name => Err(MergeError::ConflictingToolName {
-                        index,
-                        first: call.name.clone(),
-                        got: got.to_owned(),
-                    }),
-                    _ => Ok(()),
-                }
-            }
-        }
-    }
-
     /// Merges a delta of message `id`. On error nothing changes.
     pub fn push(&mut self, id: EventId, delta: &ModelMessageDelta) -> Result<(), MergeError> {
         self.check(id, delta)?;
@@ -234,7 +208,7 @@ impl MessageBuilder {
         append(&mut self.message.reasoning_content, delta.reasoning_content.as_deref());
         append(&mut self.message.refusal, delta.refusal.as_deref());
         for chunk in &delta.tool_calls {
-            self.merge_chunk(chunk);
+            merge_chunk(&mut self.calls, chunk);
         }
         if let Some(reason) = &delta.finish_reason {
             self.message.finish_reason = Some(reason.clone());
@@ -243,35 +217,6 @@ impl MessageBuilder {
             self.message.usage = Some(usage);
         }
     }
-
-    fn merge_chunk(&mut self, chunk: &ToolCallDelta) {
-        let index = chunk.index as usize;
-        if self.calls.len() <= index {
-            self.calls.resize(index + 1, None);
-        }
-        let slot = &mut self.calls[index];
-        let call = slot.get_or_insert_with(PartialCall::default);
-        if call.id.is_none() {
-            call.id = chunk.id.clone().filter(|id| !id.is_empty());
-        }
-        if call.kind.is_none() {
-            call.kind = chunk.kind;
-        }
-        if call.tool_info.is_none() {
-            call.tool_info = chunk.tool_info.clone();
-        }
-        if let Some(function) = &chunk.function {
-            if call.name.is_empty()
-                && let Some(name) = &function.name
-            {
-                call.name.clone_from(name);
-            }
-            if let Some(arguments) = &function.arguments {
-                call.arguments.push_str(arguments);
-            }
-        }
-    }
-
     /// The message built so far, complete or not: what a cancelled stream leaves. Tool
     /// calls that never received their id are left out.
     pub fn build_partial(&self) -> Result<ModelMessage, MergeError> {
@@ -304,6 +249,70 @@ impl MessageBuilder {
         let message = self.build()?;
         *self = Self::default();
         Ok(message)
+    }
+}
+
+/// Checks that a tool-call chunk can merge into `calls`.
+fn check_chunk(calls: &[Option<PartialCall>], chunk: &ToolCallDelta) -> Result<(), MergeError> {
+    let index = chunk.index;
+    if index > MAX_TOOL_CALL_INDEX {
+        return Err(MergeError::ToolCallIndexTooLarge { index });
+    }
+    let name =
+        chunk.function.as_ref().and_then(|function| function.name.as_deref()).filter(|n| !n.is_empty());
+    let existing = calls.get(index as usize).and_then(Option::as_ref);
+    match existing {
+        None if name.is_none() => Err(MergeError::UnknownToolCallIndex { index }),
+        None => Ok(()),
+        Some(call) => {
+            if let (Some(first), Some(got)) = (call.id.as_deref(), chunk.id.as_deref())
+                && !got.is_empty()
+                && first != got
+            {
+                return Err(MergeError::ConflictingToolCallId {
+                    index,
+                    first: first.to_owned(),
+                    got: got.to_owned(),
+                });
+            }
+            match name {
+                Some(got) if got != call.name => Err(MergeError::ConflictingToolName {
+                    index,
+                    first: call.name.clone(),
+                    got: got.to_owned(),
+                }),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Merges a tool-call chunk that [`check_chunk`] accepted into `calls`.
+fn merge_chunk(calls: &mut Vec<Option<PartialCall>>, chunk: &ToolCallDelta) {
+    let index = chunk.index as usize;
+    if calls.len() <= index {
+        calls.resize(index + 1, None);
+    }
+    let slot = &mut calls[index];
+    let call = slot.get_or_insert_with(PartialCall::default);
+    if call.id.is_none() {
+        call.id = chunk.id.clone().filter(|id| !id.is_empty());
+    }
+    if call.kind.is_none() {
+        call.kind = chunk.kind;
+    }
+    if call.tool_info.is_none() {
+        call.tool_info = chunk.tool_info.clone();
+    }
+    if let Some(function) = &chunk.function {
+        if call.name.is_empty()
+            && let Some(name) = &function.name
+        {
+            call.name.clone_from(name);
+        }
+        if let Some(arguments) = &function.arguments {
+            call.arguments.push_str(arguments);
+        }
     }
 }
 

@@ -127,6 +127,30 @@ fn conflicting_call_ids_and_names_are_refused() {
     ));
 }
 
+/// Chunks of one delta merge as the same chunks in deltas of their own do: a call opened
+/// and continued in one delta merges, and one index opened twice with other names is
+/// refused, changing nothing.
+#[test]
+fn the_chunks_of_one_delta_are_checked_in_turn() {
+    let id = EventId::new();
+    let mut opened_and_continued = chunk(0, Some("call_a"), Some("get"), Some(""));
+    opened_and_continued.tool_calls.extend(chunk(0, None, None, Some("{\"q\":1}")).tool_calls);
+    let mut builder = MessageBuilder::new();
+    builder.push(id, &opened_and_continued).unwrap();
+    builder.push(id, &finish(FinishReason::ToolCalls)).unwrap();
+    let message = builder.build().unwrap();
+    assert_eq!(message.tool_calls.len(), 1);
+    assert_eq!(
+        (message.tool_calls[0].function.name.as_str(), message.tool_calls[0].function.arguments.as_str()),
+        ("get", "{\"q\":1}")
+    );
+    let mut opened_twice = chunk(0, Some("call_a"), Some("get"), None);
+    opened_twice.tool_calls.extend(chunk(0, None, Some("put"), None).tool_calls);
+    let mut builder = MessageBuilder::new();
+    assert!(matches!(builder.push(id, &opened_twice), Err(MergeError::ConflictingToolName { index: 0, .. })));
+    assert!(builder.is_empty(), "a refused delta changes nothing");
+}
+
 #[test]
 fn a_finishing_delta_that_would_leave_a_call_without_an_id_is_refused_whole() {
     let id = EventId::new();

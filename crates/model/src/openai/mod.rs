@@ -641,34 +641,45 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 /// another id in a call's later chunks. A chunk continues the call at its index with its
 /// id (or, without an id, the latest call at its index); a chunk with a new id starts a
 /// call when it names a function or no call is at its index, and otherwise continues the
-/// latest call there (its id dropped: the first one stays).
+/// latest call there (its id dropped: the first one stays). A chunk without an id that
+/// names another function than the latest call at its index starts a call too (a server
+/// that sends each call whole, without ids, at one index); one naming the same function
+/// again continues it.
 #[derive(Debug, Default)]
 struct ToolCallSlots {
-    /// Per call, in order: the server's index and the call's id.
-    calls: Vec<(u32, String)>,
+    /// Per call, in order: the server's index, the call's id and its function's name.
+    calls: Vec<(u32, String, Option<String>)>,
 }
 
 impl ToolCallSlots {
     fn renumber(&mut self, delta: &mut ModelMessageDelta) {
         for call in &mut delta.tool_calls {
-            let at_index = self.calls.iter().rposition(|(index, _)| *index == call.index);
+            let at_index = self.calls.iter().rposition(|(index, _, _)| *index == call.index);
             let same = call.id.as_deref().and_then(|id| {
-                self.calls.iter().position(|(index, seen)| *index == call.index && seen == id)
+                self.calls.iter().position(|(index, seen, _)| *index == call.index && seen == id)
             });
-            let names = call.function.as_ref().is_some_and(|function| function.name.is_some());
+            let name = call.function.as_ref().and_then(|function| function.name.clone());
+            let names = name.is_some();
+            let renames = |slot: usize| {
+                name.as_ref()
+                    .is_some_and(|name| self.calls[slot].2.as_ref().is_some_and(|named| named != name))
+            };
             let slot = match (same, &call.id, at_index) {
                 (Some(slot), _, _) => slot,
                 (None, Some(_), Some(slot)) if !names => {
                     call.id = None;
                     slot
                 }
-                (None, None, Some(slot)) => slot,
+                (None, None, Some(slot)) if !renames(slot) => slot,
                 (None, _, _) => {
                     let id = call.id.get_or_insert_with(|| format!("call_{}", agentry_types::EventId::new()));
-                    self.calls.push((call.index, id.clone()));
+                    self.calls.push((call.index, id.clone(), None));
                     self.calls.len() - 1
                 }
             };
+            if let (Some(name), Some(named)) = (name, self.calls.get_mut(slot)) {
+                named.2.get_or_insert(name);
+            }
             call.index = u32::try_from(slot).unwrap_or(u32::MAX);
         }
     }

@@ -882,6 +882,24 @@ async fn tool_calls_are_numbered_densely_whatever_the_server_indexes() {
         calls_of(&unindexed).await,
         [(0, call("call_a", "add", "{\"a\":1}")), (1, call("call_b", "mul", "{}"))]
     );
+    // Every call whole, without ids, at one index: a new name is a new call.
+    let anonymous = [
+        call_chunk(Some(0), None, Some("add"), Some("{\"a\":1}")),
+        call_chunk(Some(0), None, Some("mul"), Some("{\"b\":2}")),
+        call_chunk(None, None, Some("div"), Some("{}")),
+        finish("tool_calls"),
+    ];
+    let calls: Vec<(u32, (String, String))> = calls_of(&anonymous)
+        .await
+        .into_iter()
+        .map(|(index, (_, name, arguments))| (index, (name, arguments)))
+        .collect();
+    let expected = [("add", "{\"a\":1}"), ("mul", "{\"b\":2}"), ("div", "{}")];
+    let expected: Vec<(u32, (String, String))> = (0..)
+        .zip(expected)
+        .map(|(index, (name, arguments))| (index, (name.to_owned(), arguments.to_owned())))
+        .collect();
+    assert_eq!(calls, expected);
     // Proxies for Claude start at 1; GLM sends -1.
     for first in [1, -1] {
         let chunks = [

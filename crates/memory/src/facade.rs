@@ -151,23 +151,38 @@ impl SessionMemory {
     }
 }
 
-/// The user memory (`user_memory`): the profile of the facade's user.
+/// The user memory (`user_memory`): the profile of the user the facade's session serves,
+/// the one its analysis builds and its prompts show: the configured user, else the user of
+/// the facade's session (a facade opened on a session another created), else the facade's
+/// own.
 #[derive(Debug, Clone)]
 pub struct UserMemoryHandle {
-    store: Arc<dyn Store>,
-    user_id: String,
+    memory: Memory,
 }
 
 impl UserMemoryHandle {
+    /// The user the profile belongs to (see the type).
+    ///
+    /// Errors: `Store` when the session cannot be read.
+    pub async fn user_id(&self) -> Result<String, MemoryError> {
+        let session = match self.memory.store.get_session(self.memory.session_id).await {
+            Ok(session) => Some(session),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(error) => return Err(error.into()),
+        };
+        Ok(self.memory.user_of(session.as_ref()).to_owned())
+    }
+
     /// The user's profile, if one was built.
     pub async fn profile(&self) -> Result<Option<Value>, MemoryError> {
-        Ok(self.store.profile(&self.user_id).await?.map(|profile| profile.profile))
+        let user_id = self.user_id().await?;
+        Ok(self.memory.store.profile(&user_id).await?.map(|profile| profile.profile))
     }
 
     /// Replaces the user's profile.
     pub async fn set_profile(&self, profile: Value) -> Result<(), MemoryError> {
-        let profile = UserProfile { user_id: self.user_id.clone(), profile, updated_at: Timestamp::now() };
-        Ok(self.store.put_profile(&profile).await?)
+        let profile = UserProfile { user_id: self.user_id().await?, profile, updated_at: Timestamp::now() };
+        Ok(self.memory.store.put_profile(&profile).await?)
     }
 }
 
@@ -254,9 +269,7 @@ impl Memory {
     /// The user memory, when `user_analysis_memory` is on.
     #[must_use]
     pub fn user_memory(&self) -> Option<UserMemoryHandle> {
-        self.config
-            .user_analysis_memory
-            .then(|| UserMemoryHandle { store: self.store.clone(), user_id: self.user_id.clone() })
+        self.config.user_analysis_memory.then(|| UserMemoryHandle { memory: self.clone() })
     }
 
     async fn session_of_type(
@@ -377,7 +390,13 @@ impl Memory {
             Some(id) => id.parse().map_err(|_| MemoryError::InvalidOutput(format!("session id {id:?}")))?,
             None => self.session_id,
         };
-        let name = agent_id.or(facts.name).or(facts.team_id).or(facts.agent_id).unwrap_or("memory");
+        // A team session is named by the team's id, which its runs carry (a team's view
+        // and its filters match runs by it); other sessions by the agent's name.
+        let name = match session_type {
+            SessionType::Team => agent_id.or(facts.team_id).or(facts.name),
+            _ => agent_id.or(facts.name).or(facts.team_id),
+        };
+        let name = name.or(facts.agent_id).unwrap_or("memory");
         self.session_of_type(session_id, session_type, name).await?;
         let run_id: TurnId = match facts.run_id {
             Some(id) => id.parse().map_err(|_| MemoryError::InvalidOutput(format!("run id {id:?}")))?,
@@ -686,7 +705,8 @@ impl Memory {
     }
 
     /// A run that can be resumed (paused, error or cancelled), by id. With `agent_id`, only
-    /// that agent's run. `None` when it does not exist or is not resumable.
+    /// a run of that agent or team (a team's run is found by the team's id). `None` when it
+    /// does not exist or is not resumable.
     pub async fn load_resumable_run(
         &self,
         run_id: TurnId,
@@ -698,14 +718,17 @@ impl Memory {
             .filter(|run| matches!(run.status, RunStatus::Paused | RunStatus::Error | RunStatus::Cancelled)))
     }
 
-    /// A run by id, whatever its status. With `agent_id`, only that agent's run.
+    /// A run by id, whatever its status. With `agent_id`, only a run of that agent or team.
     pub async fn load_run(
         &self,
         run_id: TurnId,
         agent_id: Option<&str>,
     ) -> Result<Option<RunRecord>, MemoryError> {
+        let ran = |run: &RunRecord, id: &str| {
+            run.agent_id.as_deref() == Some(id) || run.team_id.as_deref() == Some(id)
+        };
         match self.store.get_run(run_id).await {
-            Ok(run) if agent_id.is_none_or(|agent| run.agent_id.as_deref() == Some(agent)) => Ok(Some(run)),
+            Ok(run) if agent_id.is_none_or(|id| ran(&run, id)) => Ok(Some(run)),
             Ok(_) | Err(StoreError::NotFound { .. }) => Ok(None),
             Err(error) => Err(error.into()),
         }

@@ -4,6 +4,7 @@
 //! from the records ([`run_output`]); every read takes a bounded window of the latest
 //! runs, never the whole session.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use agentry_types::agno::{MemberResponse, RunOutput, SessionSummary, TeamRunOutput};
@@ -173,21 +174,22 @@ impl TeamSession {
             team_id: query.team_id.clone(),
             ..RunQuery::default()
         };
-        let first = self.store.list_runs(self.session_id, &run_query, &PageRequest::first(1)).await?;
-        if first.items.first().is_some_and(|run| run.output.is_none()) {
-            // Runs the runner stored keep their messages in the history.
-            let history = HistoryQuery {
-                last_runs: Some(wanted),
-                agent_id: query.agent_id.clone(),
-                team_id: query.team_id.clone(),
-                skip_roles: query.skip_role.into_iter().collect(),
-                skip_statuses: query.skip_status.clone(),
-                skip_history_messages: query.skip_history_messages,
-                include_member_runs: query.agent_id.is_some(),
-                ..HistoryQuery::default()
-            };
-            let messages = self.store.history(self.session_id, &history).await?;
-            return Ok(messages.into_iter().map(|stored| stored.message).collect());
+        // Runs the runner stored keep their messages in the history; runs saved from an
+        // output document (the facade, `upsert_run`) keep them in the document. A session
+        // may hold both: each run is read from its own source.
+        let history = HistoryQuery {
+            last_runs: Some(wanted),
+            agent_id: query.agent_id.clone(),
+            team_id: query.team_id.clone(),
+            skip_roles: query.skip_role.into_iter().collect(),
+            skip_statuses: query.skip_status.clone(),
+            skip_history_messages: query.skip_history_messages,
+            include_member_runs: query.agent_id.is_some(),
+            ..HistoryQuery::default()
+        };
+        let mut kept: HashMap<TurnId, Vec<Message>> = HashMap::new();
+        for stored in self.store.history(self.session_id, &history).await? {
+            kept.entry(stored.run_id).or_default().push(stored.message);
         }
         let mut taken: Vec<Vec<Message>> = Vec::new();
         let mut page = PageRequest::first(wanted.clamp(1, MAX_PAGE));
@@ -197,14 +199,16 @@ impl TeamSession {
                 if query.skip_status.contains(&run.status) {
                     continue;
                 }
-                let messages = document(run)?.map(|doc| messages_of(&doc)).unwrap_or_default();
-                taken.push(
-                    messages
+                let messages = match document(run)? {
+                    Some(document) => messages_of(&document)
                         .into_iter()
                         .filter(|message| query.skip_role.is_none_or(|role| message.role != role))
                         .filter(|message| !(query.skip_history_messages && message.from_history))
                         .collect(),
-                );
+                    // Filtered by the store.
+                    None => kept.remove(&run.id).unwrap_or_default(),
+                };
+                taken.push(messages);
                 if taken.len() == wanted {
                     break 'pages;
                 }

@@ -214,6 +214,10 @@ async fn a_facade_without_a_user_serves_the_sessions_user() {
     save_exchange(&second, "I live in Lyon", "Nice").await;
     let profile = first.user_memory().unwrap().profile().await.unwrap().unwrap();
     assert_eq!(profile, json!({"name": "Ada", "city": "Lyon"}), "the update went to the session's user");
+    // The second facade's user memory is that user's too, as its prompts are.
+    let handle = second.user_memory().unwrap();
+    assert_eq!(handle.user_id().await.unwrap(), first.user_id());
+    assert_eq!(handle.profile().await.unwrap(), Some(profile));
 }
 
 /// A new session of user `ada` with profile analysis on `model`.
@@ -490,6 +494,38 @@ async fn one_memory_serves_agents_and_teams_and_routes_by_the_session_type_of_ea
     assert!(matches!(error, MemoryError::SessionTypeMismatch { .. }));
     let prepared = agent_session.prepare(None).await.unwrap();
     assert_eq!(prepared.message_history.len(), 2);
+}
+
+/// A team's run saved by the facade is found by the team's id (its session is named by
+/// that id, not the team's display name), and the session's team view matches its runs.
+#[tokio::test]
+async fn a_teams_paused_run_is_found_by_the_teams_id_and_its_view_matches_its_runs() {
+    let store = store();
+    let memory =
+        memory(store.clone(), None, MemoryConfig { full_session_memory: true, ..MemoryConfig::default() });
+    let session_id = SessionId::new();
+    let team_run = |status: RunStatus| {
+        let mut team = TeamRunOutput::new(1_800_000_000);
+        team.session_id = Some(session_id.to_string());
+        team.run_id = Some(TurnId::new().to_string());
+        team.team_id = Some("research".into());
+        team.team_name = Some("Research Team".into());
+        team.status = status;
+        team.messages = Some(exchange("find it", "found"));
+        MemberResponse::Team(Box::new(team))
+    };
+    let paused = memory.save_session(&team_run(RunStatus::Paused), SessionType::Team, None).await.unwrap();
+    let found = memory.load_resumable_run(paused.id, Some("research")).await.unwrap();
+    assert_eq!(found.map(|run| run.id), Some(paused.id));
+    assert!(memory.load_resumable_run(paused.id, Some("someone-else")).await.unwrap().is_none());
+    memory.save_session(&team_run(RunStatus::Completed), SessionType::Team, None).await.unwrap();
+    assert_eq!(store.get_session(session_id).await.unwrap().name, "research");
+    let view = agentry_memory::TeamSession::load(store.clone(), session_id).await.unwrap();
+    assert_eq!(view.team_id.as_deref(), Some("research"));
+    let query = agentry_memory::LastRunsQuery { team_id: view.team_id.clone(), ..Default::default() };
+    let texts: Vec<String> =
+        view.get_messages_from_last_n_runs(&query).await.unwrap().iter().map(Message::text).collect();
+    assert_eq!(texts, ["find it", "found", "find it", "found"]);
 }
 
 #[tokio::test]

@@ -207,3 +207,41 @@ async fn a_turn_lists_the_members_it_took_up_from_the_turns_that_kept_them_waiti
     }
     assert_eq!(listed, [vec!["clerk", "helper"], vec!["clerk"], vec!["clerk"], vec![]]);
 }
+
+/// A session holding runs the runner stored (messages in the history) and runs saved from
+/// output documents gives the messages of both, whichever kind is newest.
+#[tokio::test]
+async fn runs_the_runner_stored_and_runs_saved_from_documents_are_both_read() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let record = session(&store).await;
+    let view = TeamSession::load(store.clone(), record.id).await.unwrap();
+    let runner_run = |question: &str, answer: &str| {
+        let mut run = agentry_types::RunRecord::new(record.id, Vec::new(), Subject::user("u"));
+        run.team_id = Some("crew".into());
+        run.set_state(agentry_types::TurnState::Done {
+            output: None,
+            required_actions: Vec::new(),
+            completed_at: agentry_types::Timestamp::now(),
+            metrics: None,
+        });
+        let messages = vec![Message::user(question), Message::assistant(answer)];
+        (run.id, agentry_memory::TurnStep { run: Some(run), messages, ..agentry_memory::TurnStep::default() })
+    };
+    let (id, step) = runner_run("one", "1");
+    store.write_step(id, &step, None).await.unwrap();
+    view.upsert_run(&team_run(RunStatus::Completed, vec![Message::user("two"), Message::assistant("2")]))
+        .await
+        .unwrap();
+    let (id, step) = runner_run("three", "3");
+    store.write_step(id, &step, None).await.unwrap();
+    let all = view.get_messages_from_last_n_runs(&LastRunsQuery::default()).await.unwrap();
+    assert_eq!(texts(&all), ["one", "1", "two", "2", "three", "3"]);
+    view.upsert_run(&team_run(RunStatus::Completed, vec![Message::user("four"), Message::assistant("4")]))
+        .await
+        .unwrap();
+    let last_three = view
+        .get_messages_from_last_n_runs(&LastRunsQuery { last_n: Some(3), ..LastRunsQuery::default() })
+        .await
+        .unwrap();
+    assert_eq!(texts(&last_three), ["two", "2", "three", "3", "four", "4"]);
+}

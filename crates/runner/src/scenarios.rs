@@ -974,6 +974,28 @@ pub async fn answers_to_client_tools_must_match_the_pending_calls_exactly(harnes
     assert_eq!(answer_text(&done.wait().await.unwrap()).as_deref(), Some("Thanks."));
 }
 
+/// Scenario: a streaming result whose turn its runtime hands over (a shutdown) waits for
+/// the end another runtime gives the turn, instead of failing.
+pub async fn a_streaming_result_of_a_handed_over_turn_completes_where_it_is_resumed(harness: Harness) {
+    let (held, _gate) = GatedModel::new("held back");
+    let first = runtime(&harness, Agent::builder("held", held).build());
+    let session = session_for(&first, "held").await;
+    let result = session.run_streamed(TurnRequest::message("go")).await.unwrap();
+    let mut live = result.turn().stream(None);
+    until_first_delta(&mut live).await;
+    assert_eq!(first.hand_over().await, 1);
+    let waiting = tokio::spawn(async move { result.wait_for_completion().await });
+    let second = runtime(
+        &harness,
+        Agent::builder("held", Arc::new(ScriptedModel::new(vec![ScriptedResponse::text("recovered")])))
+            .build(),
+    );
+    assert_eq!(second.recover().await.unwrap().len(), 1);
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("it completes").unwrap();
+    assert_eq!(outcome.unwrap().answer.as_deref(), Some("recovered"));
+}
+
 /// Scenario.
 pub async fn the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history(
     harness: Harness,
@@ -2562,6 +2584,7 @@ macro_rules! runner_scenarios {
             a_delta_that_does_not_merge_keeps_the_text_already_streamed,
             a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out,
             the_adalflow_streaming_result_streams_run_items_writes_json_and_returns_the_step_history,
+            a_streaming_result_of_a_handed_over_turn_completes_where_it_is_resumed,
             a_cancelled_adalflow_result_reports_the_cancellation_as_its_error,
             a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable_ones,
             a_second_turn_chains_on_the_first_and_sees_its_history,

@@ -148,14 +148,26 @@ impl RunnerStreamingResult {
     }
 
     /// Waits for the turn to end and returns the `RunnerResult`: the answer or the error,
-    /// and one step per tool call and one for the answer.
+    /// and one step per tool call and one for the answer. A turn this runtime stops running
+    /// without ending (handed over at a shutdown) is waited for in the stored log until the
+    /// process that resumes it ends it.
     ///
     /// Errors: as [`TurnHandle::wait`].
     pub async fn wait_for_completion(&self) -> RuntimeResult<RunnerResult> {
         if let Some(result) = self.lock().clone() {
             return Ok(result);
         }
-        let state = self.turn.wait().await?;
+        let mut state = self.turn.wait().await?;
+        if !state.is_terminal() {
+            // Its engine stopped here without ending it (the runtime handed it over, or lost
+            // its lease, or the store refused its end): it ends in whichever process resumes
+            // it, and the stored log says when.
+            let mut events = self.turn.stream(None);
+            while let Some(event) = futures_util::StreamExt::next(&mut events).await {
+                event?;
+            }
+            state = self.turn.state().await?;
+        }
         let mut renderer = AdalFlowRenderer::new();
         for event in self.turn.events(Order::Asc).await? {
             renderer.render(&event);

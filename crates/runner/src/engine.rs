@@ -2137,21 +2137,7 @@ impl TurnEngine {
     /// The last assistant message after the last user message, and its calls that have no
     /// tool result after it (empty when it answered without calls, or all are answered).
     fn unanswered_calls(&self) -> Option<(usize, Vec<ToolCall>)> {
-        let mut answered = HashSet::new();
-        for (index, message) in self.context.iter().enumerate().rev() {
-            match message.role {
-                Role::Tool => {
-                    answered.extend(message.tool_call_id.iter().cloned());
-                }
-                Role::Assistant => {
-                    let calls =
-                        message.tool_calls.iter().filter(|call| !answered.contains(&call.id)).cloned();
-                    return Some((index, calls.collect()));
-                }
-                _ => return None,
-            }
-        }
-        None
+        unanswered_in(&self.context)
     }
 
     /// Runs the calls of one model message that run on the server, and pauses the turn
@@ -2724,6 +2710,47 @@ impl TurnEngine {
 }
 
 /// The thread an input item answers on (none for a user message).
+/// The last assistant message after the last user message of `messages` (its index), and
+/// its calls that have no tool result after it.
+fn unanswered_in(messages: &[Message]) -> Option<(usize, Vec<ToolCall>)> {
+    let mut answered = HashSet::new();
+    for (index, message) in messages.iter().enumerate().rev() {
+        match message.role {
+            Role::Tool => {
+                answered.extend(message.tool_call_id.iter().cloned());
+            }
+            Role::Assistant => {
+                let calls = message.tool_calls.iter().filter(|call| !answered.contains(&call.id)).cloned();
+                return Some((index, calls.collect()));
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Results for the calls an ending turn's stored history leaves unanswered (see
+/// [`TurnEngine::close_unanswered`]), for a turn ended without its engine: the session's
+/// next turns send that history to their model, and providers refuse calls without
+/// results. Best effort: none when the history cannot be read.
+async fn closing_results(store: &dyn Store, run: &RunRecord, state: &TurnState) -> Vec<Message> {
+    let why = match state {
+        TurnState::Cancelled { reason, .. } => format!("the turn was cancelled ({})", reason.as_str()),
+        TurnState::Error { message, .. } => format!("the turn failed: {message}"),
+        _ => "the turn ended first".to_owned(),
+    };
+    // The turn is its session's latest top-level run: no other starts while it runs.
+    let query = HistoryQuery { last_runs: Some(1), ..HistoryQuery::default() };
+    let Ok(history) = store.history(run.session_id, &query).await else { return Vec::new() };
+    let own: Vec<Message> =
+        history.into_iter().filter(|stored| stored.run_id == run.id).map(|stored| stored.message).collect();
+    let Some((_, calls)) = unanswered_in(&own) else { return Vec::new() };
+    calls
+        .iter()
+        .map(|call| Message::tool(call.id.clone(), format!("The call did not complete: {why}.")))
+        .collect()
+}
+
 fn input_thread(item: &TurnInputItem) -> Option<&ThreadId> {
     match item {
         TurnInputItem::Message(_) => None,
@@ -2906,12 +2933,19 @@ pub(crate) async fn end_left_turn(
             })
         })
         .collect();
+    let messages = closing_results(store, &run, &state).await;
     let done = emitter.emit(None, EventPayload::TurnDone { state: state.clone() });
     run.set_state(state);
     let high_water = Some(done.seq);
     events.push(Arc::new(done));
-    let step =
-        TurnStep { high_water, events, run: Some(run.clone()), release_lease: true, ..TurnStep::default() };
+    let step = TurnStep {
+        high_water,
+        events,
+        messages,
+        run: Some(run.clone()),
+        release_lease: true,
+        ..TurnStep::default()
+    };
     store.write_step(run.id, &step, Some(fence)).await.map(drop)
 }
 
@@ -3024,6 +3058,7 @@ pub(crate) async fn fail_after_panic(
         sink.stage_team(Some(thread), team, payload).await.ok()?;
     }
     end_running_members(store, &run, &state, fence).await;
+    sink.stage_messages(&closing_results(store, &run, &state).await).await;
     run.set_state(state.clone());
     sink.finish(run, EventPayload::TurnDone { state }).await.ok()
 }

@@ -2154,6 +2154,12 @@ pub async fn a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a
     let runtime = runtime(&harness, Agent::builder("quick", model).build());
     let session = session_for(&runtime, "quick").await;
     let left = leave_a_dead_process(&harness, &session, true).await.unwrap();
+    // The dead process had the model call a tool, which never answered: the ended turn's
+    // history gives the call a result, or every later turn's model would refuse it.
+    let mut asked = agentry_types::Message::assistant("Let me add.");
+    asked.tool_calls = vec![agentry_types::ToolCall::function("call_left", "add", "{}")];
+    let said = [agentry_types::Message::user("left running"), asked];
+    harness.store.append_messages(left, &said, None).await.unwrap();
     let reserved = harness.store.high_water(left).await.unwrap();
     let stranger = Runtime::new(harness.store.clone());
     assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");

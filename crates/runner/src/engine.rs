@@ -420,6 +420,11 @@ impl TurnSink {
         Ok(())
     }
 
+    /// The history messages staged and not yet stored.
+    async fn staged_messages(&self) -> Vec<Message> {
+        self.state.lock().await.messages.clone()
+    }
+
     /// Stages history messages of the turn's own run.
     pub(crate) async fn stage_messages(&self, messages: &[Message]) {
         self.state.lock().await.messages.extend_from_slice(messages);
@@ -1517,19 +1522,28 @@ impl TurnEngine {
     async fn load_context(&mut self) -> Result<(), Stop> {
         // The turn's own run is the newest and always in the window: with a window of no
         // runs, its input (or a recovered turn's progress) would be applied twice.
-        let mut last_runs = self.agent.limits().history_runs.max(1);
+        let window = self.agent.limits().history_runs.max(1);
+        let mut last_runs = window;
         let turn_id = self.turn_id();
+        // A turn that goes on from calls an earlier turn paused on (answering them, or
+        // after an authorization, with no input) starts with their results: the message
+        // that made the calls is always in the window (providers refuse a result without
+        // its call, and the boundary step looks for the calls there). Runs that added no
+        // message (a member paused again) may stand between.
+        let answers = self.run.input.is_empty()
+            || self.run.input.iter().any(|item| !matches!(item, TurnInputItem::Message(_)));
         let (own, mut earlier) = loop {
             let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
             let history = self.store.history(self.session_id(), &query).await?;
             let (own, earlier): (Vec<_>, Vec<_>) =
                 history.into_iter().partition(|message| message.run_id == turn_id);
-            // A turn that answers the calls an earlier turn paused on starts with their
-            // results: the run that made the calls is always in the window (providers
-            // refuse a result without its call, and the boundary step looks for them).
-            let answers = self.run.input.iter().any(|item| !matches!(item, TurnInputItem::Message(_)));
-            if answers && earlier.is_empty() && last_runs == self.agent.limits().history_runs.max(1) {
-                last_runs += 1;
+            let has_calls = |stored: &agentry_types::HistoryMessage| {
+                stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
+            };
+            let widest = window.saturating_add(MAX_RESUME_CHAIN);
+            if answers && !earlier.iter().any(has_calls) && last_runs < widest {
+                // Doubled: a few reads at most, on this rare path.
+                last_runs = last_runs.saturating_mul(2).min(widest);
                 continue;
             }
             break (own, earlier);
@@ -2187,6 +2201,10 @@ impl TurnEngine {
                 runnable.push(call.clone());
             }
         }
+        // A cancellation that came before the calls start: none is charged nor started.
+        if !runnable.is_empty() {
+            self.cancel.check()?;
+        }
         let mut reservations = Vec::new();
         for _ in &runnable {
             match self.reserve(Step::Tool).await {
@@ -2232,8 +2250,7 @@ impl TurnEngine {
             // or a paused member) will not run: the user has their answer. Each gets a
             // result saying so, so the history stays a conversation providers take.
             if let Some((_, waiting)) = self.unanswered_calls() {
-                let note =
-                    "The call did not run: another call of the same message answered the user directly.";
+                let note = "The call was left: another call of the same message answered the user directly.";
                 self.persist(
                     waiting.iter().map(|call| Message::tool(call.id.clone(), note.to_owned())).collect(),
                 )
@@ -2709,7 +2726,6 @@ impl TurnEngine {
     }
 }
 
-/// The thread an input item answers on (none for a user message).
 /// The last assistant message after the last user message of `messages` (its index), and
 /// its calls that have no tool result after it.
 fn unanswered_in(messages: &[Message]) -> Option<(usize, Vec<ToolCall>)> {
@@ -2729,28 +2745,55 @@ fn unanswered_in(messages: &[Message]) -> Option<(usize, Vec<ToolCall>)> {
     None
 }
 
-/// Results for the calls an ending turn's stored history leaves unanswered (see
+/// Results for the calls an ending turn leaves unanswered (see
 /// [`TurnEngine::close_unanswered`]), for a turn ended without its engine: the session's
-/// next turns send that history to their model, and providers refuse calls without
-/// results. Best effort: none when the history cannot be read.
-async fn closing_results(store: &dyn Store, run: &RunRecord, state: &TurnState) -> Vec<Message> {
+/// next turns send its history to their model, and providers refuse calls without
+/// results. The calls are those of the last assistant message of the turn's history as
+/// its engine would have seen it (the turn's own stored and `staged` messages after its
+/// earlier runs': a turn that answered calls of an earlier turn holds no assistant message
+/// of its own); a call whose journal holds its result gets that result, the others say
+/// why they did not complete. Best effort: none when the history cannot be read.
+async fn closing_results(
+    store: &dyn Store,
+    run: &RunRecord,
+    state: &TurnState,
+    staged: Vec<Message>,
+) -> Vec<Message> {
     let why = match state {
         TurnState::Cancelled { reason, .. } => format!("the turn was cancelled ({})", reason.as_str()),
         TurnState::Error { message, .. } => format!("the turn failed: {message}"),
         _ => "the turn ended first".to_owned(),
     };
-    // The turn is its session's latest top-level run: no other starts while it runs.
-    let query = HistoryQuery { last_runs: Some(1), ..HistoryQuery::default() };
+    // Runs that added no message (a member paused again) may stand between the turn and
+    // the message that made its calls: as many as a resumption chain may hold.
+    let query = HistoryQuery { last_runs: Some(MAX_RESUME_CHAIN), ..HistoryQuery::default() };
     let Ok(history) = store.history(run.session_id, &query).await else { return Vec::new() };
-    let own: Vec<Message> =
-        history.into_iter().filter(|stored| stored.run_id == run.id).map(|stored| stored.message).collect();
-    let Some((_, calls)) = unanswered_in(&own) else { return Vec::new() };
+    // Up to the turn's own messages: a newer run (another runner's checkpoint) is not its.
+    let seen =
+        history.iter().rposition(|stored| stored.run_id == run.id).map_or(history.len(), |last| last + 1);
+    let messages: Vec<Message> =
+        history.into_iter().take(seen).map(|stored| stored.message).chain(staged).collect();
+    let Some((_, calls)) = unanswered_in(&messages).filter(|(_, calls)| !calls.is_empty()) else {
+        return Vec::new();
+    };
+    let journal = store.journal(run.id).await.unwrap_or_default();
     calls
         .iter()
-        .map(|call| Message::tool(call.id.clone(), format!("The call did not complete: {why}.")))
+        .map(|call| {
+            let ran = journal
+                .iter()
+                .find(|entry| entry.tool_call_id == call.id)
+                .and_then(|entry| entry.result.as_ref());
+            let content = ran.map_or_else(
+                || format!("The call did not complete: {why}."),
+                |result| result.content.clone(),
+            );
+            Message::tool(call.id.clone(), content)
+        })
         .collect()
 }
 
+/// The thread an input item answers on (none for a user message).
 fn input_thread(item: &TurnInputItem) -> Option<&ThreadId> {
     match item {
         TurnInputItem::Message(_) => None,
@@ -2933,7 +2976,7 @@ pub(crate) async fn end_left_turn(
             })
         })
         .collect();
-    let messages = closing_results(store, &run, &state).await;
+    let messages = closing_results(store, &run, &state, Vec::new()).await;
     let done = emitter.emit(None, EventPayload::TurnDone { state: state.clone() });
     run.set_state(state);
     let high_water = Some(done.seq);
@@ -3058,7 +3101,8 @@ pub(crate) async fn fail_after_panic(
         sink.stage_team(Some(thread), team, payload).await.ok()?;
     }
     end_running_members(store, &run, &state, fence).await;
-    sink.stage_messages(&closing_results(store, &run, &state).await).await;
+    let staged = sink.staged_messages().await;
+    sink.stage_messages(&closing_results(store, &run, &state, staged).await).await;
     run.set_state(state.clone());
     sink.finish(run, EventPayload::TurnDone { state }).await.ok()
 }

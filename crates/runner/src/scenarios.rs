@@ -2319,6 +2319,61 @@ async fn leave_a_dead_process(
     Some(left.id)
 }
 
+/// Scenario: a turn that answered an earlier turn's call, left by a dead process that ran
+/// the call, is ended without resuming (its agent is not registered where it is found):
+/// the call gets its result in the history, the one its journal holds, so the session's
+/// next turn is answered, and its model sees what the call returned.
+pub async fn a_left_turn_that_answered_an_earlier_call_closes_it_when_ended(harness: Harness) {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1})),
+        ScriptedResponse::text("Hello again."),
+    ]));
+    let agent = Agent::builder("gated", model.clone())
+        .tool(add_tool(Arc::default()))
+        .requires_approval("add")
+        .build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "gated").await;
+    let first = session.create_turn(TurnRequest::message("Add 1 and 1")).await.unwrap();
+    assert_eq!(first.wait().await.unwrap().required_actions().len(), 1);
+    // A dead process took the approval in a turn of its own and ran the call.
+    let now = agentry_types::Timestamp::now();
+    let past = agentry_types::Timestamp::from_unix_micros(now.unix_micros() - 60_000_000);
+    let dead = harness
+        .store
+        .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
+        .await
+        .unwrap();
+    let approval = TurnInputItem::allow(agentry_types::ThreadId::main(), "call_1_0");
+    let mut left =
+        agentry_types::RunRecord::new(session.id(), vec![approval], agentry_types::Subject::user("dead"));
+    left.previous_turn_id = Some(first.id());
+    harness.store.put_run(&left, Some(dead.fence())).await.unwrap();
+    let started = agentry_types::JournalEntry {
+        turn_id: left.id,
+        tool_call_id: "call_1_0".to_owned(),
+        tool_name: "add".to_owned(),
+        idempotency_key: "key".to_owned(),
+        arguments_hash: "hash".to_owned(),
+        started_at: now,
+        result: None,
+        completed_at: None,
+    };
+    harness.store.journal_start(&started, Some(dead.fence())).await.unwrap();
+    let result = agentry_types::ToolResult { content: "2".to_owned(), is_error: false };
+    harness.store.journal_complete(left.id, "call_1_0", &result, now, Some(dead.fence())).await.unwrap();
+    let stranger = Runtime::new(harness.store.clone());
+    assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
+    let state = runtime.get_turn(left.id).await.unwrap().wait().await.unwrap();
+    assert!(matches!(state, TurnState::Error { .. }), "{state:?}");
+    let next = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
+    let state = next.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Hello again."), "{state:?}");
+    let seen = model.requests().last().cloned().unwrap();
+    let answered = seen.messages.iter().find(|message| message.tool_call_id.as_deref() == Some("call_1_0"));
+    assert_eq!(answered.map(agentry_types::Message::text).as_deref(), Some("2"), "{:?}", seen.messages);
+}
+
 /// The seqs of a turn's live stream, and that they run from 1 without a gap.
 async fn dense_stream(turn: &TurnHandle) -> Vec<Arc<EventEnvelope>> {
     let events = collect(turn.stream(None)).await;
@@ -2624,6 +2679,7 @@ macro_rules! runner_scenarios {
             a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once,
             a_history_window_never_starts_with_results_whose_call_it_cut_off,
             a_direct_answer_closes_the_calls_of_its_message_still_waiting,
+            a_left_turn_that_answered_an_earlier_call_closes_it_when_ended,
             a_dropped_create_turn_frees_the_session_and_a_stored_turn_runs_to_its_end,
             recovery_passes_beside_live_turns_leave_them_alone,
             a_recovery_pass_resumes_only_turns_under_lapsed_leases,

@@ -661,8 +661,9 @@ impl ToolCallSlots {
             let name = call.function.as_ref().and_then(|function| function.name.clone());
             let names = name.is_some();
             let renames = |slot: usize| {
-                name.as_ref()
-                    .is_some_and(|name| self.calls[slot].2.as_ref().is_some_and(|named| named != name))
+                name.as_ref().is_some_and(|name| {
+                    self.calls[slot].2.as_ref().is_some_and(|named| !named.eq_ignore_ascii_case(name))
+                })
             };
             let slot = match (same, &call.id, at_index) {
                 (Some(slot), _, _) => slot,

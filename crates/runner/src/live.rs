@@ -125,16 +125,15 @@ impl TextKind {
             (Some(text), None, None, []) => Some((Self::Content, text)),
             (None, Some(text), None, []) => Some((Self::Reasoning, text)),
             (None, None, Some(text), []) => Some((Self::Refusal, text)),
-            (None, None, None, [chunk])
-                if chunk.id.is_none() && chunk.kind.is_none() && chunk.tool_info.is_none() =>
-            {
-                match &chunk.function {
-                    Some(FunctionCallDelta { name: None, arguments: Some(text) }) => {
-                        Some((Self::Arguments(chunk.index), text))
-                    }
-                    _ => None,
+            // A chunk naming no function continues its call (the builder refuses a first
+            // chunk without a name): an id or type it repeats says nothing the call's first
+            // chunk did not (another id is refused), so it merges as a bare one does.
+            (None, None, None, [chunk]) if chunk.tool_info.is_none() => match &chunk.function {
+                Some(FunctionCallDelta { name: None, arguments: Some(text) }) => {
+                    Some((Self::Arguments(chunk.index), text))
                 }
-            }
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -746,6 +745,44 @@ mod tests {
                 assert_eq!(as_client_sees(&got), as_client_sees(&expected), "budget {budget}, after {after}");
             }
         }
+    }
+
+    /// A server that repeats a call's id and type on each of its argument chunks costs the
+    /// log the arguments' text, as one that sends bare chunks does.
+    #[test]
+    fn argument_chunks_repeating_their_calls_id_merge() {
+        use agentry_types::{ToolCallDelta, ToolCallKind};
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
+        let message = EventId::new();
+        let turn = LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 1, 0);
+        let chunk = |name: Option<&str>, arguments: &str| ModelMessageDelta {
+            tool_calls: vec![ToolCallDelta {
+                index: 0,
+                id: Some("call_a".to_owned()),
+                kind: Some(ToolCallKind::Function),
+                function: Some(FunctionCallDelta {
+                    name: name.map(str::to_owned),
+                    arguments: Some(arguments.to_owned()),
+                }),
+                tool_info: None,
+            }],
+            ..ModelMessageDelta::default()
+        };
+        let mut deltas = vec![chunk(Some("search"), "")];
+        deltas.extend((0..1_000).map(|at| chunk(None, if at == 0 { "[" } else { "0," })));
+        for delta in deltas {
+            turn.push(Arc::new(emitter.delta(ThreadId::main(), message, delta).unwrap().delta));
+        }
+        let entries = turn.log().entries.len();
+        assert!(entries < 10, "{entries} entries for 1,001 deltas");
+        let arguments: String = read(&turn, 0)
+            .iter()
+            .filter_map(|event| match &event.payload {
+                EventPayload::ModelMessageDelta(delta) => delta.tool_calls[0].function.clone()?.arguments,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(arguments, format!("[{}", "0,".repeat(999)));
     }
 
     #[test]

@@ -1429,6 +1429,23 @@ class AgUi(unittest.TestCase):
             # The client has its own tool message for the answer: no second one is sent.
             self.assertEqual([e for e in answered if kind(e) == "TOOL_CALL_RESULT"], [])
 
+            # An approval answered with a tool message: its content is the payload `resume`
+            # takes; one that is not is refused naming `messages`, deciding nothing.
+            thread = f"tool-message-approval-{tag}"
+            email = {"id": "u1", "role": "user", "content": "email the team"}
+            asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [email]})
+            approval = asked[-1].outcome.interrupts[0].id
+            calling = {"id": "a1", "role": "assistant", "toolCalls": [
+                {"id": approval, "type": "function", "function": {"name": "send_email", "arguments": "{}"}}]}
+            unclear = {"id": "t1", "role": "tool", "toolCallId": approval, "content": "sure"}
+            refused = h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [email, calling, unclear]})
+            self.assertEqual(refused.status_code, 400, refused.text)
+            self.assertEqual(refused.json()["error"]["param"], "messages", refused.text)
+            self.assertIn(f"the tool message answering {approval}", refused.json()["error"]["message"])
+            allow = {"id": "t1", "role": "tool", "toolCallId": approval, "content": json.dumps({"approved": True})}
+            allowed = agui_run(h, {"threadId": thread, "runId": "r3", "messages": [email, calling, allow]})
+            self.assertEqual(text(allowed), "Email sent.")
+
             # A new user message sent with the answers is refused, not dropped; nothing is
             # decided, and the interrupt is still there to answer.
             thread = f"resume-and-message-{tag}"

@@ -188,6 +188,26 @@ async fn waiting(api: &Api, session: &str, known: &mut Known) -> Result<Pending>
         let (id, call) = Call::of(call);
         known.calls.insert(id, call);
     }
+    let pending =
+        pending_in(state, |id| writeln!(std::io::stdout(), "{}", may_have_run(id)).map_err(Into::into))?;
+    let asked = pending.approvals.iter().chain(&pending.responses);
+    let calls: HashSet<String> =
+        asked.clone().map(|(_, id)| id).filter(|id| !known.calls.contains_key(*id)).cloned().collect();
+    let threads: HashSet<String> = asked
+        .map(|(thread, _)| thread)
+        .filter(|thread| *thread != "main" && !known.threads.contains_key(*thread))
+        .cloned()
+        .collect();
+    if let Some(turn) = turn["id"].as_str().filter(|_| !calls.is_empty() || !threads.is_empty()) {
+        let path = format!("/v1/agents/sessions/{session}/turns/{turn}/events");
+        look_up(api, &path, &calls, &threads, known).await;
+    }
+    Ok(pending)
+}
+
+/// What a turn's state waits for (its required actions); `may_have_run` is told each call
+/// a dead process may already have run.
+fn pending_in(state: &Value, mut may_have_run: impl FnMut(&str) -> Result<()>) -> Result<Pending> {
     let mut pending = Pending::default();
     for action in state["required_actions"].as_array().into_iter().flatten() {
         let thread = action["thread_id"].as_str().unwrap_or("main").to_owned();
@@ -208,22 +228,10 @@ async fn waiting(api: &Api, session: &str, known: &mut Known) -> Result<Pending>
         for call in action["tool_calls"].as_array().into_iter().flatten() {
             let id = call["id"].as_str().unwrap_or_default().to_owned();
             if call["may_have_run"].as_bool() == Some(true) {
-                writeln!(std::io::stdout(), "{}", may_have_run(&id))?;
+                may_have_run(&id)?;
             }
             list.push((thread.clone(), id));
         }
-    }
-    let asked = pending.approvals.iter().chain(&pending.responses);
-    let calls: HashSet<String> =
-        asked.clone().map(|(_, id)| id).filter(|id| !known.calls.contains_key(*id)).cloned().collect();
-    let threads: HashSet<String> = asked
-        .map(|(thread, _)| thread)
-        .filter(|thread| *thread != "main" && !known.threads.contains_key(*thread))
-        .cloned()
-        .collect();
-    if let Some(turn) = turn["id"].as_str().filter(|_| !calls.is_empty() || !threads.is_empty()) {
-        let path = format!("/v1/agents/sessions/{session}/turns/{turn}/events");
-        look_up(api, &path, &calls, &threads, known).await;
     }
     Ok(pending)
 }
@@ -480,6 +488,9 @@ async fn run_turn(api: &Api, session: &str, input: &[Value], known: &mut Known) 
             "turn.done" => {
                 screen.end_line(&mut out)?;
                 let state = &event["state"];
+                // What the turn ended waiting for, and nothing else: a request a member
+                // streamed is gone from a turn that was cancelled, failed or answered.
+                pending = pending_in(state, |_| Ok(()))?;
                 match state["status"].as_str() {
                     Some("cancelled") => screen.line(
                         &mut out,

@@ -268,16 +268,22 @@ async fn run_input(
     // Tool messages answer only the calls the thread waits on: the others are results the
     // client was sent (of tools the server ran), kept in its list.
     let pending = pending_calls(actions);
+    let approvals = approval_calls(actions);
     answers.extend(
         added
             .iter()
             .filter(|message| message.role == "tool")
             .filter(|message| message.tool_call_id.as_ref().is_some_and(|id| pending.contains(id)))
             .filter(|message| !answers_call(body.resume.as_deref(), message.tool_call_id.as_deref()))
-            .map(|message| ResumeEntry {
-                interrupt_id: message.tool_call_id.clone().unwrap_or_default(),
-                status: "resolved".to_owned(),
-                payload: Some(Value::String(text_of(message.content.as_ref()))),
+            .map(|message| {
+                let id = message.tool_call_id.clone().unwrap_or_default();
+                let text = text_of(message.content.as_ref());
+                // An approval's answer is `{"approved": …}`, as `resume` gives it.
+                let payload = match serde_json::from_str::<Value>(&text) {
+                    Ok(value) if value.is_object() && approvals.contains(&id) => value,
+                    _ => Value::String(text),
+                };
+                ResumeEntry { interrupt_id: id, status: "resolved".to_owned(), payload: Some(payload) }
             }),
     );
     let by_tool_messages = answers.len() > given;
@@ -323,7 +329,7 @@ async fn run_input(
         }
     }
     let by_client = answers[given..].iter().map(|entry| entry.interrupt_id.clone()).collect();
-    Ok((resume_input(actions, &answers)?, by_client))
+    Ok((resume_input(actions, &answers, given)?, by_client))
 }
 
 /// The calls that a run's tool messages (after its last assistant message) answered in
@@ -356,6 +362,19 @@ fn pending_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
         .collect()
 }
 
+/// The ids of the calls a turn's required actions wait on for an approval.
+fn approval_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
+    actions
+        .iter()
+        .flat_map(|record| match &record.action {
+            RequiredAction::ToolApproval { tool_calls, .. } => {
+                tool_calls.iter().map(|call| call.id.clone()).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// Whether `resume` already answers the call `id`.
 fn answers_call(resume: Option<&[ResumeEntry]>, id: Option<&str>) -> bool {
     resume.unwrap_or_default().iter().any(|entry| Some(entry.interrupt_id.as_str()) == id)
@@ -363,9 +382,20 @@ fn answers_call(resume: Option<&[ResumeEntry]>, id: Option<&str>) -> bool {
 
 /// The turn input that answers the latest turn's interrupts (its required `actions`) with
 /// `resume`.
-fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> ApiResult<Vec<TurnInputItem>> {
+fn resume_input(
+    actions: &[RequiredActionRecord],
+    resume: &[ResumeEntry],
+    given: usize,
+) -> ApiResult<Vec<TurnInputItem>> {
     let mut input = Vec::new();
     for (at, entry) in resume.iter().enumerate() {
+        // An error names the field at fault: `resume[at]`, or the tool message (in
+        // `messages`) that gave the answer (the entries from `given` on).
+        let (field, named) = if at < given {
+            ("resume", format!("resume[{at}]"))
+        } else {
+            ("messages", format!("the tool message answering {}", entry.interrupt_id))
+        };
         let mut matching = actions.iter().flat_map(|record| match &record.action {
             RequiredAction::ToolApproval { thread_id, tool_calls } => tool_calls
                 .iter()
@@ -384,7 +414,7 @@ fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> Api
             // Two threads (members on models of their own) gave their calls this id: an
             // AG-UI interrupt names no thread, so the answer cannot be placed.
             return Err(ApiError::bad_param(
-                "resume",
+                field,
                 format!(
                     "interrupt {} is pending on more than one thread (their models gave their calls the same \
                      id); answer them through the harness API, which names each call's thread",
@@ -397,8 +427,8 @@ fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> Api
             "cancelled" => false,
             other => {
                 return Err(ApiError::bad_param(
-                    "resume",
-                    format!("resume[{at}].status is {other:?}; it must be \"resolved\" or \"cancelled\""),
+                    field,
+                    format!("{named}: status is {other:?}; it must be \"resolved\" or \"cancelled\""),
                 ));
             }
         };
@@ -407,7 +437,7 @@ fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> Api
                 continue; // Authorization happened elsewhere; the resumed turn retries.
             }
             return Err(ApiError::bad_param(
-                "resume",
+                field,
                 format!("interrupt {} is not pending on this thread", entry.interrupt_id),
             ));
         };
@@ -424,9 +454,9 @@ fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> Api
                 (true, Some(false)) => TurnInputItem::deny(thread, call, reason(payload)),
                 (true, None) => {
                     return Err(ApiError::bad_param(
-                        "resume",
+                        field,
                         format!(
-                            "resume[{at}].payload must be {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"…\"}} \
+                            "{named}: its payload must be {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"…\"}} \
                              to answer the approval {}",
                             entry.interrupt_id
                         ),
@@ -445,8 +475,8 @@ fn resume_input(actions: &[RequiredActionRecord], resume: &[ResumeEntry]) -> Api
                     .map_or_else(|| value.to_string(), str::to_owned),
                 None => {
                     return Err(ApiError::bad_param(
-                        "resume",
-                        format!("resume[{at}].payload is missing: it is the answer to {}", entry.interrupt_id),
+                        field,
+                        format!("{named}: its payload is missing: it is the answer to {}", entry.interrupt_id),
                     ));
                 }
             };
@@ -783,9 +813,9 @@ mod tests {
             status: "resolved".to_owned(),
             payload: Some(serde_json::json!({"approved": true})),
         };
-        let error = resume_input(&actions, &[entry("call_1_0")]).unwrap_err();
+        let error = resume_input(&actions, &[entry("call_1_0")], 1).unwrap_err();
         assert!(format!("{error:?}").contains("pending on more than one thread"), "{error:?}");
-        let input = resume_input(&actions, &[entry("call_2_0")]).unwrap();
+        let input = resume_input(&actions, &[entry("call_2_0")], 1).unwrap();
         assert_eq!(input, [TurnInputItem::allow(south, "call_2_0")]);
     }
 }

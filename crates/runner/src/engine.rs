@@ -420,9 +420,10 @@ impl TurnSink {
         Ok(())
     }
 
-    /// The history messages staged and not yet stored.
-    async fn staged_messages(&self) -> Vec<Message> {
-        self.state.lock().await.messages.clone()
+    /// The history messages and journal entries staged and not yet stored.
+    async fn staged_history(&self) -> (Vec<Message>, Vec<JournalEntry>) {
+        let state = self.state.lock().await;
+        (state.messages.clone(), state.journal.clone())
     }
 
     /// Stages history messages of the turn's own run.
@@ -1548,6 +1549,16 @@ impl TurnEngine {
             }
             break (own, earlier);
         };
+        // Widened, the window starts at the run that made the calls, no earlier.
+        if last_runs > window
+            && let Some(calls) = earlier.iter().rposition(|stored| {
+                stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
+            })
+        {
+            let run = earlier[calls].run_id;
+            let start = earlier.iter().position(|stored| stored.run_id == run).unwrap_or(calls);
+            earlier.drain(..start);
+        }
         // The window may begin with results of calls made in a run before it (a turn that
         // answered its previous turn's calls): they go, for the same reason.
         let orphans = earlier.iter().take_while(|stored| stored.message.role == Role::Tool).count();
@@ -2758,6 +2769,7 @@ async fn closing_results(
     run: &RunRecord,
     state: &TurnState,
     staged: Vec<Message>,
+    staged_journal: Vec<JournalEntry>,
 ) -> Vec<Message> {
     let why = match state {
         TurnState::Cancelled { reason, .. } => format!("the turn was cancelled ({})", reason.as_str()),
@@ -2776,18 +2788,42 @@ async fn closing_results(
     let Some((_, calls)) = unanswered_in(&messages).filter(|(_, calls)| !calls.is_empty()) else {
         return Vec::new();
     };
-    let journal = store.journal(run.id).await.unwrap_or_default();
+    // What the engine had not stored yet first, then the store's.
+    let mut journal = staged_journal;
+    journal.extend(store.journal(run.id).await.unwrap_or_default());
+    let main = ThreadId::main();
     calls
         .iter()
         .map(|call| {
-            let ran = journal
-                .iter()
-                .find(|entry| entry.tool_call_id == call.id)
-                .and_then(|entry| entry.result.as_ref());
-            let content = ran.map_or_else(
-                || format!("The call did not complete: {why}."),
-                |result| result.content.clone(),
-            );
+            let entry = journal.iter().find(|entry| entry.tool_call_id == call.id);
+            let answered = run.input.iter().find_map(|item| match item {
+                TurnInputItem::ToolResponse(response)
+                    if response.tool_call_id == call.id && response.thread_id == main =>
+                {
+                    Some(response.content.clone())
+                }
+                TurnInputItem::ToolApproval(approval)
+                    if approval.tool_call_id == call.id && approval.thread_id == main =>
+                {
+                    match &approval.approval {
+                        ApprovalDecision::Deny { reason: Some(reason) } => {
+                            Some(format!("The user denied this tool call: {reason}"))
+                        }
+                        ApprovalDecision::Deny { reason: None } => {
+                            Some("The user denied this tool call.".to_owned())
+                        }
+                        ApprovalDecision::Allow => None,
+                    }
+                }
+                _ => None,
+            });
+            let content = match (entry, answered) {
+                (Some(JournalEntry { result: Some(result), .. }), _) => result.content.clone(),
+                (_, Some(answer)) => answer,
+                // Started, and not known to have ended: it may have had its effect.
+                (Some(_), None) => format!("The call may have run; its result is unknown: {why}."),
+                (None, None) => format!("The call did not complete: {why}."),
+            };
             Message::tool(call.id.clone(), content)
         })
         .collect()
@@ -2976,7 +3012,7 @@ pub(crate) async fn end_left_turn(
             })
         })
         .collect();
-    let messages = closing_results(store, &run, &state, Vec::new()).await;
+    let messages = closing_results(store, &run, &state, Vec::new(), Vec::new()).await;
     let done = emitter.emit(None, EventPayload::TurnDone { state: state.clone() });
     run.set_state(state);
     let high_water = Some(done.seq);
@@ -3101,8 +3137,8 @@ pub(crate) async fn fail_after_panic(
         sink.stage_team(Some(thread), team, payload).await.ok()?;
     }
     end_running_members(store, &run, &state, fence).await;
-    let staged = sink.staged_messages().await;
-    sink.stage_messages(&closing_results(store, &run, &state, staged).await).await;
+    let (staged, staged_journal) = sink.staged_history().await;
+    sink.stage_messages(&closing_results(store, &run, &state, staged, staged_journal).await).await;
     run.set_state(state.clone());
     sink.finish(run, EventPayload::TurnDone { state }).await.ok()
 }

@@ -19,7 +19,8 @@ use std::time::Duration;
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::{Order, Store};
 use agentry_types::{
-    CancellationReason, FunctionCallDelta, ModelMessageDelta, SessionId, ToolCallDelta, TurnId, TurnState,
+    CancellationReason, FunctionCallDelta, ModelMessageDelta, SessionId, ToolCallDelta, ToolCallKind, TurnId,
+    TurnState,
 };
 use futures_core::Stream;
 use tokio::sync::{Notify, watch};
@@ -126,8 +127,7 @@ impl TextKind {
             (None, Some(text), None, []) => Some((Self::Reasoning, text)),
             (None, None, Some(text), []) => Some((Self::Refusal, text)),
             // A chunk naming no function continues its call (the builder refuses a first
-            // chunk without a name): an id or type it repeats says nothing the call's first
-            // chunk did not (another id is refused), so it merges as a bare one does.
+            // chunk without a name); the id and type it may repeat go with its run.
             (None, None, None, [chunk]) if chunk.tool_info.is_none() => match &chunk.function {
                 Some(FunctionCallDelta { name: None, arguments: Some(text) }) => {
                     Some((Self::Arguments(chunk.index), text))
@@ -166,10 +166,21 @@ struct MergedDeltas {
     /// The last delta's envelope (its `seq`, ids, thread and time) without its text.
     last: EventEnvelope,
     kind: TextKind,
+    /// The call id and type that argument chunks of the run repeat (each has the same):
+    /// given again on the merged delta, so one that came late is not lost.
+    repeats: (Option<String>, Option<ToolCallKind>),
     text: String,
     /// Where each delta's text ends in `text`, in order: the i-th has `seq`
     /// `last.seq + 1 - ends.len() + i`.
     ends: Vec<u32>,
+}
+
+/// The call id and type an argument chunk carries (none for other deltas).
+fn repeats(delta: &ModelMessageDelta) -> (Option<String>, Option<ToolCallKind>) {
+    match delta.tool_calls.as_slice() {
+        [chunk] => (chunk.id.clone(), chunk.kind),
+        _ => (None, None),
+    }
 }
 
 impl MergedDeltas {
@@ -185,7 +196,7 @@ impl MergedDeltas {
             team: first.team.clone(),
             ..*first
         };
-        let mut run = Self { last, kind, text: text.to_owned(), ends: vec![end] };
+        let mut run = Self { last, kind, repeats: repeats(delta), text: text.to_owned(), ends: vec![end] };
         run.extend(second).then_some(run)
     }
 
@@ -196,6 +207,7 @@ impl MergedDeltas {
         let fits = self.text.len() + text.len() <= MERGED_TEXT_MAX;
         if !(fits
             && kind == self.kind
+            && repeats(delta) == self.repeats
             && event.seq == self.last.seq + 1
             && event.event_id == self.last.event_id
             && event.thread_id == self.last.thread_id
@@ -223,7 +235,11 @@ impl MergedDeltas {
             .map_or(0, |&end| end as usize);
         let text = self.text.get(start..).unwrap_or_default().to_owned();
         let mut event = self.last.clone();
-        event.payload = EventPayload::ModelMessageDelta(self.kind.delta(text));
+        let mut delta = self.kind.delta(text);
+        if let [chunk] = delta.tool_calls.as_mut_slice() {
+            (chunk.id, chunk.kind) = self.repeats.clone();
+        }
+        event.payload = EventPayload::ModelMessageDelta(delta);
         Arc::new(event)
     }
 }
@@ -783,6 +799,11 @@ mod tests {
             })
             .collect();
         assert_eq!(arguments, format!("[{}", "0,".repeat(999)));
+        // What the chunks repeated is given again on the merged ones (a late id is kept).
+        for event in read(&turn, 0) {
+            let EventPayload::ModelMessageDelta(delta) = &event.payload else { panic!("not a delta") };
+            assert_eq!(delta.tool_calls[0].id.as_deref(), Some("call_a"), "{delta:?}");
+        }
     }
 
     #[test]

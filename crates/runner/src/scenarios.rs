@@ -2324,54 +2324,73 @@ async fn leave_a_dead_process(
 /// the call gets its result in the history, the one its journal holds, so the session's
 /// next turn is answered, and its model sees what the call returned.
 pub async fn a_left_turn_that_answered_an_earlier_call_closes_it_when_ended(harness: Harness) {
-    let model = Arc::new(ScriptedModel::new(vec![
-        ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1})),
-        ScriptedResponse::text("Hello again."),
-    ]));
+    let asks = ScriptedResponse::tool_call("add", &json!({"a": 1, "b": 1}));
+    let answers = ScriptedResponse::text("Hello again.");
+    let model = Arc::new(ScriptedModel::new(vec![asks.clone(), answers.clone(), asks, answers]));
     let agent = Agent::builder("gated", model.clone())
         .tool(add_tool(Arc::default()))
         .requires_approval("add")
         .build();
     let runtime = runtime(&harness, agent);
-    let session = session_for(&runtime, "gated").await;
-    let first = session.create_turn(TurnRequest::message("Add 1 and 1")).await.unwrap();
-    assert_eq!(first.wait().await.unwrap().required_actions().len(), 1);
-    // A dead process took the approval in a turn of its own and ran the call.
-    let now = agentry_types::Timestamp::now();
-    let past = agentry_types::Timestamp::from_unix_micros(now.unix_micros() - 60_000_000);
-    let dead = harness
-        .store
-        .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
-        .await
-        .unwrap();
-    let approval = TurnInputItem::allow(agentry_types::ThreadId::main(), "call_1_0");
-    let mut left =
-        agentry_types::RunRecord::new(session.id(), vec![approval], agentry_types::Subject::user("dead"));
-    left.previous_turn_id = Some(first.id());
-    harness.store.put_run(&left, Some(dead.fence())).await.unwrap();
-    let started = agentry_types::JournalEntry {
-        turn_id: left.id,
-        tool_call_id: "call_1_0".to_owned(),
-        tool_name: "add".to_owned(),
-        idempotency_key: "key".to_owned(),
-        arguments_hash: "hash".to_owned(),
-        started_at: now,
-        result: None,
-        completed_at: None,
-    };
-    harness.store.journal_start(&started, Some(dead.fence())).await.unwrap();
-    let result = agentry_types::ToolResult { content: "2".to_owned(), is_error: false };
-    harness.store.journal_complete(left.id, "call_1_0", &result, now, Some(dead.fence())).await.unwrap();
-    let stranger = Runtime::new(harness.store.clone());
-    assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
-    let state = runtime.get_turn(left.id).await.unwrap().wait().await.unwrap();
-    assert!(matches!(state, TurnState::Error { .. }), "{state:?}");
-    let next = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
-    let state = next.wait().await.unwrap();
-    assert_eq!(answer_text(&state).as_deref(), Some("Hello again."), "{state:?}");
-    let seen = model.requests().last().cloned().unwrap();
-    let answered = seen.messages.iter().find(|message| message.tool_call_id.as_deref() == Some("call_1_0"));
-    assert_eq!(answered.map(agentry_types::Message::text).as_deref(), Some("2"), "{:?}", seen.messages);
+    // The call ran (its journal holds the result), or started and may have run.
+    for completed in [true, false] {
+        let session = session_for(&runtime, "gated").await;
+        let first = session.create_turn(TurnRequest::message("Add 1 and 1")).await.unwrap();
+        assert_eq!(first.wait().await.unwrap().required_actions().len(), 1);
+        let call = first.wait().await.unwrap().required_actions()[0].clone();
+        let agentry_types::RequiredAction::ToolApproval { tool_calls, .. } = &call.action else {
+            panic!("{call:?}")
+        };
+        let call_id = tool_calls[0].id.clone();
+        // A dead process took the approval in a turn of its own and started the call.
+        let now = agentry_types::Timestamp::now();
+        let past = agentry_types::Timestamp::from_unix_micros(now.unix_micros() - 60_000_000);
+        let dead = harness
+            .store
+            .acquire_lease(session.id(), "a dead process", Duration::from_secs(1), past)
+            .await
+            .unwrap();
+        let approval = TurnInputItem::allow(agentry_types::ThreadId::main(), call_id.clone());
+        let mut left =
+            agentry_types::RunRecord::new(session.id(), vec![approval], agentry_types::Subject::user("dead"));
+        left.previous_turn_id = Some(first.id());
+        harness.store.put_run(&left, Some(dead.fence())).await.unwrap();
+        let started = agentry_types::JournalEntry {
+            turn_id: left.id,
+            tool_call_id: call_id.clone(),
+            tool_name: "add".to_owned(),
+            idempotency_key: "key".to_owned(),
+            arguments_hash: "hash".to_owned(),
+            started_at: now,
+            result: None,
+            completed_at: None,
+        };
+        harness.store.journal_start(&started, Some(dead.fence())).await.unwrap();
+        if completed {
+            let result = agentry_types::ToolResult { content: "2".to_owned(), is_error: false };
+            harness
+                .store
+                .journal_complete(left.id, &call_id, &result, now, Some(dead.fence()))
+                .await
+                .unwrap();
+        }
+        let stranger = Runtime::new(harness.store.clone());
+        assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
+        let state = runtime.get_turn(left.id).await.unwrap().wait().await.unwrap();
+        assert!(matches!(state, TurnState::Error { .. }), "{state:?}");
+        let next = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
+        let state = next.wait().await.unwrap();
+        assert_eq!(answer_text(&state).as_deref(), Some("Hello again."), "{state:?}");
+        let seen = model.requests().last().cloned().unwrap();
+        let answered =
+            seen.messages.iter().find(|message| message.tool_call_id.as_deref() == Some(call_id.as_str()));
+        let answer = answered.map(agentry_types::Message::text).unwrap_or_default();
+        if completed {
+            assert_eq!(answer, "2", "{:?}", seen.messages);
+        } else {
+            assert!(answer.starts_with("The call may have run; its result is unknown"), "{answer}");
+        }
+    }
 }
 
 /// The seqs of a turn's live stream, and that they run from 1 without a gap.

@@ -1005,6 +1005,15 @@ impl TurnEngine {
 
     /// Settles a reservation and reports the instance's usage; a step that took a budget
     /// past its limit stops the thread there.
+    /// Gives back what `reservations` held, for steps that will not run.
+    async fn release_all(&self, reservations: &[String]) {
+        if let Some(ledger) = &self.ledger {
+            for reservation in reservations {
+                ledger.release(reservation).await;
+            }
+        }
+    }
+
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         Box::pin(async move {
@@ -2149,10 +2158,8 @@ impl TurnEngine {
             Ok(_) | Err(Stop::LeaseLost) => return,
         };
         let Some((_, unanswered)) = self.unanswered_calls() else { return };
-        let closing: Vec<Message> = unanswered
-            .iter()
-            .map(|call| Message::tool(call.id.clone(), format!("The call did not complete: {why}.")))
-            .collect();
+        let journal = |id: &str| self.journal.get(id);
+        let closing = closing_messages(&unanswered, journal, &self.run.input, &self.thread, &why);
         if !closing.is_empty() {
             // Best effort: the turn's end is recorded either way.
             let _recorded = self.persist(closing).await;
@@ -2223,14 +2230,16 @@ impl TurnEngine {
                 Ok(None) => {}
                 Err(stop) => {
                     // The calls will not run: give back what was held for them.
-                    if let Some(ledger) = &self.ledger {
-                        for reservation in &reservations {
-                            ledger.release(reservation).await;
-                        }
-                    }
+                    self.release_all(&reservations).await;
                     return Err(stop);
                 }
             }
+        }
+        // A cancellation that came while the budget was reserved: nothing starts, and
+        // what was held is given back rather than charged.
+        if let Err(stop) = self.cancel.check() {
+            self.release_all(&reservations).await;
+            return Err(stop);
         }
         let ran = self.run_tools(&runnable).await;
         // Every reservation is settled, even after one that took a budget past its limit:
@@ -2791,19 +2800,33 @@ async fn closing_results(
     // What the engine had not stored yet first, then the store's.
     let mut journal = staged_journal;
     journal.extend(store.journal(run.id).await.unwrap_or_default());
-    let main = ThreadId::main();
+    let journaled = |id: &str| journal.iter().find(|entry| entry.tool_call_id == id);
+    closing_messages(&calls, journaled, &run.input, &ThreadId::main(), &why)
+}
+
+/// A result for each of `calls` left open as its thread ends (`why` it ends), saying what
+/// is known of it: its journaled result; else the answer or denial the turn's `input`
+/// gives it on `thread` (a turn that stopped before applying its input); else that it may
+/// have run (its journal says it started); else that it did not complete. The model must
+/// not be told that work with side effects did not happen, nor lose a person's answer.
+fn closing_messages<'a>(
+    calls: &[ToolCall],
+    journaled: impl Fn(&str) -> Option<&'a JournalEntry>,
+    input: &[TurnInputItem],
+    thread: &ThreadId,
+    why: &str,
+) -> Vec<Message> {
     calls
         .iter()
         .map(|call| {
-            let entry = journal.iter().find(|entry| entry.tool_call_id == call.id);
-            let answered = run.input.iter().find_map(|item| match item {
+            let answered = input.iter().find_map(|item| match item {
                 TurnInputItem::ToolResponse(response)
-                    if response.tool_call_id == call.id && response.thread_id == main =>
+                    if response.tool_call_id == call.id && response.thread_id == *thread =>
                 {
                     Some(response.content.clone())
                 }
                 TurnInputItem::ToolApproval(approval)
-                    if approval.tool_call_id == call.id && approval.thread_id == main =>
+                    if approval.tool_call_id == call.id && approval.thread_id == *thread =>
                 {
                     match &approval.approval {
                         ApprovalDecision::Deny { reason: Some(reason) } => {
@@ -2817,7 +2840,7 @@ async fn closing_results(
                 }
                 _ => None,
             });
-            let content = match (entry, answered) {
+            let content = match (journaled(&call.id), answered) {
                 (Some(JournalEntry { result: Some(result), .. }), _) => result.content.clone(),
                 (_, Some(answer)) => answer,
                 // Started, and not known to have ended: it may have had its effect.

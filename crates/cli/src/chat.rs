@@ -134,18 +134,7 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
     let mut pending =
         until_interrupted(waiting(api, &session_id, &mut known), "while reading the session").await?;
     loop {
-        let input = if !pending.authorizations.is_empty() {
-            // Authorizing happens elsewhere; an empty turn then goes on.
-            for (name, url) in &pending.authorizations {
-                writeln!(std::io::stdout(), "Authorize MCP server {}: {}", clean(name), clean(url))?;
-            }
-            if terminal.ask("Press Enter once authorized: ").await?.is_none() {
-                bail!(
-                    "left with the turn waiting for an authorization; go on with `agentry chat {agent} --session {session_id}`"
-                );
-            }
-            Vec::new()
-        } else if pending.is_empty() {
+        let input = if pending.is_empty() {
             let Some(line) = terminal.ask("you> ").await? else { break };
             if line.is_empty() {
                 continue;
@@ -155,13 +144,30 @@ pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> 
             }
             vec![json!({"type": "user.message", "content": line})]
         } else {
-            let input = answer(&mut terminal, &pending, &known.calls).await?;
-            if input.is_empty() {
-                bail!(
-                    "left with the turn waiting for an answer; answer it with `agentry chat {agent} --session {session_id}`"
-                );
+            if !pending.authorizations.is_empty() {
+                // Authorizing happens elsewhere; the turn then goes on.
+                for (name, url) in &pending.authorizations {
+                    writeln!(std::io::stdout(), "Authorize MCP server {}: {}", clean(name), clean(url))?;
+                }
+                if terminal.ask("Press Enter once authorized: ").await?.is_none() {
+                    bail!(
+                        "left with the turn waiting for an authorization; go on with `agentry chat {agent} --session {session_id}`"
+                    );
+                }
             }
-            input
+            // With no input after an authorization alone; with the answers the turn also
+            // waits for otherwise (a turn without them is refused).
+            if pending.approvals.is_empty() && pending.responses.is_empty() {
+                Vec::new()
+            } else {
+                let input = answer(&mut terminal, &pending, &known.calls).await?;
+                if input.is_empty() {
+                    bail!(
+                        "left with the turn waiting for an answer; answer it with `agentry chat {agent} --session {session_id}`"
+                    );
+                }
+                input
+            }
         };
         // A turn that could not run (too large, refused, the server unreachable) is
         // reported, and the chat goes on.

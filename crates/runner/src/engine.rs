@@ -1003,8 +1003,6 @@ impl TurnEngine {
         Stop::Cancelled(CancellationReason::BudgetExhausted)
     }
 
-    /// Settles a reservation and reports the instance's usage; a step that took a budget
-    /// past its limit stops the thread there.
     /// Gives back what `reservations` held, for steps that will not run.
     async fn release_all(&self, reservations: &[String]) {
         if let Some(ledger) = &self.ledger {
@@ -1014,6 +1012,8 @@ impl TurnEngine {
         }
     }
 
+    /// Settles a reservation and reports the instance's usage; a step that took a budget
+    /// past its limit stops the thread there.
     async fn settle(&self, reservation: &str, spent: Spent) -> Result<(), Stop> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
         Box::pin(async move {
@@ -1547,11 +1547,8 @@ impl TurnEngine {
             let history = self.store.history(self.session_id(), &query).await?;
             let (own, earlier): (Vec<_>, Vec<_>) =
                 history.into_iter().partition(|message| message.run_id == turn_id);
-            let has_calls = |stored: &agentry_types::HistoryMessage| {
-                stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
-            };
             let widest = window.saturating_add(MAX_RESUME_CHAIN);
-            if answers && !earlier.iter().any(has_calls) && last_runs < widest {
+            if answers && !earlier.iter().any(makes_calls) && last_runs < widest {
                 // Doubled: a few reads at most, on this rare path.
                 last_runs = last_runs.saturating_mul(2).min(widest);
                 continue;
@@ -1560,9 +1557,7 @@ impl TurnEngine {
         };
         // Widened, the window starts at the run that made the calls, no earlier.
         if last_runs > window
-            && let Some(calls) = earlier.iter().rposition(|stored| {
-                stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
-            })
+            && let Some(calls) = earlier.iter().rposition(makes_calls)
         {
             let run = earlier[calls].run_id;
             let start = earlier.iter().position(|stored| stored.run_id == run).unwrap_or(calls);
@@ -1990,10 +1985,7 @@ impl TurnEngine {
                                 .is_some_and(|tool| tool.ends_on_cancel()) => {}
                         ApprovalDecision::Allow => approved.push((slot, call)),
                         ApprovalDecision::Deny { reason } => {
-                            let content = match reason {
-                                Some(reason) => format!("The user denied this tool call: {reason}"),
-                                None => "The user denied this tool call.".to_owned(),
-                            };
+                            let content = denial(reason.as_deref());
                             denied.push((slot, call, ToolResult { content, is_error: true }));
                         }
                     }
@@ -2219,10 +2211,6 @@ impl TurnEngine {
                 runnable.push(call.clone());
             }
         }
-        // A cancellation that came before the calls start: none is charged nor started.
-        if !runnable.is_empty() {
-            self.cancel.check()?;
-        }
         let mut reservations = Vec::new();
         for _ in &runnable {
             match self.reserve(Step::Tool).await {
@@ -2235,8 +2223,8 @@ impl TurnEngine {
                 }
             }
         }
-        // A cancellation that came while the budget was reserved: nothing starts, and
-        // what was held is given back rather than charged.
+        // A cancellation that came before the calls start: none starts, and what was held
+        // for them is given back rather than charged.
         if let Err(stop) = self.cancel.check() {
             self.release_all(&reservations).await;
             return Err(stop);
@@ -2829,12 +2817,7 @@ fn closing_messages<'a>(
                     if approval.tool_call_id == call.id && approval.thread_id == *thread =>
                 {
                     match &approval.approval {
-                        ApprovalDecision::Deny { reason: Some(reason) } => {
-                            Some(format!("The user denied this tool call: {reason}"))
-                        }
-                        ApprovalDecision::Deny { reason: None } => {
-                            Some("The user denied this tool call.".to_owned())
-                        }
+                        ApprovalDecision::Deny { reason } => Some(denial(reason.as_deref())),
                         ApprovalDecision::Allow => None,
                     }
                 }
@@ -2850,6 +2833,19 @@ fn closing_messages<'a>(
             Message::tool(call.id.clone(), content)
         })
         .collect()
+}
+
+/// What the model is told of a call a person denied, with their reason if they gave one.
+fn denial(reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) => format!("The user denied this tool call: {reason}"),
+        None => "The user denied this tool call.".to_owned(),
+    }
+}
+
+/// Whether a stored message made tool calls.
+fn makes_calls(stored: &agentry_types::HistoryMessage) -> bool {
+    stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
 }
 
 /// The thread an input item answers on (none for a user message).

@@ -189,6 +189,18 @@ impl ToolContext {
         self.scope.as_ref().map(|scope| scope.turn_local::<T>())
     }
 
+    /// The events of the call's turn stored so far, in `seq` order (none outside a turn):
+    /// what a tool that keeps count across the turn reads back when the turn was resumed
+    /// ([`ToolContext::turn_resumed`]).
+    ///
+    /// Errors: `ToolError::Failed` when the store cannot be read.
+    pub async fn stored_turn_events(&self) -> Result<Vec<agentry_events::EventEnvelope>, ToolError> {
+        let Some(scope) = &self.scope else { return Ok(Vec::new()) };
+        crate::live::stored_events(scope.store().as_ref(), self.turn_id, agentry_memory::Order::Asc)
+            .await
+            .map_err(|error| ToolError::Failed(format!("cannot read the turn's events: {error}")))
+    }
+
     /// Whether this process took the call's turn over from another: a turn resumed after
     /// its process died or handed it over. What that process kept for the turn
     /// ([`ToolContext::turn_local`]) is gone; what it did is in the turn's stored events.

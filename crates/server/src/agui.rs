@@ -267,8 +267,8 @@ async fn run_input(
     let actions = latest.as_ref().map_or(&[][..], |turn| turn.record().state.required_actions());
     // Tool messages answer only the calls the thread waits on: the others are results the
     // client was sent (of tools the server ran), kept in its list.
-    let pending = pending_calls(actions);
-    let approvals = approval_calls(actions);
+    let pending = pending_calls(actions, true);
+    let approvals = pending_calls(actions, false);
     answers.extend(
         added
             .iter()
@@ -348,30 +348,17 @@ fn answered_in_messages(body: &RunAgentInput, turn: &agentry_types::RunRecord) -
         .collect()
 }
 
-/// The ids of the calls a turn's required actions wait on.
-fn pending_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
+/// The ids of the calls a turn's required actions wait on: for an approval, or (with
+/// `responses`) for the client's answer too.
+fn pending_calls(actions: &[RequiredActionRecord], responses: bool) -> Vec<String> {
     actions
         .iter()
         .flat_map(|record| match &record.action {
-            RequiredAction::ToolApproval { tool_calls, .. }
-            | RequiredAction::ToolResponse { tool_calls, .. } => {
-                tool_calls.iter().map(|call| call.id.clone()).collect()
-            }
-            RequiredAction::McpAuth { .. } => Vec::new(),
+            RequiredAction::ToolApproval { tool_calls, .. } => tool_calls.as_slice(),
+            RequiredAction::ToolResponse { tool_calls, .. } if responses => tool_calls.as_slice(),
+            _ => &[],
         })
-        .collect()
-}
-
-/// The ids of the calls a turn's required actions wait on for an approval.
-fn approval_calls(actions: &[RequiredActionRecord]) -> Vec<String> {
-    actions
-        .iter()
-        .flat_map(|record| match &record.action {
-            RequiredAction::ToolApproval { tool_calls, .. } => {
-                tool_calls.iter().map(|call| call.id.clone()).collect()
-            }
-            _ => Vec::new(),
-        })
+        .map(|call| call.id.clone())
         .collect()
 }
 

@@ -425,31 +425,15 @@ impl SpawnCounts {
     }
 }
 
-/// How many events one read of a turn's stored events takes.
-const EVENT_PAGE: usize = 1000;
-
 /// See [`SpawnCounts::before`]. An approval counts whether or not its instance's start
 /// is stored: a resumed paused instance starts under its first id, not the one its new
 /// approval names, and the rare approval whose instance could not start errs on the side
 /// of the limit.
 async fn stored_spawns(context: &ToolContext) -> Result<HashMap<String, u32>, ToolError> {
-    let Some(store) = context.store() else { return Ok(HashMap::new()) };
     let mut counts = HashMap::new();
-    let mut after = None;
-    loop {
-        let page = store
-            .turn_events(context.turn_id, agentry_memory::Order::Asc, after, EVENT_PAGE)
-            .await
-            .map_err(|error| ToolError::Failed(format!("cannot read the mission's spawns: {error}")))?;
-        for stored in &page {
-            if let agentry_events::EventPayload::SpawnApproved { requested_role, .. } = &stored.event.payload
-            {
-                *counts.entry(requested_role.clone()).or_default() += 1;
-            }
-        }
-        match page.last() {
-            Some(last) if page.len() == EVENT_PAGE => after = Some(last.event.seq),
-            _ => break,
+    for event in context.stored_turn_events().await? {
+        if let agentry_events::EventPayload::SpawnApproved { requested_role, .. } = event.payload {
+            *counts.entry(requested_role).or_default() += 1;
         }
     }
     Ok(counts)

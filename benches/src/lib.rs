@@ -20,7 +20,7 @@ use agentry_memory::{Durability, Store, StoreError};
 use agentry_model::{ScriptedModel, ScriptedResponse};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
-use agentry_types::{EventId, ModelMessage, ModelMessageDelta, Role, RunRecord, ThreadId, Timestamp};
+use agentry_types::{EventId, ModelMessage, ModelMessageDelta, Role, RunRecord, ThreadId, Timestamp, Usage};
 
 /// Every event of every sample turn, in stream order (deltas included).
 pub fn sample_events() -> Result<Vec<EventEnvelope>, agentry_events::MergeError> {
@@ -86,8 +86,12 @@ pub fn open_store(backend: &str, path: &Path, durability: Durability) -> Result<
 /// change.
 #[must_use]
 pub fn tool_then_answer() -> Arc<ScriptedModel> {
-    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}));
-    let answer = ScriptedResponse::text("The answer is 42.");
+    // Usage as a provider reports it on its last chunk: the runtime reads it, and counting
+    // the whole prompt's characters, as the scripted model does when a script gives none,
+    // is the stand-in provider's work, not the runtime's.
+    let call = ScriptedResponse::tool_call("multiply", &serde_json::json!({"a": 6, "b": 7}))
+        .with_usage(Usage::new(60, 18));
+    let answer = ScriptedResponse::text("The answer is 42.").with_usage(Usage::new(90, 6));
     let model =
         ScriptedModel::responder(move |request| match request.messages.last().map(|message| message.role) {
             Some(Role::Tool) => answer.clone(),

@@ -431,7 +431,7 @@ impl Memory {
         } else {
             Vec::new()
         };
-        let step = TurnStep { run: Some(run.clone()), messages, ..TurnStep::default() };
+        let step = TurnStep { run: Some(Arc::new(run.clone())), messages, ..TurnStep::default() };
         self.store.write_step(run.id, &step, None).await?;
         if !newly_completed {
             return Ok(run);

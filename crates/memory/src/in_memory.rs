@@ -27,7 +27,8 @@ use crate::store::{
 
 #[derive(Debug)]
 struct RunRow {
-    record: RunRecord,
+    /// Shared with the step that stored it: a turn's record is not copied for the store.
+    record: Arc<RunRecord>,
     last_seq: u64,
     high_water: u64,
 }
@@ -108,14 +109,14 @@ impl State {
     }
 
     /// Stores a new run (checked) after the session's others.
-    fn insert_run(&mut self, run: &RunRecord) {
+    fn insert_run(&mut self, run: Arc<RunRecord>) {
         self.next_run_order += 1;
         let order = self.next_run_order;
         self.session_runs.entry(run.session_id).or_default().insert(order, run.id);
         if let Some(parent) = run.parent_run_id {
             self.member_runs.entry(parent).or_default().insert(order, run.id);
         }
-        self.runs.insert(run.id, RunRow { record: run.clone(), last_seq: 0, high_water: 0 });
+        self.runs.insert(run.id, RunRow { record: run, last_seq: 0, high_water: 0 });
     }
 
     /// Drops a deleted member run (created `order`th) from its parent's index.
@@ -298,16 +299,16 @@ impl RunStore for InMemoryStore {
         if let Some(row) = state.runs.get_mut(&run.id) {
             rules::check_run_session_id(run.id, run.session_id, row.record.session_id)?;
             rules::check_run_parent(run.id, run.parent_run_id, row.record.parent_run_id)?;
-            row.record = run.clone();
+            row.record = Arc::new(run.clone());
         } else {
-            state.insert_run(run);
+            state.insert_run(Arc::new(run.clone()));
         }
         state.touch_session(run);
         Ok(())
     }
 
     async fn get_run(&self, id: TurnId) -> StoreResult<RunRecord> {
-        Ok(self.state().run(id)?.record.clone())
+        Ok(RunRecord::clone(&self.state().run(id)?.record))
     }
 
     async fn list_runs(
@@ -340,7 +341,7 @@ impl RunStore for InMemoryStore {
             // A parent's members may lie in other sessions too.
             .filter(|(_, row)| row.record.session_id == session && query.matches(&row.record))
             .take(limit + 1)
-            .map(|(order, row)| (order, row.record.clone()))
+            .map(|(order, row)| (order, RunRecord::clone(&row.record)))
             .collect();
         let page = Page::from_lookahead(items, limit, &kind, |(order, _)| order.to_string());
         Ok(Page { items: page.items.into_iter().map(|(_, run)| run).collect(), next_token: page.next_token })
@@ -483,7 +484,7 @@ fn check_step_sizes(step: &TurnStep) -> StoreResult<()> {
         rules::check_event_size(event)?;
     }
     if let Some(run) = &step.run {
-        rules::check_size("run", run)?;
+        rules::check_size("run", &**run)?;
     }
     for entry in &step.journal {
         rules::check_size("journal entry", entry)?;
@@ -539,7 +540,7 @@ impl State {
         }
         let created = new_run.is_some();
         if let Some(run) = new_run {
-            self.insert_run(run);
+            self.insert_run(Arc::clone(run));
         }
         if !step.messages.is_empty() {
             self.messages.entry(turn).or_default().extend(step.messages.iter().cloned());
@@ -549,7 +550,7 @@ impl State {
         row.high_water = row.high_water.max(step.high_water.unwrap_or(0));
         // A run this step created already holds the record.
         if let Some(run) = step.run.as_ref().filter(|_| !created) {
-            row.record = run.clone();
+            row.record = Arc::clone(run);
         }
         if let Some(run) = &step.run {
             self.touch_session(run);
@@ -600,7 +601,7 @@ impl MessageStore for InMemoryStore {
             .unwrap_or(&empty)
             .values()
             .rev()
-            .map(|id| state.run(*id).map(|row| &row.record))
+            .map(|id| state.run(*id).map(|row| &*row.record))
             // Member runs are not looked at unless the window takes them.
             .filter(|run| {
                 query.include_member_runs || !matches!(run, Ok(run) if run.parent_run_id.is_some())

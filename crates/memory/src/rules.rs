@@ -660,7 +660,7 @@ pub fn check_step_shape(turn: TurnId, step: &TurnStep, fence: Option<Fence>) -> 
             entry.tool_call_id, entry.turn_id
         )));
     }
-    check_step_run(turn, step.run.as_ref())
+    check_step_run(turn, step.run.as_deref())
 }
 
 /// What one journal write of a step stores given the call's stored entry (see

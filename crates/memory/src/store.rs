@@ -464,8 +464,9 @@ pub struct TurnStep {
     /// entry otherwise stays as it is.
     pub journal: Vec<JournalEntry>,
     /// The run's record replaced, typically with its end state, or stored as a new run by
-    /// the turn's first step; it must be the turn's own.
-    pub run: Option<RunRecord>,
+    /// the turn's first step; it must be the turn's own. Shared, so a turn hands its record
+    /// to the store (and an in-memory store keeps it) without copying it.
+    pub run: Option<Arc<RunRecord>>,
     /// Release the session's lease, held by the step's fence, once the step is written
     /// (the turn is over). Needs a fence.
     pub release_lease: bool,

@@ -290,7 +290,7 @@ impl TurnSink {
         &'a self,
         state: &'a mut SinkState,
         last: Option<Arc<EventEnvelope>>,
-        run: Option<RunRecord>,
+        run: Option<Arc<RunRecord>>,
     ) -> impl std::future::Future<Output = Result<Option<Arc<EventEnvelope>>, Stop>> + Send + 'a {
         if !state.step.is_empty() {
             // Left by a write whose future was dropped (a member thread cut off at the end
@@ -375,7 +375,7 @@ impl TurnSink {
         &self,
         state: &mut SinkState,
         event: Arc<EventEnvelope>,
-        run: Option<RunRecord>,
+        run: Option<Arc<RunRecord>>,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         self.store_staged(state, Some(event), run)
             .await?
@@ -488,7 +488,7 @@ impl TurnSink {
     /// [`LiveTurn::push`]; nothing may be emitted after it).
     pub(crate) async fn finish(
         &self,
-        record: RunRecord,
+        record: Arc<RunRecord>,
         payload: EventPayload,
     ) -> Result<Arc<EventEnvelope>, Stop> {
         let mut state = self.state.lock().await;
@@ -700,7 +700,7 @@ impl ThreadScope {
             None => self.cancel.clone(),
         };
         let mut engine =
-            TurnEngine::new(self.store.clone(), agent, run, self.sink.clone(), self.fence, cancel);
+            TurnEngine::new(self.store.clone(), agent, Arc::new(run), self.sink.clone(), self.fence, cancel);
         engine.thread = thread;
         // The turn's resumptions, for the members this thread's own calls resume (a team
         // nested in a team).
@@ -850,7 +850,7 @@ fn turn_created(run: &RunRecord) -> EventPayload {
 /// (numbered by `emitter`) and, when the input is only user messages, those messages as the
 /// run's history, with the high-water mark raised for the numbers the engine will hand out.
 /// Returns the step and `turn.created`.
-pub(crate) fn first_step(run: &RunRecord, emitter: &mut TurnEmitter) -> (TurnStep, Arc<EventEnvelope>) {
+pub(crate) fn first_step(run: &Arc<RunRecord>, emitter: &mut TurnEmitter) -> (TurnStep, Arc<EventEnvelope>) {
     let created = Arc::new(emitter.emit(None, turn_created(run)));
     let messages: Vec<Message> = run
         .input
@@ -866,7 +866,7 @@ pub(crate) fn first_step(run: &RunRecord, emitter: &mut TurnEmitter) -> (TurnSte
         messages,
         events: vec![created.clone()],
         journal: Vec::new(),
-        run: Some(run.clone()),
+        run: Some(Arc::clone(run)),
         release_lease: false,
     };
     (step, created)
@@ -885,7 +885,8 @@ pub(crate) enum Start {
 pub(crate) struct TurnEngine {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) agent: Agent,
-    pub(crate) run: RunRecord,
+    /// Shared with the turn's handle and the steps that store it; changed copy-on-write.
+    pub(crate) run: Arc<RunRecord>,
     pub(crate) sink: Arc<TurnSink>,
     pub(crate) fence: Fence,
     pub(crate) cancel: CancelWatch,
@@ -928,7 +929,7 @@ impl TurnEngine {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         agent: Agent,
-        run: RunRecord,
+        run: Arc<RunRecord>,
         sink: Arc<TurnSink>,
         fence: Fence,
         cancel: CancelWatch,
@@ -1205,7 +1206,7 @@ impl TurnEngine {
     async fn finish(&mut self, state: TurnState) -> Result<Arc<EventEnvelope>, Stop> {
         // The end state, `turn.done` and everything staged are one write: a terminal turn is
         // never recovered, so nothing may be left to store after its state.
-        self.run.set_state(state.clone());
+        Arc::make_mut(&mut self.run).set_state(state.clone());
         self.sink.finish(self.run.clone(), EventPayload::TurnDone { state }).await
     }
 
@@ -1391,8 +1392,8 @@ impl TurnEngine {
             history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),
         );
         self.approved = approved_calls(&answers, &self.thread);
-        self.run.input = answers;
-        self.run.set_state(TurnState::Running);
+        Arc::make_mut(&mut self.run).input = answers;
+        Arc::make_mut(&mut self.run).set_state(TurnState::Running);
         self.store.put_run(&self.run, Some(self.fence)).await?;
         self.apply_input(Some(&paused)).await?;
         if let Some((_, unanswered)) = self.unanswered_calls()
@@ -1432,7 +1433,7 @@ impl TurnEngine {
                 (state, Ok((answer, output)))
             }
             Ok(Outcome::Paused(output, required_actions)) => {
-                self.run.set_state(TurnState::Done {
+                Arc::make_mut(&mut self.run).set_state(TurnState::Done {
                     output: output.map(Box::new),
                     required_actions: required_actions.clone(),
                     completed_at,
@@ -1441,7 +1442,7 @@ impl TurnEngine {
                 let result = match self.store.put_run(&self.run, Some(self.fence)).await {
                     Ok(()) => {
                         let paused = Resume::Paused {
-                            run: Box::new(self.run.clone()),
+                            run: Box::new(RunRecord::clone(&self.run)),
                             thread: self.thread.clone(),
                             answers: Vec::new(),
                             parent,
@@ -1487,7 +1488,7 @@ impl TurnEngine {
             // The thread's end below is recorded whether or not this event could be.
             let _recorded = self.emit(ended).await;
         }
-        self.run.set_state(state);
+        Arc::make_mut(&mut self.run).set_state(state);
         let mut result = result;
         let mut stored = self.store.put_run(&self.run, Some(self.fence)).await;
         if matches!(stored, Err(StoreError::TooLarge { .. })) {
@@ -1496,7 +1497,11 @@ impl TurnEngine {
             // its events) rather than staying open for ever.
             let message = "the thread's end is too large to keep with its task; its answer is in its events";
             tracing::warn!(run = %self.run.id, "{message}");
-            self.run.set_state(TurnState::Error { message: message.to_owned(), completed_at, metrics: None });
+            Arc::make_mut(&mut self.run).set_state(TurnState::Error {
+                message: message.to_owned(),
+                completed_at,
+                metrics: None,
+            });
             result = Err(message.to_owned());
             stored = self.store.put_run(&self.run, Some(self.fence)).await;
         }
@@ -3040,7 +3045,7 @@ pub(crate) async fn end_left_turn(
         high_water,
         events,
         messages,
-        run: Some(run.clone()),
+        run: Some(Arc::new(run.clone())),
         release_lease: true,
         ..TurnStep::default()
     };
@@ -3159,5 +3164,5 @@ pub(crate) async fn fail_after_panic(
     let (staged, staged_journal) = sink.staged_history().await;
     sink.stage_messages(&closing_results(store, &run, &state, staged, staged_journal).await).await;
     run.set_state(state.clone());
-    sink.finish(run, EventPayload::TurnDone { state }).await.ok()
+    sink.finish(Arc::new(run), EventPayload::TurnDone { state }).await.ok()
 }

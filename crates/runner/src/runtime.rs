@@ -381,7 +381,7 @@ impl Runtime {
 
     /// A turn by id (of any session). Errors: `NotFound`.
     pub async fn get_turn(&self, id: TurnId) -> RuntimeResult<TurnHandle> {
-        let record = self.inner.store.get_run(id).await?;
+        let record = Arc::new(self.inner.store.get_run(id).await?);
         Ok(TurnHandle { runtime: self.clone(), record })
     }
 
@@ -743,7 +743,8 @@ impl Runtime {
             }
         };
         let emitter = TurnEmitter::new(TurnSequencer::resuming_after(session.id, run.id, high_water));
-        let handle = TurnHandle { runtime: self.clone(), record: run.clone() };
+        let run = Arc::new(run);
+        let handle = TurnHandle { runtime: self.clone(), record: Arc::clone(&run) };
         self.start(agent, run, lease, emitter, high_water, Start::Recovered { previous, journal, stored });
         Ok(Some(handle))
     }
@@ -792,8 +793,8 @@ impl Runtime {
             now: Timestamp::now(),
             previous: previous.as_ref().map(|run| run.id),
         };
-        let (step, pending) = PendingStart::new(self, agent, run, previous);
-        let handle = TurnHandle { runtime: self.clone(), record: pending.run.clone() };
+        let (step, pending) = PendingStart::new(self, agent, Arc::new(run), previous);
+        let handle = TurnHandle { runtime: self.clone(), record: Arc::clone(&pending.run) };
         let store = self.inner.store.clone();
         let turn = handle.id();
         let mut writing = Box::pin(async move { store.start_turn(turn, &step, &start).await });
@@ -858,7 +859,7 @@ impl Runtime {
     fn start(
         &self,
         agent: Agent,
-        run: RunRecord,
+        run: Arc<RunRecord>,
         lease: Lease,
         emitter: TurnEmitter,
         high_water: u64,
@@ -1166,8 +1167,8 @@ impl Session {
         };
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
-        let (step, pending) = PendingStart::new(runtime, agent, run, previous);
-        let handle = TurnHandle { runtime: runtime.clone(), record: pending.run.clone() };
+        let (step, pending) = PendingStart::new(runtime, agent, Arc::new(run), previous);
+        let handle = TurnHandle { runtime: runtime.clone(), record: Arc::clone(&pending.run) };
         guard.pending = Some(pending);
         let written = store.write_step(handle.id(), &step, Some(lease.fence())).await;
         let pending = guard.pending.take();
@@ -1276,7 +1277,7 @@ impl Session {
             items: runs
                 .items
                 .into_iter()
-                .map(|record| TurnHandle { runtime: self.runtime.clone(), record })
+                .map(|record| TurnHandle { runtime: self.runtime.clone(), record: Arc::new(record) })
                 .collect(),
             next_token: runs.next_token,
         })
@@ -1403,7 +1404,7 @@ struct StartGuard {
 /// What starting a turn whose first step was written needs (see [`Runtime::start`]).
 struct PendingStart {
     agent: Agent,
-    run: RunRecord,
+    run: Arc<RunRecord>,
     emitter: TurnEmitter,
     high_water: u64,
     previous: Option<RunRecord>,
@@ -1415,7 +1416,12 @@ struct PendingStart {
 impl PendingStart {
     /// A new turn's start, its numbers from the first, with its first step to store: the
     /// run, `turn.created` and an input of user messages.
-    fn new(runtime: &Runtime, agent: Agent, run: RunRecord, previous: Option<RunRecord>) -> (TurnStep, Self) {
+    fn new(
+        runtime: &Runtime,
+        agent: Agent,
+        run: Arc<RunRecord>,
+        previous: Option<RunRecord>,
+    ) -> (TurnStep, Self) {
         let starting = Starting::new(runtime, run.session_id);
         let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
         let (step, created) = first_step(&run, &mut emitter);
@@ -1446,37 +1452,38 @@ impl Drop for StartGuard {
 #[derive(Debug, Clone)]
 pub struct TurnHandle {
     runtime: Runtime,
-    record: RunRecord,
+    /// Shared with the turn's engine until the engine changes it.
+    record: Arc<RunRecord>,
 }
 
 impl TurnHandle {
     /// Its id.
     #[must_use]
-    pub const fn id(&self) -> TurnId {
+    pub fn id(&self) -> TurnId {
         self.record.id
     }
 
     /// Its session.
     #[must_use]
-    pub const fn session_id(&self) -> SessionId {
+    pub fn session_id(&self) -> SessionId {
         self.record.session_id
     }
 
     /// The turn it chains on.
     #[must_use]
-    pub const fn previous_turn_id(&self) -> Option<TurnId> {
+    pub fn previous_turn_id(&self) -> Option<TurnId> {
         self.record.previous_turn_id
     }
 
     /// Who created it.
     #[must_use]
-    pub const fn created_by(&self) -> &Subject {
+    pub fn created_by(&self) -> &Subject {
         &self.record.created_by
     }
 
     /// When it was created.
     #[must_use]
-    pub const fn created_at(&self) -> Timestamp {
+    pub fn created_at(&self) -> Timestamp {
         self.record.created_at
     }
 
@@ -1488,7 +1495,7 @@ impl TurnHandle {
 
     /// The record as read when this handle was made.
     #[must_use]
-    pub const fn record(&self) -> &RunRecord {
+    pub fn record(&self) -> &RunRecord {
         &self.record
     }
 

@@ -505,8 +505,11 @@ pub async fn a_session_shows_its_latest_activity(store: Arc<dyn Store>) {
     assert_eq!(updated_at().await, later(10), "neither a member nor an older write moved it");
     // A step carrying the run (a turn's end, say) moves it too.
     turn.updated_at = later(30);
-    let step =
-        TurnStep { run: Some(turn.clone()), events: vec![Arc::new(event(&turn, 1))], ..TurnStep::default() };
+    let step = TurnStep {
+        run: Some(Arc::new(turn.clone())),
+        events: vec![Arc::new(event(&turn, 1))],
+        ..TurnStep::default()
+    };
     store.write_step(turn.id, &step, None).await.unwrap();
     assert_eq!(updated_at().await, later(30), "a step with the run");
     // The session's own update stamps it with its time, later still.
@@ -899,7 +902,7 @@ pub async fn a_runs_parent_is_fixed_when_it_is_created(store: Arc<dyn Store>) {
     for (run, parent) in [(&member, Some(other.id)), (&member, None), (&turn, Some(other.id))] {
         assert_invalid(store.put_run(&moved(parent, run), None).await);
         let step = TurnStep {
-            run: Some(moved(parent, run)),
+            run: Some(Arc::new(moved(parent, run))),
             events: vec![Arc::new(event(run, 1))],
             ..TurnStep::default()
         };
@@ -1123,7 +1126,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
         messages: vec![Message::user("second"), Message::user("third")],
         events: vec![Arc::new(event(&run, 4)), Arc::new(event(&run, 7))],
         journal: vec![journal_entry(run.id, "c1", "h")],
-        run: Some(done.clone()),
+        run: Some(Arc::new(done.clone())),
         release_lease: true,
     };
     let lease = store.acquire_lease(session.id, "p", Duration::from_secs(5), at(0)).await.unwrap();
@@ -1158,7 +1161,7 @@ pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Stor
         messages: vec![Message::user("hello")],
         events: vec![Arc::new(event(&run, 1))],
         journal: Vec::new(),
-        run: Some(run.clone()),
+        run: Some(Arc::new(run.clone())),
         release_lease: false,
     };
     assert_eq!(store.write_step(run.id, &first, Some(lease.fence())).await.unwrap().len(), 1);
@@ -1182,7 +1185,7 @@ fn first_step(run: &RunRecord) -> TurnStep {
         messages: vec![Message::user("hello")],
         events: vec![Arc::new(event(run, 1))],
         journal: Vec::new(),
-        run: Some(run.clone()),
+        run: Some(Arc::new(run.clone())),
         release_lease: false,
     }
 }
@@ -1321,7 +1324,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
         messages: vec![Message::user("must not be stored")],
         events: events.into_iter().map(Arc::new).collect(),
         journal: vec![journal_entry(record.id, "must-not-be-stored", "h")],
-        run: Some(record),
+        run: Some(Arc::new(record)),
         release_lease: false,
     };
     let stale_seq = step(vec![event(&run, 6), event(&run, 3)], changed.clone());
@@ -1396,7 +1399,7 @@ pub async fn turn_steps_refused_among_concurrent_ones_leave_the_others_whole(sto
             messages: vec![Message::user(format!("step {index}"))],
             events: vec![Arc::new(event(run, 6)), Arc::new(event(run, last))],
             journal: vec![journal_entry(run.id, &format!("call-{index}"), "h")],
-            run: Some(changed),
+            run: Some(Arc::new(changed)),
             release_lease: false,
         };
         let store = store.clone();

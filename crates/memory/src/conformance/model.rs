@@ -535,7 +535,7 @@ async fn apply(store: &dyn Store, model: &mut Model, op: &Op) -> Result<(), Test
             let record = model.written_run(run, session, false);
             let step = TurnStep {
                 events: vec![Arc::new(event(&record, 1))],
-                run: Some(record.clone()),
+                run: Some(Arc::new(record.clone())),
                 ..TurnStep::default()
             };
             let start = TurnStart {

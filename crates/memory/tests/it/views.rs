@@ -225,7 +225,14 @@ async fn runs_the_runner_stored_and_runs_saved_from_documents_are_both_read() {
             metrics: None,
         });
         let messages = vec![Message::user(question), Message::assistant(answer)];
-        (run.id, agentry_memory::TurnStep { run: Some(run), messages, ..agentry_memory::TurnStep::default() })
+        (
+            run.id,
+            agentry_memory::TurnStep {
+                run: Some(std::sync::Arc::new(run)),
+                messages,
+                ..agentry_memory::TurnStep::default()
+            },
+        )
     };
     let (id, step) = runner_run("one", "1");
     store.write_step(id, &step, None).await.unwrap();

@@ -2194,24 +2194,25 @@ impl TurnEngine {
         let mut responses = Vec::new();
         let mut runnable = Vec::new();
         for call in calls {
-            let pending = PendingToolCall {
+            // Built only for a call that waits on someone: most calls just run.
+            let pending = |may_have_run| PendingToolCall {
                 id: call.id.clone(),
                 source_event_id,
                 name: call.function.name.clone(),
                 arguments: call.function.arguments.clone(),
-                may_have_run: false,
+                may_have_run,
             };
             if !self.agent.may_call(&call.function.name) {
                 // Refused where it is dispatched, without asking anyone.
                 runnable.push(call.clone());
             } else if self.is_client_tool(&call.function.name) {
-                responses.push(pending);
+                responses.push(pending(false));
             } else if self.agent.requires_approval(&call.function.name) && !self.approved.contains(&call.id) {
-                approvals.push(pending);
+                approvals.push(pending(false));
             } else if self.in_doubt(call) {
                 // Started by a process that died, with no result, and not safe to repeat:
                 // the person deciding is told it may already have run (design §8a).
-                approvals.push(PendingToolCall { may_have_run: true, ..pending });
+                approvals.push(pending(true));
             } else {
                 runnable.push(call.clone());
             }

@@ -141,8 +141,7 @@ pub(crate) struct InstanceLedger {
     /// instance, its ancestors and its mission), so a spawner's budget bounds what the
     /// instances it spawns spend: their tokens, steps, tool calls and cost (not their time,
     /// which the spawner's own `spawn_agent` step counts). Held in a second reservation,
-    /// with the mission, settled without the step's time: the mission counts each stretch
-    /// of time once, through the instance the team started.
+    /// settled without the step's time.
     ancestors: Vec<String>,
     mission: String,
     limit: BudgetLimit,
@@ -162,18 +161,14 @@ impl StepBudget for InstanceLedger {
             }
             Step::Tool => BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() },
         };
+        let own = self.hold(vec![self.instance.clone(), self.mission.clone()], amount).await?;
         if self.ancestors.is_empty() {
-            return self.hold(vec![self.instance.clone(), self.mission.clone()], amount).await;
+            return Ok(own);
         }
-        let own = self.hold(vec![self.instance.clone()], amount).await?;
-        // The mission and the instances above it hold the step too, in a reservation of
-        // their own: it is settled without the step's time, which the spawner counts as its
-        // own (its `spawn_agent` step lasts as long as the instance it spawned runs), and
-        // its mission through the instance the team started, whose step spans them all.
-        let mut theirs = Vec::with_capacity(self.ancestors.len() + 1);
-        theirs.push(self.mission.clone());
-        theirs.extend(self.ancestors.iter().cloned());
-        match self.hold(theirs, amount).await {
+        // The instances above it hold the step too, in a reservation of their own: it is
+        // settled without the step's time, which each spawner counts as its own (its
+        // `spawn_agent` step lasts as long as the instance it spawned runs).
+        match self.hold(self.ancestors.clone(), amount).await {
             Ok(theirs) => Ok(format!("{own}{SEPARATOR}{theirs}")),
             Err(refused) => {
                 self.release(&own).await;
@@ -250,9 +245,8 @@ impl StepBudget for InstanceLedger {
     }
 }
 
-/// Between the ids of a step's two reservations (its own, then its mission's and its
-/// ancestors', settled without the step's time), in the one id the engine holds. An
-/// instance the team started has one: its own and its mission's.
+/// Between the ids of a step's two reservations (its own and its mission's, then its
+/// ancestors'), in the one id the engine holds.
 const SEPARATOR: char = ' ';
 
 impl InstanceLedger {
@@ -384,9 +378,8 @@ mod tests {
         assert_eq!(held.tool_calls_used, 1, "still held after {RESERVATION_TTL:?}");
     }
 
-    /// A spawned instance's step is held and charged on its ancestors' and its mission's
-    /// ledgers too, but without its time: a spawner's own `spawn_agent` step counts that,
-    /// and the mission gets it through the instance the team started.
+    /// A spawned instance's step is held and charged on its ancestors' ledgers too, but
+    /// without its time: a spawner's own `spawn_agent` step counts that.
     #[tokio::test]
     async fn ancestors_are_charged_a_step_but_not_its_time() {
         let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
@@ -408,9 +401,8 @@ mod tests {
         };
         let (own, mission, parent) = (used("ins_a").await, used("mis_a").await, used("ins_parent").await);
         assert_eq!((own.tool_calls_used, mission.tool_calls_used, parent.tool_calls_used), (1, 1, 1));
-        assert!(own.elapsed_ms.unwrap_or(0) >= 5_000, "{own:?}");
+        assert!(own.elapsed_ms.unwrap_or(0) >= 5_000 && mission.elapsed_ms == own.elapsed_ms, "{own:?}");
         assert_eq!(parent.elapsed_ms.unwrap_or(0), 0, "the ancestor is not charged the step's time");
-        assert_eq!(mission.elapsed_ms.unwrap_or(0), 0, "nor is the mission");
         assert_eq!(store.budget("ins_parent", Timestamp::now()).await.unwrap().reserved.tool_calls_used, 0);
     }
 

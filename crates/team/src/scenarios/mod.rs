@@ -76,7 +76,6 @@ macro_rules! team_scenarios {
     ($factory:expr) => {
         $crate::team_scenarios!(@cases $factory; spawn::an_instance_may_spawn_in_turn_within_the_depth_limit,
             spawn::an_instance_spends_no_more_than_its_spawner_has_left,
-            spawn::a_spawned_instances_time_counts_once_in_its_mission,
             spawn::a_nested_team_counts_its_own_spawns,
             spawn::an_instance_left_by_a_handed_over_turn_ends_when_the_turn_resumes,
             spawn::a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_resumed,

@@ -450,34 +450,30 @@ model = "small"
     assert_eq!(outcomes, ["approved", "approved"], "one worker each");
 }
 
-/// A team whose coordinator spawns a manager, which spawns a worker (model `worker`, tool
-/// `work`) and answers "managed" once it has its result; each role with the budget line
-/// given (or none).
-fn manager_and_worker(
-    manager_budget: &str,
-    worker_budget: &str,
-    worker: Arc<dyn Model>,
-    work: Arc<dyn agentry_runner::Tool>,
-) -> agentry_runner::Agent {
-    let policy = SpawnPolicy::parse(&format!(
+/// Scenario: an instance spends no more than what is left to the instance that spawned
+/// it (design §8a: a reservation covers the instance, its ancestors and its mission). A
+/// manager allowed two tool calls, its spawn one of them, leaves its worker one, however
+/// large the worker's own budget: the worker's second call is refused as its ancestor's.
+pub async fn an_instance_spends_no_more_than_its_spawner_has_left(harness: Harness) {
+    let policy = SpawnPolicy::parse(
         r#"
 coordinator_role = "lead"
 [roles.lead]
 can_spawn = ["manager"]
 [roles.manager]
 can_spawn = ["worker"]
-{manager_budget}
+budget = { max_tool_calls = 2 }
 [roles.manager.templates.default]
 instructions = "You manage."
 model = "manager"
 [roles.worker]
-{worker_budget}
+budget = { max_tool_calls = 10 }
 [roles.worker.templates.default]
 instructions = "You work."
 model = "worker"
 tools = ["work"]
-"#
-    ))
+"#,
+    )
     .unwrap();
     let manager: Arc<dyn Model> = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
@@ -486,21 +482,6 @@ tools = ["work"]
             ScriptedResponse::text("managed")
         }
     }));
-    let catalog = SpawnCatalog {
-        models: HashMap::from([("manager".to_owned(), manager), ("worker".to_owned(), worker)]),
-        tools: vec![work],
-    };
-    Team::builder("org", coordinator(vec![json!({"role": "manager", "task": "Run it."})]))
-        .spawn_policy(Some(policy))
-        .catalog(catalog)
-        .build()
-}
-
-/// Scenario: an instance spends no more than what is left to the instance that spawned
-/// it (design §8a: a reservation covers the instance, its ancestors and its mission). A
-/// manager allowed two tool calls, its spawn one of them, leaves its worker one, however
-/// large the worker's own budget: the worker's second call is refused as its ancestor's.
-pub async fn an_instance_spends_no_more_than_its_spawner_has_left(harness: Harness) {
     // The worker works until it is stopped.
     let worker: Arc<dyn Model> =
         Arc::new(ScriptedModel::responder(|_| ScriptedResponse::tool_call("work", &json!({}))));
@@ -513,12 +494,14 @@ pub async fn an_instance_spends_no_more_than_its_spawner_has_left(harness: Harne
         })
         .shared()
     };
-    let team = manager_and_worker(
-        "budget = { max_tool_calls = 2 }",
-        "budget = { max_tool_calls = 10 }",
-        worker,
-        work,
-    );
+    let catalog = SpawnCatalog {
+        models: HashMap::from([("manager".to_owned(), manager), ("worker".to_owned(), worker)]),
+        tools: vec![work],
+    };
+    let team = Team::builder("org", coordinator(vec![json!({"role": "manager", "task": "Run it."})]))
+        .spawn_policy(Some(policy))
+        .catalog(catalog)
+        .build();
     let (_runtime, _session, turn) = super::start(&harness, team, "Staff it.").await;
     let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
     assert_eq!(
@@ -529,52 +512,6 @@ pub async fn an_instance_spends_no_more_than_its_spawner_has_left(harness: Harne
     assert_eq!(works.load(std::sync::atomic::Ordering::SeqCst), 1, "the one call the manager had left");
     let state = turn.wait().await.unwrap();
     assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the team answered: {state:?}");
-}
-
-/// Scenario: a mission's time counts each stretch of work once. A manager's `spawn_agent`
-/// step lasts as long as the worker it spawned runs, so the worker's time is in the
-/// manager's; the mission counts the manager's time (it started the manager), not the
-/// worker's again.
-pub async fn a_spawned_instances_time_counts_once_in_its_mission(harness: Harness) {
-    let worker: Arc<dyn Model> = Arc::new(ScriptedModel::responder(|request| {
-        if tool_results(request).is_empty() {
-            ScriptedResponse::tool_call("work", &json!({}))
-        } else {
-            ScriptedResponse::text("worked")
-        }
-    }));
-    // The work takes a while, so the worker's time is more than nothing.
-    let work =
-        agentry_runner::FunctionTool::new("work", "Works.", |_: serde_json::Map<String, Value>, _| async {
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-            Ok::<_, agentry_runner::ToolError>("done".to_owned())
-        })
-        .shared();
-    let team = manager_and_worker("", "", worker, work);
-    let (_runtime, _session, turn) = super::start(&harness, team, "Staff it.").await;
-    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
-    let state = turn.wait().await.unwrap();
-    assert!(matches!(state, agentry_types::TurnState::Done { .. }), "the team answered: {state:?}");
-    // Each instance's ledger is named by the instance id its `instance.started` carries.
-    let instance = |role: &str| {
-        events
-            .iter()
-            .find(|event| matches!(&event.payload, EventPayload::InstanceStarted { role: started, .. } if started == role))
-            .and_then(|event| event.team.as_ref()?.instance_id.clone())
-            .unwrap_or_else(|| panic!("no {role} started"))
-    };
-    let elapsed = |scope: String| {
-        let store = harness.store.clone();
-        async move {
-            store.budget(&scope, agentry_types::Timestamp::now()).await.unwrap().used.elapsed_ms.unwrap_or(0)
-        }
-    };
-    let worker = elapsed(instance("worker")).await;
-    let manager = elapsed(instance("manager")).await;
-    let mission = elapsed(format!("mis_{}", turn.id())).await;
-    assert!(worker >= 30, "the worker's time is counted on its own ledger: {worker} ms");
-    assert!(manager >= worker, "the manager's spawn lasted the worker's run: {manager} ms, {worker} ms");
-    assert_eq!(mission, manager, "the mission counts the manager's time, not the worker's again");
 }
 
 /// Scenario: an instance left running by a handed-over turn ends as failed when another

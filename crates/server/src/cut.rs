@@ -100,7 +100,7 @@ impl Listener for CutListener {
         let cut = Box::pin(async move {
             let _ = cut.wait_for(|cut| *cut).await;
         });
-        (CutStream { inner: stream, cut }, address)
+        (CutStream { inner: stream, cut: Some(cut) }, address)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -111,20 +111,27 @@ impl Listener for CutListener {
 /// An accepted connection that fails its reads and writes once it is cut.
 pub(crate) struct CutStream {
     inner: TcpStream,
-    cut: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Resolves when the connection is cut; `None` once it has (a finished future must not
+    /// be polled again, and hyper goes on writing after a read failed).
+    cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl CutStream {
     /// The error of every read and write once the connection is cut; registers the task to
     /// be woken by the cut otherwise.
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        match self.cut.as_mut().poll(cx) {
-            Poll::Ready(()) => Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the server stopped: the connection outlived its shutdown grace",
-            )),
-            Poll::Pending => Ok(()),
+        let cut = match self.cut.as_mut() {
+            Some(cut) => cut.as_mut().poll(cx).is_ready(),
+            None => true,
+        };
+        if !cut {
+            return Ok(());
         }
+        self.cut = None;
+        Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the server stopped: the connection outlived its shutdown grace",
+        ))
     }
 }
 
@@ -165,5 +172,37 @@ impl AsyncWrite for CutStream {
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::{CutListener, Listener as _};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    /// A cut connection fails every read and write, however many follow (hyper goes on
+    /// writing after a read failed): the cut is not looked at again once it has come.
+    #[tokio::test]
+    async fn a_cut_connection_fails_every_read_and_write_after_the_cut() {
+        let (cut, watched) = watch::channel(false);
+        let mut listener =
+            CutListener { inner: TcpListener::bind("127.0.0.1:0").await.unwrap(), cut: watched };
+        let address = listener.inner.local_addr().unwrap();
+        let _client = TcpStream::connect(address).await.unwrap();
+        let (mut stream, _) = listener.accept().await;
+        cut.send(true).unwrap();
+        let mut buffer = [0u8; 8];
+        for _ in 0..3 {
+            let read = stream.read(&mut buffer).await.unwrap_err();
+            assert_eq!(read.kind(), std::io::ErrorKind::ConnectionAborted, "{read}");
+            let written = stream.write_all(b"late").await.unwrap_err();
+            assert_eq!(written.kind(), std::io::ErrorKind::ConnectionAborted, "{written}");
+            let flushed = stream.flush().await.unwrap_err();
+            assert_eq!(flushed.kind(), std::io::ErrorKind::ConnectionAborted, "{flushed}");
+        }
     }
 }

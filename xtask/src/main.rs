@@ -159,6 +159,9 @@ fn test(root: &Path, quick: bool) -> Result<()> {
         // The fuzz targets are a crate of their own, outside the workspace.
         cargo(root, &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"])?;
         cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+        // MCP is an optional feature of the runner: it must build without it too (features
+        // unified across the workspace hide what only the MCP SDK turns on).
+        cargo(root, &["check", "-p", "agentry-runner", "--no-default-features"])?;
     }
     let problems = tidy::problems(root)?;
     if !problems.is_empty() {

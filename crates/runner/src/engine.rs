@@ -1084,7 +1084,7 @@ impl TurnEngine {
         }
         let mut finished = self.finish(state).await;
         if finished.is_err()
-            && let Err(error) = rules::check_size("run", &self.run)
+            && let Err(error) = rules::check_size("run", &*self.run)
         {
             // The end state itself is too large to keep (an input and an answer near the
             // record limit together): resumed, the turn would fail the same way for ever. It

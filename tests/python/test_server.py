@@ -1241,6 +1241,12 @@ def kind(event):
     return event.type.value if hasattr(event.type, "value") else event.type
 
 
+def agui_calling(call, name):
+    """The assistant message, as an AG-UI client keeps it, that made the tool call `call`."""
+    return {"id": "a1", "role": "assistant", "toolCalls": [
+        {"id": call, "type": "function", "function": {"name": name, "arguments": "{}"}}]}
+
+
 def agui_run(h, body):
     """Runs an AG-UI request; returns the parsed events."""
     adapter = pydantic.TypeAdapter(AgUiEvent)
@@ -1419,8 +1425,7 @@ class AgUi(unittest.TestCase):
             ask = {"id": "u1", "role": "user", "content": "ask me"}
             asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [ask]})
             call = asked[-1].outcome.interrupts[0].id
-            calling = {"id": "a1", "role": "assistant", "toolCalls": [
-                {"id": call, "type": "function", "function": {"name": "ask_user_question", "arguments": "{}"}}]}
+            calling = agui_calling(call, "ask_user_question")
             # A result the client was sent earlier (of a tool the server ran) is no answer.
             earlier = {"id": "t0", "role": "tool", "toolCallId": "call_ran_on_the_server", "content": "42"}
             answer = {"id": "t1", "role": "tool", "toolCallId": call, "content": "Blue"}
@@ -1435,8 +1440,7 @@ class AgUi(unittest.TestCase):
             email = {"id": "u1", "role": "user", "content": "email the team"}
             asked = agui_run(h, {"threadId": thread, "runId": "r1", "messages": [email]})
             approval = asked[-1].outcome.interrupts[0].id
-            calling = {"id": "a1", "role": "assistant", "toolCalls": [
-                {"id": approval, "type": "function", "function": {"name": "send_email", "arguments": "{}"}}]}
+            calling = agui_calling(approval, "send_email")
             unclear = {"id": "t1", "role": "tool", "toolCallId": approval, "content": "sure"}
             refused = h.post("/agui/demo", json={"threadId": thread, "runId": "r2", "messages": [email, calling, unclear]})
             self.assertEqual(refused.status_code, 400, refused.text)
@@ -1480,8 +1484,7 @@ class AgUi(unittest.TestCase):
             self.assertEqual([c.tool_call_name for c in calls], ["get_weather"])
             self.assertEqual(finished.outcome.pending_tool_call_ids, [calls[0].tool_call_id])
             call = calls[0].tool_call_id
-            calling = {"id": "a1", "role": "assistant", "toolCalls": [
-                {"id": call, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
+            calling = agui_calling(call, "get_weather")
             result = {"id": "t1", "role": "tool", "toolCallId": call, "content": "sunny"}
             second = agui_run(h, {"threadId": thread, "runId": "r2", "messages": [use, calling, result], "tools": tools})
             text = "".join(e.delta for e in second if kind(e) == "TEXT_MESSAGE_CONTENT")

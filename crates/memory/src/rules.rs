@@ -1227,7 +1227,11 @@ where
         message_count += messages.len();
         collected.push(messages);
     }
-    let mut window: Vec<HistoryMessage> = collected.into_iter().rev().flatten().collect();
+    // Sized first: each message is moved once (a flattened collect grows as it goes).
+    let mut window: Vec<HistoryMessage> = Vec::with_capacity(message_count);
+    for messages in collected.into_iter().rev() {
+        window.extend(messages);
+    }
     if let Some(bound) = query.last_messages
         && window.len() > bound
     {

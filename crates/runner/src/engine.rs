@@ -21,10 +21,10 @@ use agentry_memory::{
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
 use agentry_types::{
-    ApprovalDecision, BudgetUsage, CancellationReason, ClientContext, EventId, Fence, JournalEntry,
-    McpServerAuth, Message, ModelMessage, PendingToolCall, RequiredAction, RequiredActionRecord, Role,
-    RunRecord, SessionId, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo, ToolResult, ToolSpec,
-    TurnId, TurnInputItem, TurnMetrics, TurnState, Usage,
+    ApprovalDecision, BudgetUsage, CancellationReason, ClientContext, EventId, Fence, HistoryMessage,
+    JournalEntry, McpServerAuth, Message, ModelMessage, PendingToolCall, RequiredAction,
+    RequiredActionRecord, Role, RunRecord, SessionId, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo,
+    ToolResult, ToolSpec, TurnId, TurnInputItem, TurnMetrics, TurnState, Usage,
 };
 use futures_util::StreamExt;
 use futures_util::future::Either;
@@ -1547,40 +1547,55 @@ impl TurnEngine {
         // message (a member paused again) may stand between.
         let answers = self.run.input.is_empty()
             || self.run.input.iter().any(|item| !matches!(item, TurnInputItem::Message(_)));
-        let (own, mut earlier) = loop {
+        let history = loop {
             let query = HistoryQuery { last_runs: Some(last_runs), ..HistoryQuery::default() };
             let history = self.store.history(self.session_id(), &query).await?;
-            let (own, earlier): (Vec<_>, Vec<_>) =
-                history.into_iter().partition(|message| message.run_id == turn_id);
             let widest = window.saturating_add(MAX_RESUME_CHAIN);
-            if answers && !earlier.iter().any(makes_calls) && last_runs < widest {
+            let earlier_calls = history.iter().any(|stored| stored.run_id != turn_id && makes_calls(stored));
+            if answers && !earlier_calls && last_runs < widest {
                 // Doubled: a few reads at most, on this rare path.
                 last_runs = last_runs.saturating_mul(2).min(widest);
                 continue;
             }
-            break (own, earlier);
+            break history;
         };
+        // How many of the earlier runs' messages the window leaves out, counted here so
+        // that each message is moved once, into the context.
+        let earlier: Vec<&HistoryMessage> =
+            history.iter().filter(|stored| stored.run_id != turn_id).collect();
         // Widened, the window starts at the run that made the calls, no earlier.
+        let mut start = 0;
         if last_runs > window
-            && let Some(calls) = earlier.iter().rposition(makes_calls)
+            && let Some(calls) = earlier.iter().rposition(|stored| makes_calls(stored))
         {
             let run = earlier[calls].run_id;
-            let start = earlier.iter().position(|stored| stored.run_id == run).unwrap_or(calls);
-            earlier.drain(..start);
+            start = earlier.iter().position(|stored| stored.run_id == run).unwrap_or(calls);
         }
         // The window may begin with results of calls made in a run before it (a turn that
         // answered its previous turn's calls): they go, for the same reason.
-        let orphans = earlier.iter().take_while(|stored| stored.message.role == Role::Tool).count();
-        earlier.drain(..orphans);
+        let skip =
+            start + earlier[start..].iter().take_while(|stored| stored.message.role == Role::Tool).count();
+        let own_count = history.len() - earlier.len();
+        drop(earlier);
         // A fresh context (clearing a shared one would copy it first).
-        self.context = Arc::default();
+        let mut context = Vec::with_capacity(1 + history.len() - skip);
         if let Some(system) = self.main_system_prompt(Vec::new()) {
-            Arc::make_mut(&mut self.context).push(Message::system(system));
+            context.push(Message::system(system));
         }
-        Arc::make_mut(&mut self.context)
-            .extend(earlier.into_iter().map(|stored| Message { from_history: true, ..stored.message }));
-        self.own_start = self.context.len();
-        Arc::make_mut(&mut self.context).extend(own.into_iter().map(|stored| stored.message));
+        let mut own = Vec::with_capacity(own_count);
+        let mut skipped = 0;
+        for stored in history {
+            if stored.run_id == turn_id {
+                own.push(stored.message);
+            } else if skipped < skip {
+                skipped += 1;
+            } else {
+                context.push(Message { from_history: true, ..stored.message });
+            }
+        }
+        self.own_start = context.len();
+        context.extend(own);
+        self.context = Arc::new(context);
         Ok(())
     }
 
@@ -2850,7 +2865,7 @@ fn denial(reason: Option<&str>) -> String {
 }
 
 /// Whether a stored message made tool calls.
-fn makes_calls(stored: &agentry_types::HistoryMessage) -> bool {
+fn makes_calls(stored: &HistoryMessage) -> bool {
     stored.message.role == Role::Assistant && !stored.message.tool_calls.is_empty()
 }
 

@@ -170,6 +170,14 @@ pub struct RunQuery {
 }
 
 impl RunQuery {
+    /// Whether the query filters on fields a backend keeps only in a run's record (status,
+    /// agent, team), not in its indexes: without such a filter, a listing reads a record
+    /// only to return it, and knows there is a next page without reading the next one.
+    #[must_use]
+    pub fn filters_records(&self) -> bool {
+        !self.statuses.is_empty() || self.agent_id.is_some() || self.team_id.is_some()
+    }
+
     /// Whether a run matches (the order aside).
     #[must_use]
     pub fn matches(&self, run: &RunRecord) -> bool {

@@ -583,14 +583,21 @@ impl RunStore for RedbStore {
             .map_err(redb_error)?;
             let entries: Box<dyn Iterator<Item = _>> =
                 if query.order == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
-            let mut items: Vec<(u64, RunRecord)> = Vec::new();
+            // A session's indexes hold exactly the runs wanted unless the query filters on
+            // records (a parent's members may lie in other sessions too): the look-ahead
+            // entry then tells of a next page undecoded (`None`).
+            let decode_all = query.filters_records() || matches!(query.parent, ParentFilter::Of(_));
+            let mut items: Vec<(u64, Option<RunRecord>)> = Vec::new();
             for entry in entries {
                 let (order_key, run) = entry.map_err(redb_error)?;
                 let order = order_key.value().1;
+                if items.len() == limit && !decode_all {
+                    items.push((order, None));
+                    break;
+                }
                 let Some(record) = get_json::<RunRecord, u128>(&runs, run.value(), "run")? else { continue };
-                // A parent's members may lie in other sessions too.
                 if record.session_id == session && query.matches(&record) {
-                    items.push((order, record));
+                    items.push((order, Some(record)));
                     if items.len() > limit {
                         break;
                     }
@@ -598,7 +605,7 @@ impl RunStore for RedbStore {
             }
             let page = Page::from_lookahead(items, limit, &kind, |(order, _)| order.to_string());
             Ok(Page {
-                items: page.items.into_iter().map(|(_, run)| run).collect(),
+                items: page.items.into_iter().filter_map(|(_, run)| run).collect(),
                 next_token: page.next_token,
             })
         })

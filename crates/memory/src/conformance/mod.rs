@@ -765,15 +765,20 @@ pub async fn runs_list_in_both_orders_across_pages(store: Arc<dyn Store>) {
     for _ in 0..5 {
         ids.push(new_run(&*store, session.id).await.id);
     }
-    for order in [Order::Asc, Order::Desc] {
+    // Pages of 2 end with a short page; a page of 5 holds them all, and no empty page
+    // follows it.
+    for (order, limit) in [(Order::Asc, 2), (Order::Desc, 2), (Order::Asc, 5), (Order::Desc, 5)] {
         let query = RunQuery { order, ..RunQuery::default() };
         let mut listed = Vec::new();
-        let mut page = PageRequest::first(2);
+        let mut pages = 0;
+        let mut page = PageRequest::first(limit);
         loop {
             let result = store.list_runs(session.id, &query, &page).await.unwrap();
+            pages += 1;
+            assert!(!result.items.is_empty(), "{order:?} by {limit}: page {pages} is empty");
             listed.extend(result.items.iter().map(|run| run.id));
             match result.next_token {
-                Some(token) => page = PageRequest::after(token, 2),
+                Some(token) => page = PageRequest::after(token, limit),
                 None => break,
             }
         }
@@ -781,7 +786,8 @@ pub async fn runs_list_in_both_orders_across_pages(store: Arc<dyn Store>) {
         if order == Order::Desc {
             expected.reverse();
         }
-        assert_eq!(listed, expected, "{order:?}");
+        assert_eq!(listed, expected, "{order:?} by {limit}");
+        assert_eq!(pages, ids.len().div_ceil(limit), "{order:?} by {limit}");
     }
 }
 

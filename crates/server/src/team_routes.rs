@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agentry_events::render::agent_team::{self, AgentTeamEvent};
-use agentry_memory::{FeedQuery, Order, PageRequest, RunQuery, SessionQuery};
-use agentry_types::{RunRecord, SessionType, TurnId, TurnState};
+use agentry_memory::{FeedQuery, Order, PageRequest, RunQuery, SessionQuery, StoreError};
+use agentry_types::{BudgetUsage, RunRecord, SessionType, Timestamp, TurnId, TurnState};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -201,8 +201,9 @@ async fn instances(
 const MISSION_STATUSES: [&str; 6] =
     ["active", "paused", "completed", "cancelled", "failed", "budget_exhausted"];
 
-/// `GET /v1/agent-team/missions?status=`: each mission with its instances and usage
-/// roll-up, only those of `status` when it is given.
+/// `GET /v1/agent-team/missions?status=`: each mission with how many instances it
+/// started and its usage (its budget ledger: tokens, model calls, tool calls and cost, each
+/// counted once however deep its instances spawn), only those of `status` when it is given.
 async fn missions(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -218,12 +219,6 @@ async fn missions(
         ));
     }
     let mut missions: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
-    let mut usage: BTreeMap<(String, String), Value> = BTreeMap::new();
-    // An instance that paused one turn goes on in the next turn's mission with the same
-    // ledger: that mission counts only what it used there, from its usage when it left the
-    // mission before.
-    let mut left_at: BTreeMap<(String, String), Value> = BTreeMap::new();
-    let mut latest_mission: BTreeMap<String, String> = BTreeMap::new();
     for event in team_events(&state, &caller).await? {
         let properties = properties(&event);
         let Some(mission) = properties.get("missionID").and_then(Value::as_str).map(str::to_owned) else {
@@ -246,36 +241,25 @@ async fn missions(
             AgentTeamEvent::MissionBudgetExhausted(_) => {
                 entry.insert("status".to_owned(), json!("budget_exhausted"));
             }
-            AgentTeamEvent::BudgetUsage(_) | AgentTeamEvent::BudgetExhausted(_) => {
-                if let Some(instance) = properties.get("instanceID").and_then(Value::as_str) {
-                    let key = (mission.clone(), instance.to_owned());
-                    if let Some(before) = latest_mission.insert(instance.to_owned(), mission.clone())
-                        && before != mission
-                        && !left_at.contains_key(&key)
-                        && let Some(last) = usage.get(&(before, instance.to_owned()))
-                    {
-                        left_at.insert(key.clone(), last.clone());
-                    }
-                    usage.insert(key, Value::Object(properties.clone()));
-                }
-            }
             _ => {}
         }
     }
-    for (key, latest) in usage {
-        let before = left_at.get(&key);
-        let Some(entry) = missions.get_mut(&key.0) else { continue };
-        for field in ["tokensUsed", "stepsUsed", "toolCallsUsed"] {
-            let earlier = before.and_then(|before| before.get(field)).and_then(Value::as_u64).unwrap_or(0);
-            let add = latest.get(field).and_then(Value::as_u64).unwrap_or(0).saturating_sub(earlier);
-            let total = entry.get(field).and_then(Value::as_u64).unwrap_or(0) + add;
-            entry.insert(field.to_owned(), json!(total));
-        }
-        let earlier =
-            before.and_then(|before| before.get("costUsedUsd")).and_then(Value::as_f64).unwrap_or(0.0);
-        let add = latest.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0) - earlier;
-        let total = entry.get("costUsedUsd").and_then(Value::as_f64).unwrap_or(0.0) + add;
-        entry.insert("costUsedUsd".to_owned(), json!(total));
+    // The usage is the mission's own ledger: every step of its instances is settled on it
+    // once. (An instance's ledger also holds what the instances it spawned used, and an
+    // instance that paused goes on in the next turn's mission with the same ledger: adding
+    // up the instances' usage would count both twice.) A mission whose first instance never
+    // started has no ledger and has used nothing.
+    let now = Timestamp::now();
+    for (mission, entry) in &mut missions {
+        let used = match state.runtime.store().budget(mission, now).await {
+            Ok(ledger) => ledger.used,
+            Err(StoreError::NotFound { .. }) => BudgetUsage::default(),
+            Err(error) => return Err(error.into()),
+        };
+        entry.insert("tokensUsed".to_owned(), json!(used.tokens_used));
+        entry.insert("stepsUsed".to_owned(), json!(used.steps_used));
+        entry.insert("toolCallsUsed".to_owned(), json!(used.tool_calls_used));
+        entry.insert("costUsedUsd".to_owned(), json!(used.cost_used_usd));
     }
     // A mission is its turn: it runs while the turn runs, then ends as the turn did.
     for (mission, entry) in &mut missions {

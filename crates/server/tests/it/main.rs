@@ -877,6 +877,115 @@ fn sse_reply(events: &[&str]) -> String {
     format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}")
 }
 
+/// A streamed reply making one tool call.
+fn call_reply(id: &str, name: &str, arguments: &str) -> String {
+    let arguments = serde_json::to_string(arguments).unwrap();
+    sse_reply(&[
+        &format!(
+            r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"{id}","type":"function","function":{{"name":"{name}","arguments":{arguments}}}}}]}},"finish_reason":"tool_calls"}}]}}"#
+        ),
+        "[DONE]",
+    ])
+}
+
+/// A streamed reply answering `text`.
+fn answer_reply(text: &str) -> String {
+    sse_reply(&[
+        &format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":"stop"}}]}}"#),
+        "[DONE]",
+    ])
+}
+
+/// `reply` (a streamed one) with the usage a provider reports in its last chunk.
+fn with_usage(reply: &str, total_tokens: u64) -> String {
+    let usage = format!(
+        r#"{{"choices":[],"usage":{{"prompt_tokens":{total_tokens},"completion_tokens":0,"total_tokens":{total_tokens}}}}}"#
+    );
+    reply.replace("data: [DONE]", &format!("data: {usage}\n\ndata: [DONE]"))
+}
+
+/// Starts a server on the configuration `text`, stored in `dir`.
+async fn serve_text(
+    dir: &std::path::Path,
+    text: &str,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let mut config = Config::parse(text, None).unwrap();
+    config.storage.path = dir.join("agentry.db");
+    serve(config).await
+}
+
+/// Opens a session with `agent` and runs one streamed turn saying `content`: the
+/// session's id and the turn's stream.
+async fn streamed_turn(address: SocketAddr, agent: &str, content: &str) -> (String, String) {
+    let (status, body) = request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": agent})).await;
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": content}], "stream": true});
+    let (status, events) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
+    assert_eq!(status, 200, "{events}");
+    (id, events)
+}
+
+/// `GET path`, answered 200 with JSON: the document, and its text for messages.
+async fn get_ok(address: SocketAddr, path: &str) -> (Value, String) {
+    let (status, body) = request(address, "GET", path, &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    (serde_json::from_str(&body).unwrap(), body)
+}
+
+/// A mission's usage counts each model call once: an instance's own ledger also holds
+/// what the instances it spawned used (its budget bounds theirs), so adding up the
+/// instances' usage counted a spawned instance's calls once for it and once for each
+/// instance above it.
+#[tokio::test]
+async fn a_missions_usage_counts_each_model_call_once_however_deep_its_instances_spawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |id: &str, role: &str| {
+        call_reply(
+            id,
+            "spawn_agent",
+            &json!({"role": role, "task": "Do it.", "justification": "Needed."}).to_string(),
+        )
+    };
+    let (provider, requests) = fake_provider(vec![
+        with_usage(&spawn("call_lead", "manager"), 5),
+        with_usage(&spawn("call_manager", "worker"), 20),
+        with_usage(&answer_reply("Worked."), 100),
+        with_usage(&answer_reply("Managed."), 10),
+        with_usage(&answer_reply("All done."), 1),
+    ])
+    .await;
+    let policy = dir.path().join("spawn-policy.toml");
+    std::fs::write(
+        &policy,
+        "coordinator_role = \"lead\"\n[roles.lead]\ncan_spawn = [\"manager\"]\n\
+         [roles.manager]\ncan_spawn = [\"worker\"]\n[roles.manager.templates.default]\ninstructions = \"You manage.\"\nmodel = \"fake\"\n\
+         [roles.worker]\n[roles.worker.templates.default]\ninstructions = \"You work.\"\nmodel = \"fake\"\n",
+    )
+    .unwrap();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
+         [[teams]]\nname = \"crew\"\nmodel = \"fake\"\nspawn_policy = {:?}\n",
+        policy.display().to_string()
+    );
+    let (address, stop, serving) = serve_text(dir.path(), &text).await;
+    let (_, events) = streamed_turn(address, "crew", "Go.").await;
+    assert!(events.contains("All done."), "{events}");
+    assert_eq!(requests.lock().unwrap().len(), 5, "every scripted reply was asked for: {events}");
+    let (instances, body) = get_ok(address, "/v1/agent-team/instances").await;
+    let roles: Vec<&str> =
+        instances["data"].as_array().unwrap().iter().map(|item| item["role"].as_str().unwrap()).collect();
+    assert_eq!(roles.len(), 2, "a manager and the worker it spawned: {body}");
+    let (missions, body) = get_ok(address, "/v1/agent-team/missions").await;
+    let mission = &missions["data"][0];
+    assert_eq!(mission["instances"], json!(2), "{body}");
+    // The manager's two calls and the worker's one; the coordinator's own are the turn's.
+    assert_eq!(mission["stepsUsed"], json!(3), "{body}");
+    assert_eq!(mission["tokensUsed"], json!(20 + 100 + 10), "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_are_understood() {
     let dir = tempfile::tempdir().unwrap();
@@ -927,15 +1036,7 @@ async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_
 #[tokio::test]
 async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_to_end_it() {
     let dir = tempfile::tempdir().unwrap();
-    let call = |id: &str, name: &str, arguments: &str| {
-        let arguments = serde_json::to_string(arguments).unwrap();
-        sse_reply(&[
-            &format!(
-                r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"{id}","type":"function","function":{{"name":"{name}","arguments":{arguments}}}}}]}},"finish_reason":"tool_calls"}}]}}"#
-            ),
-            "[DONE]",
-        ])
-    };
+    let call = call_reply;
     let (provider, _requests) = fake_provider(vec![
         call("call_lead", "delegate_task_to_member", r#"{"member_id":"mailer","task":"Mail the team."}"#),
         call("call_mail", "send_email", r#"{"to":"team@example.com","subject":"Hi","body":"Hello."}"#),
@@ -949,24 +1050,13 @@ async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_t
         ]),
     ])
     .await;
-    let mut config = Config::parse(
-        &format!(
-            "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
-             [[agents]]\nname = \"mailer\"\nmodel = \"fake\"\ntools = [\"send_email\"]\nrequires_approval = [\"send_email\"]\n\
-             [[teams]]\nname = \"crew\"\nmodel = \"fake\"\nmembers = [\"mailer\"]\n"
-        ),
-        None,
-    )
-    .unwrap();
-    config.storage.path = dir.path().join("agentry.db");
-    let (address, stop, serving) = serve(config).await;
-    let (status, body) =
-        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "crew"})).await;
-    assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
-    let turn = json!({"input": [{"type": "user.message", "content": "Mail the team."}], "stream": true});
-    let (status, events) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
-    assert_eq!(status, 200);
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
+         [[agents]]\nname = \"mailer\"\nmodel = \"fake\"\ntools = [\"send_email\"]\nrequires_approval = [\"send_email\"]\n\
+         [[teams]]\nname = \"crew\"\nmodel = \"fake\"\nmembers = [\"mailer\"]\n"
+    );
+    let (address, stop, serving) = serve_text(dir.path(), &text).await;
+    let (id, events) = streamed_turn(address, "crew", "Mail the team.").await;
     assert!(events.contains("tool.approval_required"), "{events}");
     let (status, body) = request(address, "GET", "/v1/agent-team/instances?status=running", &json!({})).await;
     assert_eq!(status, 200, "{body}");

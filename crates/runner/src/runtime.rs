@@ -1,6 +1,6 @@
 //! The runtime API (seed 002): sessions, turns, streams, cancellation and recovery.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -53,6 +53,11 @@ pub struct RuntimeOptions {
     pub live_delta_budget: usize,
     /// Who creates sessions and turns when the caller does not say.
     pub default_subject: Subject,
+    /// How often a runtime looks for cancellations that another process sharing the store
+    /// stored for its running turns (one session read per running turn each time): the
+    /// longest such a cancel waits. A cancel made through this runtime acts at once.
+    /// Default 500 ms; at most a third of `lease_ttl` is used.
+    pub cancel_poll: Duration,
 }
 
 impl Default for RuntimeOptions {
@@ -61,6 +66,7 @@ impl Default for RuntimeOptions {
             lease_ttl: Duration::from_secs(30),
             live_retention: Duration::from_secs(60),
             live_delta_budget: 8 * 1024 * 1024,
+            cancel_poll: Duration::from_millis(500),
             default_subject: Subject {
                 subject_id: "local".to_owned(),
                 subject_type: "user".to_owned(),
@@ -115,6 +121,9 @@ struct RuntimeInner {
     appended: Arc<tokio::sync::Notify>,
     /// Sessions with a turn start in flight, and how many (see [`Starting`]).
     starting: Mutex<HashMap<SessionId, usize>>,
+    /// How many times [`Session::cancel`] has run here: a turn start that sees it change
+    /// looks at its session again.
+    session_cancels: AtomicU64,
 }
 
 impl RuntimeInner {
@@ -282,6 +291,7 @@ impl Runtime {
                 keeper_round: Arc::new(tokio::sync::Mutex::new(())),
                 appended: Arc::new(tokio::sync::Notify::new()),
                 starting: Mutex::new(HashMap::default()),
+                session_cancels: AtomicU64::new(0),
             }),
         }
     }
@@ -981,6 +991,7 @@ impl Runtime {
         }
         let runtime = Arc::downgrade(&self.inner);
         let ttl = self.inner.options.lease_ttl;
+        let cancel_poll = self.inner.options.cancel_poll;
         let rounds = self.inner.keeper_round.clone();
         tokio::spawn(async move {
             // Leases are renewed every third of their time; cancellations another process
@@ -988,7 +999,7 @@ impl Runtime {
             // store stops the turn (and its model request) within about that interval.
             // Counted in wake-ups, not measured: a renewal never slips past its third.
             let renew_every = (ttl / 3).max(Duration::from_millis(1));
-            let per_renewal = renew_every.as_nanos().div_ceil(CANCEL_POLL.as_nanos()).max(1);
+            let per_renewal = renew_every.as_nanos().div_ceil(cancel_poll.as_nanos().max(1)).max(1);
             let wake_every = renew_every / u32::try_from(per_renewal).unwrap_or(u32::MAX);
             let mut interval = tokio::time::interval(wake_every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1089,6 +1100,23 @@ impl Session {
     /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
     pub async fn create_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
+        // A cancel of the session here, between this call's read of the session and its
+        // turn being in the live map, finds no turn to cancel: this call cancels it instead
+        // (another process's cancel is seen by the lease keeper's next look).
+        let cancels = self.runtime.inner.session_cancels.load(Ordering::SeqCst);
+        let handle = self.start_new_turn(request).await?;
+        if self.runtime.inner.session_cancels.load(Ordering::SeqCst) != cancels
+            && let Ok(session) = self.runtime.inner.store.get_session(self.id()).await
+            && session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true))
+            && let Some(live) = Runtime::running_here(&self.runtime.inner, handle.id())
+        {
+            live.request_cancel(CancellationReason::ClientCancelled);
+        }
+        Ok(handle)
+    }
+
+    /// [`Session::create_turn`] but for a concurrent cancel of the session.
+    async fn start_new_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
         if runtime.inner.handed_over.load(Ordering::Acquire) {
@@ -1293,7 +1321,10 @@ impl Session {
     }
 
     /// Cancels the session and its running turn. Idempotent; afterwards `create_turn`
-    /// fails with `SessionCancelled`.
+    /// fails with `SessionCancelled`. A turn this runtime is starting meanwhile is cancelled
+    /// as soon as it is live (its `create_turn` returns a handle to a cancelled turn); one
+    /// running in another process sharing the store, when that process next looks
+    /// ([`RuntimeOptions::cancel_poll`]).
     ///
     /// Errors: `NotFound` when the session does not exist.
     pub async fn cancel(&self) -> RuntimeResult<()> {
@@ -1305,7 +1336,12 @@ impl Session {
                 .update_session(self.id(), &SessionUpdate { state: Some(state), ..SessionUpdate::default() })
                 .await?;
         }
-        // A turn running in another process sees the cancelled session within 500 ms.
+        // Counted after the session is stored cancelled: a turn start that read it before
+        // then sees the count change once its turn is live, and cancels it (see
+        // `create_turn`); one that reads it after is refused.
+        self.runtime.inner.session_cancels.fetch_add(1, Ordering::SeqCst);
+        // A turn running in another process sees the cancelled session within
+        // `RuntimeOptions::cancel_poll`.
         if let Some(turn) = self.runtime.running_turn_of(self.id()) {
             turn.request_cancel(CancellationReason::ClientCancelled);
             turn.wait_done().await;
@@ -1313,10 +1349,6 @@ impl Session {
         Ok(())
     }
 }
-
-/// How often a runtime looks for cancellations of its running turns that another process
-/// stored (one session read per running turn).
-const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 /// How many running turns a keeper round renews and checks at once.
 const KEEPER_CONCURRENCY: usize = 16;
@@ -1551,8 +1583,8 @@ impl TurnHandle {
     /// Requests cancellation. Idempotent: cancelling a finished turn does nothing. A turn
     /// running here is cancelled at once and this waits for its end; for a turn running in
     /// another process sharing the store, the request is stored in the session and that
-    /// process acts on it when it next looks (every 500 ms); this returns once the request
-    /// is stored.
+    /// process acts on it when it next looks ([`RuntimeOptions::cancel_poll`], 500 ms by
+    /// default); this returns once the request is stored.
     ///
     /// Errors: `NotFound` when the turn or its session was deleted; `Store` when the request
     /// cannot be stored.

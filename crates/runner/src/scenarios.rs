@@ -655,6 +655,44 @@ pub async fn a_cancelled_session_refuses_new_turns(harness: Harness) {
     assert!(matches!(result, Err(RunnerError::SessionCancelled { .. })), "{result:?}");
 }
 
+/// Scenario: a cancel of a session that lands while one of its turns starts (after the
+/// start read the session, before the turn is live) still ends that turn, at once: every
+/// turn started beside a cancel ends cancelled, though this runtime's look for cancels
+/// that other processes stored is put off for an hour, and its model answers only after
+/// an hour.
+pub async fn a_session_cancelled_while_a_turn_starts_leaves_no_turn_running(harness: Harness) {
+    let model = Arc::new(ScriptedModel::responder(|_| {
+        ScriptedResponse::text("late").delayed(Duration::from_secs(3600))
+    }));
+    let hour = Duration::from_secs(3600);
+    let options = RuntimeOptions { cancel_poll: hour, lease_ttl: 3 * hour, ..RuntimeOptions::default() };
+    let runtime = Runtime::with_options(harness.store.clone(), options);
+    runtime.register(Agent::builder("slow", model).build());
+    let mut started = 0;
+    for _ in 0..40 {
+        let session = session_for(&runtime, "slow").await;
+        let (turn, cancelled) =
+            tokio::join!(session.create_turn(TurnRequest::message("hi")), session.cancel());
+        cancelled.unwrap();
+        match turn {
+            Ok(turn) => {
+                started += 1;
+                // Bounded: without the cancel, the turn would wait an hour for its model.
+                let state = tokio::time::timeout(Duration::from_secs(30), turn.wait())
+                    .await
+                    .expect("a turn started beside a cancel of its session is left running")
+                    .unwrap();
+                assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+            }
+            Err(RunnerError::SessionCancelled { .. }) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    // Both ways are taken: a start before the cancel (the cancel ends its turn) or beside
+    // it, and one after (refused).
+    assert!(started > 0, "no turn started before its session was cancelled");
+}
+
 /// Scenario.
 pub async fn a_subscriber_resuming_after_a_seq_gets_every_later_event_once(harness: Harness) {
     let model = Arc::new(ScriptedModel::new(vec![ScriptedResponse {
@@ -2725,6 +2763,7 @@ macro_rules! runner_scenarios {
             a_tool_past_its_timeout_gives_the_model_an_error_result,
             the_iteration_limit_and_model_failures_end_the_turn_with_an_error,
             a_cancelled_session_refuses_new_turns,
+            a_session_cancelled_while_a_turn_starts_leaves_no_turn_running,
             a_subscriber_resuming_after_a_seq_gets_every_later_event_once,
             after_the_live_log_expires_a_stream_is_served_from_the_stored_log,
             tools_get_a_stable_idempotency_key_and_the_journal_records_each_call,

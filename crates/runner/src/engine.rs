@@ -876,7 +876,9 @@ pub(crate) fn first_step(run: &Arc<RunRecord>, emitter: &mut TurnEmitter) -> (Tu
 pub(crate) enum Start {
     /// A new turn, whose first step ([`first_step`]: the run, `turn.created`) is stored:
     /// apply the input.
-    New { previous: Option<RunRecord>, created: Arc<EventEnvelope> },
+    /// `cancels_seen`: how many session cancels the runtime had counted before the start
+    /// read its session (see `Runtime::start`).
+    New { previous: Option<RunRecord>, created: Arc<EventEnvelope>, cancels_seen: u64 },
     /// A turn taken over after its process died.
     Recovered { previous: Option<RunRecord>, journal: Vec<JournalEntry>, stored: Vec<EventEnvelope> },
 }
@@ -1213,7 +1215,7 @@ impl TurnEngine {
     async fn run_loop(&mut self, start: Start) -> Result<Outcome, Stop> {
         self.approved = approved_calls(&self.run.input, &self.thread);
         let (previous, recovered) = match start {
-            Start::New { previous, created: _ } => {
+            Start::New { previous, .. } => {
                 // The run, `turn.created` and an input of user messages only were stored in
                 // one write before the engine started; the history read below finds those
                 // messages as the turn's own.

@@ -56,7 +56,7 @@ pub struct RuntimeOptions {
     /// How often a runtime looks for cancellations that another process sharing the store
     /// stored for its running turns (one session read per running turn each time): the
     /// longest such a cancel waits. A cancel made through this runtime acts at once.
-    /// Default 500 ms; at most a third of `lease_ttl` is used.
+    /// Default 500 ms; at least 10 ms and at most a third of `lease_ttl` is used.
     pub cancel_poll: Duration,
 }
 
@@ -796,6 +796,7 @@ impl Runtime {
         agent: Agent,
         run: RunRecord,
         previous: Option<RunRecord>,
+        cancels_seen: u64,
     ) -> Result<TurnHandle, StoreError> {
         let start = TurnStart {
             owner: self.inner.owner.clone(),
@@ -803,7 +804,7 @@ impl Runtime {
             now: Timestamp::now(),
             previous: previous.as_ref().map(|run| run.id),
         };
-        let (step, pending) = PendingStart::new(self, agent, Arc::new(run), previous);
+        let (step, pending) = PendingStart::new(self, agent, Arc::new(run), previous, cancels_seen);
         let handle = TurnHandle { runtime: self.clone(), record: Arc::clone(&pending.run) };
         let store = self.inner.store.clone();
         let turn = handle.id();
@@ -827,9 +828,10 @@ impl Runtime {
 
     /// Starts a new turn whose first step is stored (see [`Session::create_turn`]).
     fn start_new(&self, lease: Lease, pending: PendingStart) {
-        let PendingStart { agent, run, emitter, high_water, previous, created, starting } = pending;
+        let PendingStart { agent, run, emitter, high_water, previous, created, starting, cancels_seen } =
+            pending;
         self.inner.appended.notify_waiters();
-        self.start(agent, run, lease, emitter, high_water, Start::New { previous, created });
+        self.start(agent, run, lease, emitter, high_water, Start::New { previous, created, cancels_seen });
         drop(starting);
     }
 
@@ -900,6 +902,11 @@ impl Runtime {
         // A recovered turn may have been cancelled while no process ran it (the request is
         // stored in its session): it acts on that at once, not at the lease keeper's round.
         let recovered = matches!(start, Start::Recovered { .. });
+        // A session cancelled here after the start read it, before the turn was live, found
+        // no turn to cancel (`Session::cancel` counts after storing the flag): counted now,
+        // with the turn live, the turn looks at its session again.
+        let cancelled_meanwhile = matches!(start, Start::New { cancels_seen, .. }
+            if self.inner.session_cancels.load(Ordering::SeqCst) != cancels_seen);
         let fence = lease.fence();
         let sink = Arc::new(TurnSink::new(
             store.clone(),
@@ -923,7 +930,7 @@ impl Runtime {
         tokio::spawn(Box::into_pin(Box::write(task, async move {
             if hand_over_first {
                 runtime.hand_over_one(&live).await;
-            } else if recovered {
+            } else if recovered || cancelled_meanwhile {
                 cancel_if_requested(store.as_ref(), &live).await;
             }
             // A panic in the engine (a model, a tool, a bug) ends the turn with an error
@@ -991,7 +998,9 @@ impl Runtime {
         }
         let runtime = Arc::downgrade(&self.inner);
         let ttl = self.inner.options.lease_ttl;
-        let cancel_poll = self.inner.options.cancel_poll;
+        // Not below 10 ms: renewals are counted in wake-ups, which a shorter interval (or
+        // slow rounds) would put off.
+        let cancel_poll = self.inner.options.cancel_poll.max(Duration::from_millis(10));
         let rounds = self.inner.keeper_round.clone();
         tokio::spawn(async move {
             // Leases are renewed every third of their time; cancellations another process
@@ -999,7 +1008,7 @@ impl Runtime {
             // store stops the turn (and its model request) within about that interval.
             // Counted in wake-ups, not measured: a renewal never slips past its third.
             let renew_every = (ttl / 3).max(Duration::from_millis(1));
-            let per_renewal = renew_every.as_nanos().div_ceil(cancel_poll.as_nanos().max(1)).max(1);
+            let per_renewal = renew_every.as_nanos().div_ceil(cancel_poll.as_nanos()).max(1);
             let wake_every = renew_every / u32::try_from(per_renewal).unwrap_or(u32::MAX);
             let mut interval = tokio::time::interval(wake_every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1100,29 +1109,16 @@ impl Session {
     /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
     pub async fn create_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
-        // A cancel of the session here, between this call's read of the session and its
-        // turn being in the live map, finds no turn to cancel: this call cancels it instead
-        // (another process's cancel is seen by the lease keeper's next look).
-        let cancels = self.runtime.inner.session_cancels.load(Ordering::SeqCst);
-        let handle = self.start_new_turn(request).await?;
-        if self.runtime.inner.session_cancels.load(Ordering::SeqCst) != cancels
-            && let Ok(session) = self.runtime.inner.store.get_session(self.id()).await
-            && session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true))
-            && let Some(live) = Runtime::running_here(&self.runtime.inner, handle.id())
-        {
-            live.request_cancel(CancellationReason::ClientCancelled);
-        }
-        Ok(handle)
-    }
-
-    /// [`Session::create_turn`] but for a concurrent cancel of the session.
-    async fn start_new_turn(&self, request: TurnRequest) -> RuntimeResult<TurnHandle> {
         let runtime = &self.runtime;
         let store = &runtime.inner.store;
         if runtime.inner.handed_over.load(Ordering::Acquire) {
             return Err(RunnerError::HandedOver);
         }
         check_shape(&request.input)?;
+        // A cancel of the session here, after the read below, finds no turn of this call
+        // running yet: the turn looks at its session again once it is live (see
+        // `Runtime::start`).
+        let cancels_seen = runtime.inner.session_cancels.load(Ordering::SeqCst);
         // The two reads do not depend on each other: on a file store each is a hop to a
         // reader thread, and they run together.
         let (session, previous) = tokio::join!(store.get_session(self.id()), self.previous_turn(&request));
@@ -1150,7 +1146,7 @@ impl Session {
             && previous.as_ref().is_none_or(|run| run.state.is_terminal())
             && check_against_previous(&request.input, previous.as_ref()).is_ok()
         {
-            match runtime.start_turn(agent.clone(), run, previous).await {
+            match runtime.start_turn(agent.clone(), run, previous, cancels_seen).await {
                 Err(StoreError::Conflict(Conflict::LatestTurnChanged { .. })) => {}
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
                     return Err(RunnerError::TurnRunning { session_id: session.id });
@@ -1195,7 +1191,7 @@ impl Session {
         };
         // The run and `turn.created` are one write: the turn exists exactly when its first
         // event does.
-        let (step, pending) = PendingStart::new(runtime, agent, Arc::new(run), previous);
+        let (step, pending) = PendingStart::new(runtime, agent, Arc::new(run), previous, cancels_seen);
         let handle = TurnHandle { runtime: runtime.clone(), record: Arc::clone(&pending.run) };
         guard.pending = Some(pending);
         let written = store.write_step(handle.id(), &step, Some(lease.fence())).await;
@@ -1322,8 +1318,8 @@ impl Session {
 
     /// Cancels the session and its running turn. Idempotent; afterwards `create_turn`
     /// fails with `SessionCancelled`. A turn this runtime is starting meanwhile is cancelled
-    /// as soon as it is live (its `create_turn` returns a handle to a cancelled turn); one
-    /// running in another process sharing the store, when that process next looks
+    /// as soon as it is live, even when its `create_turn` caller went away; one running in
+    /// another process sharing the store, when that process next looks
     /// ([`RuntimeOptions::cancel_poll`]).
     ///
     /// Errors: `NotFound` when the session does not exist.
@@ -1337,8 +1333,8 @@ impl Session {
                 .await?;
         }
         // Counted after the session is stored cancelled: a turn start that read it before
-        // then sees the count change once its turn is live, and cancels it (see
-        // `create_turn`); one that reads it after is refused.
+        // then sees the count change once its turn is live, and the turn looks at its
+        // session again (see `Runtime::start`); one that reads it after is refused.
         self.runtime.inner.session_cancels.fetch_add(1, Ordering::SeqCst);
         // A turn running in another process sees the cancelled session within
         // `RuntimeOptions::cancel_poll`.
@@ -1443,6 +1439,9 @@ struct PendingStart {
     created: Arc<EventEnvelope>,
     /// Held until the turn is live.
     starting: Starting,
+    /// How many session cancels this runtime had counted before the start read its
+    /// session (see [`Runtime::start`]).
+    cancels_seen: u64,
 }
 
 impl PendingStart {
@@ -1453,12 +1452,13 @@ impl PendingStart {
         agent: Agent,
         run: Arc<RunRecord>,
         previous: Option<RunRecord>,
+        cancels_seen: u64,
     ) -> (TurnStep, Self) {
         let starting = Starting::new(runtime, run.session_id);
         let mut emitter = TurnEmitter::new(TurnSequencer::new(run.session_id, run.id));
         let (step, created) = first_step(&run, &mut emitter);
         let high_water = step.high_water.unwrap_or_default();
-        (step, Self { agent, run, emitter, high_water, previous, created, starting })
+        (step, Self { agent, run, emitter, high_water, previous, created, starting, cancels_seen })
     }
 }
 

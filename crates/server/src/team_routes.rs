@@ -249,17 +249,22 @@ async fn missions(
     // instance that paused goes on in the next turn's mission with the same ledger: adding
     // up the instances' usage would count both twice.) A mission whose first instance never
     // started has no ledger and has used nothing.
+    // A ledger that cannot be read leaves its mission's usage null (the rest of the listing
+    // stands), as a status that cannot be read leaves the status as the events tell it.
     let now = Timestamp::now();
     for (mission, entry) in &mut missions {
         let used = match state.runtime.store().budget(mission, now).await {
-            Ok(ledger) => ledger.used,
-            Err(StoreError::NotFound { .. }) => BudgetUsage::default(),
-            Err(error) => return Err(error.into()),
+            Ok(ledger) => Some(ledger.used),
+            Err(StoreError::NotFound { .. }) => Some(BudgetUsage::default()),
+            Err(error) => {
+                tracing::warn!(%mission, %error, "reading a mission's budget ledger failed");
+                None
+            }
         };
-        entry.insert("tokensUsed".to_owned(), json!(used.tokens_used));
-        entry.insert("stepsUsed".to_owned(), json!(used.steps_used));
-        entry.insert("toolCallsUsed".to_owned(), json!(used.tool_calls_used));
-        entry.insert("costUsedUsd".to_owned(), json!(used.cost_used_usd));
+        entry.insert("tokensUsed".to_owned(), json!(used.map(|used| used.tokens_used)));
+        entry.insert("stepsUsed".to_owned(), json!(used.map(|used| used.steps_used)));
+        entry.insert("toolCallsUsed".to_owned(), json!(used.map(|used| used.tool_calls_used)));
+        entry.insert("costUsedUsd".to_owned(), json!(used.map(|used| used.cost_used_usd)));
     }
     // A mission is its turn: it runs while the turn runs, then ends as the turn did.
     for (mission, entry) in &mut missions {

@@ -2016,8 +2016,10 @@ impl TurnEngine {
         }
         let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
         // Calls whose MCP server needs authorization stay unanswered; the boundary step
-        // after the input pauses the turn for them.
-        let results = self.run_tools(&calls).await?.results;
+        // after the input pauses the turn for them. An approved call counts against the
+        // thread's budget as any other: approving a call does not raise a budget.
+        let (ran, exhausted) = self.run_budgeted(&calls).await?;
+        let results = ran.results;
         let mut results: HashMap<String, (ToolCall, ToolResult)> =
             results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
         let decided = approved
@@ -2028,7 +2030,9 @@ impl TurnEngine {
             self.emit_tool_response(&call, &result).await?;
             slots[slot] = Some(Message::tool(call.id, result.content));
         }
-        self.persist(slots.into_iter().flatten().collect()).await
+        self.persist(slots.into_iter().flatten().collect()).await?;
+        // The results of calls that ran are kept; then the thread stops for its budget.
+        exhausted.map_or(Ok(()), Err)
     }
 
     /// Streams one model message into deltas and a stored `model.message`.
@@ -2186,6 +2190,43 @@ impl TurnEngine {
         unanswered_in(&self.context)
     }
 
+    /// Runs `calls` within the thread's budget: each reserves a tool call first, all or
+    /// none (a refusal stops the thread and none runs, and what was held is given back), and
+    /// each settles after. Returns what the calls gave, with the stop of a settlement that
+    /// took a budget past its limit: the results are kept first, then the thread stops.
+    async fn run_budgeted(&mut self, calls: &[ToolCall]) -> Result<(ToolRuns, Option<Stop>), Stop> {
+        let mut reservations = Vec::new();
+        for _ in calls {
+            match self.reserve(Step::Tool).await {
+                Ok(Some(reservation)) => reservations.push(reservation),
+                Ok(None) => {}
+                Err(stop) => {
+                    // The calls will not run: give back what was held for them.
+                    self.release_all(&reservations).await;
+                    return Err(stop);
+                }
+            }
+        }
+        // A cancellation that came before the calls start: none starts, and what was held
+        // for them is given back rather than charged.
+        if let Err(stop) = self.cancel.check() {
+            self.release_all(&reservations).await;
+            return Err(stop);
+        }
+        let ran = self.run_tools(calls).await;
+        // Every reservation is settled, even after one that took a budget past its limit:
+        // the calls ran, and a hold left unsettled would keep the ledgers held.
+        let mut exhausted = None;
+        for reservation in &reservations {
+            let spent =
+                Spent { usage: BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }, model: None };
+            if let Err(stop) = self.settle(reservation, spent).await {
+                exhausted.get_or_insert(stop);
+            }
+        }
+        Ok((ran?, exhausted))
+    }
+
     /// Runs the calls of one model message that run on the server, and pauses the turn
     /// for the ones that need a person (approval) or the client (client-side tools).
     async fn handle_tool_calls(
@@ -2234,36 +2275,8 @@ impl TurnEngine {
                 runnable.push(call.clone());
             }
         }
-        let mut reservations = Vec::new();
-        for _ in &runnable {
-            match self.reserve(Step::Tool).await {
-                Ok(Some(reservation)) => reservations.push(reservation),
-                Ok(None) => {}
-                Err(stop) => {
-                    // The calls will not run: give back what was held for them.
-                    self.release_all(&reservations).await;
-                    return Err(stop);
-                }
-            }
-        }
-        // A cancellation that came before the calls start: none starts, and what was held
-        // for them is given back rather than charged.
-        if let Err(stop) = self.cancel.check() {
-            self.release_all(&reservations).await;
-            return Err(stop);
-        }
-        let ran = self.run_tools(&runnable).await;
-        // Every reservation is settled, even after one that took a budget past its limit:
-        // the calls ran, and a hold left unsettled would keep the ledgers held.
-        let mut exhausted = None;
-        for reservation in &reservations {
-            let spent =
-                Spent { usage: BudgetUsage { tool_calls_used: 1, ..BudgetUsage::default() }, model: None };
-            if let Err(stop) = self.settle(reservation, spent).await {
-                exhausted.get_or_insert(stop);
-            }
-        }
-        let ToolRuns { results, auth, paused } = ran?;
+        let (ran, exhausted) = self.run_budgeted(&runnable).await?;
+        let ToolRuns { results, auth, paused } = ran;
         for (call, result) in &results {
             self.emit_tool_response(call, result).await?;
         }

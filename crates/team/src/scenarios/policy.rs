@@ -10,7 +10,7 @@ use crate::Team;
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use agentry_runner::{Agent, AgentLimits, FunctionTool, ToolError, TurnRequest};
-use agentry_types::{CancellationReason, TurnState};
+use agentry_types::{BudgetLimit, CancellationReason, TurnState};
 use futures_util::StreamExt;
 
 use super::tool_results;
@@ -302,10 +302,10 @@ fn file_report(filed: &Arc<AtomicUsize>) -> FunctionTool<Nothing> {
     })
 }
 
-/// Scenario.
-pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish(harness: Harness) {
-    let filed = Arc::new(AtomicUsize::new(0));
-    let file = file_report(&filed);
+/// The `office` team: its coordinator delegates "File it." to its clerk, whose
+/// `file_report` (counting its runs in `filed`) needs an approval, then passes the clerk's
+/// answer on; `mission` is each mission's budget.
+fn office(filed: &Arc<AtomicUsize>, mission: BudgetLimit) -> Agent {
     let clerk_model = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call("file_report", &json!({}))
@@ -313,8 +313,10 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
             ScriptedResponse::text(format!("Report {}.", tool_results(request)[0]))
         }
     }));
-    let clerk =
-        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let clerk = Agent::builder("clerk", clerk_model)
+        .tool(file_report(filed).shared())
+        .requires_approval("file_report")
+        .build();
     let coordinator = Arc::new(ScriptedModel::responder(|request| {
         if tool_results(request).is_empty() {
             ScriptedResponse::tool_call(
@@ -325,14 +327,11 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
             ScriptedResponse::text(format!("Clerk says: {}", tool_results(request)[0]))
         }
     }));
-    let (_runtime, session, first) = super::start(
-        &harness,
-        Team::builder("office", coordinator).member(clerk).build(),
-        "File the report.",
-    )
-    .await;
-    let state = first.wait().await.unwrap();
-    assert_eq!(filed.load(Ordering::SeqCst), 0, "nothing runs before the approval");
+    Team::builder("office", coordinator).member(clerk).mission_budget(mission).build()
+}
+
+/// The member's thread and the call that a turn of [`office`] waits on.
+fn office_approval(state: &TurnState) -> (agentry_types::ThreadId, String) {
     let (thread, call) = match state.required_actions() {
         [record] => match &record.action {
             agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } => {
@@ -343,6 +342,17 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
         other => panic!("expected one required action, got {other:?}"),
     };
     assert!(!thread.is_main(), "the request carries the member's thread");
+    (thread, call)
+}
+
+/// Scenario.
+pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let (_runtime, session, first) =
+        super::start(&harness, office(&filed, BudgetLimit::default()), "File the report.").await;
+    let state = first.wait().await.unwrap();
+    assert_eq!(filed.load(Ordering::SeqCst), 0, "nothing runs before the approval");
+    let (thread, call) = office_approval(&state);
     let first_events: Vec<Arc<EventEnvelope>> = first.stream(None).map(Result::unwrap).collect().await;
     assert_eq!(first_events.iter().filter(|event| event.payload.kind() == "thread.done").count(), 0);
 
@@ -384,11 +394,16 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
         lifecycle(&second_events),
         [
             ("agent_team.instance.started", instance.clone(), second_mission.clone()),
-            ("agent_team.instance.completed", instance.clone(), second_mission),
+            ("agent_team.instance.completed", instance.clone(), second_mission.clone()),
         ]
     );
     let ledger = harness.store.budget(instance, agentry_types::Timestamp::now()).await.unwrap();
     assert_eq!(ledger.used.steps_used, 2, "{ledger:?}");
+    // The approved call is one of the member's tool calls, in its ledger and in the
+    // mission of the turn it ran in.
+    assert_eq!(ledger.used.tool_calls_used, 1, "{ledger:?}");
+    let mission = harness.store.budget(&second_mission, agentry_types::Timestamp::now()).await.unwrap();
+    assert_eq!(mission.used.tool_calls_used, 1, "{mission:?}");
     // The member that went on in the second turn is among that turn's member responses
     // (its run was stored with the first turn, where it is listed too).
     for turn in [first.id(), second.id()] {
@@ -403,6 +418,29 @@ pub async fn an_approval_asked_inside_a_member_is_answered_next_turn_and_both_fi
             .collect();
         assert_eq!(members, [Some(json!("Report filed."))], "turn {turn}");
     }
+}
+
+/// Scenario: approving a call does not raise a budget. A member's call approved in the next
+/// turn reserves a tool call like any other: with none left in that turn's mission, it does
+/// not run, and the member stops for the budget.
+pub async fn an_approved_call_past_its_missions_budget_does_not_run(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let no_calls = BudgetLimit { max_tool_calls: Some(0), ..BudgetLimit::default() };
+    let (_runtime, session, first) =
+        super::start(&harness, office(&filed, no_calls), "File the report.").await;
+    let (thread, call) = office_approval(&first.wait().await.unwrap());
+    let approve = agentry_types::TurnInputItem::allow(thread, call);
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    second.wait().await.unwrap();
+    assert_eq!(filed.load(Ordering::SeqCst), 0, "the approved call did not run");
+    let events: Vec<Arc<EventEnvelope>> = second.stream(None).map(Result::unwrap).collect().await;
+    let exhausted: Vec<&EventPayload> = events
+        .iter()
+        .map(|event| &event.payload)
+        .filter(|payload| payload.kind() == "agent_team.mission.budget.exhausted")
+        .collect();
+    assert_eq!(exhausted.len(), 1, "{exhausted:?}");
+    assert!(format!("{:?}", exhausted[0]).contains("mission_max_tool_calls"), "{exhausted:?}");
 }
 
 /// Scenario: a member that asks for one approval, and once allowed for another, goes on

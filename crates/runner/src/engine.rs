@@ -2017,8 +2017,11 @@ impl TurnEngine {
         let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
         // Calls whose MCP server needs authorization stay unanswered; the boundary step
         // after the input pauses the turn for them. An approved call counts against the
-        // thread's budget as any other: approving a call does not raise a budget.
-        let (ran, exhausted) = self.run_budgeted(&calls).await?;
+        // thread's budget as any other: approving a call does not raise a budget. Without
+        // approved calls, nothing is reserved or checked here: the answers and denials are
+        // kept even in a turn already cancelled, which stops right after.
+        let (ran, exhausted) =
+            if calls.is_empty() { (ToolRuns::default(), None) } else { self.run_budgeted(&calls).await? };
         let results = ran.results;
         let mut results: HashMap<String, (ToolCall, ToolResult)> =
             results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();

@@ -683,6 +683,18 @@ pub async fn a_session_cancelled_while_a_turn_starts_leaves_no_turn_running(harn
                     .expect("a turn started beside a cancel of its session is left running")
                     .unwrap();
                 assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
+                // Its input is kept: the next turn's history has it.
+                let history = harness
+                    .store
+                    .history(session.id(), &agentry_memory::HistoryQuery::default())
+                    .await
+                    .unwrap();
+                let kept = history.iter().any(|stored| {
+                    stored.run_id == turn.id()
+                        && stored.message.role == Role::User
+                        && stored.message.text() == "hi"
+                });
+                assert!(kept, "the cancelled turn's message is in the history: {history:?}");
             }
             Err(RunnerError::SessionCancelled { .. }) => {}
             Err(other) => panic!("{other:?}"),

@@ -431,7 +431,8 @@ pub async fn an_approved_call_past_its_missions_budget_does_not_run(harness: Har
     let (thread, call) = office_approval(&first.wait().await.unwrap());
     let approve = agentry_types::TurnInputItem::allow(thread, call);
     let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
-    second.wait().await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert!(state.required_actions().is_empty(), "nothing is asked again: {state:?}");
     assert_eq!(filed.load(Ordering::SeqCst), 0, "the approved call did not run");
     let events: Vec<Arc<EventEnvelope>> = second.stream(None).map(Result::unwrap).collect().await;
     let exhausted: Vec<&EventPayload> = events

@@ -67,6 +67,7 @@
 //! lease_ttl_secs = 30              # a crashed process's turns are recovered after this
 //! live_retention_secs = 60         # finished turns' live logs (with deltas) kept this long
 //! live_delta_budget_bytes = 8388608 # a turn's deltas kept one by one; past it, merged runs
+//! cancel_poll_ms = 500             # how soon a cancel sent to another server of the store acts
 //! ```
 //!
 //! Every section and key is optional; unknown keys are errors. Durations (`*_secs`) are at
@@ -181,6 +182,11 @@ pub struct RuntimeConfig {
     /// of text deltas are merged (see `RuntimeOptions::live_delta_budget`).
     #[serde(default = "default_delta_budget")]
     pub live_delta_budget_bytes: usize,
+    /// Milliseconds between this server's looks for cancellations that other servers sharing
+    /// its store stored for the turns it runs (one session read per running turn each time;
+    /// see `RuntimeOptions::cancel_poll`). Between 10 and 3,600,000.
+    #[serde(default = "default_cancel_poll")]
+    pub cancel_poll_ms: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -189,6 +195,7 @@ impl Default for RuntimeConfig {
             lease_ttl_secs: default_lease(),
             live_retention_secs: default_retention(),
             live_delta_budget_bytes: default_delta_budget(),
+            cancel_poll_ms: default_cancel_poll(),
         }
     }
 }
@@ -495,6 +502,9 @@ const fn default_retention() -> u64 {
 fn default_delta_budget() -> usize {
     RuntimeOptions::default().live_delta_budget
 }
+fn default_cancel_poll() -> u64 {
+    u64::try_from(RuntimeOptions::default().cancel_poll.as_millis()).unwrap_or(u64::MAX)
+}
 
 impl Default for Config {
     /// The embedded default: SQLite `agentry.db` in the working directory, `127.0.0.1:8787`,
@@ -612,6 +622,12 @@ impl Config {
         };
         within("runtime.lease_ttl_secs".to_owned(), self.runtime.lease_ttl_secs, 1)?;
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
+        if !(10..=3_600_000).contains(&self.runtime.cancel_poll_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "runtime.cancel_poll_ms is {}; it must be between 10 and 3600000 (an hour)",
+                self.runtime.cancel_poll_ms
+            )));
+        }
         within("limits.heartbeat_secs".to_owned(), self.limits.heartbeat_secs, 0)?;
         within("limits.shutdown_grace_secs".to_owned(), self.limits.shutdown_grace_secs, 0)?;
         within("limits.header_timeout_secs".to_owned(), self.limits.header_timeout_secs, 1)?;

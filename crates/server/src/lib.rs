@@ -553,6 +553,7 @@ impl Ready {
             lease_ttl: Duration::from_secs(config.runtime.lease_ttl_secs),
             live_retention: Duration::from_secs(config.runtime.live_retention_secs),
             live_delta_budget: config.runtime.live_delta_budget_bytes,
+            cancel_poll: Duration::from_millis(config.runtime.cancel_poll_ms),
             ..RuntimeOptions::default()
         };
         let approvals = SpawnApprovals::new();

@@ -1120,6 +1120,20 @@ async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_t
 }
 
 #[test]
+fn a_cancel_poll_out_of_range_is_refused_naming_the_key() {
+    let parse = |value: u64| Config::parse(&format!("[runtime]\ncancel_poll_ms = {value}\n"), None);
+    assert_eq!(Config::parse("", None).unwrap().runtime.cancel_poll_ms, 500, "the default");
+    assert_eq!(parse(10).unwrap().runtime.cancel_poll_ms, 10);
+    for value in [0, 9, 3_600_001] {
+        let error = parse(value).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("runtime.cancel_poll_ms is {value}; it must be between 10 and 3600000")),
+            "{error}"
+        );
+    }
+}
+
+#[test]
 fn too_many_provider_retries_are_refused_naming_the_key() {
     let error = Config::parse("[providers.p]\nmodel = \"m\"\nmax_retries = 11\n", None).unwrap_err();
     assert!(error.to_string().contains("providers.p.max_retries is 11"), "{error}");

@@ -110,6 +110,7 @@ macro_rules! team_scenarios {
             coordinate::a_member_end_too_large_to_keep_with_its_task_still_ends_its_thread,
             coordinate::delegating_to_every_member_collects_each_answer_and_a_failed_member_is_reported,
             modes::route_mode_answers_with_the_chosen_members_own_message,
+            modes::a_member_paused_beside_a_direct_answer_ends_with_the_turn,
             modes::broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes,
             modes::a_broadcast_resumed_after_an_approval_is_not_forced_to_broadcast_again,
             modes::tasks_mode_creates_runs_in_parallel_and_completes_a_task_list,

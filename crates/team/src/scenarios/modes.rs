@@ -69,6 +69,73 @@ pub async fn route_mode_answers_with_the_chosen_members_own_message(harness: Har
     assert_eq!(created, 1);
 }
 
+/// Scenario: a member that paused (for an approval) while another call of the same message
+/// answered the user directly is not left waiting: the turn ends asking for nothing, and
+/// the paused member's instance, thread and run end with it.
+pub async fn a_member_paused_beside_a_direct_answer_ends_with_the_turn(harness: Harness) {
+    let mut both =
+        ScriptedResponse::tool_call("route_to_member", &json!({"member_id": "billing", "task": "Hi."}));
+    both.tool_calls.push(ScriptedToolCall {
+        id: None,
+        name: "route_to_member".to_owned(),
+        arguments: json!({"member_id": "clerk", "task": "File it."}).to_string(),
+    });
+    let coordinator = Arc::new(ScriptedModel::new(vec![both]));
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Nothing {}
+    let file = agentry_runner::FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
+        Ok::<_, agentry_runner::ToolError>("filed".to_owned())
+    });
+    let clerk_model =
+        Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("file_report", &json!({}))]));
+    let clerk =
+        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
+    let team = Team::builder("support", coordinator)
+        .mode(TeamMode::Route)
+        .member(echoing("billing"))
+        .member(clerk)
+        .build();
+    let (_runtime, turn, events) = run(&harness, team, "Hello.").await;
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer(&state).unwrap().1, "billing says: Hi.");
+    assert!(state.required_actions().is_empty(), "{state:?}");
+    let on = |kind: &str| -> Vec<Option<String>> {
+        events
+            .iter()
+            .filter(|event| event.payload.kind() == kind)
+            .map(|event| event.thread_id.as_ref().map(ToString::to_string))
+            .collect()
+    };
+    let started = on("agent_team.instance.started");
+    assert_eq!(started.len(), 2, "{started:?}");
+    let mut ended = on("agent_team.instance.completed");
+    ended.extend(on("agent_team.instance.failed"));
+    ended.extend(on("agent_team.instance.cancelled"));
+    for thread in &started {
+        assert!(ended.contains(thread), "the instance on {thread:?} ends: {ended:?}");
+    }
+    let done = on("thread.done");
+    for thread in &started {
+        assert!(done.contains(thread), "the thread {thread:?} is done: {done:?}");
+    }
+    let members = harness
+        .store
+        .list_runs(
+            turn.record().session_id,
+            &agentry_memory::RunQuery {
+                parent: agentry_memory::ParentFilter::Of(turn.id()),
+                ..Default::default()
+            },
+            &agentry_memory::PageRequest::first(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(members.items.len(), 2);
+    for member in &members.items {
+        assert!(member.state.is_terminal() && member.state.required_actions().is_empty(), "{member:?}");
+    }
+}
+
 /// Scenario.
 pub async fn broadcast_mode_gives_every_member_the_task_and_the_coordinator_synthesizes(harness: Harness) {
     let coordinator = Arc::new(ScriptedModel::responder(|request| {

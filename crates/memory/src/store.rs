@@ -171,8 +171,10 @@ pub struct RunQuery {
 
 impl RunQuery {
     /// Whether the query filters on fields a backend keeps only in a run's record (status,
-    /// agent, team), not in its indexes: without such a filter, a listing reads a record
-    /// only to return it, and knows there is a next page without reading the next one.
+    /// agent, team), not in its indexes: without such a filter, a listing can read a record
+    /// only to return it, and know there is a next page without reading the next one (the
+    /// SQLite and redb stores do, but redb for a parent's members, which its index keeps
+    /// across sessions).
     #[must_use]
     pub fn filters_records(&self) -> bool {
         !self.statuses.is_empty() || self.agent_id.is_some() || self.team_id.is_some()

@@ -56,7 +56,9 @@ pub struct RuntimeOptions {
     /// How often a runtime looks for cancellations that another process sharing the store
     /// stored for its running turns (one session read per running turn each time): the
     /// longest such a cancel waits. A cancel made through this runtime acts at once.
-    /// Default 500 ms; at least 10 ms and at most a third of `lease_ttl` is used.
+    /// Default 500 ms; values below 10 ms count as 10 ms. The looks are at most this far
+    /// apart: the time between lease renewals (a third of `lease_ttl`) is split evenly
+    /// into looks, so they may come a little more often.
     pub cancel_poll: Duration,
 }
 

@@ -184,7 +184,8 @@ pub struct RuntimeConfig {
     pub live_delta_budget_bytes: usize,
     /// Milliseconds between this server's looks for cancellations that other servers sharing
     /// its store stored for the turns it runs (one session read per running turn each time;
-    /// see `RuntimeOptions::cancel_poll`). Between 10 and 3,600,000.
+    /// see `RuntimeOptions::cancel_poll`): the looks are at most this far apart, and at
+    /// most a third of `lease_ttl_secs`. Between 10 and 3,600,000.
     #[serde(default = "default_cancel_poll")]
     pub cancel_poll_ms: u64,
 }
@@ -606,8 +607,9 @@ impl Config {
     }
 
     /// Checks what the file's shape cannot: every duration is at most a year
-    /// ([`MAX_SECS`]), the lease time and timeouts are at least a second, and agent and
-    /// team names are not empty.
+    /// ([`MAX_SECS`]), the lease time and timeouts are at least a second,
+    /// `runtime.cancel_poll_ms` is between 10 ms and an hour, and agent and team names are
+    /// not empty.
     ///
     /// Errors: `Invalid` naming the key and its allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {

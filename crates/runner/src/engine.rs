@@ -2022,9 +2022,8 @@ impl TurnEngine {
         // kept even in a turn already cancelled, which stops right after.
         let (ran, exhausted) =
             if calls.is_empty() { (ToolRuns::default(), None) } else { self.run_budgeted(&calls).await? };
-        let results = ran.results;
         let mut results: HashMap<String, (ToolCall, ToolResult)> =
-            results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
+            ran.results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
         let decided = approved
             .into_iter()
             .filter_map(|(slot, call)| results.remove(&call.id).map(|(call, result)| (slot, call, result)))

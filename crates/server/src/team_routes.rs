@@ -248,9 +248,9 @@ async fn missions(
     // once. (An instance's ledger also holds what the instances it spawned used, and an
     // instance that paused goes on in the next turn's mission with the same ledger: adding
     // up the instances' usage would count both twice.) A mission whose first instance never
-    // started has no ledger and has used nothing.
-    // A ledger that cannot be read leaves its mission's usage null (the rest of the listing
-    // stands), as a status that cannot be read leaves the status as the events tell it.
+    // started has no ledger and has used nothing; a ledger that cannot be read leaves its
+    // mission's usage null (the rest of the listing stands), as a status that cannot be read
+    // leaves the status as the events tell it.
     let now = Timestamp::now();
     for (mission, entry) in &mut missions {
         let used = match state.runtime.store().budget(mission, now).await {

@@ -1036,18 +1036,15 @@ async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_
 #[tokio::test]
 async fn a_member_paused_for_approval_is_listed_paused_and_its_cancel_says_how_to_end_it() {
     let dir = tempfile::tempdir().unwrap();
-    let call = call_reply;
     let (provider, _requests) = fake_provider(vec![
-        call("call_lead", "delegate_task_to_member", r#"{"member_id":"mailer","task":"Mail the team."}"#),
-        call("call_mail", "send_email", r#"{"to":"team@example.com","subject":"Hi","body":"Hello."}"#),
-        sse_reply(&[
-            r#"{"choices":[{"index":0,"delta":{"content":"Mailed."},"finish_reason":"stop"}]}"#,
-            "[DONE]",
-        ]),
-        sse_reply(&[
-            r#"{"choices":[{"index":0,"delta":{"content":"The team is mailed."},"finish_reason":"stop"}]}"#,
-            "[DONE]",
-        ]),
+        call_reply(
+            "call_lead",
+            "delegate_task_to_member",
+            r#"{"member_id":"mailer","task":"Mail the team."}"#,
+        ),
+        call_reply("call_mail", "send_email", r#"{"to":"team@example.com","subject":"Hi","body":"Hello."}"#),
+        answer_reply("Mailed."),
+        answer_reply("The team is mailed."),
     ])
     .await;
     let text = format!(

@@ -81,19 +81,10 @@ pub async fn a_member_paused_beside_a_direct_answer_ends_with_the_turn(harness: 
         arguments: json!({"member_id": "clerk", "task": "File it."}).to_string(),
     });
     let coordinator = Arc::new(ScriptedModel::new(vec![both]));
-    #[derive(serde::Deserialize, schemars::JsonSchema)]
-    struct Nothing {}
-    let file = agentry_runner::FunctionTool::new("file_report", "Files the report.", |_: Nothing, _| async {
-        Ok::<_, agentry_runner::ToolError>("filed".to_owned())
-    });
-    let clerk_model =
-        Arc::new(ScriptedModel::new(vec![ScriptedResponse::tool_call("file_report", &json!({}))]));
-    let clerk =
-        Agent::builder("clerk", clerk_model).tool(file.shared()).requires_approval("file_report").build();
     let team = Team::builder("support", coordinator)
         .mode(TeamMode::Route)
         .member(echoing("billing"))
-        .member(clerk)
+        .member(super::gated_clerk())
         .build();
     let (_runtime, turn, events) = run(&harness, team, "Hello.").await;
     let state = turn.wait().await.unwrap();

@@ -67,7 +67,11 @@ async fn fill(store: &Arc<dyn Store>, session: SessionId, runs: usize, messages:
                 store.put_run(&record, None).await.unwrap();
                 if messages {
                     store
-                        .append_messages(record.id, &[Message::user("q"), Message::assistant("a")], None)
+                        .append_messages(
+                            record.id,
+                            &[Arc::new(Message::user("q")), Arc::new(Message::assistant("a"))],
+                            None,
+                        )
                         .await
                         .unwrap();
                 }

@@ -68,7 +68,13 @@ async fn turn_writer(store: Arc<dyn Store>, acks: Acks, worker: u64) -> Result<(
                     seq = mark;
                 }
             }
-            store.append_messages(run.id, &[Message::user("q"), Message::assistant("a")], None).await?;
+            store
+                .append_messages(
+                    run.id,
+                    &[Arc::new(Message::user("q")), Arc::new(Message::assistant("a"))],
+                    None,
+                )
+                .await?;
             ack(&acks, &format!("message {} 2", run.id));
         }
     }

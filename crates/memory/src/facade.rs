@@ -369,7 +369,7 @@ impl Memory {
             .history(session, &query)
             .await?
             .into_iter()
-            .map(|entry| Message { from_history: true, ..entry.message })
+            .map(|entry| Message { from_history: true, ..Arc::unwrap_or_clone(entry.message) })
             .collect())
     }
 
@@ -427,7 +427,7 @@ impl Memory {
         // The record and its messages are one write: a run stored as completed always has
         // its history, so a retry after a failure stores both or finds both.
         let messages = if newly_completed && self.config.full_session_memory {
-            facts.messages.to_vec()
+            facts.messages.iter().cloned().map(Arc::new).collect()
         } else {
             Vec::new()
         };

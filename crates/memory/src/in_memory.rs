@@ -50,7 +50,8 @@ struct State {
     turn_events: HashMap<TurnId, BTreeMap<u64, u64>>,
     session_events: HashMap<SessionId, BTreeSet<u64>>,
     next_position: u64,
-    messages: HashMap<TurnId, Vec<Message>>,
+    /// Shared with the history windows read from them: a window copies no message.
+    messages: HashMap<TurnId, Vec<Arc<Message>>>,
     profiles: HashMap<String, UserProfile>,
     memories: HashMap<String, BTreeMap<(Timestamp, String), UserMemory>>,
     journal: HashMap<TurnId, Vec<JournalEntry>>,
@@ -576,7 +577,7 @@ impl MessageStore for InMemoryStore {
     async fn append_messages(
         &self,
         run: TurnId,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         fence: Option<Fence>,
     ) -> StoreResult<()> {
         for message in messages {
@@ -606,22 +607,15 @@ impl MessageStore for InMemoryStore {
             .filter(|run| {
                 query.include_member_runs || !matches!(run, Ok(run) if run.parent_run_id.is_some())
             });
-        rules::history_window(runs, query, |run| {
-            Ok(state
-                .messages
-                .get(&run)
-                .map(|messages| {
-                    messages
-                        .iter()
-                        .enumerate()
-                        .map(|(index, message)| HistoryMessage {
-                            run_id: run,
-                            index: u32::try_from(index).unwrap_or(u32::MAX),
-                            message: message.clone(),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default())
+        rules::history_window(runs, query, |run, window| {
+            if let Some(messages) = state.messages.get(&run) {
+                window.extend(messages.iter().enumerate().map(|(index, message)| HistoryMessage {
+                    run_id: run,
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    message: Arc::clone(message),
+                }));
+            }
+            Ok(())
         })
     }
 }

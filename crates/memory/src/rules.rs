@@ -1193,24 +1193,26 @@ impl WindowRun for RunHead {
     }
 }
 
-/// Collects a history window from a session's runs, given newest first, and a loader of
-/// each run's messages (given its id). Reads only as many runs as the window needs.
+/// Collects a history window from a session's runs, given newest first, and a loader that
+/// appends a run's messages (given its id), in order, to a list. Reads only as many runs
+/// as the window needs.
 pub fn history_window<R, B, L>(runs: R, query: &HistoryQuery, mut load: L) -> StoreResult<Vec<HistoryMessage>>
 where
     R: IntoIterator<Item = StoreResult<B>>,
     B: WindowRun,
-    L: FnMut(TurnId) -> StoreResult<Vec<HistoryMessage>>,
+    L: FnMut(TurnId, &mut Vec<HistoryMessage>) -> StoreResult<()>,
 {
     let run_bound = query.run_bound();
     let scan_bound = query.scan_bound();
     let mut taken_runs = 0usize;
-    let mut collected: Vec<Vec<HistoryMessage>> = Vec::new();
-    let mut message_count = 0usize;
+    // The runs' messages in one list, newest run first, and where each run's part begins.
+    let mut window: Vec<HistoryMessage> = Vec::new();
+    let mut starts: Vec<usize> = Vec::new();
     let mut runs = runs.into_iter();
     // Bounds are checked before the next run is read, so none is read beyond them.
     for _ in 0..scan_bound {
         if run_bound.is_some_and(|bound| taken_runs >= bound)
-            || query.last_messages.is_some_and(|bound| message_count >= bound)
+            || query.last_messages.is_some_and(|bound| window.len() >= bound)
         {
             break;
         }
@@ -1220,17 +1222,28 @@ where
             continue;
         }
         taken_runs += 1;
-        let messages: Vec<HistoryMessage> = load(run.run_id())?
-            .into_iter()
-            .filter(|message| query.message_matches(&message.message))
-            .collect();
-        message_count += messages.len();
-        collected.push(messages);
+        let start = window.len();
+        load(run.run_id(), &mut window)?;
+        // The run's messages the query keeps, in order, moved to the front of its part.
+        let mut kept = start;
+        for at in start..window.len() {
+            if query.message_matches(&window[at].message) {
+                window.swap(kept, at);
+                kept += 1;
+            }
+        }
+        window.truncate(kept);
+        starts.push(start);
     }
-    // Sized first: each message is moved once (a flattened collect grows as it goes).
-    let mut window: Vec<HistoryMessage> = Vec::with_capacity(message_count);
-    for messages in collected.into_iter().rev() {
-        window.extend(messages);
+    // Oldest run first, each run's messages in order: the whole list reversed, then each
+    // run's part (in place: no message is copied).
+    window.reverse();
+    let len = window.len();
+    let mut end = len;
+    for start in starts.into_iter().rev() {
+        let part = len - end..len - start;
+        end = start;
+        window[part].reverse();
     }
     if let Some(bound) = query.last_messages
         && window.len() > bound

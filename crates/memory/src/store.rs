@@ -461,8 +461,10 @@ pub struct TurnStart {
 pub struct TurnStep {
     /// Raise the turn's high-water mark of issued `seq` values to at least this.
     pub high_water: Option<u64>,
-    /// History messages appended to the run, after the ones it has.
-    pub messages: Vec<Message>,
+    /// History messages appended to the run, after the ones it has. Shared, so the
+    /// caller can keep using the very messages it stored (and a store that keeps them in
+    /// memory, hold them) without copying them.
+    pub messages: Vec<Arc<Message>>,
     /// Durable events, under the same rules as [`EventStore::append_events`]. Shared, so
     /// the caller can publish the very envelopes it stored without copying them.
     pub events: Vec<Arc<EventEnvelope>>,
@@ -503,7 +505,7 @@ pub trait MessageStore: Send + Sync {
     async fn append_messages(
         &self,
         run: TurnId,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         fence: Option<Fence>,
     ) -> StoreResult<()>;
 

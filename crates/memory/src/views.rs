@@ -189,7 +189,7 @@ impl TeamSession {
         };
         let mut kept: HashMap<TurnId, Vec<Message>> = HashMap::new();
         for stored in self.store.history(self.session_id, &history).await? {
-            kept.entry(stored.run_id).or_default().push(stored.message);
+            kept.entry(stored.run_id).or_default().push(Arc::unwrap_or_clone(stored.message));
         }
         let mut taken: Vec<Vec<Message>> = Vec::new();
         let mut page = PageRequest::first(wanted.clamp(1, MAX_PAGE));

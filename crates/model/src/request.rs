@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use agentry_types::{Message, ToolSpec};
+use agentry_types::{ContextMessage, ToolSpec};
 
 /// Which tool the model must call, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,9 +21,10 @@ pub enum ToolChoice {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
     /// The conversation so far, instructions first. Shared: a caller that keeps the
-    /// conversation going hands it over without copying it, and copies it only if it
-    /// changes it while the model (or a recording of the request) still holds it.
-    pub messages: Arc<Vec<Message>>,
+    /// conversation going hands it over without copying it, and copies the list (never
+    /// the messages, which are shared too) only if it changes it while the model (or a
+    /// recording of the request) still holds it.
+    pub messages: Arc<Vec<ContextMessage>>,
     /// The tools the model may call.
     pub tools: Arc<[ToolSpec]>,
     /// Which tool to call.
@@ -40,10 +41,23 @@ pub struct ModelRequest {
 
 impl ModelRequest {
     /// A request with these messages and defaults for everything else.
+    ///
+    /// ```
+    /// use agentry_model::ModelRequest;
+    /// use agentry_types::Message;
+    /// let request = ModelRequest::new([Message::system("Be brief."), Message::user("Hi")]);
+    /// assert_eq!(request.last_user_text().as_deref(), Some("Hi"));
+    /// ```
     #[must_use]
-    pub fn new(messages: impl Into<Arc<Vec<Message>>>) -> Self {
+    pub fn new<M: Into<ContextMessage>>(messages: impl IntoIterator<Item = M>) -> Self {
+        Self::shared(Arc::new(messages.into_iter().map(Into::into).collect()))
+    }
+
+    /// A request with this shared context and defaults for everything else.
+    #[must_use]
+    pub fn shared(messages: Arc<Vec<ContextMessage>>) -> Self {
         Self {
-            messages: messages.into(),
+            messages,
             tools: Arc::from(Vec::new()),
             tool_choice: None,
             parallel_tool_calls: None,
@@ -63,7 +77,7 @@ impl ModelRequest {
     /// The text of the latest user message, if there is one.
     #[must_use]
     pub fn last_user_text(&self) -> Option<String> {
-        self.messages.iter().rev().find(|m| m.role == agentry_types::Role::User).map(Message::text)
+        self.messages.iter().rev().find(|m| m.role == agentry_types::Role::User).map(|m| m.text())
     }
 }
 

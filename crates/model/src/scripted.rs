@@ -152,7 +152,7 @@ impl ScriptedResponse {
 /// provider does: a tool result must answer a call of the assistant message it follows
 /// (with only other results between them), and an assistant message's calls must each be
 /// answered before the conversation goes on.
-fn check_tool_pairs(messages: &[agentry_types::Message]) -> Result<(), ModelError> {
+fn check_tool_pairs(messages: &[agentry_types::ContextMessage]) -> Result<(), ModelError> {
     use agentry_types::Role;
     // The calls of the latest assistant message with calls not answered yet.
     let mut open: Vec<&str> = Vec::new();

@@ -21,8 +21,8 @@ use agentry_memory::{
 use agentry_model::ModelRequest;
 use agentry_types::agno::ReasoningStep;
 use agentry_types::{
-    ApprovalDecision, BudgetUsage, CancellationReason, ClientContext, EventId, Fence, HistoryMessage,
-    JournalEntry, McpServerAuth, Message, ModelMessage, PendingToolCall, RequiredAction,
+    ApprovalDecision, BudgetUsage, CancellationReason, ClientContext, ContextMessage, EventId, Fence,
+    HistoryMessage, JournalEntry, McpServerAuth, Message, ModelMessage, PendingToolCall, RequiredAction,
     RequiredActionRecord, Role, RunRecord, SessionId, ThreadId, ThreadMessage, Timestamp, ToolCall, ToolInfo,
     ToolResult, ToolSpec, TurnId, TurnInputItem, TurnMetrics, TurnState, Usage,
 };
@@ -229,7 +229,7 @@ struct SinkState {
     /// store keeps and the live log publishes).
     staged: Vec<Arc<EventEnvelope>>,
     /// Staged history messages of the turn's own run.
-    messages: Vec<Message>,
+    messages: Vec<Arc<Message>>,
     /// Staged journal entries of the turn's own tool calls (starts and lone results).
     journal: Vec<JournalEntry>,
     /// The step being written: built here rather than in the writing future, so that
@@ -421,13 +421,13 @@ impl TurnSink {
     }
 
     /// The history messages and journal entries staged and not yet stored.
-    async fn staged_history(&self) -> (Vec<Message>, Vec<JournalEntry>) {
+    async fn staged_history(&self) -> (Vec<Arc<Message>>, Vec<JournalEntry>) {
         let state = self.state.lock().await;
         (state.messages.clone(), state.journal.clone())
     }
 
     /// Stages history messages of the turn's own run.
-    pub(crate) async fn stage_messages(&self, messages: &[Message]) {
+    pub(crate) async fn stage_messages(&self, messages: &[Arc<Message>]) {
         self.state.lock().await.messages.extend_from_slice(messages);
     }
 
@@ -852,11 +852,11 @@ fn turn_created(run: &RunRecord) -> EventPayload {
 /// Returns the step and `turn.created`.
 pub(crate) fn first_step(run: &Arc<RunRecord>, emitter: &mut TurnEmitter) -> (TurnStep, Arc<EventEnvelope>) {
     let created = Arc::new(emitter.emit(None, turn_created(run)));
-    let messages: Vec<Message> = run
+    let messages: Vec<Arc<Message>> = run
         .input
         .iter()
         .map_while(|item| match item {
-            TurnInputItem::Message(user) => Some(Message::user(user.content.clone())),
+            TurnInputItem::Message(user) => Some(Arc::new(Message::user(user.content.clone()))),
             _ => None,
         })
         .collect();
@@ -893,7 +893,7 @@ pub(crate) struct TurnEngine {
     pub(crate) fence: Fence,
     pub(crate) cancel: CancelWatch,
     pub(crate) thread: ThreadId,
-    context: Arc<Vec<Message>>,
+    context: Arc<Vec<ContextMessage>>,
     /// How many messages of `context` belong to this turn's run.
     own_start: usize,
     metrics: TurnMetrics,
@@ -1379,7 +1379,7 @@ impl TurnEngine {
     async fn resumed_loop(&mut self, answers: Vec<TurnInputItem>) -> Result<Outcome, Stop> {
         let paused = self.run.clone();
         if let Some(instructions) = self.agent.instructions() {
-            Arc::make_mut(&mut self.context).push(Message::system(instructions));
+            Arc::make_mut(&mut self.context).push(Message::system(instructions).into());
         }
         self.own_start = self.context.len();
         // The paused run's own messages, from a window of this agent's runs only: other
@@ -1391,7 +1391,10 @@ impl TurnEngine {
         };
         let history = self.store.history(self.session_id(), &query).await?;
         Arc::make_mut(&mut self.context).extend(
-            history.into_iter().filter(|stored| stored.run_id == paused.id).map(|stored| stored.message),
+            history
+                .into_iter()
+                .filter(|stored| stored.run_id == paused.id)
+                .map(|stored| stored.message.into()),
         );
         self.approved = approved_calls(&answers, &self.thread);
         Arc::make_mut(&mut self.run).input = answers;
@@ -1528,7 +1531,7 @@ impl TurnEngine {
 
     async fn thread_loop(&mut self, task: String) -> Result<Outcome, Stop> {
         if let Some(instructions) = self.agent.instructions() {
-            Arc::make_mut(&mut self.context).push(Message::system(instructions));
+            Arc::make_mut(&mut self.context).push(Message::system(instructions).into());
         }
         self.own_start = self.context.len();
         self.persist(vec![Message::user(task)]).await?;
@@ -1582,17 +1585,17 @@ impl TurnEngine {
         // A fresh context (clearing a shared one would copy it first).
         let mut context = Vec::with_capacity(1 + history.len() - skip);
         if let Some(system) = self.main_system_prompt(Vec::new()) {
-            context.push(Message::system(system));
+            context.push(Message::system(system).into());
         }
         let mut own = Vec::with_capacity(own_count);
         let mut skipped = 0;
         for stored in history {
             if stored.run_id == turn_id {
-                own.push(stored.message);
+                own.push(ContextMessage::new(stored.message));
             } else if skipped < skip {
                 skipped += 1;
             } else {
-                context.push(Message { from_history: true, ..stored.message });
+                context.push(ContextMessage::replayed(stored.message));
             }
         }
         self.own_start = context.len();
@@ -1823,7 +1826,7 @@ impl TurnEngine {
         if !injections.is_empty()
             && let Some(system) = self.main_system_prompt(injections)
         {
-            let message = Message::system(system);
+            let message = ContextMessage::from(Message::system(system));
             if self.context.first().is_some_and(|first| first.role == Role::System) {
                 Arc::make_mut(&mut self.context)[0] = message;
             } else {
@@ -1876,7 +1879,8 @@ impl TurnEngine {
             return Ok(());
         }
         self.emit(EventPayload::MemoryUpdateStarted {}).await?;
-        let messages = self.context[self.own_start..].to_vec();
+        let messages: Vec<Message> =
+            self.context[self.own_start..].iter().map(ContextMessage::to_message).collect();
         let error = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)).await.err();
         if let Some(error) = &error {
             tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
@@ -1930,7 +1934,7 @@ impl TurnEngine {
         // The run's metrics count the calls made before the crash too, as their messages
         // were stored (with the provider's usage; without one, an estimate of the output).
         for message in &messages {
-            self.metrics.add(&message.usage.unwrap_or_else(|| Usage::estimate(&[], message)));
+            self.metrics.add(&message.usage.unwrap_or_else(|| Usage::estimate::<Message>(&[], message)));
         }
         if let Some(last) = messages.get(persisted).filter(|_| messages.len() == persisted + 1) {
             self.persist(vec![Message::from_model(last)]).await?;
@@ -1944,6 +1948,8 @@ impl TurnEngine {
         if messages.is_empty() {
             return Ok(());
         }
+        // Shared by the step, the context and (in memory) the store: none is copied.
+        let messages: Vec<Arc<Message>> = messages.into_iter().map(Arc::new).collect();
         if self.turn_id() == self.sink.turn_id {
             // Checked here, not when the step is written: a message the store would refuse
             // must not enter the context the turn goes on with.
@@ -1954,7 +1960,7 @@ impl TurnEngine {
         } else {
             self.store.append_messages(self.turn_id(), &messages, Some(self.fence)).await?;
         }
-        Arc::make_mut(&mut self.context).extend(messages);
+        Arc::make_mut(&mut self.context).extend(messages.into_iter().map(ContextMessage::new));
         Ok(())
     }
 
@@ -2041,7 +2047,7 @@ impl TurnEngine {
     async fn call_model(&mut self) -> Result<ThreadMessage, Stop> {
         // Everything before the call is stored and published before the wait on the model.
         self.sink.flush().await?;
-        let mut request = ModelRequest::new(self.context.clone()).with_tools(self.tool_specs());
+        let mut request = ModelRequest::shared(Arc::clone(&self.context)).with_tools(self.tool_specs());
         // The forced first call answers the user's message: a turn that goes on after the
         // answers to required actions (or from a recovered step) has made it already, and
         // forcing it again would start over (a broadcast would ask every member again).
@@ -2774,9 +2780,10 @@ impl TurnEngine {
 
 /// The last assistant message after the last user message of `messages` (its index), and
 /// its calls that have no tool result after it.
-fn unanswered_in(messages: &[Message]) -> Option<(usize, Vec<ToolCall>)> {
+fn unanswered_in<M: AsRef<Message>>(messages: &[M]) -> Option<(usize, Vec<ToolCall>)> {
     let mut answered = HashSet::new();
     for (index, message) in messages.iter().enumerate().rev() {
+        let message = message.as_ref();
         match message.role {
             Role::Tool => {
                 answered.extend(message.tool_call_id.iter().cloned());
@@ -2803,9 +2810,9 @@ async fn closing_results(
     store: &dyn Store,
     run: &RunRecord,
     state: &TurnState,
-    staged: Vec<Message>,
+    staged: Vec<Arc<Message>>,
     staged_journal: Vec<JournalEntry>,
-) -> Vec<Message> {
+) -> Vec<Arc<Message>> {
     let why = match state {
         TurnState::Cancelled { reason, .. } => format!("the turn was cancelled ({})", reason.as_str()),
         TurnState::Error { message, .. } => format!("the turn failed: {message}"),
@@ -2818,7 +2825,7 @@ async fn closing_results(
     // Up to the turn's own messages: a newer run (another runner's checkpoint) is not its.
     let seen =
         history.iter().rposition(|stored| stored.run_id == run.id).map_or(history.len(), |last| last + 1);
-    let messages: Vec<Message> =
+    let messages: Vec<Arc<Message>> =
         history.into_iter().take(seen).map(|stored| stored.message).chain(staged).collect();
     let Some((_, calls)) = unanswered_in(&messages).filter(|(_, calls)| !calls.is_empty()) else {
         return Vec::new();
@@ -2828,6 +2835,9 @@ async fn closing_results(
     journal.extend(store.journal(run.id).await.unwrap_or_default());
     let journaled = |id: &str| journal.iter().find(|entry| entry.tool_call_id == id);
     closing_messages(&calls, journaled, &run.input, &ThreadId::main(), &why)
+        .into_iter()
+        .map(Arc::new)
+        .collect()
 }
 
 /// A result for each of `calls` left open as its thread ends (`why` it ends), saying what

@@ -167,7 +167,7 @@ pub async fn a_turn_with_a_tool_call_streams_dense_events_and_stores_the_durable
     let requests = model.requests();
     let second = &requests[1].messages;
     assert_eq!(second.last().map(|message| message.role), Some(Role::Tool));
-    assert_eq!(second.last().map(agentry_types::Message::text).as_deref(), Some("5"));
+    assert_eq!(second.last().map(|message| message.text()).as_deref(), Some("5"));
 }
 
 /// Scenario.
@@ -192,6 +192,11 @@ pub async fn a_second_turn_chains_on_the_first_and_sees_its_history(harness: Har
             (Role::User, "Who am I?".to_owned()),
         ]
     );
+    // The first turn's messages are replayed from history; this turn's own are not (the
+    // instructions are written for each turn).
+    let replayed: Vec<bool> = messages.iter().map(|message| message.from_history).collect();
+    assert_eq!(replayed, [false, true, true, false]);
+    assert!(messages[1].to_message().from_history && !messages[3].to_message().from_history);
     let turns = session.list_turns(Order::Desc, &PageRequest::first(10)).await.unwrap();
     assert_eq!(turns.items.iter().map(TurnHandle::id).collect::<Vec<_>>(), [second.id(), first.id()]);
     // The session shows its latest activity: the second turn's end.
@@ -282,7 +287,7 @@ pub async fn a_tool_needing_approval_pauses_the_turn_and_an_allow_runs_it_in_the
     assert_eq!(answer_text(&state).as_deref(), Some("Done: 2."));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let last_request = model.requests().last().cloned().unwrap();
-    assert_eq!(last_request.messages.last().map(agentry_types::Message::text).as_deref(), Some("2"));
+    assert_eq!(last_request.messages.last().map(|message| message.text()).as_deref(), Some("2"));
 }
 
 /// Scenario.
@@ -568,7 +573,7 @@ pub async fn cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_
     next.wait().await.unwrap();
     assert_eq!(next.previous_turn_id(), Some(turn.id()));
     let seen = &model.requests()[1].messages;
-    assert_eq!(seen.first().map(agentry_types::Message::text).as_deref(), Some("Take your time"));
+    assert_eq!(seen.first().map(|message| message.text()).as_deref(), Some("Take your time"));
     assert!(seen.iter().any(|message| message.role == Role::Assistant && message.text().starts_with('a')));
 }
 
@@ -1126,7 +1131,7 @@ pub async fn a_cancelled_adalflow_result_reports_the_cancellation_as_its_error(h
 
 /// Whether a memory-analysis request asks for the session's summary (else the profile).
 fn asks_for_a_summary(request: &ModelRequest) -> bool {
-    let prompt = request.messages.last().map(agentry_types::Message::text).unwrap_or_default();
+    let prompt = request.messages.last().map(|message| message.text()).unwrap_or_default();
     prompt.starts_with("Update the summary")
 }
 
@@ -1340,7 +1345,7 @@ pub async fn a_delta_that_does_not_merge_keeps_the_text_already_streamed(harness
     assert_eq!(kept.as_deref(), Some("Partial"), "the streamed text has its model.message");
     session.create_turn(TurnRequest::message("Once more")).await.unwrap().wait().await.unwrap();
     let request = model.last.lock().unwrap().clone().unwrap();
-    let texts: Vec<String> = request.messages.iter().map(agentry_types::Message::text).collect();
+    let texts: Vec<String> = request.messages.iter().map(|message| message.text()).collect();
     assert!(texts.iter().any(|text| text == "Partial"), "the next turn sees it: {texts:?}");
 }
 
@@ -1502,7 +1507,7 @@ pub async fn a_call_that_finished_is_kept_when_another_outlasts_the_grace(harnes
         .messages
         .iter()
         .filter(|message| message.role == Role::Tool)
-        .map(agentry_types::Message::text)
+        .map(|message| message.text())
         .collect();
     assert_eq!(results.len(), 2, "{results:?}");
     assert_eq!(results[0], "quick result", "the model sees what ran");
@@ -1612,7 +1617,7 @@ pub async fn calls_left_open_by_a_stopped_turn_get_error_results_for_the_next_tu
     let next = session.create_turn(TurnRequest::message("again")).await.unwrap();
     next.wait().await.unwrap();
     let seen = &model.requests()[1].messages;
-    let closed = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
+    let closed = seen.iter().find(|message| message.role == Role::Tool).map(|message| message.text());
     assert!(
         closed.is_some_and(
             |text| text.starts_with("The call may have run") && text.contains("server-execution-timeout")
@@ -2214,7 +2219,7 @@ pub async fn a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a
     // history gives the call a result, or every later turn's model would refuse it.
     let mut asked = agentry_types::Message::assistant("Let me add.");
     asked.tool_calls = vec![agentry_types::ToolCall::function("call_left", "add", "{}")];
-    let said = [agentry_types::Message::user("left running"), asked];
+    let said = [Arc::new(agentry_types::Message::user("left running")), Arc::new(asked)];
     harness.store.append_messages(left, &said, None).await.unwrap();
     let reserved = harness.store.high_water(left).await.unwrap();
     let stranger = Runtime::new(harness.store.clone());
@@ -2430,7 +2435,7 @@ pub async fn a_left_turn_that_answered_an_earlier_call_closes_it_when_ended(harn
         let seen = model.requests().last().cloned().unwrap();
         let answered =
             seen.messages.iter().find(|message| message.tool_call_id.as_deref() == Some(call_id.as_str()));
-        let answer = answered.map(agentry_types::Message::text).unwrap_or_default();
+        let answer = answered.map(|message| message.text()).unwrap_or_default();
         if completed {
             assert_eq!(answer, "2", "{:?}", seen.messages);
         } else {
@@ -2451,7 +2456,7 @@ pub async fn a_cancelled_resumed_turn_gives_a_call_that_ran_its_result(harness: 
     let left = leave_a_dead_process(&harness, &session, true).await.unwrap();
     let mut asked = agentry_types::Message::assistant("Let me add.");
     asked.tool_calls = vec![agentry_types::ToolCall::function("call_ran", "add", r#"{"a":1,"b":1}"#)];
-    let said = [agentry_types::Message::user("left running"), asked];
+    let said = [Arc::new(agentry_types::Message::user("left running")), Arc::new(asked)];
     harness.store.append_messages(left, &said, None).await.unwrap();
     let now = agentry_types::Timestamp::now();
     harness.store.journal_start(&added(left, "call_ran", now), None).await.unwrap();
@@ -2466,7 +2471,7 @@ pub async fn a_cancelled_resumed_turn_gives_a_call_that_ran_its_result(harness: 
     assert_eq!(answer_text(&next.wait().await.unwrap()).as_deref(), Some("Hello again."));
     let seen = model.requests().last().cloned().unwrap();
     let answered = seen.messages.iter().find(|message| message.tool_call_id.as_deref() == Some("call_ran"));
-    assert_eq!(answered.map(agentry_types::Message::text).as_deref(), Some("2"), "{:?}", seen.messages);
+    assert_eq!(answered.map(|message| message.text()).as_deref(), Some("2"), "{:?}", seen.messages);
 }
 
 /// The journal entry of an `add` call `call` of `turn` started at `at` (as a process that
@@ -2521,7 +2526,7 @@ pub async fn a_tool_result_too_large_to_keep_reaches_the_model_as_an_error_and_r
     dense_stream(&turn).await;
     assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("Recovered."));
     let seen = &model.requests()[1].messages;
-    let result = seen.iter().find(|message| message.role == Role::Tool).map(agentry_types::Message::text);
+    let result = seen.iter().find(|message| message.role == Role::Tool).map(|message| message.text());
     assert!(result.is_some_and(|text| text.contains("cannot be kept")), "{seen:?}");
     let journal = harness.store.journal(turn.id()).await.unwrap();
     assert!(journal[0].result.as_ref().is_some_and(|result| result.is_error), "{journal:?}");
@@ -2572,7 +2577,7 @@ pub async fn a_window_of_no_earlier_turns_still_holds_the_turns_own_input_once(h
     for text in ["first", "second"] {
         session.create_turn(TurnRequest::message(text)).await.unwrap().wait().await.unwrap();
     }
-    let seen: Vec<String> = model.requests()[1].messages.iter().map(agentry_types::Message::text).collect();
+    let seen: Vec<String> = model.requests()[1].messages.iter().map(|message| message.text()).collect();
     assert_eq!(seen, ["second"]);
     let history =
         harness.store.history(session.id(), &agentry_memory::HistoryQuery::default()).await.unwrap();

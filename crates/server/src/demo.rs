@@ -161,7 +161,7 @@ fn latest_user_text(request: &ModelRequest) -> String {
         .iter()
         .rev()
         .find(|message| message.role == Role::User)
-        .map(Message::text)
+        .map(|message| message.text())
         .unwrap_or_default()
 }
 
@@ -226,7 +226,11 @@ fn demo_response(request: &ModelRequest) -> ScriptedResponse {
     // `what do you see` answers with the context the client gave for this run (an AG-UI
     // client's `context`), as the system prompt shows it to a model.
     if lower.contains("what do you see") {
-        let system = request.messages.iter().find(|message| message.role == Role::System).map(Message::text);
+        let system = request
+            .messages
+            .iter()
+            .find(|message| message.role == Role::System)
+            .map(|message| message.text());
         let seen = system.as_deref().and_then(|system| system.split_once(CLIENT_CONTEXT_HEADING)).map(
             |(_, items)| {
                 items.lines().filter_map(|line| line.strip_prefix("- ")).collect::<Vec<_>>().join("; ")

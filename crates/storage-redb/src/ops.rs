@@ -3,6 +3,7 @@
 //! includes decoding every stored record it needs: a record that does not decode refuses
 //! its write alone (`rules::is_damaged_record`), so it must be read before any change.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
@@ -937,7 +938,7 @@ impl MessageStore for RedbStore {
     async fn append_messages(
         &self,
         run: TurnId,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         fence: Option<Fence>,
     ) -> StoreResult<()> {
         let mut bodies = Vec::with_capacity(messages.len());
@@ -971,18 +972,17 @@ impl MessageStore for RedbStore {
                 get_json::<rules::RunHead, u128>(&runs_table, run.value(), "run")?
                     .ok_or_else(|| StoreError::Corrupt("a session's run is indexed but missing".to_owned()))
             });
-            rules::history_window(runs, &query, |run| {
+            rules::history_window(runs, &query, |run, window| {
                 let key = turn_key(run);
-                let mut found = Vec::new();
                 for entry in messages.range((key, 0)..=(key, u32::MAX)).map_err(redb_error)? {
                     let (index, body) = entry.map_err(redb_error)?;
-                    found.push(HistoryMessage {
+                    window.push(HistoryMessage {
                         run_id: run,
                         index: index.value().1,
                         message: rules::decode("message", body.value())?,
                     });
                 }
-                Ok(found)
+                Ok(())
             })
         })
         .await

@@ -2,6 +2,7 @@
 //! form of `rules::encode_event`) next to the columns that index them; records are encoded
 //! before they reach the writer thread, so the single writer spends its time on SQL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_events::EventEnvelope;
@@ -729,7 +730,7 @@ impl MessageStore for SqliteStore {
     async fn append_messages(
         &self,
         run: TurnId,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         fence: Option<Fence>,
     ) -> StoreResult<()> {
         let mut bodies = Vec::with_capacity(messages.len());
@@ -771,18 +772,17 @@ impl MessageStore for SqliteStore {
             let mut messages_statement = connection
                 .prepare_cached("SELECT idx, body FROM messages WHERE run_id = ?1 ORDER BY idx ASC")
                 .map_err(sqlite)?;
-            rules::history_window(runs, &query, |run| {
+            rules::history_window(runs, &query, |run, window| {
                 let mut rows = messages_statement.query([run.to_string()]).map_err(sqlite)?;
-                let mut messages = Vec::new();
                 while let Some(row) = rows.next().map_err(sqlite)? {
                     let index: i64 = row.get(0).map_err(sqlite)?;
-                    messages.push(HistoryMessage {
+                    window.push(HistoryMessage {
                         run_id: run,
                         index: u32::try_from(index).unwrap_or(u32::MAX),
                         message: rules::decode("message", blob(row, 1)?)?,
                     });
                 }
-                Ok(messages)
+                Ok(())
             })
         })
         .await

@@ -45,8 +45,8 @@ pub use input::{
     TurnInputItem, UserMessage, UserToolApproval, UserToolResponse, ValidatedInput, validate_turn_input,
 };
 pub use message::{
-    ContentPart, DataUri, DataUriError, FilePart, FinishReason, ImageUrl, Message, MessageContent,
-    ModelMessage, ModelMessageDelta, Role, ThreadMessage,
+    ContentPart, ContextMessage, DataUri, DataUriError, FilePart, FinishReason, ImageUrl, Message,
+    MessageContent, ModelMessage, ModelMessageDelta, Role, ThreadMessage,
 };
 pub use record::{
     BudgetLedger, BudgetReservation, CLIENT_CONTEXT_HEADING, ClientContext, Fence, HistoryMessage,

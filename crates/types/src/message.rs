@@ -1,7 +1,9 @@
 //! Messages: roles, content (plain text or parts), and the assistant's model output.
 
 use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use schemars::JsonSchema;
@@ -410,6 +412,121 @@ impl Message {
     #[must_use]
     pub fn text(&self) -> String {
         self.content.as_ref().map(MessageContent::text).unwrap_or_default()
+    }
+}
+
+impl AsRef<Message> for Message {
+    fn as_ref(&self) -> &Message {
+        self
+    }
+}
+
+/// A message of a model request's context: a shared [`Message`], and whether this
+/// request replays it from history.
+///
+/// The message is shared (an `Arc`), so a context built from stored history, and every
+/// copy of it, copies none of the messages' text. It reads as the message it holds
+/// (`Deref`), except that its own [`from_history`](Self::from_history) field, which
+/// shadows the message's, says whether it was replayed: the same stored message is new
+/// in the run that produced it and replayed in every later one.
+///
+/// ```
+/// use std::sync::Arc;
+/// use agentry_types::{ContextMessage, Message, Role};
+/// let stored = Arc::new(Message::user("What is 6 * 7?"));
+/// let replayed = ContextMessage::replayed(Arc::clone(&stored));
+/// assert!(replayed.from_history && !stored.from_history);
+/// assert_eq!(replayed.role, Role::User);
+/// assert!(replayed.to_message().from_history);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ContextMessage {
+    /// Whether the message was replayed from history rather than produced in this run.
+    pub from_history: bool,
+    message: Arc<Message>,
+}
+
+impl ContextMessage {
+    /// The message as it is: replayed if its own `from_history` says so.
+    #[must_use]
+    pub fn new(message: Arc<Message>) -> Self {
+        Self { from_history: message.from_history, message }
+    }
+
+    /// The message, replayed from history.
+    #[must_use]
+    pub fn replayed(message: Arc<Message>) -> Self {
+        Self { from_history: true, message }
+    }
+
+    /// The shared message, with its own `from_history`.
+    #[must_use]
+    pub fn shared(&self) -> &Arc<Message> {
+        &self.message
+    }
+
+    /// A copy of the message, with this context's `from_history`.
+    #[must_use]
+    pub fn to_message(&self) -> Message {
+        Message { from_history: self.from_history, ..Message::clone(&self.message) }
+    }
+
+    /// The message, with this context's `from_history` (copied only if it is shared).
+    #[must_use]
+    pub fn into_message(self) -> Message {
+        Message { from_history: self.from_history, ..Arc::unwrap_or_clone(self.message) }
+    }
+}
+
+impl Deref for ContextMessage {
+    type Target = Message;
+
+    fn deref(&self) -> &Message {
+        &self.message
+    }
+}
+
+impl AsRef<Message> for ContextMessage {
+    fn as_ref(&self) -> &Message {
+        &self.message
+    }
+}
+
+impl From<Message> for ContextMessage {
+    fn from(message: Message) -> Self {
+        Self::new(Arc::new(message))
+    }
+}
+
+impl From<Arc<Message>> for ContextMessage {
+    fn from(message: Arc<Message>) -> Self {
+        Self::new(message)
+    }
+}
+
+/// Equal when they would give equal messages: the message's own `from_history` is not
+/// compared, this context's is.
+impl PartialEq for ContextMessage {
+    fn eq(&self, other: &Self) -> bool {
+        let Message {
+            role,
+            content,
+            name,
+            tool_calls,
+            tool_call_id,
+            reasoning_content,
+            from_history: _,
+            created_at,
+        } = &*self.message;
+        let theirs = &*other.message;
+        self.from_history == other.from_history
+            && *role == theirs.role
+            && *content == theirs.content
+            && *name == theirs.name
+            && *tool_calls == theirs.tool_calls
+            && *tool_call_id == theirs.tool_call_id
+            && *reasoning_content == theirs.reasoning_content
+            && *created_at == theirs.created_at
     }
 }
 

@@ -1,6 +1,7 @@
 //! Records the runtime stores: sessions, runs (turns), history messages, user profiles and
 //! memories, tool-journal entries, budget ledgers and session leases.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -215,8 +216,9 @@ pub struct HistoryMessage {
     pub run_id: TurnId,
     /// Its position within the run, from 0.
     pub index: u32,
-    /// The message.
-    pub message: Message,
+    /// The message, shared: a store that keeps messages in memory hands them out, and
+    /// a turn puts them in its model's context, without copying them.
+    pub message: Arc<Message>,
 }
 
 /// What an application knows about an end user, as a JSON document.

@@ -74,8 +74,8 @@ impl Usage {
     /// assert_eq!(Usage::estimate(&prompt, &output), Usage::new(4, 1));
     /// ```
     #[must_use]
-    pub fn estimate(prompt: &[Message], output: &ModelMessage) -> Self {
-        let input: usize = prompt.iter().map(message_chars).sum();
+    pub fn estimate<M: AsRef<Message>>(prompt: &[M], output: &ModelMessage) -> Self {
+        let input: usize = prompt.iter().map(|message| message_chars(message.as_ref())).sum();
         let output_chars = [&output.content, &output.reasoning_content, &output.refusal]
             .into_iter()
             .map(|text| text.as_deref().map_or(0, |text| text.chars().count()))

@@ -531,7 +531,7 @@ pub async fn session_delete_removes_its_runs_events_messages_journal_and_lease(s
     let kept_run = new_run(&*store, kept.id).await;
     store.append_events(doomed_run.id, &[event(&doomed_run, 1)], None).await.unwrap();
     store.append_events(kept_run.id, &[event(&kept_run, 1)], None).await.unwrap();
-    store.append_messages(doomed_run.id, &[Message::user("bye")], None).await.unwrap();
+    store.append_messages(doomed_run.id, &[Arc::new(Message::user("bye"))], None).await.unwrap();
     store.journal_start(&journal_entry(doomed_run.id, "c1", "h"), None).await.unwrap();
     store.acquire_lease(doomed.id, "p1", Duration::from_secs(30), at(0)).await.unwrap();
 
@@ -1108,11 +1108,7 @@ pub async fn feed_reads_store_wide_and_per_session_after_a_position(store: Arc<d
 /// The messages of a run's history, in order.
 async fn run_messages(store: &dyn Store, session: SessionId, run: TurnId) -> Vec<String> {
     let history = store.history(session, &HistoryQuery::default()).await.unwrap();
-    history
-        .into_iter()
-        .filter(|stored| stored.run_id == run)
-        .map(|stored| stored.message.content.map(|content| content.text()).unwrap_or_default())
-        .collect()
+    history.into_iter().filter(|stored| stored.run_id == run).map(|stored| stored.message.text()).collect()
 }
 
 /// A turn step stores its high-water mark, messages, events and run record together, and
@@ -1120,7 +1116,7 @@ async fn run_messages(store: &dyn Store, session: SessionId, run: TurnId) -> Vec
 pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     let session = new_session(&*store).await;
     let run = new_run(&*store, session.id).await;
-    store.append_messages(run.id, &[Message::user("first")], None).await.unwrap();
+    store.append_messages(run.id, &[Arc::new(Message::user("first"))], None).await.unwrap();
     let mut done = run.clone();
     done.set_state(TurnState::Cancelled {
         reason: CancellationReason::ClientCancelled,
@@ -1129,7 +1125,7 @@ pub async fn turn_step_stores_every_part_in_one_write(store: Arc<dyn Store>) {
     });
     let step = TurnStep {
         high_water: Some(300),
-        messages: vec![Message::user("second"), Message::user("third")],
+        messages: vec![Arc::new(Message::user("second")), Arc::new(Message::user("third"))],
         events: vec![Arc::new(event(&run, 4)), Arc::new(event(&run, 7))],
         journal: vec![journal_entry(run.id, "c1", "h")],
         run: Some(Arc::new(done.clone())),
@@ -1164,7 +1160,7 @@ pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Stor
     let run = run_in(session.id);
     let first = TurnStep {
         high_water: Some(257),
-        messages: vec![Message::user("hello")],
+        messages: vec![Arc::new(Message::user("hello"))],
         events: vec![Arc::new(event(&run, 1))],
         journal: Vec::new(),
         run: Some(Arc::new(run.clone())),
@@ -1188,7 +1184,7 @@ pub async fn turn_step_creates_its_run_with_its_first_events(store: Arc<dyn Stor
 fn first_step(run: &RunRecord) -> TurnStep {
     TurnStep {
         high_water: Some(64),
-        messages: vec![Message::user("hello")],
+        messages: vec![Arc::new(Message::user("hello"))],
         events: vec![Arc::new(event(run, 1))],
         journal: Vec::new(),
         run: Some(Arc::new(run.clone())),
@@ -1327,7 +1323,7 @@ pub async fn turn_step_refused_in_any_part_stores_none_of_it(store: Arc<dyn Stor
     changed.agent_id = Some("changed".into());
     let step = |events: Vec<EventEnvelope>, record: RunRecord| TurnStep {
         high_water: Some(900),
-        messages: vec![Message::user("must not be stored")],
+        messages: vec![Arc::new(Message::user("must not be stored"))],
         events: events.into_iter().map(Arc::new).collect(),
         journal: vec![journal_entry(record.id, "must-not-be-stored", "h")],
         run: Some(Arc::new(record)),
@@ -1402,7 +1398,7 @@ pub async fn turn_steps_refused_among_concurrent_ones_leave_the_others_whole(sto
         let last = if index % 2 == 0 { 7 } else { 3 };
         let step = TurnStep {
             high_water: Some(900),
-            messages: vec![Message::user(format!("step {index}"))],
+            messages: vec![Arc::new(Message::user(format!("step {index}")))],
             events: vec![Arc::new(event(run, 6)), Arc::new(event(run, last))],
             journal: vec![journal_entry(run.id, &format!("call-{index}"), "h")],
             run: Some(Arc::new(changed)),
@@ -1529,7 +1525,8 @@ async fn run_with_messages(
     let mut run = run_in(session);
     configure(&mut run);
     store.put_run(&run, None).await.unwrap();
-    store.append_messages(run.id, messages, None).await.unwrap();
+    let messages: Vec<Arc<Message>> = messages.iter().cloned().map(Arc::new).collect();
+    store.append_messages(run.id, &messages, None).await.unwrap();
     run
 }
 
@@ -1649,7 +1646,7 @@ pub async fn a_team_sessions_member_runs_do_not_push_its_turns_out_of_a_history_
 
 /// Messages need their run, history its session.
 pub async fn messages_of_an_unknown_run_or_session_are_not_found(store: Arc<dyn Store>) {
-    assert_not_found(store.append_messages(TurnId::new(), &[Message::user("x")], None).await);
+    assert_not_found(store.append_messages(TurnId::new(), &[Arc::new(Message::user("x"))], None).await);
     assert_not_found(store.history(SessionId::new(), &HistoryQuery::default()).await);
 }
 
@@ -2158,7 +2155,7 @@ pub async fn lease_takeover_after_expiry_fences_out_the_old_holder(store: Arc<dy
     };
     is_stale(store.append_events(run.id, &[event(&run, 2)], stale).await.map(|_| ()));
     is_stale(store.put_run(&run, stale).await);
-    is_stale(store.append_messages(run.id, &[Message::user("x")], stale).await);
+    is_stale(store.append_messages(run.id, &[Arc::new(Message::user("x"))], stale).await);
     is_stale(store.journal_start(&journal_entry(run.id, "c", "h"), stale).await.map(|_| ()));
     is_stale(store.raise_high_water(run.id, 9, stale).await.map(|_| ()));
     is_stale(store.renew_lease(session.id, old.token, Duration::from_secs(5), at(7)).await.map(|_| ()));
@@ -2396,7 +2393,7 @@ pub async fn records_nested_deeper_than_they_are_read_are_refused(store: Arc<dyn
     assert_not_found(store.get_session(deeper.id).await);
     // Brackets inside a string do not nest.
     let run = new_run(&*store, deepest.id).await;
-    let brackets = Message::user("[".repeat(500));
+    let brackets = Arc::new(Message::user("[".repeat(500)));
     store.append_messages(run.id, std::slice::from_ref(&brackets), None).await.unwrap();
 }
 
@@ -2432,7 +2429,7 @@ pub async fn oversized_records_are_refused_and_change_nothing(store: Arc<dyn Sto
     assert!(matches!(store.create_session(&big_session).await, Err(StoreError::TooLarge { .. })));
     assert_not_found(store.get_session(big_session.id).await);
     assert!(matches!(
-        store.append_messages(run.id, &[Message::user(huge)], None).await,
+        store.append_messages(run.id, &[Arc::new(Message::user(huge))], None).await,
         Err(StoreError::TooLarge { .. })
     ));
     assert!(store.history(session.id, &HistoryQuery::default()).await.unwrap().is_empty());

@@ -258,7 +258,7 @@ async fn profile_updates_from_two_sessions_of_one_user_at_once_both_land() {
     let store = store();
     let model = Arc::new(AnswersTogether {
         inner: ScriptedModel::responder(|request| {
-            let prompt = request.messages.last().map(Message::text).unwrap_or_default();
+            let prompt = request.messages.last().map(|message| message.text()).unwrap_or_default();
             ScriptedResponse::text(if prompt.contains("Lyon") {
                 r#"{"city": "Lyon"}"#
             } else {
@@ -321,7 +321,7 @@ async fn a_field_a_model_repeats_from_a_stale_read_does_not_undo_another_session
     // As models do, each answers with the whole profile it was shown, changed.
     let model = Arc::new(Held {
         inner: ScriptedModel::responder(|request| {
-            let prompt = request.messages.last().map(Message::text).unwrap_or_default();
+            let prompt = request.messages.last().map(|message| message.text()).unwrap_or_default();
             ScriptedResponse::text(if prompt.contains("I moved to Lyon") {
                 r#"{"city": "Lyon"}"#
             } else {
@@ -641,7 +641,7 @@ fn a_history_window_of_last_messages_looks_at_a_bounded_number_of_runs() {
     })
     .take(5 * MAX_HISTORY_SCAN);
     let query = HistoryQuery { last_messages: Some(20), ..HistoryQuery::default() };
-    let window = history_window(runs, &query, |_| Ok(Vec::new())).unwrap();
+    let window = history_window(runs, &query, |_, _| Ok(())).unwrap();
     assert!(window.is_empty());
     assert_eq!(read.get(), MAX_HISTORY_SCAN);
 }

@@ -224,7 +224,10 @@ async fn runs_the_runner_stored_and_runs_saved_from_documents_are_both_read() {
             completed_at: agentry_types::Timestamp::now(),
             metrics: None,
         });
-        let messages = vec![Message::user(question), Message::assistant(answer)];
+        let messages = vec![Message::user(question), Message::assistant(answer)]
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect();
         (
             run.id,
             agentry_memory::TurnStep {

@@ -55,7 +55,7 @@ impl<'a> ChatRequest<'a> {
         let has_tools = !request.tools.is_empty();
         Self {
             model,
-            messages: request.messages.iter().map(WireMessage::from_message).collect(),
+            messages: request.messages.iter().map(|message| WireMessage::from_message(message)).collect(),
             stream: true,
             stream_options: StreamOptions { include_usage: true },
             tools: request.tools.iter().map(WireTool::from_spec).collect(),

@@ -104,8 +104,8 @@ async fn the_script_is_used_in_order_and_then_runs_out() {
 #[tokio::test]
 async fn a_model_without_its_request_log_answers_and_keeps_no_request() {
     let model = ScriptedModel::new(vec![ScriptedResponse::text("one")]).without_request_log();
-    let conversation = std::sync::Arc::new(vec![Message::user("a")]);
-    let mut stream = model.stream(ModelRequest::new(conversation.clone())).await.unwrap();
+    let conversation = std::sync::Arc::new(vec![Message::user("a").into()]);
+    let mut stream = model.stream(ModelRequest::shared(conversation.clone())).await.unwrap();
     assert_eq!(stream.next().await.unwrap().unwrap().content.as_deref(), Some("one"));
     drop(stream);
     assert_eq!(model.calls(), 1);
@@ -150,7 +150,7 @@ async fn failures_before_and_during_the_stream_are_typed_errors() {
 #[tokio::test]
 async fn a_request_without_messages_is_refused() {
     let model = ScriptedModel::new(vec![ScriptedResponse::text("unused")]);
-    let error = model.stream(ModelRequest::new(Vec::new())).await.err().unwrap();
+    let error = model.stream(ModelRequest::new(Vec::<Message>::new())).await.err().unwrap();
     assert!(matches!(error, ModelError::InvalidRequest(_)));
     assert_eq!(model.calls(), 0, "a refused request does not consume the script");
 }

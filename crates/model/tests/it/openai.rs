@@ -461,6 +461,9 @@ async fn the_request_carries_stream_options_tools_tool_choice_and_the_whole_conv
             Message::tool("call_1", "18°C and sunny"),
             Message::assistant("It is sunny."),
         ]
+        .into_iter()
+        .map(Into::into)
+        .collect::<Vec<_>>()
         .into(),
         tools: vec![ToolSpec {
             name: "get_weather".into(),
@@ -792,7 +795,7 @@ fn invalid_configurations_are_refused() {
 #[tokio::test]
 async fn a_request_without_messages_is_refused_before_sending() {
     let server = TestServer::start(Vec::new()).await;
-    let (_, error) = run(&server.model(), ModelRequest::new(Vec::new())).await;
+    let (_, error) = run(&server.model(), ModelRequest::new(Vec::<Message>::new())).await;
     assert!(matches!(error, Some(ModelError::InvalidRequest(_))));
     assert!(server.requests().is_empty());
 }

@@ -41,7 +41,7 @@ fn coordinator() -> Arc<ScriptedModel> {
             .messages
             .iter()
             .filter(|message| message.role == Role::Tool)
-            .map(agentry_types::Message::text)
+            .map(|message| message.text())
             .collect();
         if results.is_empty() {
             let mut both = ScriptedResponse::text("Asking the team.");
@@ -219,8 +219,7 @@ pub async fn a_member_end_too_large_to_keep_with_its_task_still_ends_its_thread(
     let members =
         harness.store.list_runs(session.id(), &members, &PageRequest::first(10)).await.unwrap().items;
     assert!(matches!(&members[0].state, TurnState::Error { .. }), "{:?}", members[0].state);
-    let seen =
-        coordinator.requests()[1].messages.last().map(agentry_types::Message::text).unwrap_or_default();
+    let seen = coordinator.requests()[1].messages.last().map(|message| message.text()).unwrap_or_default();
     assert!(seen.contains("too large to keep"), "the coordinator hears why: {seen}");
 }
 

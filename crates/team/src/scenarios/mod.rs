@@ -18,7 +18,7 @@ fn tool_results(request: &agentry_model::ModelRequest) -> Vec<String> {
         .messages
         .iter()
         .filter(|message| message.role == agentry_types::Role::Tool)
-        .map(agentry_types::Message::text)
+        .map(|message| message.text())
         .collect()
 }
 

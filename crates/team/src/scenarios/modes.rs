@@ -625,7 +625,7 @@ fn this_turns_results(request: &ModelRequest) -> Vec<String> {
     request.messages[last_user.map_or(0, |at| at + 1)..]
         .iter()
         .filter(|message| message.role == agentry_types::Role::Tool)
-        .map(agentry_types::Message::text)
+        .map(|message| message.text())
         .collect()
 }
 

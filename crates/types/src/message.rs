@@ -438,8 +438,10 @@ impl AsRef<Message> for Message {
 /// assert!(replayed.from_history && !stored.from_history);
 /// assert_eq!(replayed.role, Role::User);
 /// assert!(replayed.to_message().from_history);
+/// assert!(format!("{replayed:?}").contains("from_history: true"));
+/// assert!(Arc::ptr_eq(replayed.shared_message(), &stored));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ContextMessage {
     /// Whether the message was replayed from history rather than produced in this run.
     pub from_history: bool,
@@ -461,7 +463,7 @@ impl ContextMessage {
 
     /// The shared message, with its own `from_history`.
     #[must_use]
-    pub fn shared(&self) -> &Arc<Message> {
+    pub fn shared_message(&self) -> &Arc<Message> {
         &self.message
     }
 
@@ -478,6 +480,8 @@ impl ContextMessage {
     }
 }
 
+/// The message as stored: its `from_history` is the stored one, not this context's (read
+/// the field on the `ContextMessage`, or [`ContextMessage::to_message`]).
 impl Deref for ContextMessage {
     type Target = Message;
 
@@ -486,6 +490,7 @@ impl Deref for ContextMessage {
     }
 }
 
+/// The message as stored, as [`Deref`] gives it.
 impl AsRef<Message> for ContextMessage {
     fn as_ref(&self) -> &Message {
         &self.message
@@ -501,6 +506,32 @@ impl From<Message> for ContextMessage {
 impl From<Arc<Message>> for ContextMessage {
     fn from(message: Arc<Message>) -> Self {
         Self::new(message)
+    }
+}
+
+/// Shows the message as this context gives it: with this context's `from_history`.
+impl fmt::Debug for ContextMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Message {
+            role,
+            content,
+            name,
+            tool_calls,
+            tool_call_id,
+            reasoning_content,
+            from_history: _,
+            created_at,
+        } = &*self.message;
+        f.debug_struct("ContextMessage")
+            .field("role", role)
+            .field("content", content)
+            .field("name", name)
+            .field("tool_calls", tool_calls)
+            .field("tool_call_id", tool_call_id)
+            .field("reasoning_content", reasoning_content)
+            .field("from_history", &self.from_history)
+            .field("created_at", created_at)
+            .finish()
     }
 }
 

@@ -979,7 +979,8 @@ impl MessageStore for RedbStore {
                     window.push(HistoryMessage {
                         run_id: run,
                         index: index.value().1,
-                        message: rules::decode("message", body.value())?,
+                        // Decoded, then shared: decoding into the `Arc` allocates twice.
+                        message: Arc::new(rules::decode("message", body.value())?),
                     });
                 }
                 Ok(())

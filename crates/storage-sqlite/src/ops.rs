@@ -779,7 +779,8 @@ impl MessageStore for SqliteStore {
                     window.push(HistoryMessage {
                         run_id: run,
                         index: u32::try_from(index).unwrap_or(u32::MAX),
-                        message: rules::decode("message", blob(row, 1)?)?,
+                        // Decoded, then shared: decoding into the `Arc` allocates twice.
+                        message: Arc::new(rules::decode("message", blob(row, 1)?)?),
                     });
                 }
                 Ok(())

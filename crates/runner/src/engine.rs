@@ -2023,11 +2023,18 @@ impl TurnEngine {
         let calls: Vec<ToolCall> = approved.iter().map(|(_, call)| call.clone()).collect();
         // Calls whose MCP server needs authorization stay unanswered; the boundary step
         // after the input pauses the turn for them. An approved call counts against the
-        // thread's budget as any other: approving a call does not raise a budget. Without
-        // approved calls, nothing is reserved or checked here: the answers and denials are
-        // kept even in a turn already cancelled, which stops right after.
-        let (ran, exhausted) =
-            if calls.is_empty() { (ToolRuns::default(), None) } else { self.run_budgeted(&calls).await? };
+        // thread's budget as any other: approving a call does not raise a budget. Whether
+        // or not the approved calls run (a budget may refuse them, a cancellation stop
+        // them first), the input's messages, answers and denials are kept; the calls that
+        // did not run get their results when the thread ends.
+        let (ran, stopped) = if calls.is_empty() {
+            (ToolRuns::default(), None)
+        } else {
+            match self.run_budgeted(&calls).await {
+                Ok((ran, exhausted)) => (ran, exhausted),
+                Err(stop) => (ToolRuns::default(), Some(stop)),
+            }
+        };
         let mut results: HashMap<String, (ToolCall, ToolResult)> =
             ran.results.into_iter().map(|(call, result)| (call.id.clone(), (call, result))).collect();
         let decided = approved
@@ -2039,8 +2046,8 @@ impl TurnEngine {
             slots[slot] = Some(Message::tool(call.id, result.content));
         }
         self.persist(slots.into_iter().flatten().collect()).await?;
-        // The results of calls that ran are kept; then the thread stops for its budget.
-        exhausted.map_or(Ok(()), Err)
+        // What was answered is kept; then the thread stops (for its budget, a cancellation).
+        stopped.map_or(Ok(()), Err)
     }
 
     /// Streams one model message into deltas and a stored `model.message`.

@@ -95,6 +95,7 @@ macro_rules! team_scenarios {
             coordinate::a_team_session_is_read_through_the_team_session_view,
             policy::an_approval_asked_inside_a_member_is_answered_next_turn_and_both_finish,
             policy::an_approved_call_past_its_missions_budget_does_not_run,
+            policy::a_denial_beside_an_approved_call_past_its_budget_is_kept,
             policy::a_member_paused_when_the_answering_turn_is_cancelled_ends_with_it,
             policy::a_member_paused_in_a_turn_then_cancelled_ends_with_it,
             policy::two_members_asking_with_the_same_call_id_each_get_their_own_answer,

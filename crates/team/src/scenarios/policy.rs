@@ -313,6 +313,11 @@ fn office(filed: &Arc<AtomicUsize>, mission: BudgetLimit) -> Agent {
             ScriptedResponse::text(format!("Report {}.", tool_results(request)[0]))
         }
     }));
+    office_with(clerk_model, filed, mission)
+}
+
+/// [`office`] with its clerk answering as `clerk_model` does.
+fn office_with(clerk_model: Arc<ScriptedModel>, filed: &Arc<AtomicUsize>, mission: BudgetLimit) -> Agent {
     let clerk = Agent::builder("clerk", clerk_model)
         .tool(file_report(filed).shared())
         .requires_approval("file_report")
@@ -442,6 +447,64 @@ pub async fn an_approved_call_past_its_missions_budget_does_not_run(harness: Har
         .collect();
     assert_eq!(exhausted.len(), 1, "{exhausted:?}");
     assert!(format!("{:?}", exhausted[0]).contains("mission_max_tool_calls"), "{exhausted:?}");
+}
+
+/// Scenario: a budget that refuses an approved call keeps the rest of the answer. The
+/// clerk asks to file twice at once; the next turn allows one call, which its mission has no
+/// tool call left for, and denies the other with a reason: the denial is still that call's
+/// result, with its reason, and the allowed call does not run.
+pub async fn a_denial_beside_an_approved_call_past_its_budget_is_kept(harness: Harness) {
+    let filed = Arc::new(AtomicUsize::new(0));
+    let clerk_model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("file_report", &json!({})).with_tool_call("file_report", &json!({}))
+        } else {
+            ScriptedResponse::text(format!("Clerk: {}", tool_results(request).join(", ")))
+        }
+    }));
+    let no_calls = BudgetLimit { max_tool_calls: Some(0), ..BudgetLimit::default() };
+    let (_runtime, session, first) =
+        super::start(&harness, office_with(clerk_model, &filed, no_calls), "File the report twice.").await;
+    let state = first.wait().await.unwrap();
+    let [record] = state.required_actions() else { panic!("{state:?}") };
+    let agentry_types::RequiredAction::ToolApproval { thread_id, tool_calls } = &record.action else {
+        panic!("{record:?}")
+    };
+    let [allowed, denied] = tool_calls.as_slice() else { panic!("{tool_calls:?}") };
+    let answer = vec![
+        agentry_types::TurnInputItem::allow(thread_id.clone(), allowed.id.clone()),
+        agentry_types::TurnInputItem::deny(
+            thread_id.clone(),
+            denied.id.clone(),
+            Some("not twice".to_owned()),
+        ),
+    ];
+    let second = session.create_turn(TurnRequest::input(answer)).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert!(state.required_actions().is_empty(), "nothing is asked again: {state:?}");
+    assert_eq!(filed.load(Ordering::SeqCst), 0, "the approved call did not run");
+    let events: Vec<Arc<EventEnvelope>> = second.stream(None).map(Result::unwrap).collect().await;
+    let responses: Vec<(String, String, bool)> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ToolResponse { tool_call_id, content, is_error, .. } => {
+                Some((tool_call_id.clone(), content.clone(), *is_error))
+            }
+            _ => None,
+        })
+        .collect();
+    let denial = responses.iter().find(|(id, ..)| *id == denied.id);
+    assert_eq!(
+        denial.map(|(_, content, is_error)| (content.as_str(), *is_error)),
+        Some(("The user denied this tool call: not twice", true)),
+        "{responses:?}"
+    );
+    // The call that did not run has a result too: every call the clerk made is answered.
+    assert!(responses.iter().any(|(id, _, is_error)| *id == allowed.id && *is_error), "{responses:?}");
+    assert!(
+        events.iter().any(|event| event.payload.kind() == "agent_team.mission.budget.exhausted"),
+        "the member stopped for its budget"
+    );
 }
 
 /// Scenario: a member that asks for one approval, and once allowed for another, goes on

@@ -2032,7 +2032,9 @@ impl TurnEngine {
         } else {
             match self.run_budgeted(&calls).await {
                 Ok((ran, exhausted)) => (ran, exhausted),
-                Err(stop) => (ToolRuns::default(), Some(stop)),
+                Err(stop @ Stop::Cancelled(_)) => (ToolRuns::default(), Some(stop)),
+                // A failure, or a lost lease (nothing more may be written), ends it at once.
+                Err(stop) => return Err(stop),
             }
         };
         let mut results: HashMap<String, (ToolCall, ToolResult)> =

@@ -501,7 +501,8 @@ impl TurnStep {
 #[async_trait]
 pub trait MessageStore: Send + Sync {
     /// Appends messages to a run's history, after the ones it has. `NotFound` when the run
-    /// does not exist.
+    /// does not exist. The messages are shared: a store that keeps them in memory may hold
+    /// these very `Arc`s (messages are never changed once stored).
     async fn append_messages(
         &self,
         run: TurnId,

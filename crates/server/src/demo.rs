@@ -356,12 +356,15 @@ model = "demo-analyst"
 
 /// What the demo team's coordinator answers: for a message containing `spawn`, one
 /// `spawn_agent` call for an analyst; otherwise one message delegating to both members.
-/// Then the answer built from the results.
+/// Then the answer built from the results of this exchange (after the latest user
+/// message: a turn that goes on after an approval answers with the results an earlier
+/// turn gave too).
 fn coordinator_response(request: &ModelRequest) -> ScriptedResponse {
-    let results: Vec<(String, String)> = request
-        .messages
+    let exchange =
+        request.messages.iter().rposition(|message| message.role == Role::User).map_or(0, |at| at + 1);
+    let results: Vec<(String, String)> = request.messages[exchange..]
         .iter()
-        .filter(|message| message.role == Role::Tool && !message.from_history)
+        .filter(|message| message.role == Role::Tool)
         .map(|result| (called_member(request, result).unwrap_or_else(|| "analyst".to_owned()), result.text()))
         .collect();
     if results.is_empty() {
@@ -439,6 +442,37 @@ pub fn demo_team(approvals: &SpawnApprovals, control: &TeamControl) -> (Agent, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_team_answers_with_every_result_of_the_exchange_after_an_approval() {
+        use agentry_types::ContextMessage;
+        let mut asked = Message::assistant("Asking the researcher and the writer.");
+        asked.tool_calls = ["researcher", "writer"]
+            .iter()
+            .enumerate()
+            .map(|(index, member)| {
+                let arguments = json!({"member_id": member, "task": "email the plan"}).to_string();
+                ToolCall::function(format!("call_{index}"), "delegate_task_to_member", arguments)
+            })
+            .collect();
+        // The turn that goes on after the writer's approval: the researcher answered in
+        // the turn before (replayed), the writer in this one.
+        let replayed = |message: Message| ContextMessage::replayed(Arc::new(message));
+        let request = ModelRequest::new([
+            replayed(Message::user("earlier")),
+            replayed(Message::assistant("The team answered earlier.")),
+            replayed(Message::user("email the plan")),
+            replayed(asked),
+            replayed(Message::tool("call_0", "Research notes")),
+            ContextMessage::from(Message::tool("call_1", "Draft (emailed)")),
+        ]);
+        let answer = coordinator_response(&request);
+        assert_eq!(
+            answer.text.as_deref(),
+            Some("The team answered. researcher: Research notes | writer: Draft (emailed)")
+        );
+        assert!(answer.tool_calls.is_empty());
+    }
 
     #[test]
     fn arithmetic_follows_precedence_and_parentheses() {

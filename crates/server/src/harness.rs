@@ -70,7 +70,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "body_too_large",
-                    "the request body is larger than the limit",
+                    "the request body is larger than the server takes (its limits.body_bytes)",
                 )
             }
             BytesRejection::FailedToBufferBody(failed) if stalled(&failed) => ApiError::new(
@@ -89,12 +89,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             if path.is_empty() || path == "." || path == "?" {
                 path.clear();
             }
+            // Text that is not JSON (cut short, or broken) is no field's fault.
+            if matches!(
+                inner.classify(),
+                serde_json::error::Category::Eof | serde_json::error::Category::Syntax
+            ) {
+                return ApiError::bad_request(format!("the request body is not valid JSON: {inner}"));
+            }
             // A missing field is reported at its parent: the field itself is at fault.
             let message = inner.to_string();
             if let Some(field) =
                 message.strip_prefix("missing field `").and_then(|rest| rest.split('`').next())
             {
                 path = if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
+                return ApiError::bad_param(
+                    &path,
+                    format!("the request body has no `{path}`, which is required"),
+                );
             }
             if path.is_empty() {
                 ApiError::bad_request(format!("invalid JSON body: {inner}"))
@@ -102,7 +113,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::bad_param(&path, format!("invalid JSON body at `{path}`: {inner}"))
             }
         })?;
-        json.end().map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))?;
+        json.end()
+            .map_err(|error| ApiError::bad_request(format!("the request body is not valid JSON: {error}")))?;
         Ok(Self(value))
     }
 }

@@ -503,6 +503,40 @@ async fn past_the_configured_delta_budget_a_replay_gets_fewer_deltas_with_the_sa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_json_or_lacks_a_field_gets_an_error_saying_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let (address, stop, serving) = serve(config_at(&dir.path().join("agentry.db"), "")).await;
+    let post = |body: &'static str| async move {
+        let raw = format!(
+            "POST /v1/agents/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw_exchange(address, &raw).await;
+        let status: u16 = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let error: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        (status, error["error"]["param"].clone(), error["error"]["message"].as_str().unwrap().to_owned())
+    };
+    // Cut short: the JSON is at fault, not the field it stopped in.
+    let (status, param, message) = post(r#"{"agent_name":"#).await;
+    assert_eq!((status, &param), (400, &Value::Null), "{message}");
+    assert!(message.starts_with("the request body is not valid JSON: EOF"), "{message}");
+    let (status, param, message) = post(r#"{"agent_name": demo}"#).await;
+    assert_eq!((status, &param), (400, &Value::Null), "{message}");
+    assert!(message.starts_with("the request body is not valid JSON"), "{message}");
+    // Empty, or without the field: the field is named.
+    for body in ["", "{}"] {
+        let (status, param, message) = post(body).await;
+        assert_eq!((status, param), (400, json!("agent_name")), "{message}");
+        assert_eq!(message, "the request body has no `agent_name`, which is required");
+    }
+    // A value of the wrong type: named at its field.
+    let (status, param, message) = post(r#"{"agent_name": 42}"#).await;
+    assert_eq!((status, param), (400, json!("agent_name")), "{message}");
+    let _ = stop.send(());
+    serving.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_turns_listing_takes_an_order_and_bad_paths_get_json_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (address, stop, serving) = serve(config_at(&dir.path().join("agentry.db"), "")).await;

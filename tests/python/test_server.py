@@ -800,7 +800,7 @@ class Cli(unittest.TestCase):
     def test_a_listing_limit_must_be_at_least_one(self):
         done = self.agentry("sessions", "list", "--agent", "demo", "--limit", "0")
         self.assertEqual(done.returncode, 2, done.stderr)
-        self.assertIn("invalid value '0' for '--limit <LIMIT>'", done.stderr)
+        self.assertIn("invalid value '0' for '--limit <LIMIT>': a whole number of at least 1 is needed", done.stderr)
         self.assertEqual(done.stdout, "")
         listed = self.agentry("sessions", "list", "--agent", "demo", "--limit", "1")
         self.assertEqual(listed.returncode, 0, listed.stderr)

@@ -91,15 +91,18 @@ enum SessionsCommand {
         #[arg(long, default_value = "demo")]
         agent: String,
         /// At most this many (at least 1).
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, default_value_t = 20, value_parser = at_least_one)]
         limit: u64,
         /// Oldest first.
         #[arg(long)]
         oldest_first: bool,
-        /// Only sessions created at or after this time (RFC 3339, `2026-11-26T09:00:00Z`).
+        /// Only sessions created at or after this time (ISO-8601: `2026-11-26T09:00:00Z`,
+        /// without seconds or offset (UTC), with a `+hhmm` offset, or a date alone, its
+        /// midnight UTC); sent as `start_timestamp`.
         #[arg(long)]
         since: Option<String>,
-        /// Only sessions created at or before this time (RFC 3339).
+        /// Only sessions created at or before this time (as `--since`); sent as
+        /// `end_timestamp`.
         #[arg(long)]
         until: Option<String>,
         #[command(flatten)]
@@ -240,6 +243,14 @@ fn api(remote: &Remote) -> Result<Api> {
 }
 
 /// Percent-encodes a query value.
+/// A count of at least 1 (a listing's `--limit`).
+fn at_least_one(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(count) if count >= 1 => Ok(count),
+        _ => Err("a whole number of at least 1 is needed".to_owned()),
+    }
+}
+
 fn encode(value: &str) -> String {
     value
         .bytes()

@@ -327,19 +327,38 @@ async fn spawn(
     // A role the team's policy does not have would only be denied (`unknown_role`) once the
     // turn runs: say so now. (Without a policy every spawn is denied the same way, and the
     // denial is the feed's to tell.)
+    // A template the role does not have is said now too (`template_missing`).
     let team = &session.record().name;
-    if let Some((_, policy)) = state.policies.iter().find(|(name, _)| name == team)
-        && !policy.roles.contains_key(&body.role)
-    {
-        let roles: Vec<&str> = policy.roles.keys().map(String::as_str).collect();
-        return Err(ApiError::bad_param(
-            "role",
-            format!(
-                "team {team:?}'s spawn policy has no role {:?} (its roles: {})",
-                body.role,
-                roles.join(", ")
-            ),
-        ));
+    if let Some((_, policy)) = state.policies.iter().find(|(name, _)| name == team) {
+        let Some(role) = policy.roles.get(&body.role) else {
+            // Roles with a template: a role without one is never spawned.
+            let roles: Vec<&str> = policy
+                .roles
+                .iter()
+                .filter(|(_, role)| !role.templates.is_empty())
+                .map(|(name, _)| name.as_str())
+                .collect();
+            return Err(ApiError::bad_param(
+                "role",
+                format!(
+                    "team {team:?}'s spawn policy has no role {:?} to spawn (its roles with templates: {})",
+                    body.role,
+                    roles.join(", ")
+                ),
+            ));
+        };
+        let template = body.template.as_deref().unwrap_or("default");
+        if !role.templates.contains_key(template) {
+            let templates: Vec<&str> = role.templates.keys().map(String::as_str).collect();
+            return Err(ApiError::bad_param(
+                "template",
+                format!(
+                    "role {:?} of team {team:?} has no template {template:?} (its templates: {})",
+                    body.role,
+                    templates.join(", ")
+                ),
+            ));
+        }
     }
     let request = agentry_team::SpawnRequest {
         role: body.role,

@@ -509,7 +509,7 @@ impl Spawner {
         {
             return Err(Refusal(
                 "justification_required",
-                format!("spawning a {} needs a justification", args.role),
+                format!("a spawn of role {:?} needs a justification", args.role),
             ));
         }
         // The coordinator is at depth 0; what an agent at depth d spawns is at depth d + 1.

@@ -341,6 +341,24 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "crew"})).await;
     assert_eq!(status, 200, "{body}");
     let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    // A role or a template the policy does not have is refused at once, naming what it has.
+    for (spawn, param, named) in [
+        (
+            json!({"session_id": session, "role": "auditor", "task": "x"}),
+            "role",
+            "its roles with templates: analyst",
+        ),
+        (
+            json!({"session_id": session, "role": "analyst", "task": "x", "template": "deep"}),
+            "template",
+            "its templates: default",
+        ),
+    ] {
+        let (status, body) = request(address, "POST", "/v1/agent-team/spawn", &spawn).await;
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((status, &error["error"]["param"]), (400, &json!(param)), "{body}");
+        assert!(error["error"]["message"].as_str().unwrap().contains(named), "{body}");
+    }
     let spawn = json!({"session_id": session, "role": "analyst", "task": "Look into it."});
     let (status, body) = request(address, "POST", "/v1/agent-team/spawn", &spawn).await;
     assert_eq!(status, 202, "{body}");

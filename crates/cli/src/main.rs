@@ -242,7 +242,6 @@ fn api(remote: &Remote) -> Result<Api> {
     Api::new(&remote.url, remote.api_key.clone())
 }
 
-/// Percent-encodes a query value.
 /// A count of at least 1 (a listing's `--limit`).
 fn at_least_one(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
@@ -251,6 +250,7 @@ fn at_least_one(text: &str) -> Result<u64, String> {
     }
 }
 
+/// Percent-encodes a query value.
 fn encode(value: &str) -> String {
     value
         .bytes()

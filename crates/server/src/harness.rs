@@ -89,7 +89,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             if path.is_empty() || path == "." || path == "?" {
                 path.clear();
             }
-            // Text that is not JSON (cut short, or broken) is no field's fault.
+            // Text that is not JSON (cut short, or broken) is no field's fault. (serde_json
+            // also counts a number out of range and nesting past 128 levels here.)
             if matches!(
                 inner.classify(),
                 serde_json::error::Category::Eof | serde_json::error::Category::Syntax
@@ -108,9 +109,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 );
             }
             if path.is_empty() {
-                ApiError::bad_request(format!("invalid JSON body: {inner}"))
+                ApiError::bad_request(format!("the request body is invalid: {inner}"))
             } else {
-                ApiError::bad_param(&path, format!("invalid JSON body at `{path}`: {inner}"))
+                ApiError::bad_param(&path, format!("the request body's `{path}` is invalid: {inner}"))
             }
         })?;
         json.end()

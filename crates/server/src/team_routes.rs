@@ -330,7 +330,7 @@ async fn spawn(
     // A template the role does not have is said now too (`template_missing`).
     let team = &session.record().name;
     if let Some((_, policy)) = state.policies.iter().find(|(name, _)| name == team) {
-        let Some(role) = policy.roles.get(&body.role) else {
+        let Some(role) = policy.roles.get(&body.role).filter(|role| !role.templates.is_empty()) else {
             // Roles with a template: a role without one is never spawned.
             let roles: Vec<&str> = policy
                 .roles

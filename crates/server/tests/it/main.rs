@@ -348,6 +348,12 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
             "role",
             "its roles with templates: analyst",
         ),
+        // The coordinator's role has no template: it is never spawned.
+        (
+            json!({"session_id": session, "role": "coordinator", "task": "x"}),
+            "role",
+            "no role \"coordinator\" to spawn",
+        ),
         (
             json!({"session_id": session, "role": "analyst", "task": "x", "template": "deep"}),
             "template",

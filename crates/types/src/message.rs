@@ -509,9 +509,10 @@ impl From<Arc<Message>> for ContextMessage {
     }
 }
 
-/// Shows the message as this context gives it: with this context's `from_history`.
-impl fmt::Debug for ContextMessage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl ContextMessage {
+    /// The message as this context gives it (with this context's `from_history`),
+    /// borrowed: what `Debug` shows and `PartialEq` compares.
+    fn view(&self) -> view::ContextMessage<'_> {
         let Message {
             role,
             content,
@@ -522,16 +523,40 @@ impl fmt::Debug for ContextMessage {
             from_history: _,
             created_at,
         } = &*self.message;
-        f.debug_struct("ContextMessage")
-            .field("role", role)
-            .field("content", content)
-            .field("name", name)
-            .field("tool_calls", tool_calls)
-            .field("tool_call_id", tool_call_id)
-            .field("reasoning_content", reasoning_content)
-            .field("from_history", &self.from_history)
-            .field("created_at", created_at)
-            .finish()
+        view::ContextMessage {
+            role,
+            content,
+            name,
+            tool_calls,
+            tool_call_id,
+            reasoning_content,
+            from_history: self.from_history,
+            created_at,
+        }
+    }
+}
+
+mod view {
+    use super::{MessageContent, Role, Timestamp, ToolCall};
+
+    /// A [`super::ContextMessage`] as it gives its message (named alike for `Debug`).
+    #[derive(Debug, PartialEq)]
+    pub(super) struct ContextMessage<'a> {
+        pub(super) role: &'a Role,
+        pub(super) content: &'a Option<MessageContent>,
+        pub(super) name: &'a Option<String>,
+        pub(super) tool_calls: &'a Vec<ToolCall>,
+        pub(super) tool_call_id: &'a Option<String>,
+        pub(super) reasoning_content: &'a Option<String>,
+        pub(super) from_history: bool,
+        pub(super) created_at: &'a Option<Timestamp>,
+    }
+}
+
+/// Shows the message as this context gives it: with this context's `from_history`.
+impl fmt::Debug for ContextMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.view().fmt(f)
     }
 }
 
@@ -539,25 +564,7 @@ impl fmt::Debug for ContextMessage {
 /// compared, this context's is.
 impl PartialEq for ContextMessage {
     fn eq(&self, other: &Self) -> bool {
-        let Message {
-            role,
-            content,
-            name,
-            tool_calls,
-            tool_call_id,
-            reasoning_content,
-            from_history: _,
-            created_at,
-        } = &*self.message;
-        let theirs = &*other.message;
-        self.from_history == other.from_history
-            && *role == theirs.role
-            && *content == theirs.content
-            && *name == theirs.name
-            && *tool_calls == theirs.tool_calls
-            && *tool_call_id == theirs.tool_call_id
-            && *reasoning_content == theirs.reasoning_content
-            && *created_at == theirs.created_at
+        self.view() == other.view()
     }
 }
 

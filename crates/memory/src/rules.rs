@@ -279,6 +279,15 @@ pub fn check_store_format(path: &std::path::Path, format: FileFormat) -> StoreRe
 /// Refuses a store path no file can be opened or created at, before anything is touched:
 /// a directory, or a file whose directory does not exist. Errors: `Io`, naming the path.
 pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {
+    if path.as_os_str().is_empty() {
+        return Err(StoreError::Io("the store path is empty: name the file to open or create".to_owned()));
+    }
+    if path.to_str().is_some_and(|path| path.trim().is_empty()) {
+        return Err(StoreError::Io(format!(
+            "the store path {:?} is only whitespace: name the file to open or create",
+            path.display().to_string()
+        )));
+    }
     if path.is_dir() {
         return Err(StoreError::Io(format!("cannot open {}: it is a directory", path.display())));
     }
@@ -294,6 +303,70 @@ pub fn check_store_path(path: &std::path::Path) -> StoreResult<()> {
             }
         ))),
         _ => Ok(()),
+    }
+}
+
+/// The identity of the file a store opened: a file removed (or replaced by another) while
+/// the store is open still takes its writes, through the handle the store holds, and no
+/// later open reads them. A backend checks it before each write transaction and refuses
+/// the writes then, as SQLite itself does (`SQLITE_READONLY_DBMOVED`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileIdentity {
+    path: std::path::PathBuf,
+    /// Device and inode; `None` where files have no identity to compare (not Unix).
+    identity: Option<(u64, u64)>,
+}
+
+impl FileIdentity {
+    /// The file at `path` now.
+    ///
+    /// # Errors
+    /// `Io` when it cannot be read (it does not exist, or its directory is not readable).
+    pub fn of(path: &std::path::Path) -> StoreResult<Self> {
+        let identity = Self::read(path)
+            .map_err(|error| StoreError::Io(format!("cannot read {}: {error}", path.display())))?;
+        Ok(Self { path: path.to_path_buf(), identity })
+    }
+
+    #[cfg(unix)]
+    fn read(path: &std::path::Path) -> std::io::Result<Option<(u64, u64)>> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(path).map(|meta| Some((meta.dev(), meta.ino())))
+    }
+
+    #[cfg(not(unix))]
+    fn read(path: &std::path::Path) -> std::io::Result<Option<(u64, u64)>> {
+        std::fs::metadata(path).map(|_| None)
+    }
+
+    /// The file's path.
+    #[must_use]
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Whether the path still names the file opened.
+    ///
+    /// # Errors
+    /// `Io` saying whether the file was removed or replaced: what is written to it now
+    /// would be lost.
+    pub fn check(&self) -> StoreResult<()> {
+        let now = Self::read(&self.path);
+        match now {
+            Ok(identity) if identity == self.identity => Ok(()),
+            Ok(_) => Err(StoreError::Io(format!(
+                "the store file {} was replaced by another file since the store opened it: \
+                 writes are refused, since they would go to the old file and be lost (reopen the store)",
+                self.path.display()
+            ))),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(StoreError::Io(format!(
+                "the store file {} was removed since the store opened it: writes are refused, \
+                 since they would be lost (reopen the store)",
+                self.path.display()
+            ))),
+            // Not knowing is not a reason to refuse: the file is most likely still there.
+            Err(_) => Ok(()),
+        }
     }
 }
 

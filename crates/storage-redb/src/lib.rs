@@ -414,6 +414,7 @@ impl RedbStore {
             }
         };
         prepare(&database)?;
+        let file = agentry_memory::rules::FileIdentity::of(&path)?;
         let database = Arc::new(database);
         let (sender, receiver) = mpsc::channel::<Job>();
         let writer_database = database.clone();
@@ -422,7 +423,9 @@ impl RedbStore {
         let writer_load = load.clone();
         let thread = std::thread::Builder::new()
             .name("agentry-redb-writer".to_owned())
-            .spawn(move || write_loop(&writer_database, &receiver, &writer_options, &switch, &writer_load))
+            .spawn(move || {
+                write_loop(&writer_database, &receiver, &writer_options, &switch, &writer_load, &file)
+            })
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -523,6 +526,7 @@ fn write_loop(
     options: &RedbOptions,
     switch: &SyncSwitch,
     load: &WriterLoad,
+    file: &agentry_memory::rules::FileIdentity,
 ) {
     let (max_batch, linger) = match options.durability {
         Durability::Strict => (1, Duration::ZERO),
@@ -572,6 +576,14 @@ fn write_loop(
         } else {
             batch
         };
+        // redb writes through the handle it holds: to a file removed or replaced since,
+        // which no later open reads (SQLite refuses such writes itself).
+        if let Err(error) = file.check() {
+            for job in batch {
+                job.fail(error.clone());
+            }
+            continue;
+        }
         let size = batch.len();
         // Every commit is `Immediate`, so it leaves the process; under `relaxed` the switch
         // skips the sync except once per interval. It is set before the transaction
@@ -767,6 +779,7 @@ mod tests {
     fn reads_in_a_batch_run_first_on_their_own_snapshot_and_see_only_what_is_committed() {
         let dir = tempfile::tempdir().unwrap();
         let database = Database::create(dir.path().join("store.redb")).unwrap();
+        let file = agentry_memory::rules::FileIdentity::of(&dir.path().join("store.redb")).unwrap();
         prepare(&database).unwrap();
         let write = database.begin_write().unwrap();
         write.open_table(ROWS).unwrap().insert(0, 0).unwrap();
@@ -780,7 +793,7 @@ mod tests {
         let second = read(&jobs);
         let writer = std::thread::spawn(move || {
             let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
         });
         let (accepted, first, refused, second) = (
             accepted.blocking_recv().unwrap(),
@@ -804,6 +817,7 @@ mod tests {
     fn a_write_that_panics_fails_its_batch_and_its_caller_hears_why() {
         let dir = tempfile::tempdir().unwrap();
         let database = Database::create(dir.path().join("store.redb")).unwrap();
+        let file = agentry_memory::rules::FileIdentity::of(&dir.path().join("store.redb")).unwrap();
         prepare(&database).unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
         // One batch: an accepted write, then one whose work panics after it changed a row.
@@ -816,7 +830,7 @@ mod tests {
         jobs.send(Box::new(TypedJob { work, reply })).unwrap();
         let writer = std::thread::spawn(move || {
             let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
         });
         let (accepted, panicked) = (accepted.blocking_recv().unwrap(), panicked.blocking_recv().unwrap());
         // The writer goes on.
@@ -837,12 +851,13 @@ mod tests {
     fn a_writer_stops_once_another_process_migrated_the_file_past_it() {
         let dir = tempfile::tempdir().unwrap();
         let database = std::sync::Arc::new(Database::create(dir.path().join("store.redb")).unwrap());
+        let file = agentry_memory::rules::FileIdentity::of(&dir.path().join("store.redb")).unwrap();
         prepare(&database).unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
         let writer_database = database.clone();
         let writer = std::thread::spawn(move || {
             let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&writer_database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default());
+            write_loop(&writer_database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
         });
         assert_eq!(insert(&jobs, 1, false).blocking_recv().unwrap(), Ok(()));
         // Another process migrates the file (its write moves the generation on).

@@ -11,8 +11,24 @@ pub(crate) fn sqlite(error: rusqlite::Error) -> StoreError {
             ErrorCode::NotADatabase => {
                 StoreError::Corrupt(format!("the file is not an SQLite database: {error}"))
             }
-            ErrorCode::CannotOpen => StoreError::Io(format!("cannot open the SQLite file: {error}")),
+            ErrorCode::CannotOpen => StoreError::Io(format!(
+                "cannot open the SQLite file (are the file and its directory readable and writable by \
+                 this user?): {error}"
+            )),
             ErrorCode::DiskFull => StoreError::Io(format!("the disk is full: {error}")),
+            ErrorCode::ReadOnly if failure.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED => {
+                StoreError::Io(
+                    "the SQLite file was removed or replaced since the store opened it: writes are \
+                     refused, since they would be lost (reopen the store)"
+                        .to_owned(),
+                )
+            }
+            ErrorCode::ReadOnly if failure.extended_code == rusqlite::ffi::SQLITE_READONLY_DIRECTORY => {
+                StoreError::Io(format!(
+                    "the directory holding the SQLite file is not writable (SQLite creates its \
+                     -wal and -shm files beside it): {error}"
+                ))
+            }
             ErrorCode::ReadOnly | ErrorCode::PermissionDenied => {
                 StoreError::Io(format!("the SQLite file is not writable: {error}"))
             }

@@ -337,6 +337,7 @@ impl SqliteStore {
         writer.pragma_update(None, "synchronous", synchronous).map_err(sqlite)?;
         writer.pragma_update(None, "foreign_keys", "OFF").map_err(sqlite)?;
         let checkpointer = start_checkpointer(&mut writer, &path, &options)?;
+        let file = agentry_memory::rules::FileIdentity::of(&path)?;
 
         let (sender, receiver) = mpsc::channel::<Job>();
         let (batch, linger) = match options.durability {
@@ -348,7 +349,7 @@ impl SqliteStore {
             .name("sqlite-writer".to_owned())
             .spawn(move || {
                 let writer = CloseLast { writer, checkpointer: Some(checkpointer) };
-                write_loop(&writer.writer, &receiver, batch, linger);
+                write_loop(&writer.writer, &receiver, batch, linger, &file);
             })
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
@@ -507,7 +508,13 @@ fn run(connection: &Connection, sql: &str) -> StoreResult<()> {
 /// The writer thread: takes the jobs waiting, runs the reads among them first (outside
 /// any transaction), then the writes in one immediate transaction (each in a savepoint
 /// when it needs one), commits, and reports to every write.
-fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: usize, linger: Duration) {
+fn write_loop(
+    connection: &Connection,
+    jobs: &mpsc::Receiver<Job>,
+    max_batch: usize,
+    linger: Duration,
+    file: &agentry_memory::rules::FileIdentity,
+) {
     let mut turns = RememberedTurns::default();
     let mut seen_version: Option<i64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
@@ -538,6 +545,14 @@ fn write_loop(connection: &Connection, jobs: &mpsc::Receiver<Job>, max_batch: us
         } else {
             batch
         };
+        // In WAL mode SQLite does not notice its file removed or replaced (it does with a
+        // rollback journal): the writes would go to a file no later open reads.
+        if let Err(error) = file.check() {
+            for job in batch {
+                job.fail(error.clone());
+            }
+            continue;
+        }
         let size = batch.len();
         // IMMEDIATE takes the write lock up front, so another process sharing the file
         // makes this wait (busy timeout) instead of failing a read-then-write.
@@ -822,6 +837,7 @@ mod tests {
     fn reads_in_a_batch_run_first_outside_its_transaction_and_see_only_what_is_committed() {
         let dir = tempfile::tempdir().unwrap();
         let connection = Connection::open(dir.path().join("store.db")).unwrap();
+        let file = agentry_memory::rules::FileIdentity::of(&dir.path().join("store.db")).unwrap();
         connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
         // One batch: an accepted write, a read, a refused write, a read; then a batch of
@@ -831,7 +847,7 @@ mod tests {
         let refused = insert(&jobs, true);
         let second = read(&jobs);
         let writer = std::thread::spawn(move || {
-            write_loop(&connection, &queue, 4, Duration::ZERO);
+            write_loop(&connection, &queue, 4, Duration::ZERO, &file);
             connection
         });
         let (accepted, first, refused, second) = (
@@ -857,6 +873,7 @@ mod tests {
     fn a_write_that_panics_fails_its_batch_and_its_caller_hears_why() {
         let dir = tempfile::tempdir().unwrap();
         let connection = Connection::open(dir.path().join("store.db")).unwrap();
+        let file = agentry_memory::rules::FileIdentity::of(&dir.path().join("store.db")).unwrap();
         connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
         // One batch: an accepted write, then one whose work panics after it changed a row.
@@ -867,7 +884,7 @@ mod tests {
             panic!("a bug in a write");
         };
         jobs.send(Box::new(TypedJob { work, reply, savepoint: true })).unwrap();
-        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO));
+        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO, &file));
         let (accepted, panicked) = (accepted.blocking_recv().unwrap(), panicked.blocking_recv().unwrap());
         // The writer goes on.
         let later = insert(&jobs, false).blocking_recv().unwrap();
@@ -888,9 +905,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         let connection = Connection::open(&path).unwrap();
+        let file = agentry_memory::rules::FileIdentity::of(&path).unwrap();
         connection.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (0);").unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
-        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO));
+        let writer = std::thread::spawn(move || write_loop(&connection, &queue, 4, Duration::ZERO, &file));
         assert_eq!(insert(&jobs, false).blocking_recv().unwrap(), Ok(()));
         // Another process migrates the file.
         let newer = Connection::open(&path).unwrap();

@@ -364,6 +364,60 @@ pub async fn check_damaged_session_deleted_whole(
     assert_not_found(store.list_runs(damaged.id, &RunQuery::default(), &PageRequest::first(10)).await);
 }
 
+/// Checks a file store's handling of its file going away while it is open (`open` opens
+/// the backend's store at a path): the file removed, then another put in its place. Each
+/// write is refused with an `Io` error saying so (it would go to a file no later open
+/// reads), and nothing is written to the new file.
+pub async fn check_writes_refused_once_the_file_is_gone<S: Store>(
+    open: impl Fn(&std::path::Path) -> StoreResult<S>,
+) {
+    let dir = tempfile_dir();
+    let path = dir.join("store");
+    let store = open(&path).unwrap();
+    let kept = SessionRecord::new(SessionType::Agent, "a", Subject::user("u"));
+    store.create_session(&kept).await.unwrap();
+    std::fs::rename(&path, dir.join("moved")).unwrap();
+    let refused = |error: StoreError, what: &str| {
+        assert!(
+            matches!(error, StoreError::Io(ref message) if message.contains(what) && message.contains("reopen")),
+            "expected an Io error saying the file was {what}, got {error:?}"
+        );
+    };
+    let late = SessionRecord::new(SessionType::Agent, "a", Subject::user("u"));
+    refused(store.create_session(&late).await.unwrap_err(), "removed");
+    std::fs::write(&path, b"").unwrap();
+    refused(store.create_session(&late).await.unwrap_err(), "replaced");
+    drop(store);
+    assert_eq!(std::fs::read(&path).unwrap(), b"", "the new file was written to");
+    // Put back, the file is the store's again: writes are accepted.
+    std::fs::rename(dir.join("moved"), &path).unwrap();
+    let store = open(&path).unwrap();
+    store.create_session(&late).await.unwrap();
+    assert_eq!(store.get_session(kept.id).await.unwrap().id, kept.id);
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Checks that an empty or blank path is refused before anything is touched.
+pub fn check_blank_paths_refused<S: Store>(open: impl Fn(&std::path::Path) -> StoreResult<S>) {
+    for (path, what) in [("", "is empty"), ("   ", "is only whitespace")] {
+        let error = open(std::path::Path::new(path)).map(drop).unwrap_err();
+        assert!(
+            matches!(error, StoreError::Io(ref message) if message.contains(what)),
+            "{path:?}: {error:?}"
+        );
+        assert!(!std::path::Path::new(path).exists() || path.is_empty(), "{path:?} was created");
+    }
+}
+
+/// A new directory under the system's temporary directory (the conformance suite has no
+/// `tempfile` dependency); the caller removes it.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agentry-conformance-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}
+
 fn seqs(events: &[crate::store::StoredEvent]) -> Vec<u64> {
     events.iter().map(|stored| stored.event.seq).collect()
 }

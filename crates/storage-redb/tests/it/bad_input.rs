@@ -123,6 +123,16 @@ fn a_directory_is_refused_as_one() {
 }
 
 #[test]
+fn an_empty_or_blank_path_is_refused_naming_the_problem() {
+    conformance::check_blank_paths_refused(open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_refused_once_the_file_is_removed_or_replaced() {
+    conformance::check_writes_refused_once_the_file_is_gone(open).await;
+}
+
+#[test]
 fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     let error = open(Path::new("/nonexistent-agentry-dir/sub/store.redb")).unwrap_err();
     assert!(

@@ -346,6 +346,16 @@ class Lifecycle(unittest.TestCase):
         # A running turn has no stored event list yet.
         with self.assertRaises(PreconditionFailedError):
             list(session.get_turn(running.id).list_events())
+        # A cursor past every number the running turn has given out is not one of its own:
+        # refused, rather than answered with a stream that waits for nothing and ends empty.
+        with http() as h:
+            subscribe = f"/v1/agents/sessions/{session.id}/turns/{running.id}/subscribe"
+            past = h.post(subscribe, json={}, headers={"Last-Event-ID": "99999"})
+            self.assertEqual(past.status_code, 400, past.text)
+            self.assertEqual(past.json()["error"]["param"], "Last-Event-ID", past.text)
+            self.assertIn("given out", past.json()["error"]["message"])
+            with h.stream("POST", subscribe, json={"after_sequence_number": 1}) as live:
+                self.assertEqual(live.status_code, 200)
         session.cancel()
         cancelled = session.get_turn(running.id)
         self.assertEqual(cancelled.state.status, "cancelled")
@@ -903,6 +913,11 @@ class BadInput(unittest.TestCase):
             self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": 42}), 400)
             self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": "ghost"}), 404)
             self.assert_error(h.get("/v1/agents/sessions/not-a-session"), 404)
+            # An id of 20,000 bytes is not repeated whole in the error.
+            long = h.get("/v1/agents/sessions/" + "x" * 20000)
+            self.assert_error(long, 404)
+            self.assertLess(len(long.json()["error"]["message"]), 200, long.text[:300])
+            self.assertIn("(20000 bytes)", long.json()["error"]["message"])
             self.assert_error(h.get("/v1/agents/sessions/01a20000-0000-7000-8000-000000000000"), 404)
             self.assert_error(h.get(f"{turns}/01a20000-0000-7000-8000-000000000000"), 404)
             self.assert_error(h.get("/v1/agents/sessions", params={"agent_name": "demo", "limit": "many"}), 400)
@@ -959,6 +974,15 @@ class BadInput(unittest.TestCase):
             unclear = h.get("/v1/agents/sessions", params={"agent_name": "demo", "start_timestamp": "2026-13-02"})
             self.assert_error(unclear, 400)
             self.assertEqual(unclear.json()["error"]["param"], "start_timestamp")
+            # A `+` sent unencoded reads as a space: the error says how to send it.
+            plus = h.get("/v1/agents/sessions?agent_name=demo&start_timestamp=2026-01-02T03:04:05+01:00")
+            self.assert_error(plus, 400)
+            self.assertIn("%2B", plus.json()["error"]["message"])
+            # A range that ends before it starts is refused, not answered with nothing.
+            reversed_range = {"agent_name": "demo", "start_timestamp": "2027-01-01", "end_timestamp": "2026-01-01"}
+            backwards = h.get("/v1/agents/sessions", params=reversed_range)
+            self.assert_error(backwards, 400)
+            self.assertEqual(backwards.json()["error"]["param"], "end_timestamp")
             self.assert_error(h.post(subscribe, json={"after_sequence_number": "x"}), 400)
             # A body error inside one field names it.
             negative = h.post(subscribe, json={"after_sequence_number": -1})

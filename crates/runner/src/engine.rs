@@ -1291,7 +1291,8 @@ impl TurnEngine {
             let limit = self.agent.limits().max_iterations;
             if self.model_calls >= limit {
                 return Err(Stop::Failed(format!(
-                    "the agent reached its limit of {limit} model calls in one turn"
+                    "the agent reached its limit of {limit} model call{} in one turn",
+                    if limit == 1 { "" } else { "s" }
                 )));
             }
             let reservation = self.reserve(Step::Model).await?;

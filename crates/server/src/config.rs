@@ -124,7 +124,7 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The address to listen on.
-    #[serde(default = "default_listen")]
+    #[serde(default = "default_listen", deserialize_with = "listen_address")]
     pub listen: SocketAddr,
     /// Whether to register the built-in `demo` agent and `demo-team` team.
     #[serde(default = "yes")]
@@ -459,6 +459,17 @@ impl Default for LimitsConfig {
     }
 }
 
+/// An IP address and port; a host name is refused with an example of what is meant.
+fn listen_address<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an IP address and port: give one such as \"127.0.0.1:8787\", \"0.0.0.0:8787\" \
+             or \"[::1]:8787\" (a host name such as localhost is not looked up)"
+        ))
+    })
+}
+
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8787))
 }
@@ -622,6 +633,12 @@ impl Config {
                 )))
             }
         };
+        if self.storage.path.to_str().is_some_and(|path| path.trim().is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "storage.path is {:?}; name the store's file (the default is \"agentry.db\")",
+                self.storage.path.display().to_string()
+            )));
+        }
         within("runtime.lease_ttl_secs".to_owned(), self.runtime.lease_ttl_secs, 1)?;
         within("runtime.live_retention_secs".to_owned(), self.runtime.live_retention_secs, 0)?;
         if !(10..=3_600_000).contains(&self.runtime.cancel_poll_ms) {
@@ -677,6 +694,12 @@ impl Config {
             if let Some(secs) = agent.timeout_secs {
                 within(format!("agent {:?}: timeout_secs", agent.name), secs, 1)?;
             }
+            if agent.max_iterations == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: max_iterations is 0; it must be at least 1 (every turn would end before its first model call)",
+                    agent.name
+                )));
+            }
             if agent.max_tool_output_bytes == Some(0) {
                 return Err(ConfigError::Invalid(format!(
                     "agent {:?}: max_tool_output_bytes is 0; it must be at least 1",
@@ -690,6 +713,15 @@ impl Config {
         if let Some(team) = self.teams.iter().find(|team| team.tokens_per_step == Some(0)) {
             return Err(ConfigError::Invalid(format!(
                 "team {:?}: tokens_per_step must be at least 1",
+                team.name
+            )));
+        }
+        if let Some(team) =
+            self.teams.iter().find(|team| team.members.is_empty() && team.spawn_policy.is_none())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "team {:?} has no members and no spawn policy, so it can hand work to no one: list agents in \
+                 `members` or give a `spawn_policy`",
                 team.name
             )));
         }
@@ -815,16 +847,13 @@ impl Config {
         }
         for agent in &self.agents {
             if built.iter().any(|existing| existing.name() == agent.name) {
-                return Err(ConfigError::Invalid(format!("agent {:?} is defined twice", agent.name)));
+                return Err(self.name_taken("agent", &agent.name));
             }
             built.push(self.build_agent(agent, &mut mcp, reuse).await?);
         }
         for team in &self.teams {
             if built.iter().any(|existing| existing.name() == team.name) {
-                return Err(ConfigError::Invalid(format!(
-                    "team {:?} has the name of another agent",
-                    team.name
-                )));
+                return Err(self.name_taken("team", &team.name));
             }
             let model = self.model(&team.model, &team.name)?;
             let mut builder =
@@ -951,6 +980,17 @@ impl Config {
             return Ok(Arc::new(model.without_request_log()));
         }
         self.provider(name, agent, true)
+    }
+
+    /// The error for an agent or team named as one built before it.
+    fn name_taken(&self, kind: &str, name: &str) -> ConfigError {
+        ConfigError::Invalid(if self.demo_agents && [demo::DEMO_AGENT, demo::DEMO_TEAM].contains(&name) {
+            format!(
+                "{kind} {name:?} has the name of a built-in demo agent: rename it, or set `demo_agents = false`"
+            )
+        } else {
+            format!("{kind} {name:?} has the name of another agent or team")
+        })
     }
 
     /// The provider `name` as a model for `agent`; `with_key` reads its API key (an unset

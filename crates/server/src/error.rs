@@ -53,7 +53,7 @@ impl ApiError {
 
     /// 404: no such thing (or not visible to the caller).
     pub fn not_found(kind: &str, id: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{kind} {id} not found"))
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{kind} {} not found", quoted_id(id)))
     }
 
     /// 412: the request cannot be served in the current state.
@@ -158,3 +158,19 @@ impl From<StoreError> for ApiError {
 
 /// A handler result.
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// The longest id an error message repeats whole; a longer one (no id is that long) is
+/// cut, so a client that sends megabytes in a path does not get them back.
+const MAX_ECHOED_ID: usize = 80;
+
+/// `id` as an error message repeats it: whole when short, else its start and its length.
+fn quoted_id(id: &str) -> std::borrow::Cow<'_, str> {
+    if id.len() <= MAX_ECHOED_ID {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    let mut end = MAX_ECHOED_ID;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}… ({} bytes)", &id[..end], id.len()))
+}

@@ -175,11 +175,14 @@ impl Params {
             .map(|text| {
                 let full = full_rfc3339(text);
                 full.parse::<Timestamp>().map_err(|_| {
+                    // A `+` sent as is in a query string reads as a space.
+                    let hint =
+                        if text.contains(' ') { " (a `+` in a query string is sent as %2B)" } else { "" };
                     ApiError::bad_param(
                         name,
                         format!(
                             "{name} must be an ISO-8601 date or date-time (2026-11-26, 2026-11-26T18:00, \
-                             2026-11-26T18:00:00+01:00; UTC without an offset), not {text:?}"
+                             2026-11-26T18:00:00+01:00; UTC without an offset), not {text:?}{hint}"
                         ),
                     )
                 })
@@ -245,6 +248,14 @@ async fn list_sessions(State(state): AppStateRef, caller: Caller, params: Params
     filter.oldest_first = params.order(Order::Desc)? == Order::Asc;
     filter.created_from = params.timestamp("start_timestamp")?;
     filter.created_until = params.timestamp("end_timestamp")?;
+    if let (Some(from), Some(until)) = (filter.created_from, filter.created_until)
+        && from > until
+    {
+        return Err(ApiError::bad_param(
+            "end_timestamp",
+            format!("end_timestamp {until} is before start_timestamp {from}: no session could match"),
+        ));
+    }
     let page = PageRequest { token: params.text("page_token").map(str::to_owned), limit };
     let sessions = state
         .runtime
@@ -258,7 +269,10 @@ async fn list_sessions(State(state): AppStateRef, caller: Caller, params: Params
 /// A store's complaint about a page token is the caller's bad token.
 fn token_error(error: ApiError, param: &str) -> ApiError {
     if error.status == StatusCode::BAD_REQUEST {
-        ApiError::bad_param(param, format!("invalid {param}: {}", error.message))
+        // The store's wording, for the HTTP field names: "invalid page token \"x\": …".
+        let detail = error.message.strip_prefix("invalid page token ").unwrap_or(&error.message);
+        let detail = detail.replace("a page's next_token", "a response's next_page_token");
+        ApiError::bad_param(param, format!("invalid {param} {detail}"))
     } else {
         error
     }
@@ -467,20 +481,30 @@ async fn subscribe(
     let turn = owned_turn(&state, &caller, &session_id, &turn_id).await?;
     let param = if header.is_some() { "Last-Event-ID" } else { "after_sequence_number" };
     let after = header.or(body.after_sequence_number);
-    // A cursor past an ended turn's last event is not one this turn gave: most likely
-    // another turn's. Said so, rather than answered with an empty stream that reads as
-    // "nothing more"; a running turn's cursor is not checked, since its last event may not
-    // be stored yet.
-    if let Some(after) = after
-        && !matches!(turn.record().state, agentry_types::TurnState::Running)
-    {
-        let last = state.runtime.store().turn_events(turn.id(), Order::Desc, None, 1).await?;
-        let last = last.first().map_or(0, |stored| stored.event.seq);
-        if after > last {
-            let message = format!(
-                "{param} {after} is past this turn's last event, {last}: the turn has ended, and a cursor is a sequence_number of its events"
-            );
-            return Err(ApiError::bad_param(param, message));
+    // A cursor past every number the turn has given out is not one this turn gave: most
+    // likely another turn's. Said so, rather than answered with an empty stream that reads
+    // as "nothing more". An ended turn's bound is its last stored event; a running turn's
+    // is its high-water mark (deltas are numbered but not stored, and every number is at
+    // most the mark stored before it was published).
+    if let Some(after) = after {
+        let store = state.runtime.store();
+        if matches!(turn.record().state, agentry_types::TurnState::Running) {
+            let high_water = store.high_water(turn.id()).await?;
+            if after > high_water {
+                let message = format!(
+                    "{param} {after} is past every sequence number this turn has given out (at most {high_water} so far): a cursor is a sequence_number of its events"
+                );
+                return Err(ApiError::bad_param(param, message));
+            }
+        } else {
+            let last = store.turn_events(turn.id(), Order::Desc, None, 1).await?;
+            let last = last.first().map_or(0, |stored| stored.event.seq);
+            if after > last {
+                let message = format!(
+                    "{param} {after} is past this turn's last event, {last}: the turn has ended, and a cursor is a sequence_number of its events"
+                );
+                return Err(ApiError::bad_param(param, message));
+            }
         }
     }
     let slot = state.streams.take(&caller.0.subject_id)?;
@@ -502,7 +526,14 @@ fn encode_cursor(cursor: &EventCursor) -> String {
 
 fn decode_cursor(token: &str) -> ApiResult<EventCursor> {
     URL_SAFE_NO_PAD.decode(token).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).ok_or_else(
-        || ApiError::bad_param("page_token", "invalid page_token: use a next_page_token from a response"),
+        || {
+            ApiError::bad_param(
+                "page_token",
+                format!(
+                    "invalid page_token {token:?}: it is not a page token (pass a response's next_page_token as given)"
+                ),
+            )
+        },
     )
 }
 

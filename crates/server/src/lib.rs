@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agentry_memory::Store;
+use agentry_memory::rules::FileIdentity;
 use agentry_runner::{Runtime, RuntimeOptions, TurnHandle};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};
@@ -106,48 +107,9 @@ pub(crate) struct AppState {
     /// Turns started or recovered by this server that may still run.
     pub(crate) running: Mutex<std::collections::HashMap<TurnId, TurnHandle>>,
     /// The store's file as it was opened, when the server opened it: readiness checks it
-    /// is still there.
-    pub(crate) store_file: Option<StoreFile>,
-}
-
-/// The identity of the file a store was opened on. A file removed or replaced under a
-/// running server still takes its writes, which no later start reads: readiness fails
-/// then, so an operator (or an orchestrator) sees it at once.
-#[derive(Debug, Clone)]
-pub(crate) struct StoreFile {
-    path: std::path::PathBuf,
-    identity: (u64, u64),
-}
-
-impl StoreFile {
-    /// The file at `path` now (`None` where files have no identity to compare).
-    fn of(path: &std::path::Path) -> Option<Self> {
-        Self::identity(path).map(|identity| Self { path: path.to_path_buf(), identity })
-    }
-
-    #[cfg(unix)]
-    fn identity(path: &std::path::Path) -> Option<(u64, u64)> {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(path).ok().map(|meta| (meta.dev(), meta.ino()))
-    }
-
-    #[cfg(not(unix))]
-    fn identity(_path: &std::path::Path) -> Option<(u64, u64)> {
-        None
-    }
-
-    /// Whether the file is still the one opened.
-    ///
-    /// Errors: what happened to it.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        match Self::identity(&self.path) {
-            Some(identity) if identity == self.identity => Ok(()),
-            Some(_) => {
-                Err(format!("the store file {} was replaced while the server runs", self.path.display()))
-            }
-            None => Err(format!("the store file {} was removed while the server runs", self.path.display())),
-        }
-    }
+    /// is still there (a file removed or replaced under a running server fails readiness,
+    /// so an operator, or an orchestrator, sees it at once).
+    pub(crate) store_file: Option<FileIdentity>,
 }
 
 impl AppState {
@@ -226,7 +188,7 @@ impl Server {
     pub async fn start(config: Config) -> Result<Self, ServerError> {
         let ready = Ready::new(&config).await?;
         let store = open_store(&config).await?;
-        let file = StoreFile::of(&config.storage.path);
+        let file = FileIdentity::of(&config.storage.path).ok();
         Self::assemble(config, ready, store, file).await
     }
 
@@ -243,7 +205,7 @@ impl Server {
         config: Config,
         ready: Ready,
         store: Arc<dyn Store>,
-        store_file: Option<StoreFile>,
+        store_file: Option<FileIdentity>,
     ) -> Result<Self, ServerError> {
         let Ready { keys, approvals, control, built, options, listener } = ready;
         let lease_ttl = options.lease_ttl;
@@ -591,7 +553,13 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
             tracing::info!(path = %storage.path.display(), "creating a new store");
         }
         if let Some(parent) = storage.path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|error| error.to_string())?;
+            std::fs::create_dir_all(parent).map_err(|error| {
+                if parent.exists() && !parent.is_dir() {
+                    format!("{} is not a directory, so no store file can be created in it", parent.display())
+                } else {
+                    format!("cannot create the store's directory {}: {error}", parent.display())
+                }
+            })?;
         }
         Ok(match storage.backend {
             Backend::Sqlite => Arc::new(

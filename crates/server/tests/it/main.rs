@@ -148,6 +148,13 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         ),
         ("[[teams]]\nname = \"\"\nmodel = \"demo\"\n", "a team's name must not be empty"),
         (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\nmax_iterations = 0\n",
+            "agent \"a\": max_iterations is 0; it must be at least 1",
+        ),
+        ("[[teams]]\nname = \"t\"\nmodel = \"demo\"\n", "team \"t\" has no members and no spawn policy"),
+        ("[storage]\npath = \"\"\n", "storage.path is \"\""),
+        ("[storage]\npath = \"  \"\n", "storage.path is \"  \""),
+        (
             "[[teams]]\nname = \"t\"\nmodel = \"demo\"\ntokens_per_step = 0\n",
             "team \"t\": tokens_per_step must be at least 1",
         ),
@@ -156,8 +163,31 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         assert!(matches!(error, ConfigError::Invalid(_)), "{text}: {error}");
         assert!(error.to_string().contains(named), "{text}: {error}");
     }
+    let host = Config::parse("listen = \"localhost:8787\"\n", None).unwrap_err().to_string();
+    assert!(
+        host.contains("\"localhost:8787\" is not an IP address and port") && host.contains("127.0.0.1:8787"),
+        "{host}"
+    );
     let longest = Config::parse("[runtime]\nlease_ttl_secs = 31536000\n", None).unwrap();
     assert_eq!(longest.runtime.lease_ttl_secs, agentry_server::config::MAX_SECS);
+}
+
+#[tokio::test]
+async fn an_agent_named_as_a_demo_agent_is_refused_saying_how_to_keep_the_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        Config::parse("listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"demo\"\nmodel = \"demo\"\n", None)
+            .unwrap();
+    config.storage.path = dir.path().join("agentry.db");
+    let error = Server::start(config.clone()).await.unwrap_err().to_string();
+    assert!(
+        error.contains("agent \"demo\" has the name of a built-in demo agent")
+            && error.contains("demo_agents = false"),
+        "{error}"
+    );
+    config.demo_agents = false;
+    let server = Server::start(config).await.unwrap();
+    assert!(server.runtime().agent("demo").is_some());
 }
 
 #[test]
@@ -277,10 +307,11 @@ async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_ar
     assert!(error.to_string().contains("provider \"spare\": "), "{error}");
     assert!(error.to_string().contains("invalid base URL"), "{error}");
     assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
-    // A demo agent's limits apply: no model call is allowed, so its turn fails at once.
+    // A demo agent's limits apply: one model call is allowed, so a turn that needs a second
+    // (after its tool call) fails.
     let (address, stop, serving) = serve({
         let mut config = Config::parse(
-            "listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"stuck\"\nmodel = \"demo\"\nmax_iterations = 0\n",
+            "listen = \"127.0.0.1:0\"\n[[agents]]\nname = \"stuck\"\nmodel = \"demo\"\nmax_iterations = 1\n",
             None,
         )
         .unwrap();
@@ -292,11 +323,11 @@ async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_ar
         request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "stuck"})).await;
     assert_eq!(status, 200, "{body}");
     let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
-    let turn = json!({"input": [{"type": "user.message", "content": "hello"}], "stream": true});
+    let turn = json!({"input": [{"type": "user.message", "content": "calculate 2 + 2"}], "stream": true});
     let (status, events) =
         request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
     assert_eq!(status, 200, "{events}");
-    assert!(events.contains("limit of 0 model calls"), "{events}");
+    assert!(events.contains("limit of 1 model call in one turn"), "{events}");
     stop.send(()).unwrap();
     serving.await.unwrap();
 }
@@ -604,19 +635,25 @@ async fn the_turns_listing_takes_an_order_and_bad_paths_get_json_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_file_removed_under_the_server_makes_it_not_ready() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("agentry.db");
-    let (address, stop, serving) = serve(config_at(&path, "")).await;
-    let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
-    assert_eq!(status, 200, "{body}");
-    std::fs::remove_file(&path).unwrap();
-    let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
-    assert_eq!(status, 503, "{body}");
-    let body: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["error"]["code"], "not_ready", "{body}");
-    stop.send(()).unwrap();
-    serving.await.unwrap();
+async fn a_store_file_removed_under_the_server_makes_it_not_ready_and_refuse_writes() {
+    for backend in ["sqlite", "redb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentry.db");
+        let (address, stop, serving) = serve(config_at(&path, &format!("backend = \"{backend}\"\n"))).await;
+        let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        std::fs::remove_file(&path).unwrap();
+        let (status, body) = request(address, "GET", "/readyz", &json!({})).await;
+        assert_eq!(status, 503, "{backend}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["error"]["code"], "not_ready", "{backend}: {body}");
+        // A write would be acknowledged and lost with the process: it is refused.
+        let (status, body) =
+            request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+        assert_eq!(status, 503, "{backend}: a write to the removed file was acknowledged: {body}");
+        stop.send(()).unwrap();
+        serving.await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -336,7 +336,9 @@ async fn serve(
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // The MCP SDK logs each failed connection (in Rust's debug format) and each
+                // handshake at its own levels: the server logs both in its own words.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=off")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -355,6 +357,15 @@ async fn serve(
     let mut out = std::io::stdout();
     writeln!(out, "agentry listening on http://{}", server.local_addr())?;
     out.flush()?;
-    server.run(agentry_server::shutdown_signal()).await?;
+    let grace = server.grace();
+    let (first, second) = agentry_server::shutdown_signals();
+    let first = async move {
+        first.await;
+        tracing::info!(
+            grace = ?grace,
+            "stopping: waiting for requests and running turns for the grace at most; signal again to stop at once"
+        );
+    };
+    server.run_with_force(first, second).await?;
     Ok(())
 }

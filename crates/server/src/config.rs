@@ -59,6 +59,7 @@
 //! body_bytes = 8388608             # the largest request body (413 above it; at least 1024)
 //! heartbeat_secs = 15              # SSE keep-alives and feed heartbeats
 //! shutdown_grace_secs = 10         # how long SIGTERM waits for requests and running turns
+//!                                   # (a second SIGTERM or Ctrl-C stops at once)
 //! streams_per_subject = 64         # event streams one caller may have open at once
 //! header_timeout_secs = 30         # to send a request's headers (and idle between requests)
 //! body_timeout_secs = 30           # a request body may go without data (then 408)
@@ -117,6 +118,10 @@ pub enum ConfigError {
     /// The configuration is well-formed but inconsistent.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// Something the configuration names cannot be reached or started now (an MCP server
+    /// that is not marked optional).
+    #[error("cannot start: {0}")]
+    Unavailable(String),
 }
 
 /// The whole configuration.
@@ -1166,7 +1171,7 @@ impl Config {
                     continue;
                 }
                 Err(error) => {
-                    return Err(ConfigError::Invalid(format!(
+                    return Err(ConfigError::Unavailable(format!(
                         "agent {:?}: MCP server {:?}: {error} (`optional = true` starts the agent without it)",
                         config.name, server.name
                     )));

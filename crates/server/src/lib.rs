@@ -304,6 +304,13 @@ impl Server {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
+    /// How long a shutdown waits for requests under way and running turns
+    /// (`limits.shutdown_grace_secs`).
+    #[must_use]
+    pub const fn grace(&self) -> Duration {
+        self.grace
+    }
+
     /// The runtime the server runs turns on.
     #[must_use]
     pub fn runtime(&self) -> &Runtime {
@@ -321,6 +328,19 @@ impl Server {
     /// connection's errors end only that connection; the `Result` leaves room for a
     /// listener that can fail for good (`Serve`).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        self.run_with_force(shutdown, std::future::pending()).await
+    }
+
+    /// As [`Server::run`], and once `force` resolves (after `shutdown`; an operator's
+    /// second signal, see [`shutdown_signals`]) the grace ends at once: open connections
+    /// are cut and running turns handed over, so the next start recovers them at once.
+    ///
+    /// Errors: as [`Server::run`].
+    pub async fn run_with_force(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        force: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServerError> {
         let mut app = router(self.state.clone(), self.body_limit, self.body_timeout);
         if let Some(cors) = self.cors {
             // Outermost: a preflight is answered before any route or key check (browsers
@@ -356,32 +376,49 @@ impl Server {
             },
             () = &mut serving => Stage::Served,
         };
+        // The grace is over at its end, or at once when forced.
         let end = match stage {
-            Stage::Signalled(at) => {
-                let end = at + self.grace;
-                match tokio::time::timeout_at(end, &mut serving).await {
-                    Ok(()) => {}
-                    // Their next read or write fails (one they wait on too), which ends them.
-                    Err(_) => {
+            Stage::Signalled(at) => at + self.grace,
+            Stage::Ending | Stage::Served => tokio::time::Instant::now() + self.grace,
+        };
+        let mut grace_over = std::pin::pin!(async {
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => {}
+                () = force => tracing::warn!("stopping at once, as asked: the grace is cut short"),
+            }
+        });
+        let mut over = false;
+        match stage {
+            Stage::Signalled(_) => {
+                tokio::select! {
+                    () = &mut serving => {}
+                    () = &mut grace_over => {
+                        over = true;
+                        // Their next read or write fails (one they wait on too), which ends them.
                         let _ = cut.send(true);
                         tracing::warn!(grace = ?self.grace, "connections still open after the grace are cut");
                     }
                 }
-                end
             }
-            Stage::Ending => {
-                serving.await;
-                tokio::time::Instant::now() + self.grace
-            }
-            Stage::Served => tokio::time::Instant::now() + self.grace,
-        };
+            Stage::Ending => serving.await,
+            Stage::Served => {}
+        }
         // Every turn the runtime runs, also those no request of this server started (one a
         // start resumed for a dead process, one a recovery pass took over).
         let runtime = &self.state.runtime;
         let running = runtime.running_count();
         if running > 0 {
             tracing::info!(count = running, grace = ?self.grace, "waiting for running turns");
-            if tokio::time::timeout_at(end, runtime.idle()).await.is_err() {
+            let idle = if over {
+                futures_util::FutureExt::now_or_never(runtime.idle()).is_some()
+            } else {
+                tokio::select! {
+                    biased;
+                    () = runtime.idle() => true,
+                    () = &mut grace_over => false,
+                }
+            };
+            if !idle {
                 let handed = self.state.runtime.hand_over().await;
                 tracing::warn!(
                     count = handed,
@@ -581,6 +618,49 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
     .await
     .map_err(|error| ServerError::Store { path: path.clone(), message: error.to_string() })?;
     opened.map_err(|message| ServerError::Store { path, message })
+}
+
+/// Two futures over the process's SIGTERM and Ctrl-C: the first resolves on the first
+/// such signal, the second on the next one (for [`Server::run_with_force`]: an operator who
+/// signals again does not want to wait out the grace). Must be called inside a Tokio
+/// runtime; the signals are listened for from the call on.
+pub fn shutdown_signals()
+-> (impl Future<Output = ()> + Send + 'static, impl Future<Output = ()> + Send + 'static) {
+    let (counter, first) = watch::channel(0u32);
+    let second = first.clone();
+    // The listeners are made once, before the first signal, so none is missed between two.
+    #[cfg(unix)]
+    let listeners = {
+        use tokio::signal::unix::{SignalKind, signal};
+        signal(SignalKind::terminate()).and_then(|term| Ok((term, signal(SignalKind::interrupt())?)))
+    };
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            // Without listeners no signal is counted: the server runs until it is killed.
+            let Ok((mut term, mut interrupt)) = listeners else {
+                return std::future::pending::<()>().await;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+                counter.send_modify(|signals| *signals += 1);
+            }
+        }
+        #[cfg(not(unix))]
+        loop {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return std::future::pending::<()>().await;
+            }
+            counter.send_modify(|signals| *signals += 1);
+        }
+    });
+    let nth = |mut signals: watch::Receiver<u32>, n: u32| async move {
+        let _ = signals.wait_for(|signals| *signals >= n).await;
+    };
+    (nth(first, 1), nth(second, 2))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

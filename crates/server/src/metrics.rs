@@ -141,6 +141,13 @@ pub(crate) async fn count_requests(
     let response = next.run(request).await;
     let status = response.status().as_u16();
     *state.metrics.requests.lock().unwrap_or_else(PoisonError::into_inner).entry(status).or_default() += 1;
-    tracing::info!(%method, %path, status, elapsed_ms = started.elapsed().as_millis(), "request");
+    let elapsed_ms = started.elapsed().as_millis();
+    // Probes come every few seconds from an orchestrator: logged only at debug level while
+    // they succeed, so they do not bury the requests that matter.
+    if response.status().is_success() && matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics") {
+        tracing::debug!(%method, %path, status, elapsed_ms, "request");
+    } else {
+        tracing::info!(%method, %path, status, elapsed_ms, "request");
+    }
     response
 }

@@ -178,7 +178,13 @@ impl McpConnection {
         match tokio::time::timeout_at(deadline, client.serve(transport)).await {
             Ok(Ok(service)) => Ok(service),
             Ok(Err(error)) => {
-                let mut reason = error.to_string();
+                let mut reason = match &error {
+                    // Its text names the SDK's transport type; what went wrong is its cause.
+                    rmcp::service::ClientInitializeError::TransportError { error, context } => {
+                        format!("{} (while trying to {context})", error_chain(&*error.error))
+                    }
+                    other => other.to_string(),
+                };
                 if let Some(stderr) = stderr {
                     // The failed handshake dropped the transport, which kills the process:
                     // its stderr closes soon, and its last words are often the reason.
@@ -466,4 +472,29 @@ impl StderrTail {
         let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
         lines.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
     }
+}
+
+/// An error's message followed by each of its causes that it does not already say, as in
+/// "error sending request for url (…): client error (Connect): tcp connect error:
+/// Connection refused (os error 111)".
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    // The HTTP client's error is this variant's field, not its source: its chain is where
+    // the cause (a refused connection, a failed TLS handshake) is.
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    if let Some(StreamableHttpError::Client(client)) =
+        error.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        return error_chain(client);
+    }
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -1231,6 +1231,57 @@ fn too_many_provider_retries_are_refused_naming_the_key() {
     assert!(error.to_string().contains("providers.p.max_retries is 11"), "{error}");
 }
 
+/// A second signal during the grace stops the server at once: its running turn is handed
+/// over, and the next start on the store recovers and finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_stop_cuts_the_grace_short_and_hands_the_running_turn_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&dir.path().join("agentry.db"), "");
+    config.limits.shutdown_grace_secs = 3600;
+    let server = Server::start(config.clone()).await.unwrap();
+    let address = server.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (force, forced) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run_with_force(
+        async move {
+            let _ = stopped.await;
+        },
+        async move {
+            let _ = forced.await;
+        },
+    ));
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 200, "{body}");
+    let session = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    let turn = json!({"input": [{"type": "user.message", "content": "slow"}], "stream": false});
+    let (status, body) =
+        request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
+    assert_eq!(status, 200, "{body}");
+    let turn_id = serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().to_owned();
+    stop.send(()).unwrap();
+    force.send(()).unwrap();
+    // Bounded only so that a regression fails instead of waiting out the hour's grace.
+    tokio::time::timeout(Duration::from_secs(60), serving)
+        .await
+        .expect("the forced stop did not wait out the grace")
+        .unwrap()
+        .unwrap();
+    // Handed over, not abandoned until its lease would lapse: the next start takes it over
+    // at once and finishes it.
+    let (address, stop, serving) = serve(config).await;
+    let path = format!("/v1/agents/sessions/{session}/turns/{turn_id}/subscribe");
+    let (status, events) = request(address, "POST", &path, &json!({})).await;
+    assert_eq!(status, 200, "{events}");
+    assert!(events.contains(r#""type":"turn.done""#), "{events}");
+    let (status, body) =
+        request(address, "GET", &format!("/v1/agents/sessions/{session}/turns/{turn_id}"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["data"]["state"]["status"], "done", "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}
+
 /// A client that stalls in the middle of a request does not hold the server's stop up past
 /// the grace: its connection is closed, and the stop goes on to the turns and MCP servers.
 #[tokio::test]
@@ -1445,6 +1496,9 @@ async fn an_unreachable_mcp_server_stops_the_start_unless_it_is_optional() {
     std::fs::remove_file(dir.path().join("agentry.db")).unwrap();
     let error = Server::start(config(false)).await.unwrap_err().to_string();
     assert!(error.contains("MCP server \"down\"") && error.contains("`optional = true`"), "{error}");
+    // Said as a server that cannot be reached, in words: the cause, not the SDK's type names.
+    assert!(error.starts_with("cannot start: ") && error.contains("Connection refused"), "{error}");
+    assert!(!error.contains("rmcp::"), "{error}");
     assert!(!dir.path().join("agentry.db").exists(), "a refused start created the store");
     let (address, stop, serving) = serve(config(true)).await;
     let (status, body) = request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "a"})).await;

@@ -807,6 +807,15 @@ class Cli(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertNotIn("panicked", done.stderr)
 
+    def test_a_server_url_that_is_not_one_is_refused_before_anything_is_sent(self):
+        for url in ("not-a-url", "ftp://127.0.0.1:8787", "127.0.0.1:8787"):
+            done = subprocess.run(
+                [os.environ["AGENTRY_BIN"], "sessions", "list", "--agent", "demo", "--url", url],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60,
+            )
+            self.assertEqual(done.returncode, 2, done.stderr)
+            self.assertIn(f"invalid value '{url}' for '--url <URL>': an http:// or https:// URL", done.stderr)
+
     def test_a_listing_limit_must_be_at_least_one(self):
         done = self.agentry("sessions", "list", "--agent", "demo", "--limit", "0")
         self.assertEqual(done.returncode, 2, done.stderr)
@@ -911,6 +920,15 @@ class BadInput(unittest.TestCase):
             self.assert_error(h.post(turns, json={"input": "hello"}), 400)
             self.assert_error(h.post(turns, json={"input": [{"type": "user.nonsense"}]}), 400)
             self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": 42}), 400)
+            # A title is at most 1,000 characters (characters, not bytes).
+            long_title = h.post("/v1/agents/sessions", json={"agent_name": "demo", "title": "x" * 1001})
+            self.assert_error(long_title, 400)
+            self.assertEqual(long_title.json()["error"]["param"], "title", long_title.text)
+            self.assertIn("at most 1000", long_title.json()["error"]["message"])
+            self.assertEqual(h.post("/v1/agents/sessions", json={"agent_name": "demo", "title": "é" * 1000}).status_code, 200)
+            long_thread = h.post("/agui/demo", json={"threadId": "t" * 1001, "runId": "r", "messages": [{"id": "m", "role": "user", "content": "hi"}]})
+            self.assert_error(long_thread, 400)
+            self.assertEqual(long_thread.json()["error"]["param"], "threadId", long_thread.text)
             self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": "ghost"}), 404)
             self.assert_error(h.get("/v1/agents/sessions/not-a-session"), 404)
             # An id of 20,000 bytes is not repeated whole in the error.

@@ -28,7 +28,13 @@ struct Cli {
 #[derive(Debug, clap::Args)]
 struct Remote {
     /// The server's base URL.
-    #[arg(long, env = "AGENTRY_URL", hide_env_values = true, default_value = "http://127.0.0.1:8787")]
+    #[arg(
+        long,
+        env = "AGENTRY_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8787",
+        value_parser = server_url
+    )]
     url: String,
     /// A bearer API key (not needed for a server without keys).
     #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true)]
@@ -247,6 +253,16 @@ fn at_least_one(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
         Ok(count) if count >= 1 => Ok(count),
         _ => Err("a whole number of at least 1 is needed".to_owned()),
+    }
+}
+
+/// A server's base URL: http or https, with a host.
+fn server_url(text: &str) -> Result<String, String> {
+    match reqwest::Url::parse(text) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(text.to_owned()),
+        _ => {
+            Err("an http:// or https:// URL with a host is needed, such as http://127.0.0.1:8787".to_owned())
+        }
     }
 }
 

@@ -482,6 +482,7 @@ async fn run(
     if state.runtime.agent(&agent_name).is_none() {
         return Err(ApiError::not_found("agent", &agent_name));
     }
+    crate::harness::check_title("threadId", &body.thread_id)?;
     if body.thread_id.trim().is_empty() {
         return Err(ApiError::bad_param("threadId", "threadId must name the conversation: it is empty"));
     }

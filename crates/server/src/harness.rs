@@ -230,8 +230,27 @@ async fn create_session(
     if body.agent_name.trim().is_empty() {
         return Err(ApiError::bad_param("agent_name", "agent_name must not be empty"));
     }
+    if let Some(title) = &body.title {
+        check_title("title", title)?;
+    }
     let session = state.runtime.create_session_as(caller.0, &body.agent_name, body.title.as_deref()).await?;
     Ok(Json(json!({"data": session_json(session.record())})).into_response())
+}
+
+/// The most characters a session's title may have (an AG-UI thread id becomes its
+/// session's title): every listing of sessions repeats it.
+pub(crate) const MAX_TITLE_CHARS: usize = 1000;
+
+/// Refuses a title (named `param`) longer than [`MAX_TITLE_CHARS`].
+pub(crate) fn check_title(param: &str, title: &str) -> ApiResult<()> {
+    let chars = title.chars().count();
+    if chars > MAX_TITLE_CHARS {
+        return Err(ApiError::bad_param(
+            param,
+            format!("{param} has {chars} characters; at most {MAX_TITLE_CHARS} are accepted"),
+        ));
+    }
+    Ok(())
 }
 
 async fn list_sessions(State(state): AppStateRef, caller: Caller, params: Params) -> ApiResult<Response> {

@@ -745,6 +745,42 @@ class Chat(unittest.TestCase):
             server.send_signal(signal.SIGTERM)
             closed(server, log)
 
+    def test_a_second_signal_stops_the_server_at_once_and_the_chat_says_where_to_follow_the_turn(self):
+        # An hour's grace, cut short by a second SIGTERM: the server exits with its turn
+        # running (handed over), and the chat, finding no server to resume from, says how to
+        # follow the kept turn.
+        workdir, config = write_config("chat-forced", "[limits]\nshutdown_grace_secs = 3600\n")
+        server, url, log = start_server(workdir, config)
+        try:
+            terminal = Terminal("chat", "demo", "--url", url)
+            terminal.expect("you> ")
+            terminal.type("slow please")
+            terminal.expect("agent> ")
+            server.send_signal(signal.SIGTERM)
+            # Two signals, not one: the second is sent once the first was heard (the server
+            # stops listening at once) and more than a second after it (a signal within a
+            # second of the one before is taken for the same, forwarded twice).
+            signalled = time.monotonic()
+            port = int(url.rsplit(":", 1)[1])
+            while time.monotonic() < signalled + 30:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    break
+            time.sleep(max(0.0, signalled + 1.2 - time.monotonic()))  # the one-second window is the behaviour under test
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0)
+        finally:
+            if server.poll() is None:
+                server.kill()
+            closed(server, log)
+        shown = terminal.expect("you> ", timeout=60)
+        self.assertIn("the turn's stream could not be resumed", shown)
+        self.assertIn("agentry events ", shown)
+        self.assertIn(" --follow", shown)
+        terminal.type("/quit")
+        self.assertEqual(terminal.close(), 0)
+
     def test_chat_says_when_a_restart_interrupts_an_answer(self):
         # The answer outlasts the grace: the turn is handed over, and the next server
         # answers again from the start.

@@ -408,8 +408,20 @@ async fn run_turn(api: &Api, session: &str, input: &[Value], known: &mut Known) 
                     bail!("the turn's stream keeps breaking; see `agentry events {turn} --follow`");
                 }
                 let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
-                events =
-                    until_interrupted(api.resume(&path, last_id.as_deref()), "while reconnecting").await?;
+                events = match until_interrupted(api.resume(&path, last_id.as_deref()), "while reconnecting")
+                    .await
+                {
+                    Ok(events) => events,
+                    Err(error) => {
+                        screen.end_line(&mut out)?;
+                        // The turn is stored and goes on when a server runs on the store
+                        // again: say where to follow it.
+                        return Err(error.context(format!(
+                            "the turn's stream could not be resumed (the turn is kept, and goes on once a \
+                             server runs again): follow it with `agentry events {turn} --follow`"
+                        )));
+                    }
+                };
                 continue;
             }
         };

@@ -374,7 +374,8 @@ async fn serve(
     writeln!(out, "agentry listening on http://{}", server.local_addr())?;
     out.flush()?;
     let grace = server.grace();
-    let (first, second) = agentry_server::shutdown_signals();
+    let signals = agentry_server::ShutdownSignals::listen();
+    let first = signals.nth(1);
     let first = async move {
         first.await;
         tracing::info!(
@@ -382,6 +383,14 @@ async fn serve(
             "stopping: waiting for requests and running turns for the grace at most; signal again to stop at once"
         );
     };
-    server.run_with_force(first, second).await?;
+    // A third signal leaves at once, whatever the stop still waits for (the store, an MCP
+    // server that does not close).
+    let third = signals.nth(3);
+    tokio::spawn(async move {
+        third.await;
+        eprintln!("agentry: a third signal: exiting now");
+        std::process::exit(130);
+    });
+    server.run_with_force(first, signals.nth(2)).await?;
     Ok(())
 }

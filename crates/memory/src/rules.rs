@@ -323,9 +323,12 @@ impl FileIdentity {
     /// # Errors
     /// `Io` when it cannot be read (it does not exist, or its directory is not readable).
     pub fn of(path: &std::path::Path) -> StoreResult<Self> {
-        let identity = Self::read(path)
+        // Made absolute now: a program that changes its working directory later still
+        // checks the file it opened.
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let identity = Self::read(&path)
             .map_err(|error| StoreError::Io(format!("cannot read {}: {error}", path.display())))?;
-        Ok(Self { path: path.to_path_buf(), identity })
+        Ok(Self { path, identity })
     }
 
     #[cfg(unix)]
@@ -355,13 +358,14 @@ impl FileIdentity {
         match now {
             Ok(identity) if identity == self.identity => Ok(()),
             Ok(_) => Err(StoreError::Io(format!(
-                "the store file {} was replaced by another file since the store opened it: \
-                 writes are refused, since they would go to the old file and be lost (reopen the store)",
+                "the store file {} was replaced by another file since the store opened it: writes are \
+                 refused, since they would go to the old file and be lost; put the old file back to go on, \
+                 or reopen the store (restart) to use the new one",
                 self.path.display()
             ))),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(StoreError::Io(format!(
-                "the store file {} was removed since the store opened it: writes are refused, \
-                 since they would be lost (reopen the store)",
+                "the store file {} was removed since the store opened it: writes are refused, since \
+                 they would be lost; put the file back to go on (reopening now starts an empty store)",
                 self.path.display()
             ))),
             // Not knowing is not a reason to refuse: the file is most likely still there.

@@ -618,6 +618,9 @@ impl Config {
             (ConfigError::Invalid(message), Some(path)) => {
                 ConfigError::Invalid(format!("{}: {message}", path.display()))
             }
+            (ConfigError::Unavailable(message), Some(path)) => {
+                ConfigError::Unavailable(format!("{}: {message}", path.display()))
+            }
             (error, _) => error,
         }
     }
@@ -1162,6 +1165,14 @@ impl Config {
             };
             let connection = match connecting {
                 Ok(connection) => connection,
+                // A setting that cannot work is the configuration's fault, whether or not
+                // the server is optional.
+                Err(error @ agentry_runner::McpError::InvalidConfig { .. }) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {:?}: {error}",
+                        config.name, server.name
+                    )));
+                }
                 Err(error) if server.optional => {
                     tracing::error!(agent = %config.name, server = %server.name, %error,
                         "an optional MCP server cannot be reached: the agent starts without its tools, \

@@ -164,7 +164,7 @@ pub(crate) type ApiResult<T> = Result<T, ApiError>;
 const MAX_ECHOED_ID: usize = 80;
 
 /// `id` as an error message repeats it: whole when short, else its start and its length.
-fn quoted_id(id: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn quoted_id(id: &str) -> std::borrow::Cow<'_, str> {
     if id.len() <= MAX_ECHOED_ID {
         return std::borrow::Cow::Borrowed(id);
     }

@@ -549,7 +549,8 @@ fn decode_cursor(token: &str) -> ApiResult<EventCursor> {
             ApiError::bad_param(
                 "page_token",
                 format!(
-                    "invalid page_token {token:?}: it is not a page token (pass a response's next_page_token as given)"
+                    "invalid page_token {:?}: it is not a page token (pass a response's next_page_token as given)",
+                    crate::error::quoted_id(token)
                 ),
             )
         },

@@ -332,7 +332,7 @@ impl Server {
     }
 
     /// As [`Server::run`], and once `force` resolves (after `shutdown`; an operator's
-    /// second signal, see [`shutdown_signals`]) the grace ends at once: open connections
+    /// second signal, see [`ShutdownSignals`]) the grace ends at once: open connections
     /// are cut and running turns handed over, so the next start recovers them at once.
     ///
     /// Errors: as [`Server::run`].
@@ -376,6 +376,10 @@ impl Server {
             },
             () = &mut serving => Stage::Served,
         };
+        // Serving ending on its own drains first; the grace for turns starts after.
+        if matches!(stage, Stage::Ending) {
+            serving.as_mut().await;
+        }
         // The grace is over at its end, or at once when forced.
         let end = match stage {
             Stage::Signalled(at) => at + self.grace,
@@ -400,8 +404,7 @@ impl Server {
                     }
                 }
             }
-            Stage::Ending => serving.await,
-            Stage::Served => {}
+            Stage::Ending | Stage::Served => {}
         }
         // Every turn the runtime runs, also those no request of this server started (one a
         // start resumed for a dead process, one a recovery pass took over).
@@ -620,47 +623,79 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
     opened.map_err(|message| ServerError::Store { path, message })
 }
 
-/// Two futures over the process's SIGTERM and Ctrl-C: the first resolves on the first
-/// such signal, the second on the next one (for [`Server::run_with_force`]: an operator who
-/// signals again does not want to wait out the grace). Must be called inside a Tokio
-/// runtime; the signals are listened for from the call on.
-pub fn shutdown_signals()
--> (impl Future<Output = ()> + Send + 'static, impl Future<Output = ()> + Send + 'static) {
-    let (counter, first) = watch::channel(0u32);
-    let second = first.clone();
-    // The listeners are made once, before the first signal, so none is missed between two.
-    #[cfg(unix)]
-    let listeners = {
-        use tokio::signal::unix::{SignalKind, signal};
-        signal(SignalKind::terminate()).and_then(|term| Ok((term, signal(SignalKind::interrupt())?)))
-    };
-    tokio::spawn(async move {
+/// The process's SIGTERM and Ctrl-C, counted: the first asks for a shutdown, the next
+/// for it at once ([`Server::run_with_force`]: an operator who signals again does not want
+/// to wait out the grace), and a program may take a third as "exit now". A signal within a
+/// second of the one before is not counted: one Ctrl-C under a supervisor that forwards
+/// signals arrives as SIGINT and SIGTERM together.
+#[derive(Debug, Clone)]
+pub struct ShutdownSignals {
+    count: watch::Receiver<u32>,
+}
+
+impl ShutdownSignals {
+    /// Starts listening. Must be called inside a Tokio runtime; signals are counted from
+    /// the call on. A signal that cannot be listened for is logged and left out.
+    #[must_use]
+    pub fn listen() -> Self {
+        let (counter, count) = watch::channel(0u32);
+        // Made before the first signal, so none is missed between two.
         #[cfg(unix)]
-        {
-            // Without listeners no signal is counted: the server runs until it is killed.
-            let Ok((mut term, mut interrupt)) = listeners else {
-                return std::future::pending::<()>().await;
+        let mut listeners = {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind)
+                    .map_err(|error| tracing::warn!(%error, "{name} cannot be listened for: it does not stop the server"))
+                    .ok()
             };
+            (listen(SignalKind::terminate(), "SIGTERM"), listen(SignalKind::interrupt(), "SIGINT"))
+        };
+        tokio::spawn(async move {
+            let mut last: Option<tokio::time::Instant> = None;
             loop {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = interrupt.recv() => {}
+                #[cfg(unix)]
+                {
+                    tokio::select! {
+                        () = next_signal(&mut listeners.0) => {}
+                        () = next_signal(&mut listeners.1) => {}
+                    }
                 }
+                #[cfg(not(unix))]
+                if tokio::signal::ctrl_c().await.is_err() {
+                    return std::future::pending::<()>().await;
+                }
+                let now = tokio::time::Instant::now();
+                if last.is_some_and(|last| now.duration_since(last) < Duration::from_secs(1)) {
+                    continue;
+                }
+                last = Some(now);
                 counter.send_modify(|signals| *signals += 1);
             }
-        }
-        #[cfg(not(unix))]
-        loop {
-            if tokio::signal::ctrl_c().await.is_err() {
-                return std::future::pending::<()>().await;
+        });
+        Self { count }
+    }
+
+    /// Resolves once `n` signals were counted (never, if the listener is gone).
+    pub fn nth(&self, n: u32) -> impl Future<Output = ()> + Send + 'static {
+        let mut count = self.count.clone();
+        async move {
+            if count.wait_for(|signals| *signals >= n).await.is_err() {
+                std::future::pending::<()>().await;
             }
-            counter.send_modify(|signals| *signals += 1);
         }
-    });
-    let nth = |mut signals: watch::Receiver<u32>, n: u32| async move {
-        let _ = signals.wait_for(|signals| *signals >= n).await;
+    }
+}
+
+/// The next signal a listener hears; never without a listener (or once it is closed).
+#[cfg(unix)]
+async fn next_signal(listener: &mut Option<tokio::signal::unix::Signal>) {
+    let heard = match listener {
+        Some(listener) => listener.recv().await.is_some(),
+        None => false,
     };
-    (nth(first, 1), nth(second, 2))
+    if !heard {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

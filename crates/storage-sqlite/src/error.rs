@@ -12,8 +12,8 @@ pub(crate) fn sqlite(error: rusqlite::Error) -> StoreError {
                 StoreError::Corrupt(format!("the file is not an SQLite database: {error}"))
             }
             ErrorCode::CannotOpen => StoreError::Io(format!(
-                "cannot open the SQLite file (are the file and its directory readable and writable by \
-                 this user?): {error}"
+                "cannot open the SQLite file (does it exist, and can this user read and write it and \
+                 its directory?): {error}"
             )),
             ErrorCode::DiskFull => StoreError::Io(format!("the disk is full: {error}")),
             ErrorCode::ReadOnly if failure.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED => {

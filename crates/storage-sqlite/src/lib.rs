@@ -350,6 +350,11 @@ impl SqliteStore {
             .spawn(move || {
                 let writer = CloseLast { writer, checkpointer: Some(checkpointer) };
                 write_loop(&writer.writer, &receiver, batch, linger, &file);
+                // Closed with its file gone: SQLite leaves the log of a moved file behind,
+                // and a database put at the path would be opened with it.
+                if file.check().is_err() {
+                    let _ = writer.writer.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+                }
             })
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
@@ -518,6 +523,8 @@ fn write_loop(
     let mut turns = RememberedTurns::default();
     let mut seen_version: Option<i64> = None;
     let mut gather = GroupCommit::new(max_batch, linger);
+    // Whether the log was emptied since the file was found gone.
+    let mut log_emptied = false;
     while let Ok(batch) = gather.next_batch(jobs, None) {
         // Reads run first, outside any transaction (each statement sees what is
         // committed): they come from calls that wait for no write of this batch.
@@ -548,11 +555,18 @@ fn write_loop(
         // In WAL mode SQLite does not notice its file removed or replaced (it does with a
         // rollback journal): the writes would go to a file no later open reads.
         if let Err(error) = file.check() {
+            if !log_emptied {
+                // What the log holds is copied into the file this connection has open, and
+                // the log at the path emptied: a database put at the path later is not
+                // opened with this one's log (best effort: readers may hold it up).
+                log_emptied = connection.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").is_ok();
+            }
             for job in batch {
                 job.fail(error.clone());
             }
             continue;
         }
+        log_emptied = false;
         let size = batch.len();
         // IMMEDIATE takes the write lock up front, so another process sharing the file
         // makes this wait (busy timeout) instead of failing a read-then-write.

@@ -379,7 +379,7 @@ pub async fn check_writes_refused_once_the_file_is_gone<S: Store>(
     std::fs::rename(&path, dir.join("moved")).unwrap();
     let refused = |error: StoreError, what: &str| {
         assert!(
-            matches!(error, StoreError::Io(ref message) if message.contains(what) && message.contains("reopen")),
+            matches!(error, StoreError::Io(ref message) if message.contains(what) && message.contains("put the")),
             "expected an Io error saying the file was {what}, got {error:?}"
         );
     };

@@ -133,6 +133,37 @@ async fn writes_are_refused_once_the_file_is_removed_or_replaced() {
     conformance::check_writes_refused_once_the_file_is_gone(open).await;
 }
 
+/// A store file replaced by another database while open: the write that finds it out
+/// empties the old file's log, so the new database is opened as it is, not with the old
+/// one's pages replayed onto it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_file_is_not_opened_with_the_old_files_log() {
+    // Found out by a write, or only as the store closes.
+    for write_after in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, other_path) = (dir.path().join("store.db"), dir.path().join("other.db"));
+        let session = |name: &str| SessionRecord::new(SessionType::Agent, name, Subject::user("u"));
+        let (first, second, late) = (session("first"), session("second"), session("late"));
+        let store = open(&path).unwrap();
+        store.create_session(&first).await.unwrap();
+        let other = open(&other_path).unwrap();
+        other.create_session(&second).await.unwrap();
+        drop(other);
+        std::fs::rename(&other_path, &path).unwrap();
+        if write_after {
+            assert!(matches!(store.create_session(&late).await, Err(StoreError::Io(_))));
+        }
+        drop(store);
+        let reopened = open(&path).unwrap();
+        assert_eq!(
+            reopened.get_session(second.id).await.unwrap().name,
+            "second",
+            "write after: {write_after}"
+        );
+        assert!(matches!(reopened.get_session(first.id).await, Err(StoreError::NotFound { .. })));
+    }
+}
+
 #[test]
 fn a_path_that_cannot_be_created_is_an_io_error_naming_it() {
     let error = open(Path::new("/nonexistent-agentry-dir/sub/store.db")).unwrap_err();

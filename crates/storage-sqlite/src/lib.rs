@@ -314,8 +314,15 @@ impl SqliteStore {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let mut writer = Connection::open_with_flags(&path, flags)
-            .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
+        let mut writer = Connection::open_with_flags(&path, flags).map_err(|error| {
+            // A new file in a directory this user may not write to is the usual cause.
+            let hint = if path.exists() {
+                ""
+            } else {
+                " (the file does not exist yet: can this user create files in its directory?)"
+            };
+            StoreError::Io(format!("cannot open {}{hint}: {error}", path.display()))
+        })?;
         configure(&writer, &options)?;
         // SQLite falls back to reading a file it may not write (another user's, or one that
         // is immutable): a store that acknowledged nothing but reads would serve as ready

@@ -907,8 +907,14 @@ class Cli(unittest.TestCase):
         self.assertIn("(choose 1 to 3, or type an answer)", asked.stdout)
         self.assertIn("You chose teal.", asked.stdout)
         odd = self.agentry("chat", "demo", "--session", f"{session}?x=1", stdin="hi\n")
-        self.assertNotEqual(odd.returncode, 0)
-        self.assertIn("is not a session id", odd.stderr)
+        self.assertEqual(odd.returncode, 2, odd.stderr)
+        self.assertIn("an id is a UUID", odd.stderr)
+        # So must the ids the other commands take, checked before anything is sent.
+        for args in (("turns", "list", "not-a-uuid"), ("events", "not-a-uuid")):
+            odd = self.agentry(*args)
+            self.assertEqual(odd.returncode, 2, odd.stderr)
+            self.assertIn("invalid value 'not-a-uuid'", odd.stderr)
+            self.assertIn("an id is a UUID", odd.stderr)
 
     def test_chat_names_a_members_call_when_it_takes_up_a_waiting_session(self):
         done, session = self.left_waiting("demo-team", "email the plan\n")

@@ -107,10 +107,7 @@ impl Pending {
 /// Runs the chat until the input ends or the user types `/quit`.
 pub async fn run(api: &Api, agent: &str, session: Option<String>) -> Result<()> {
     let session_id = match session {
-        // A session id is a UUID: anything else would be read as part of the path.
-        Some(id) if id.len() != 36 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') => {
-            bail!("{id:?} is not a session id (a UUID such as `agentry sessions list` shows)")
-        }
+        // A UUID, as the argument's parser checked.
         Some(id) => {
             let found = api.get(&format!("/v1/agents/sessions/{id}")).await?;
             let owner = found["data"]["agent_name"].as_str().unwrap_or_default();

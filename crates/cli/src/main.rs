@@ -61,7 +61,7 @@ enum Command {
         /// The agent (or team).
         agent: String,
         /// Continue this session instead of starting one.
-        #[arg(long)]
+        #[arg(long, value_parser = an_id)]
         session: Option<String>,
         #[command(flatten)]
         remote: Remote,
@@ -80,6 +80,7 @@ enum Command {
     /// stream from the start.
     Events {
         /// The turn.
+        #[arg(value_parser = an_id)]
         turn: String,
         /// Follow the turn's live stream until it ends.
         #[arg(long)]
@@ -121,6 +122,7 @@ enum TurnsCommand {
     /// Lists a session's turns, newest first (JSON lines).
     List {
         /// The session.
+        #[arg(value_parser = an_id)]
         session: String,
         #[command(flatten)]
         remote: Remote,
@@ -253,6 +255,15 @@ fn at_least_one(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
         Ok(count) if count >= 1 => Ok(count),
         _ => Err("a whole number of at least 1 is needed".to_owned()),
+    }
+}
+
+/// A session's or a turn's id: a UUID (anything else would be read as part of a path).
+fn an_id(text: &str) -> Result<String, String> {
+    if text.len() == 36 && text.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        Ok(text.to_owned())
+    } else {
+        Err("an id is a UUID, such as `agentry sessions list` and `agentry turns list` show".to_owned())
     }
 }
 

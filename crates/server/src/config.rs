@@ -841,8 +841,14 @@ impl Config {
     ) -> Result<BuiltAgents, ConfigError> {
         // Every provider's address and settings are checked, also one no agent uses yet (its
         // key may be missing: it is read when an agent uses the provider).
-        for name in self.providers.keys() {
+        for (name, provider) in &self.providers {
             self.provider(name, "", false)?;
+            if let Some(var) = provider.api_key_env.as_ref().filter(|var| std::env::var_os(var).is_none()) {
+                tracing::warn!(
+                    provider = %name,
+                    "the provider reads its API key from ${var}, which is not set: an agent that uses it is refused at start"
+                );
+            }
         }
         let mut built: Vec<Agent> = Vec::new();
         let mut policies = Vec::new();

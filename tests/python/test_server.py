@@ -1280,9 +1280,10 @@ class Feeds(unittest.TestCase):
             first = spawned.json()["turnID"]
             self.assertIn("The analyst instance answered: Analysis of: size the market", merged_text(finish(first)))
 
-            # An auditor waits for a person's approval: approve one, deny another.
+            # An auditor waits for a person's approval: approve one, deny two (one with a
+            # reason, one with a blank one, which reads as none).
             decisions = []
-            for decision in ("approve", "deny"):
+            for decision, body in (("approve", {}), ("deny", {"reason": "not needed"}), ("deny", {"reason": "  "})):
                 spawned = h.post("/v1/agent-team/spawn", json={"session_id": session.id, "role": "auditor", "task": f"audit {decision}"})
                 self.assertEqual(spawned.status_code, 202, spawned.text)
                 pending = h.get("/v1/agent-team/approvals", params={"wait_secs": 30}).json()["data"]
@@ -1291,14 +1292,14 @@ class Feeds(unittest.TestCase):
                     self.assertEqual(other.get("/v1/agent-team/approvals").json()["data"], [])
                     refused = other.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/approve")
                     self.assertEqual(refused.status_code, 404)
-                body = {"reason": "not needed"} if decision == "deny" else {}
                 decided = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
                 self.assertEqual(decided.status_code, 200, decided.text)
                 decisions.append(merged_text(finish(spawned.json()["turnID"])))
                 again = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
                 self.assertEqual(again.status_code, 404, "a decision is made once")
             self.assertIn("Analysis of: audit approve", decisions[0])
-            self.assertIn("The auditor spawn was refused: spawn denied (approval_denied)", decisions[1])
+            self.assertIn("The auditor spawn was refused: spawn denied (approval_denied): not needed", decisions[1])
+            self.assertIn("spawn denied (approval_denied): denied by an operator", decisions[2])
             last = spawned.json()["turnID"]
             frames = feed_frames(
                 h,
@@ -1306,10 +1307,10 @@ class Feeds(unittest.TestCase):
                 until=lambda f: f["type"] == "turn.done" and f["properties"]["turnID"] == last,
             )
         requested = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.requested"]
-        self.assertEqual(len(requested), 3)
+        self.assertEqual(len(requested), 4)
         self.assertTrue(all(p["source"] == "ui_action" for p in requested))
         denied = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.denied"]
-        self.assertEqual([d["code"] for d in denied], ["approval_denied"])
+        self.assertEqual([d["code"] for d in denied], ["approval_denied", "approval_denied"])
         self.assertEqual([t.id for t in session.list_turns()][0], spawned.json()["turnID"])
         with http() as h:
             agent_session = alice.create_session(agent_name="demo")
@@ -1319,6 +1320,14 @@ class Feeds(unittest.TestCase):
             self.assertEqual(ghost.status_code, 400, ghost.text)
             self.assertEqual(ghost.json()["error"]["param"], "role")
             self.assertIn("analyst", ghost.json()["error"]["message"])
+            # A team session waiting for an approval takes no spawn until it is answered: said
+            # as that, not as a refused user.message the spawn never sent.
+            waiting = alice.create_session(agent_name="demo-team")
+            run(waiting, message("email the plan"))
+            paused = h.post("/v1/agent-team/spawn", json={"session_id": waiting.id, "role": "analyst", "task": "x", "justification": "ops"})
+            self.assertEqual(paused.status_code, 409, paused.text)
+            self.assertEqual(paused.json()["error"]["code"], "session_paused", paused.text)
+            self.assertIn("before spawning into it", paused.json()["error"]["message"])
 
 
 def kind(event):

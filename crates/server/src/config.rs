@@ -958,28 +958,28 @@ impl Config {
                     }
                     // A team's coordinator tools work for their own team only, and a tool an
                     // agent gates would run ungated: a spawned instance asks no approval.
-                    let mut owners = agents
-                        .iter()
-                        .filter(|agent| agent.session_type() != agentry_types::SessionType::Team)
-                        .filter_map(|agent| agent.tool(tool).map(|found| (agent, found.clone())));
+                    // This holds for a built-in tool too: one an agent gates is one the
+                    // operator wants a person to approve.
+                    let agents = || {
+                        agents.iter().filter(|agent| agent.session_type() != agentry_types::SessionType::Team)
+                    };
+                    if let Some(gating) =
+                        agents().find(|agent| agent.tool(tool).is_some() && agent.requires_approval(tool))
+                    {
+                        return Err(ConfigError::Invalid(format!(
+                            "{whose} names the tool {tool:?}, which agent {:?} runs only with approval; a \
+                             spawned instance asks for none, so a template may not name it",
+                            gating.name()
+                        )));
+                    }
                     let found = match builtin_tool(tool) {
                         Some(builtin) => builtin,
-                        None => {
-                            let (owner, found) = owners.next().ok_or_else(|| {
-                                ConfigError::Invalid(format!(
-                                    "{whose} names the tool {tool:?}, which is neither a built-in tool (calculator, \
-                                     echo, send_email) nor a tool of a configured agent"
-                                ))
-                            })?;
-                            if owner.requires_approval(tool) {
-                                return Err(ConfigError::Invalid(format!(
-                                    "{whose} names the tool {tool:?}, which agent {:?} runs only with approval; a \
-                                     spawned instance asks for none, so a template may not name it",
-                                    owner.name()
-                                )));
-                            }
-                            found
-                        }
+                        None => agents().find_map(|agent| agent.tool(tool).cloned()).ok_or_else(|| {
+                            ConfigError::Invalid(format!(
+                                "{whose} names the tool {tool:?}, which is neither a built-in tool (calculator, \
+                                 echo, send_email) nor a tool of a configured agent"
+                            ))
+                        })?,
                     };
                     catalog.tools.push(found);
                 }

@@ -366,6 +366,24 @@ async fn spawn(
         template: body.template,
         justification: body.justification,
     };
+    // A team session whose last turn waits for answers takes no message until they come:
+    // said in the spawn's own terms rather than as a refused input it never sent.
+    if let Some(latest) = crate::harness::latest_turn(&session).await?
+        && let TurnState::Done { required_actions, .. } = &latest.record().state
+        && !required_actions.is_empty()
+    {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "session_paused",
+            format!(
+                "the team session {} waits for answers to {} required action(s) of its turn {}: answer them \
+                 (a turn with user.tool_approval or user.tool_response items) before spawning into it",
+                session.id(),
+                required_actions.len(),
+                latest.id()
+            ),
+        ));
+    }
     let (directive, text) = state.control.request_spawn(&request);
     let created = session
         .create_turn(agentry_runner::TurnRequest {
@@ -480,7 +498,12 @@ async fn deny(
     JsonBody(body): JsonBody<Deny>,
 ) -> ApiResult<Response> {
     pending_approval(&state, &caller, &approval_id).await?;
-    let reason = body.reason.unwrap_or_else(|| "denied by an operator".to_owned());
+    // A blank reason is none: the denial still says who decided.
+    let reason = body
+        .reason
+        .map(|reason| reason.trim().to_owned())
+        .filter(|reason| !reason.is_empty())
+        .unwrap_or_else(|| "denied by an operator".to_owned());
     if !state.approvals.deny(&approval_id, reason) {
         return Err(ApiError::not_found("approval", &approval_id));
     }

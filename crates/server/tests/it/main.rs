@@ -360,6 +360,9 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         ),
         // A team's own tools are not a template's to take.
         ("demo", "spawn_agent", "names the tool \"spawn_agent\", which is neither a built-in tool"),
+        // Nor is a built-in tool an agent gates (the demo agent asks before it sends email):
+        // a spawned instance would send it unasked.
+        ("demo", "send_email", "names the tool \"send_email\", which agent \"demo\" runs only with approval"),
     ] {
         std::fs::write(&policy, template(model, tool)).unwrap();
         let error = Server::start(config()).await.unwrap_err().to_string();

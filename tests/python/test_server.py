@@ -1512,6 +1512,19 @@ class AgUi(unittest.TestCase):
             self.assertEqual(again.json()["error"]["param"], "messages")
             self.assertIn("nothing new to answer", again.json()["error"]["message"])
             self.assertEqual(len(turns(thread)), 1)
+            # A run needs an id to tell a retry from a new run.
+            for run_id in ("", "  "):
+                blank = h.post("/agui/demo", json={"threadId": thread, "runId": run_id, "messages": [hello]})
+                self.assertEqual(blank.status_code, 400, blank.text)
+                self.assertEqual(blank.json()["error"]["param"], "runId")
+            # Once the thread has gone on, an earlier run sent again (a late retry) is not
+            # run a second time: it would repeat what it did.
+            follow = {"id": "u2", "role": "user", "content": "and again"}
+            agui_run(h, {"threadId": thread, "runId": "r3", "messages": [hello, reply, follow]})
+            late = h.post("/agui/demo", json={"threadId": thread, "runId": "r1", "messages": [hello]})
+            self.assertEqual(late.status_code, 409, late.text)
+            self.assertEqual(late.json()["error"]["code"], "run_superseded")
+            self.assertEqual(len(turns(thread)), 2)
 
             # A client tool answered the AG-UI way, with a tool message for its call.
             thread = f"tool-message-{tag}"

@@ -486,6 +486,16 @@ async fn run(
     if body.thread_id.trim().is_empty() {
         return Err(ApiError::bad_param("threadId", "threadId must name the conversation: it is empty"));
     }
+    // A run's id tells a retry from a new run, so it must be one.
+    if body.run_id.trim().is_empty() {
+        return Err(ApiError::bad_param("runId", "runId must name the run: it is empty"));
+    }
+    if body.run_id.chars().count() > MAX_RUN_ID_CHARS {
+        return Err(ApiError::bad_param(
+            "runId",
+            format!("runId is longer than {MAX_RUN_ID_CHARS} characters"),
+        ));
+    }
     // Before the thread's session or turn is made: a run refused its stream creates nothing.
     let slot = state.streams.take(&caller.0.subject_id)?;
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
@@ -499,6 +509,22 @@ async fn run(
         // were when the run was first sent.
         let answered = answered_in_messages(&body, turn.record());
         return Ok(stream_turn(&state, slot, turn, body.thread_id, body.run_id, answered, frontend));
+    }
+    // An earlier run sent again (a retry that arrived after the thread went on) was run
+    // already: running it again would repeat what it did.
+    if let Some(session) = session.as_ref()
+        && earlier_runs(session).any(|earlier| earlier == body.run_id)
+    {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "run_superseded",
+            format!(
+                "run {} of thread {} was run already, and the thread has gone on since: it is not run again \
+                 (send a new runId for a new run)",
+                crate::error::quoted_id(&body.run_id),
+                crate::error::quoted_id(&body.thread_id)
+            ),
+        ));
     }
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
@@ -566,10 +592,41 @@ async fn run(
 /// The session-state key under which a thread's latest run is kept: its `runId` and turn.
 const LAST_RUN_KEY: &str = "agentry.agui.last_run";
 
-/// Notes the thread's latest run, so that the same run sent again is recognised (best
-/// effort: a thread whose note is lost answers a retry as a new run).
+/// The session-state key under which the `runId`s of a thread's earlier runs are kept, the
+/// newest last ([`EARLIER_RUNS_KEPT`] of them).
+const EARLIER_RUNS_KEY: &str = "agentry.agui.earlier_runs";
+
+/// How many earlier runs of a thread are recognised when sent again.
+const EARLIER_RUNS_KEPT: usize = 32;
+
+/// The longest `runId` taken.
+const MAX_RUN_ID_CHARS: usize = 200;
+
+/// The `runId`s of the thread's earlier runs (not its latest).
+fn earlier_runs(session: &Session) -> impl Iterator<Item = &str> {
+    session
+        .record()
+        .state
+        .get(EARLIER_RUNS_KEY)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+}
+
+/// Notes the thread's latest run, so that the same run sent again is recognised, and keeps
+/// the run it replaces among the earlier ones (best effort: a thread whose note is lost
+/// answers a retry as a new run).
 async fn remember_run(state: &AppState, session: &Session, run_id: &str, turn: &TurnHandle) {
     let mut keys = serde_json::Map::new();
+    let replaced =
+        session.record().state.get(LAST_RUN_KEY).and_then(|last| last.get("run_id")).and_then(Value::as_str);
+    if let Some(replaced) = replaced.filter(|replaced| *replaced != run_id) {
+        let mut earlier: Vec<&str> = earlier_runs(session).filter(|earlier| *earlier != replaced).collect();
+        earlier.push(replaced);
+        let skip = earlier.len().saturating_sub(EARLIER_RUNS_KEPT);
+        keys.insert(EARLIER_RUNS_KEY.to_owned(), json!(earlier[skip..]));
+    }
     keys.insert(LAST_RUN_KEY.to_owned(), json!({"run_id": run_id, "turn_id": turn.id().to_string()}));
     let update = SessionUpdate { state: Some(keys), ..SessionUpdate::default() };
     if let Err(error) = state.runtime.store().update_session(session.id(), &update).await {

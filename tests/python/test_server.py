@@ -1320,6 +1320,11 @@ class Feeds(unittest.TestCase):
             self.assertEqual(ghost.status_code, 400, ghost.text)
             self.assertEqual(ghost.json()["error"]["param"], "role")
             self.assertIn("analyst", ghost.json()["error"]["message"])
+            # What the policy says of every spawn of a role is said at once, not as a
+            # denial after a turn: the analyst needs a justification.
+            unjustified = h.post("/v1/agent-team/spawn", json={"session_id": session.id, "role": "analyst", "task": "x", "justification": " "})
+            self.assertEqual(unjustified.status_code, 400, unjustified.text)
+            self.assertEqual(unjustified.json()["error"]["param"], "justification")
             # A team session waiting for an approval takes no spawn until it is answered: said
             # as that, not as a refused user.message the spawn never sent.
             waiting = alice.create_session(agent_name="demo-team")

@@ -359,6 +359,32 @@ async fn spawn(
                 ),
             ));
         }
+        // What the policy says of every spawn of the role, whatever the mission holds, is
+        // said now too: the spawn runs as the coordinator's.
+        let coordinator = &policy.coordinator_role;
+        if !policy.roles.get(coordinator).is_some_and(|spawner| spawner.can_spawn.contains(&body.role)) {
+            return Err(ApiError::bad_param(
+                "role",
+                format!(
+                    "team {team:?}'s coordinator (role {coordinator:?}) may not spawn role {:?}",
+                    body.role
+                ),
+            ));
+        }
+        if role.max_instances == Some(0) {
+            return Err(ApiError::bad_param(
+                "role",
+                format!("role {:?} of team {team:?} allows no instances (max_instances = 0)", body.role),
+            ));
+        }
+        if role.require_justification
+            && body.justification.as_deref().is_none_or(|text| text.trim().is_empty())
+        {
+            return Err(ApiError::bad_param(
+                "justification",
+                format!("a spawn of role {:?} needs a justification", body.role),
+            ));
+        }
     }
     let request = agentry_team::SpawnRequest {
         role: body.role,

@@ -369,7 +369,12 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         assert!(error.contains("team \"crew\": role \"analyst\", template \"default\""), "{error}");
         assert!(error.contains(problem), "{error}");
     }
-    std::fs::write(&policy, template("demo", "calculator")).unwrap();
+    // Beside the analyst: a role the coordinator may not spawn, and one allowing no instance.
+    let more = "[roles.orphan]\n[roles.orphan.templates.default]\ninstructions = \"x\"\n\
+                [roles.lazy]\nmax_instances = 0\n[roles.lazy.templates.default]\ninstructions = \"x\"\n";
+    let policy_text = template("demo", "calculator")
+        .replace("can_spawn = [\"analyst\"]", "can_spawn = [\"analyst\", \"lazy\"]");
+    std::fs::write(&policy, format!("{policy_text}{more}")).unwrap();
     let (address, stop, serving) = serve(config()).await;
     let (status, body) =
         request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "crew"})).await;
@@ -380,8 +385,14 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         (
             json!({"session_id": session, "role": "auditor", "task": "x"}),
             "role",
-            "its roles with templates: analyst",
+            "its roles with templates: analyst, lazy, orphan",
         ),
+        (
+            json!({"session_id": session, "role": "orphan", "task": "x"}),
+            "role",
+            "may not spawn role \"orphan\"",
+        ),
+        (json!({"session_id": session, "role": "lazy", "task": "x"}), "role", "allows no instances"),
         // The coordinator's role has no template: it is never spawned.
         (
             json!({"session_id": session, "role": "coordinator", "task": "x"}),

@@ -1309,6 +1309,10 @@ class Feeds(unittest.TestCase):
         requested = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.requested"]
         self.assertEqual(len(requested), 4)
         self.assertTrue(all(p["source"] == "ui_action" for p in requested))
+        # The instances those spawns started say where they came from too.
+        started = [f["properties"] for _, f in frames if f["type"] == "agent_team.instance.started"]
+        self.assertEqual(len(started), 2, started)
+        self.assertEqual({p["source"] for p in started}, {"ui_action"}, started)
         denied = [f["properties"] for _, f in frames if f["type"] == "agent_team.spawn.denied"]
         self.assertEqual([d["code"] for d in denied], ["approval_denied", "approval_denied"])
         self.assertEqual([t.id for t in session.list_turns()][0], spawned.json()["turnID"])

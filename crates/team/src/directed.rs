@@ -66,6 +66,16 @@ impl TeamControl {
 }
 
 /// Whether a `spawn_agent` call was made for an operator's request.
+/// Where a call of the coordinator's tools came from: an operator's request (the API's
+/// spawn) or the model.
+pub(crate) fn call_source(tool_call_id: &str) -> agentry_events::EventSource {
+    if is_operator_call(tool_call_id) {
+        agentry_events::EventSource::UiAction
+    } else {
+        agentry_events::EventSource::ToolCall
+    }
+}
+
 pub(crate) fn is_operator_call(tool_call_id: &str) -> bool {
     tool_call_id.strip_prefix("ui_").is_some_and(|rest| rest.starts_with(MARK))
 }

@@ -31,7 +31,7 @@ mod tasks;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use agentry_events::{EventPayload, EventSource, TeamContext};
+use agentry_events::{EventPayload, TeamContext};
 use agentry_model::{Model, ToolChoice};
 use agentry_runner::{
     Agent, AgentLimits, CancelToken, FunctionTool, ThreadInstance, ThreadResult, Tool, ToolContext, ToolError,
@@ -538,7 +538,7 @@ pub(crate) async fn run_instance(
             mission_id: Some(mission_id),
             instance_id: Some(instance_id.clone()),
             parent_instance_id,
-            source: Some(EventSource::ToolCall),
+            source: Some(crate::directed::call_source(&context.tool_call_id)),
             message_id: context.message_id.map(|id| id.to_string()),
         },
         role: role.to_owned(),

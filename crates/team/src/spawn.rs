@@ -46,7 +46,7 @@ pub(crate) const DENIED_PREFIX: &str = "spawn denied ";
 /// How long a gated spawn waits for a decision when its role does not say.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
-use agentry_events::{EventSource, TeamContext};
+use agentry_events::TeamContext;
 use agentry_model::Model;
 use agentry_runner::{Agent, FunctionTool, Tool, ToolContext, ToolError};
 use agentry_types::{BudgetLimit, EventId};
@@ -633,11 +633,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         mission_id: Some(format!("mis_{mission}")),
         instance_id,
         parent_instance_id: spawner.ancestors.first().cloned(),
-        source: Some(if crate::directed::is_operator_call(&context.tool_call_id) {
-            EventSource::UiAction
-        } else {
-            EventSource::ToolCall
-        }),
+        source: Some(crate::directed::call_source(&context.tool_call_id)),
         message_id: context.message_id.map(|id| id.to_string()),
     };
     context

@@ -2214,7 +2214,9 @@ impl TurnEngine {
     /// took a budget past its limit: the results are kept first, then the thread stops.
     async fn run_budgeted(&mut self, calls: &[ToolCall]) -> Result<(ToolRuns, Option<Stop>), Stop> {
         let mut reservations = Vec::new();
-        for _ in calls {
+        // A call outside the agent's capabilities is refused before it would run: it is
+        // no tool call to count.
+        for _ in calls.iter().filter(|call| self.agent.may_call(&call.function.name)) {
             match self.reserve(Step::Tool).await {
                 Ok(Some(reservation)) => reservations.push(reservation),
                 Ok(None) => {}

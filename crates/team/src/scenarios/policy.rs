@@ -84,14 +84,21 @@ async fn refuses_the_call_outside_its_capabilities(
     let team = Team::builder("office", coordinator).member(member).spawn_policy(policy).build();
     let (_runtime, _session, turn) = super::start(harness, team, "Clean up.").await;
     let mut denied = Vec::new();
+    let mut tool_calls_used = Vec::new();
     let mut stream = turn.stream(None);
     while let Some(event) = stream.next().await {
         let event = event.unwrap();
+        let instance = event.team.as_ref().and_then(|team| team.instance_id.clone());
         if let EventPayload::CapabilityDenied { tool, reason } = &event.payload {
-            let instance = event.team.as_ref().and_then(|team| team.instance_id.clone());
             denied.push((tool.clone(), reason.clone(), instance));
+        } else if let EventPayload::BudgetUsage { usage, .. } = &event.payload
+            && instance.is_some()
+        {
+            tool_calls_used.push(usage.tool_calls_used);
         }
     }
+    // The refused call is no tool call: it takes nothing from the member's budget.
+    assert!(tool_calls_used.iter().all(|used| *used == 0), "{tool_calls_used:?}");
     assert_eq!(deleted.load(Ordering::SeqCst), 0, "the refused tool did not run");
     assert_eq!(denied.len(), 1);
     assert_eq!(denied[0].0, "delete_everything");

@@ -394,14 +394,6 @@ async fn serve(
             "stopping: waiting for requests and running turns for the grace at most; signal again to stop at once"
         );
     };
-    // A third signal leaves at once, whatever the stop still waits for (the store, an MCP
-    // server that does not close).
-    let third = signals.nth(3);
-    tokio::spawn(async move {
-        third.await;
-        eprintln!("agentry: a third signal: exiting now");
-        std::process::exit(130);
-    });
     server.run_with_force(first, signals.nth(2)).await?;
     Ok(())
 }

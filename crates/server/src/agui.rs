@@ -513,7 +513,7 @@ async fn run(
     // An earlier run sent again (a retry that arrived after the thread went on) was run
     // already: running it again would repeat what it did.
     if let Some(session) = session.as_ref()
-        && earlier_runs(session).any(|earlier| earlier == body.run_id)
+        && earlier_runs(session.record()).any(|earlier| earlier == body.run_id)
     {
         return Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
@@ -603,9 +603,8 @@ const EARLIER_RUNS_KEPT: usize = 32;
 const MAX_RUN_ID_CHARS: usize = 200;
 
 /// The `runId`s of the thread's earlier runs (not its latest).
-fn earlier_runs(session: &Session) -> impl Iterator<Item = &str> {
-    session
-        .record()
+fn earlier_runs(record: &agentry_types::SessionRecord) -> impl Iterator<Item = &str> {
+    record
         .state
         .get(EARLIER_RUNS_KEY)
         .and_then(Value::as_array)
@@ -619,10 +618,13 @@ fn earlier_runs(session: &Session) -> impl Iterator<Item = &str> {
 /// answers a retry as a new run).
 async fn remember_run(state: &AppState, session: &Session, run_id: &str, turn: &TurnHandle) {
     let mut keys = serde_json::Map::new();
-    let replaced =
-        session.record().state.get(LAST_RUN_KEY).and_then(|last| last.get("run_id")).and_then(Value::as_str);
+    // Read again now: a run of the thread that ended since this one was sent has noted
+    // itself there (the request's own copy would drop it from the list).
+    let fresh = state.runtime.store().get_session(session.id()).await.ok();
+    let record = fresh.as_ref().unwrap_or_else(|| session.record());
+    let replaced = record.state.get(LAST_RUN_KEY).and_then(|last| last.get("run_id")).and_then(Value::as_str);
     if let Some(replaced) = replaced.filter(|replaced| *replaced != run_id) {
-        let mut earlier: Vec<&str> = earlier_runs(session).filter(|earlier| *earlier != replaced).collect();
+        let mut earlier: Vec<&str> = earlier_runs(record).filter(|earlier| *earlier != replaced).collect();
         earlier.push(replaced);
         let skip = earlier.len().saturating_sub(EARLIER_RUNS_KEPT);
         keys.insert(EARLIER_RUNS_KEY.to_owned(), json!(earlier[skip..]));

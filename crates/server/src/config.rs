@@ -958,13 +958,17 @@ impl Config {
                     }
                     // A team's coordinator tools work for their own team only, and a tool an
                     // agent gates would run ungated: a spawned instance asks no approval.
-                    // This holds for a built-in tool too: one an agent gates is one the
-                    // operator wants a person to approve.
+                    // This holds for a built-in tool too: one a configured agent gates is
+                    // one the operator wants a person to approve. (The demo agents' rules
+                    // are their own.)
                     let agents = || {
                         agents.iter().filter(|agent| agent.session_type() != agentry_types::SessionType::Team)
                     };
-                    if let Some(gating) =
-                        agents().find(|agent| agent.tool(tool).is_some() && agent.requires_approval(tool))
+                    let configured =
+                        |agent: &&Agent| self.agents.iter().any(|config| config.name == agent.name());
+                    if let Some(gating) = agents()
+                        .filter(configured)
+                        .find(|agent| agent.tool(tool).is_some() && agent.requires_approval(tool))
                     {
                         return Err(ConfigError::Invalid(format!(
                             "{whose} names the tool {tool:?}, which agent {:?} runs only with approval; a \

@@ -625,9 +625,9 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
 
 /// The process's SIGTERM and Ctrl-C, counted: the first asks for a shutdown, the next
 /// for it at once ([`Server::run_with_force`]: an operator who signals again does not want
-/// to wait out the grace), and a program may take a third as "exit now". A signal within a
-/// second of the one before is not counted: one Ctrl-C under a supervisor that forwards
-/// signals arrives as SIGINT and SIGTERM together.
+/// to wait out the grace). A signal within a second of the last one counted is not
+/// counted: one Ctrl-C under a supervisor that forwards signals arrives as SIGINT and
+/// SIGTERM together.
 #[derive(Debug, Clone)]
 pub struct ShutdownSignals {
     count: watch::Receiver<u32>,

@@ -331,17 +331,23 @@ async fn spawn(
     let team = &session.record().name;
     if let Some((_, policy)) = state.policies.iter().find(|(name, _)| name == team) {
         let Some(role) = policy.roles.get(&body.role).filter(|role| !role.templates.is_empty()) else {
-            // Roles with a template: a role without one is never spawned.
+            // The roles a spawn here can take: the coordinator's to spawn, with a template,
+            // allowing an instance.
+            let coordinator = policy.roles.get(&policy.coordinator_role);
             let roles: Vec<&str> = policy
                 .roles
                 .iter()
-                .filter(|(_, role)| !role.templates.is_empty())
+                .filter(|(name, role)| {
+                    !role.templates.is_empty()
+                        && role.max_instances != Some(0)
+                        && coordinator.is_some_and(|coordinator| coordinator.can_spawn.contains(name))
+                })
                 .map(|(name, _)| name.as_str())
                 .collect();
             return Err(ApiError::bad_param(
                 "role",
                 format!(
-                    "team {team:?}'s spawn policy has no role {:?} to spawn (its roles with templates: {})",
+                    "team {team:?}'s spawn policy has no role {:?} to spawn (the roles it can spawn: {})",
                     body.role,
                     roles.join(", ")
                 ),

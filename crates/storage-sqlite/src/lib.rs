@@ -355,13 +355,8 @@ impl SqliteStore {
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
             .spawn(move || {
-                let writer = CloseLast { writer, checkpointer: Some(checkpointer) };
-                write_loop(&writer.writer, &receiver, batch, linger, &file);
-                // Closed with its file gone: SQLite leaves the log of a moved file behind,
-                // and a database put at the path would be opened with it.
-                if file.check().is_err() {
-                    let _ = writer.writer.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-                }
+                let writer = CloseLast { writer, checkpointer: Some(checkpointer), file };
+                write_loop(&writer.writer, &receiver, batch, linger, &writer.file);
             })
             .map_err(|error| StoreError::Io(format!("cannot start the SQLite writer thread: {error}")))?;
         let readers = options.readers.clamp(1, Semaphore::MAX_PERMITS);
@@ -496,6 +491,7 @@ impl SqliteStore {
 struct CloseLast {
     writer: Connection,
     checkpointer: Option<JoinHandle<()>>,
+    file: agentry_memory::rules::FileIdentity,
 }
 
 impl Drop for CloseLast {
@@ -505,7 +501,22 @@ impl Drop for CloseLast {
         if let Some(checkpointer) = self.checkpointer.take() {
             let _ = checkpointer.join();
         }
+        // Closed with its file gone: SQLite leaves the log of a moved file behind, and a
+        // database put at the path would be opened with it. Emptied now that the
+        // checkpointer is gone (its pass would make this checkpoint fail as busy).
+        if self.file.check().is_err() {
+            let _ = empty_log(&self.writer);
+        }
     }
+}
+
+/// Copies the whole log into the file the connection has open and empties it (a
+/// truncating checkpoint): whether it did, as SQLite reports it (a reader holding the log
+/// makes it give up after the busy timeout, and the log stays).
+fn empty_log(connection: &Connection) -> bool {
+    connection
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0))
+        .is_ok_and(|busy| busy == 0)
 }
 
 /// Under `batched`, how long a group commit waits for the writers it just acknowledged
@@ -566,7 +577,7 @@ fn write_loop(
                 // What the log holds is copied into the file this connection has open, and
                 // the log at the path emptied: a database put at the path later is not
                 // opened with this one's log (best effort: readers may hold it up).
-                log_emptied = connection.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").is_ok();
+                log_emptied = empty_log(connection);
             }
             for job in batch {
                 job.fail(error.clone());

@@ -360,15 +360,28 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         ),
         // A team's own tools are not a template's to take.
         ("demo", "spawn_agent", "names the tool \"spawn_agent\", which is neither a built-in tool"),
-        // Nor is a built-in tool an agent gates (the demo agent asks before it sends email):
-        // a spawned instance would send it unasked.
-        ("demo", "send_email", "names the tool \"send_email\", which agent \"demo\" runs only with approval"),
     ] {
         std::fs::write(&policy, template(model, tool)).unwrap();
         let error = Server::start(config()).await.unwrap_err().to_string();
         assert!(error.contains("team \"crew\": role \"analyst\", template \"default\""), "{error}");
         assert!(error.contains(problem), "{error}");
     }
+    // Nor is a built-in tool a configured agent gates: a spawned instance would run it
+    // unasked. (The demo agents' own rules do not count.)
+    std::fs::write(&policy, template("demo", "send_email")).unwrap();
+    let mut gated = config();
+    let agents = "[providers.p]\nmodel = \"m\"\n[[agents]]\nname = \"mailer\"\nmodel = \"p\"\n\
+                  tools = [\"send_email\"]\nrequires_approval = [\"send_email\"]\n";
+    let parsed = Config::parse(agents, None).unwrap();
+    (gated.providers, gated.agents) = (parsed.providers, parsed.agents);
+    let error = Server::start(gated).await.unwrap_err().to_string();
+    assert!(
+        error.contains("names the tool \"send_email\", which agent \"mailer\" runs only with approval"),
+        "{error}"
+    );
+    let (_address, stop, serving) = serve(config()).await;
+    stop.send(()).unwrap();
+    serving.await.unwrap();
     // Beside the analyst: a role the coordinator may not spawn, and one allowing no instance.
     let more = "[roles.orphan]\n[roles.orphan.templates.default]\ninstructions = \"x\"\n\
                 [roles.lazy]\nmax_instances = 0\n[roles.lazy.templates.default]\ninstructions = \"x\"\n";
@@ -385,7 +398,7 @@ async fn a_configured_team_spawns_with_its_templates_model_and_tools_and_unknown
         (
             json!({"session_id": session, "role": "auditor", "task": "x"}),
             "role",
-            "its roles with templates: analyst, lazy, orphan",
+            "the roles it can spawn: analyst)",
         ),
         (
             json!({"session_id": session, "role": "orphan", "task": "x"}),

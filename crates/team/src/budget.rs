@@ -278,8 +278,32 @@ impl InstanceLedger {
                     let exhausted_by = format!("ancestor_{dimension}");
                     return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
                 }
-                let usage =
-                    self.store.budget(&scope, now).await.map(|ledger| ledger.used).unwrap_or_default();
+                let ledger = self.store.budget(&scope, now).await.ok();
+                let usage = ledger.as_ref().map(|ledger| ledger.used).unwrap_or_default();
+                // Refused only for what other instances of the mission hold (what is spent
+                // leaves room for this step): the mission is not used up, and they go on;
+                // only this instance, which cannot have its step, stops.
+                let held_only = scope == self.mission
+                    && ledger.is_some_and(|ledger| {
+                        agentry_memory::rules::check_room(
+                            &scope,
+                            &ledger.limit,
+                            &ledger.used,
+                            &reservation.amount,
+                        )
+                        .is_ok()
+                    });
+                if held_only {
+                    let usage = self
+                        .store
+                        .budget(&self.instance, now)
+                        .await
+                        .map(|ledger| ledger.used)
+                        .unwrap_or_default();
+                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
+                    let exhausted_by = format!("mission_{dimension}");
+                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
+                }
                 Err(self.exhausted(scope == self.mission, dimension, usage).into())
             }
             // Not the budget's doing: nothing is reported exhausted (a real exhaustion later

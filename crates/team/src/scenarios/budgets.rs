@@ -29,6 +29,83 @@ fn tireless(name: String) -> Agent {
     Agent::builder(name, model).tool(work.shared()).build()
 }
 
+/// A model that waits for a permit before each answer: members hold their reservations
+/// for as long as the test wants.
+#[derive(Debug)]
+struct Gated {
+    inner: ScriptedModel,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl agentry_model::Model for Gated {
+    fn info(&self) -> agentry_model::ModelInfo {
+        self.inner.info()
+    }
+
+    async fn stream(
+        &self,
+        request: agentry_model::ModelRequest,
+    ) -> Result<agentry_model::ModelStream, agentry_model::ModelError> {
+        if let Ok(permit) = self.permits.acquire().await {
+            permit.forget();
+        }
+        self.inner.stream(request).await
+    }
+}
+
+/// Scenario.
+pub async fn a_member_refused_only_for_what_others_hold_stops_alone(harness: Harness) {
+    // Three members at once, 1,000 tokens held for each model call, 2,500 in all: the
+    // third cannot hold its step while the other two hold theirs, with nothing spent yet.
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("delegate_task_to_members", &json!({"task": "Answer."}))
+        } else {
+            ScriptedResponse::text("Answered.")
+        }
+    }));
+    let permits = Arc::new(tokio::sync::Semaphore::new(0));
+    let member = |name: &str| {
+        let inner = ScriptedModel::responder(|_| ScriptedResponse {
+            usage: Some(Usage::new(80, 20)),
+            ..ScriptedResponse::text("Done.")
+        });
+        Agent::builder(name, Arc::new(Gated { inner, permits: permits.clone() })).build()
+    };
+    let team = Team::builder("trio", coordinator)
+        .mission_budget(BudgetLimit { max_tokens: Some(2_500), ..BudgetLimit::default() })
+        .tokens_per_step(1_000)
+        .member(member("a"))
+        .member(member("b"))
+        .member(member("c"));
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(team.build());
+    let session = runtime.create_session("trio", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Go.")).await.unwrap();
+    let mut stream = turn.stream(None);
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        // The refused member has stopped: the two holding theirs may answer now.
+        if matches!(event.payload, EventPayload::BudgetExhausted { .. }) {
+            permits.add_permits(2);
+        }
+        events.push(event);
+    }
+    let count = |kind: &str| events.iter().filter(|event| event.payload.kind() == kind).count();
+    assert_eq!(count("agent_team.budget.exhausted"), 1, "one member could not hold its step");
+    assert_eq!(count("agent_team.mission.budget.exhausted"), 0, "the mission was not used up");
+    assert_eq!(count("agent_team.instance.cancelled"), 1, "only the refused member stopped");
+    assert_eq!(count("agent_team.instance.completed"), 2, "the others finished their calls");
+    let exhausted_by = events.iter().find_map(|event| match &event.payload {
+        EventPayload::BudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+        _ => None,
+    });
+    assert_eq!(exhausted_by.as_deref(), Some("mission_max_tokens"));
+    assert!(matches!(turn.wait().await.unwrap(), agentry_types::TurnState::Done { .. }));
+}
+
 /// Scenario.
 pub async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled(harness: Harness) {
     const LIMIT: u64 = 5_000;

@@ -321,7 +321,10 @@ pub enum EventPayload {
     /// An instance's budget ran out; the instance is cancelled.
     #[serde(rename = "agent_team.budget.exhausted")]
     BudgetExhausted {
-        /// The limit that ran out (`max_tokens`, `max_tool_calls`, …).
+        /// The limit that ran out (`max_tokens`, `max_tool_calls`, …): the instance's own,
+        /// or with `ancestor_` an ancestor's that leaves it no room, or with `mission_` its
+        /// mission's that leaves this step no room beside what other instances hold (the
+        /// mission itself is not exhausted then).
         exhausted_by: String,
         /// The usage at that point.
         usage: BudgetUsage,

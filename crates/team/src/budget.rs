@@ -280,19 +280,20 @@ impl InstanceLedger {
                 }
                 let ledger = self.store.budget(&scope, now).await.ok();
                 let usage = ledger.as_ref().map(|ledger| ledger.used).unwrap_or_default();
-                // Refused only for what other instances of the mission hold (what is spent
-                // leaves room for this step): the mission is not used up, and they go on;
-                // only this instance, which cannot have its step, stops.
+                // Refused only for what other instances of the mission hold (what is spent,
+                // and what this instance holds itself, leave room for this step): the
+                // mission is not used up, and they go on; only this instance, which cannot
+                // have its step, stops. (Its own holds count as spent: an instance whose
+                // calls together do not fit has used the mission up.)
+                let own = self.store.budget(&self.instance, now).await.map(|ledger| ledger.reserved);
                 let held_only = scope == self.mission
-                    && ledger.is_some_and(|ledger| {
-                        agentry_memory::rules::check_room(
-                            &scope,
-                            &ledger.limit,
-                            &ledger.used,
-                            &reservation.amount,
-                        )
-                        .is_ok()
-                    });
+                    && matches!((&ledger, own), (Some(ledger), Ok(own)) if agentry_memory::rules::check_room(
+                        &scope,
+                        &ledger.limit,
+                        &agentry_memory::rules::add_usage(&ledger.used, &own),
+                        &reservation.amount,
+                    )
+                    .is_ok());
                 if held_only {
                     let usage = self
                         .store

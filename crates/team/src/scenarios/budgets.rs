@@ -107,6 +107,46 @@ pub async fn a_member_refused_only_for_what_others_hold_stops_alone(harness: Har
 }
 
 /// Scenario.
+pub async fn a_member_whose_own_calls_do_not_fit_uses_the_mission_up(harness: Harness) {
+    // One tool call left in the mission, two asked for in one message: the second is
+    // refused for the first's hold, the member's own, so the mission is used up.
+    let coordinator = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call(
+                "delegate_task_to_member",
+                &json!({"member_id": "pair", "task": "Twice."}),
+            )
+        } else {
+            ScriptedResponse::text("Stopped.")
+        }
+    }));
+    let work =
+        FunctionTool::new("work", "Works.", |_: Nothing, _| async { Ok::<_, ToolError>("done".to_owned()) });
+    let model = Arc::new(ScriptedModel::responder(|request| {
+        if tool_results(request).is_empty() {
+            ScriptedResponse::tool_call("work", &json!({})).with_tool_call("work", &json!({}))
+        } else {
+            ScriptedResponse::text("Worked.")
+        }
+    }));
+    let pair = Agent::builder("pair", model).tool(work.shared()).build();
+    let team = Team::builder("duo", coordinator)
+        .mission_budget(BudgetLimit { max_tool_calls: Some(1), ..BudgetLimit::default() })
+        .member(pair);
+    let runtime = Runtime::new(harness.store.clone());
+    runtime.register(team.build());
+    let session = runtime.create_session("duo", None).await.unwrap();
+    let turn = session.create_turn(TurnRequest::message("Go.")).await.unwrap();
+    let events: Vec<Arc<EventEnvelope>> = turn.stream(None).map(Result::unwrap).collect().await;
+    let exhausted_by = events.iter().find_map(|event| match &event.payload {
+        EventPayload::MissionBudgetExhausted { exhausted_by, .. } => Some(exhausted_by.clone()),
+        _ => None,
+    });
+    assert_eq!(exhausted_by.as_deref(), Some("mission_max_tool_calls"), "the mission is used up");
+    assert!(matches!(turn.wait().await.unwrap(), agentry_types::TurnState::Done { .. }));
+}
+
+/// Scenario.
 pub async fn ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled(harness: Harness) {
     const LIMIT: u64 = 5_000;
     const STEP: u64 = 200;

@@ -106,6 +106,7 @@ macro_rules! team_scenarios {
             policy::a_mission_is_cancelled_with_all_its_instances,
             budgets::ten_concurrent_members_stop_at_the_mission_limit_and_are_all_cancelled,
             budgets::a_member_refused_only_for_what_others_hold_stops_alone,
+            budgets::a_member_whose_own_calls_do_not_fit_uses_the_mission_up,
             coordinate::two_members_called_in_one_message_run_concurrently_on_their_own_threads,
             coordinate::delegating_to_an_unknown_member_gives_the_coordinator_an_error_listing_the_members,
             coordinate::a_team_without_members_is_offered_no_delegation,

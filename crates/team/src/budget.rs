@@ -274,9 +274,7 @@ impl InstanceLedger {
                         .await
                         .map(|ledger| ledger.used)
                         .unwrap_or_default();
-                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
-                    let exhausted_by = format!("ancestor_{dimension}");
-                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
+                    return Err(self.stopped_alone(format!("ancestor_{dimension}"), usage));
                 }
                 let ledger = self.store.budget(&scope, now).await.ok();
                 let usage = ledger.as_ref().map(|ledger| ledger.used).unwrap_or_default();
@@ -285,25 +283,17 @@ impl InstanceLedger {
                 // mission is not used up, and they go on; only this instance, which cannot
                 // have its step, stops. (Its own holds count as spent: an instance whose
                 // calls together do not fit has used the mission up.)
-                let own = self.store.budget(&self.instance, now).await.map(|ledger| ledger.reserved);
-                let held_only = scope == self.mission
-                    && matches!((&ledger, own), (Some(ledger), Ok(own)) if agentry_memory::rules::check_room(
+                if scope == self.mission
+                    && let (Some(mission), Ok(own)) = (&ledger, self.store.budget(&self.instance, now).await)
+                    && agentry_memory::rules::check_room(
                         &scope,
-                        &ledger.limit,
-                        &agentry_memory::rules::add_usage(&ledger.used, &own),
+                        &mission.limit,
+                        &agentry_memory::rules::add_usage(&mission.used, &own.reserved),
                         &reservation.amount,
                     )
-                    .is_ok());
-                if held_only {
-                    let usage = self
-                        .store
-                        .budget(&self.instance, now)
-                        .await
-                        .map(|ledger| ledger.used)
-                        .unwrap_or_default();
-                    let first = !self.instance_reported.swap(true, Ordering::AcqRel);
-                    let exhausted_by = format!("mission_{dimension}");
-                    return Err(Exhausted { exhausted_by, usage, mission: false, first }.into());
+                    .is_ok()
+                {
+                    return Err(self.stopped_alone(format!("mission_{dimension}"), own.used));
                 }
                 Err(self.exhausted(scope == self.mission, dimension, usage).into())
             }
@@ -334,6 +324,13 @@ impl InstanceLedger {
     /// How long the instance may still run before `limit_ms` (counting its earlier turns).
     pub(crate) fn time_left(&self, limit_ms: u64) -> Duration {
         Duration::from_millis(limit_ms.saturating_sub(self.earlier_ms))
+    }
+
+    /// The instance stops for a budget above its own (`exhausted_by`), with its own
+    /// `usage`; the others of its mission go on.
+    fn stopped_alone(&self, exhausted_by: String, usage: BudgetUsage) -> Refused {
+        let first = !self.instance_reported.swap(true, Ordering::AcqRel);
+        Exhausted { exhausted_by, usage, mission: false, first }.into()
     }
 
     /// The exhaustion of the instance's budget or (`mission`) its mission's, by

@@ -7,6 +7,7 @@ to it over HTTP: the SDK's ``AgentSessionClient`` for the harness API, ``httpx``
 input, the event feeds and AG-UI (parsed with ``ag-ui-protocol``).
 """
 
+import base64
 import json
 import os
 import pty
@@ -19,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import unittest
+import uuid
 
 import httpx
 from ag_ui.core import Event as AgUiEvent
@@ -1085,6 +1087,24 @@ class BadInput(unittest.TestCase):
             token = events["pagination"]["next_page_token"]
             self.assertTrue(token, events)
             self.assert_error(h.get(f"/v1/agents/sessions/{sid}/events", params={"page_token": token}), 400)
+            # A token of another session's listing is answered as one naming no turn at all:
+            # the answer does not tell whether a turn of another session exists.
+            page = h.get(f"/v1/agents/sessions/{sid}/events", params={"limit": 1}).json()
+            theirs = page["pagination"]["next_page_token"]
+            self.assertTrue(theirs, page)
+            padded = theirs + "=" * (-len(theirs) % 4)
+            cursor = json.loads(base64.urlsafe_b64decode(padded))
+            cursor["turn_id"] = str(uuid.uuid4())
+            unknown = base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
+            other = client().create_session(agent_name="demo")
+            run(other, message("calculate 1 + 1"))
+            answers = []
+            for candidate in (theirs, unknown):
+                refused = h.get(f"/v1/agents/sessions/{other.id}/events", params={"page_token": candidate})
+                self.assert_error(refused, 400)
+                answers.append(refused.json()["error"]["message"])
+            self.assertEqual(answers[0], answers[1], answers)
+            self.assertNotIn("another session", answers[0])
 
     def test_sse_hygiene_headers(self):
         with http() as h:

@@ -84,9 +84,10 @@ pub fn encode_token(kind: &str, key: &str) -> String {
 /// Decodes a page token issued for `kind`; returns the key. A token that was not issued
 /// by [`encode_token`] for this kind is an invalid input.
 pub fn decode_token(kind: &str, token: &str) -> StoreResult<String> {
+    let shown = shown(token);
     let invalid = || {
         StoreError::InvalidInput(format!(
-            "invalid page token {token:?}: it is not a page token (pass a page's next_token as given)"
+            "invalid page token {shown}: it is not a page token (pass a page's next_token as given)"
         ))
     };
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
@@ -95,7 +96,7 @@ pub fn decode_token(kind: &str, token: &str) -> StoreResult<String> {
     match (parts.next(), parts.next(), parts.next()) {
         (Some("v1"), Some(found), Some(key)) if found == kind => Ok(key.to_owned()),
         (Some("v1"), Some(_), Some(_)) => Err(StoreError::InvalidInput(format!(
-            "invalid page token {token:?}: it belongs to another listing (another filter, order or session); \
+            "invalid page token {shown}: it belongs to another listing (another filter, order or session); \
              a token continues only the listing that gave it"
         ))),
         _ => Err(invalid()),
@@ -117,5 +118,40 @@ pub fn runs_kind(session: agentry_types::SessionId, order: Order) -> String {
 pub fn decode_key<K: std::str::FromStr>(kind: &str, request: &PageRequest) -> StoreResult<Option<K>> {
     let Some(token) = &request.token else { return Ok(None) };
     let key = decode_token(kind, token)?;
-    key.parse().map(Some).map_err(|_| StoreError::InvalidInput(format!("invalid page token {token:?}")))
+    key.parse()
+        .map(Some)
+        .map_err(|_| StoreError::InvalidInput(format!("invalid page token {}", shown(token))))
+}
+
+/// The most of a token an error message quotes: a token is a few dozen bytes, and one
+/// sent wrong can be any size.
+const MAX_SHOWN_TOKEN: usize = 80;
+
+/// A token as an error message quotes it: whole when short, else its start and its length.
+fn shown(token: &str) -> String {
+    if token.len() <= MAX_SHOWN_TOKEN {
+        return format!("{token:?}");
+    }
+    let mut end = MAX_SHOWN_TOKEN;
+    while !token.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &token[..end], token.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_quotes_a_long_token_cut() {
+        let token = "é".repeat(5_000);
+        let Err(StoreError::InvalidInput(message)) = decode_token("sessions", &token) else {
+            panic!("a long token that is not a page token was accepted");
+        };
+        assert!(message.len() < 300, "{message}");
+        assert!(message.contains("(10000 bytes)") && message.contains("not a page token"), "{message}");
+        let short = decode_token("sessions", "abc").unwrap_err().to_string();
+        assert!(short.contains("\"abc\""), "{short}");
+    }
 }

@@ -659,12 +659,19 @@ async fn list_session_events(
         if cursor.order.is_some() {
             return Err(ApiError::bad_param("page_token", "the page_token belongs to another listing"));
         }
-        let id: TurnId =
-            cursor.turn_id.parse().map_err(|_| ApiError::bad_param("page_token", "invalid page_token"))?;
-        let run =
-            store.get_run(id).await.map_err(|_| ApiError::bad_param("page_token", "invalid page_token"))?;
+        // A token naming another session's turn is answered as one naming no turn: whether
+        // a turn exists is not told to a caller who cannot read it.
+        let invalid = || {
+            ApiError::bad_param("page_token", "invalid page_token: pass a page's next_page_token as given")
+        };
+        let id: TurnId = cursor.turn_id.parse().map_err(|_| invalid())?;
+        let run = match store.get_run(id).await {
+            Ok(run) => run,
+            Err(error) if error.is_not_found() => return Err(invalid()),
+            Err(error) => return Err(error.into()),
+        };
         if run.session_id != session.id() {
-            return Err(ApiError::bad_param("page_token", "the page_token belongs to another session"));
+            return Err(invalid());
         }
         (Some(run), Some(cursor.sequence_number))
     } else {

@@ -1315,8 +1315,17 @@ class Feeds(unittest.TestCase):
                 decided = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
                 self.assertEqual(decided.status_code, 200, decided.text)
                 decisions.append(merged_text(finish(spawned.json()["turnID"])))
-                again = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{decision}", json=body)
-                self.assertEqual(again.status_code, 404, "a decision is made once")
+                # A decision is made once: a second one (either) is told what the first was,
+                # and another subject still learns nothing of the approval.
+                first = "approved" if decision == "approve" else "denied"
+                for second in ("approve", "deny"):
+                    again = h.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/{second}", json={})
+                    self.assertEqual(again.status_code, 409, again.text)
+                    self.assertEqual(again.json()["error"]["code"], "approval_ended", again.text)
+                    self.assertIn(f"was already {first}", again.json()["error"]["message"])
+                with http(BOB) as other:
+                    after = other.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/deny", json={})
+                    self.assertEqual(after.status_code, 404, after.text)
             self.assertIn("Analysis of: audit approve", decisions[0])
             self.assertIn("The auditor spawn was refused: spawn denied (approval_denied): not needed", decisions[1])
             self.assertIn("spawn denied (approval_denied): denied by an operator", decisions[2])
@@ -1432,7 +1441,9 @@ class Cancel(unittest.TestCase):
             self.assertIn("running mission", again.json()["error"]["message"])
             left = [p["approvalID"] for p in h.get("/v1/agent-team/approvals").json()["data"]]
             self.assertNotIn(ours[0], left)
-            self.assertEqual(h.post(f"/v1/agent-team/approvals/{ours[0]}/approve").status_code, 404)
+            withdrawn = h.post(f"/v1/agent-team/approvals/{ours[0]}/approve")
+            self.assertEqual(withdrawn.status_code, 409, withdrawn.text)
+            self.assertIn("was withdrawn", withdrawn.json()["error"]["message"])
         # The session takes new turns at once.
         events, _ = run(session, message("hello team"))
         self.assertIsInstance(events[-1], TurnDoneEvent)

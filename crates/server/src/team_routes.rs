@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use agentry_events::render::agent_team::{self, AgentTeamEvent};
 use agentry_memory::{FeedQuery, Order, PageRequest, RunQuery, SessionQuery, StoreError};
+use agentry_team::{ApprovalEnd, SpawnApprovals};
 use agentry_types::{BudgetUsage, RunRecord, SessionType, Timestamp, TurnId, TurnState};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
@@ -495,13 +496,41 @@ async fn approvals(
     Ok(Json(json!({"data": data})).into_response())
 }
 
-/// A pending approval the caller may decide.
-async fn pending_approval(state: &AppState, caller: &Caller, approval_id: &str) -> ApiResult<()> {
+/// Decides a pending approval the caller may decide with `decide` (which says whether it
+/// decided). One no longer waiting is 409 with how its wait ended, when it ended recently
+/// in this process and the caller may see it; otherwise 404.
+async fn decide_approval(
+    state: &AppState,
+    caller: &Caller,
+    approval_id: &str,
+    decide: impl FnOnce(&SpawnApprovals) -> bool,
+) -> ApiResult<()> {
     let pending = state.approvals.pending().into_iter().find(|pending| pending.approval_id == approval_id);
-    match pending {
-        Some(pending) if owns_mission(state, caller, &pending.mission_id).await => Ok(()),
-        _ => Err(ApiError::not_found("approval", approval_id)),
+    let mission = match pending {
+        Some(pending) => Some(pending.mission_id),
+        None => state.approvals.ended(approval_id).map(|ended| ended.mission_id),
+    };
+    let Some(mission) = mission else { return Err(ApiError::not_found("approval", approval_id)) };
+    if !owns_mission(state, caller, &mission).await {
+        return Err(ApiError::not_found("approval", approval_id));
     }
+    // Decided between the two reads (by another request, or its wait ended): told below.
+    if decide(&state.approvals) {
+        return Ok(());
+    }
+    let Some(ended) = state.approvals.ended(approval_id) else {
+        return Err(ApiError::not_found("approval", approval_id));
+    };
+    let how = match ended.end {
+        ApprovalEnd::Approved => "was already approved",
+        ApprovalEnd::Denied => "was already denied",
+        _ => "was withdrawn: the spawn stopped waiting (it timed out, or its turn was cancelled or ended)",
+    };
+    Err(ApiError::new(
+        axum::http::StatusCode::CONFLICT,
+        "approval_ended",
+        format!("approval {} {how}", crate::error::quoted_id(approval_id)),
+    ))
 }
 
 async fn approve(
@@ -509,10 +538,7 @@ async fn approve(
     caller: Caller,
     Path(approval_id): Path<String>,
 ) -> ApiResult<Response> {
-    pending_approval(&state, &caller, &approval_id).await?;
-    if !state.approvals.approve(&approval_id) {
-        return Err(ApiError::not_found("approval", &approval_id));
-    }
+    decide_approval(&state, &caller, &approval_id, |approvals| approvals.approve(&approval_id)).await?;
     Ok(Json(json!({"approvalID": approval_id, "status": "approved"})).into_response())
 }
 
@@ -529,16 +555,13 @@ async fn deny(
     Path(approval_id): Path<String>,
     JsonBody(body): JsonBody<Deny>,
 ) -> ApiResult<Response> {
-    pending_approval(&state, &caller, &approval_id).await?;
     // A blank reason is none: the denial still says who decided.
     let reason = body
         .reason
         .map(|reason| reason.trim().to_owned())
         .filter(|reason| !reason.is_empty())
         .unwrap_or_else(|| "denied by an operator".to_owned());
-    if !state.approvals.deny(&approval_id, reason) {
-        return Err(ApiError::not_found("approval", &approval_id));
-    }
+    decide_approval(&state, &caller, &approval_id, |approvals| approvals.deny(&approval_id, reason)).await?;
     Ok(Json(json!({"approvalID": approval_id, "status": "denied"})).into_response())
 }
 

@@ -44,8 +44,8 @@ pub use budget::Price;
 pub use directed::SpawnRequest;
 pub use output::team_run_output;
 pub use spawn::{
-    DEFAULT_APPROVAL_TIMEOUT, PendingSpawn, PolicyBudget, PolicyError, Role, SpawnApprovals, SpawnCatalog,
-    SpawnPolicy, Template,
+    ApprovalEnd, DEFAULT_APPROVAL_TIMEOUT, EndedSpawn, PendingSpawn, PolicyBudget, PolicyError, Role,
+    SpawnApprovals, SpawnCatalog, SpawnPolicy, Template,
 };
 
 /// Tokens an instance or member holds from its budgets before each model call unless the

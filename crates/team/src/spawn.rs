@@ -34,7 +34,7 @@
 //! `instance_limit_reached`, `depth_limit_reached`, `template_missing`,
 //! `budget_override_too_large`, `approval_denied`, `invalid_template`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -302,12 +302,40 @@ pub struct PendingSpawn {
     pub justification: Option<String>,
 }
 
+/// How a spawn's wait for approval ended ([`SpawnApprovals::ended`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ApprovalEnd {
+    /// A person approved it.
+    Approved,
+    /// A person denied it.
+    Denied,
+    /// Its wait ended undecided: it timed out, or its turn was cancelled or ended.
+    Withdrawn,
+}
+
+/// A spawn whose wait for approval ended, as [`SpawnApprovals::ended`] tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedSpawn {
+    /// The approval's id (`appr_…`).
+    pub approval_id: String,
+    /// The mission.
+    pub mission_id: String,
+    /// How its wait ended.
+    pub end: ApprovalEnd,
+}
+
+/// How many ended approvals [`SpawnApprovals::ended`] remembers (the most recent).
+const ENDED_KEPT: usize = 1024;
+
 /// Spawns waiting for approval, shared by a team and whoever decides (the server's
-/// approval routes, a test).
+/// approval routes, a test). The most recent ended ones are remembered too, so a second
+/// decision (a double click, a retry) can be told the first one's outcome.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnApprovals {
     pending: Arc<Mutex<Waiting>>,
     waiting: Arc<tokio::sync::Notify>,
+    ended: Arc<Mutex<VecDeque<EndedSpawn>>>,
 }
 
 /// Spawns waiting for a decision, by approval id, with the channel their tool call waits on.
@@ -354,9 +382,36 @@ impl SpawnApprovals {
         self.decide(approval_id, Decision::Deny(reason.into()))
     }
 
+    /// How a recent spawn's wait for approval ended; none for one still waiting or not
+    /// among the last 1,024 that ended in this process.
+    #[must_use]
+    pub fn ended(&self, approval_id: &str) -> Option<EndedSpawn> {
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        ended.iter().rev().find(|spawn| spawn.approval_id == approval_id).cloned()
+    }
+
     fn decide(&self, approval_id: &str, decision: Decision) -> bool {
-        let sender = self.lock().remove(approval_id).and_then(|(_, sender)| sender);
-        sender.is_some_and(|sender| sender.send(decision).is_ok())
+        let mut waiting = self.lock();
+        let Some((spawn, sender)) = waiting.remove(approval_id) else { return false };
+        let end = match decision {
+            Decision::Approve => ApprovalEnd::Approved,
+            Decision::Deny(_) => ApprovalEnd::Denied,
+        };
+        // The call no longer waits (its turn ended under the lock's release) when the
+        // decision cannot be sent: then nothing was decided.
+        let sent = sender.is_some_and(|sender| sender.send(decision).is_ok());
+        self.remember(spawn, if sent { end } else { ApprovalEnd::Withdrawn });
+        sent
+    }
+
+    /// Records how a spawn's wait ended (under the waiting list's lock, so a reader never
+    /// finds a spawn in neither list).
+    fn remember(&self, spawn: PendingSpawn, end: ApprovalEnd) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        if ended.len() == ENDED_KEPT {
+            ended.pop_front();
+        }
+        ended.push_back(EndedSpawn { approval_id: spawn.approval_id, mission_id: spawn.mission_id, end });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
@@ -371,7 +426,10 @@ impl SpawnApprovals {
     }
 
     fn forget(&self, approval_id: &str) {
-        self.lock().remove(approval_id);
+        let mut waiting = self.lock();
+        if let Some((spawn, _)) = waiting.remove(approval_id) {
+            self.remember(spawn, ApprovalEnd::Withdrawn);
+        }
     }
 }
 
@@ -752,4 +810,58 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         uncount();
     }
     ran.map(|result| result.answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spawn(id: &str) -> PendingSpawn {
+        PendingSpawn {
+            approval_id: id.to_owned(),
+            mission_id: format!("mis_{id}"),
+            role: "auditor".to_owned(),
+            task: "audit".to_owned(),
+            justification: None,
+        }
+    }
+
+    #[test]
+    fn an_ended_approval_is_remembered_with_how_it_ended() {
+        let approvals = SpawnApprovals::new();
+        let _approved = approvals.register(spawn("a"));
+        let _denied = approvals.register(spawn("b"));
+        let gone = approvals.register(spawn("c"));
+        let _withdrawn = approvals.register(spawn("d"));
+        assert!(approvals.ended("a").is_none(), "still waiting");
+        assert!(approvals.approve("a"));
+        assert!(approvals.deny("b", "no"));
+        // The call stopped waiting before the decision came: nothing was decided.
+        drop(gone);
+        assert!(!approvals.approve("c"));
+        approvals.forget("d");
+        let ends: Vec<_> =
+            ["a", "b", "c", "d"].iter().map(|id| approvals.ended(id).map(|ended| ended.end)).collect();
+        let expected =
+            [ApprovalEnd::Approved, ApprovalEnd::Denied, ApprovalEnd::Withdrawn, ApprovalEnd::Withdrawn];
+        assert_eq!(ends, expected.map(Some));
+        assert_eq!(approvals.ended("b").map(|ended| ended.mission_id), Some("mis_b".to_owned()));
+        // Decided once: a second decision finds nothing waiting and changes nothing.
+        assert!(!approvals.deny("a", "too late"));
+        assert_eq!(approvals.ended("a").map(|ended| ended.end), Some(ApprovalEnd::Approved));
+        assert!(approvals.pending().is_empty());
+    }
+
+    #[test]
+    fn only_the_most_recent_ended_approvals_are_remembered() {
+        let approvals = SpawnApprovals::new();
+        for index in 0..=ENDED_KEPT {
+            let id = index.to_string();
+            let _receiver = approvals.register(spawn(&id));
+            approvals.forget(&id);
+        }
+        assert!(approvals.ended("0").is_none(), "the oldest is forgotten");
+        assert!(approvals.ended("1").is_some());
+        assert!(approvals.ended(&ENDED_KEPT.to_string()).is_some());
+    }
 }

@@ -39,6 +39,10 @@ pub struct TeamContext {
     /// The model message whose tool call caused the event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
+    /// The tool call that caused the event (a spawn's request and decision carry it, so
+    /// a recovery can tell which call a spawn left undecided belongs to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// One event of a turn.

@@ -43,6 +43,7 @@ mod sequencer;
 pub use builder::{MAX_TOOL_CALL_INDEX, MergeError, MessageBuilder, ThreadMessageBuilders};
 pub use envelope::{EventEnvelope, EventSource, SCHEMA_VERSION, TeamContext};
 pub use payload::{
-    Durability, EventPayload, McpServerSession, McpTransport, ThreadAgent, ThreadOutcome, ThreadParent,
+    Durability, EventPayload, McpServerSession, McpTransport, SPAWN_DENIED_PREFIX, ThreadAgent,
+    ThreadOutcome, ThreadParent, spawn_denial_result,
 };
 pub use sequencer::{DeltaEmission, TurnEmitter, TurnSequencer};

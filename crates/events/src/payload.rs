@@ -431,3 +431,14 @@ impl EventPayload {
         self.kind().starts_with("agent_team.")
     }
 }
+
+/// How the result of a spawn's tool call starts when the spawn was denied
+/// (`agent_team.spawn.denied`): see [`spawn_denial_result`].
+pub const SPAWN_DENIED_PREFIX: &str = "spawn denied ";
+
+/// The result a spawn's tool call gives its caller's model when the spawn is denied with
+/// `code` and `error` (those of its `agent_team.spawn.denied`).
+#[must_use]
+pub fn spawn_denial_result(code: &str, error: &str) -> String {
+    format!("{SPAWN_DENIED_PREFIX}({code}): {error}")
+}

@@ -294,6 +294,7 @@ pub fn everything_turn() -> Result<Vec<EventEnvelope>, MergeError> {
         parent_instance_id: Some("ins_coordinator".to_owned()),
         source: Some(EventSource::ToolCall),
         message_id: Some(planning_id.to_string()),
+        tool_call_id: None,
     };
     turn.push_team(
         team("ins_research"),

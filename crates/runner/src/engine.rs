@@ -1240,6 +1240,7 @@ impl TurnEngine {
                     self.sink.stage_team(Some(thread), team, payload).await?;
                 }
                 end_unstarted_members(self.store.as_ref(), &self.run, &stored, self.fence).await;
+                self.deny_undecided_spawns(&stored).await;
                 self.prepare_recovered_threads(&stored).await?;
                 (previous, Some(stored))
             }
@@ -2397,6 +2398,30 @@ impl TurnEngine {
         info
     }
 
+    /// After a crash: the calls of this thread that asked for a spawn left undecided (denied
+    /// by [`end_dead_threads`]) get that denial as their result, journaled with the next
+    /// step, as a spawn denied in a live process gives it. Such a call had no effect (no
+    /// instance starts without a decision), so it is not in doubt: it is not put to a
+    /// person, and the model is told, and may ask again.
+    async fn deny_undecided_spawns(&mut self, stored: &[EventEnvelope]) {
+        for (request, _) in undecided_spawns(stored) {
+            let Some(call) = request.team.as_ref().and_then(|team| team.tool_call_id.as_ref()) else {
+                continue;
+            };
+            if request.thread_or_main() != self.thread {
+                continue;
+            }
+            let Some(entry) = self.journal.get_mut(call).filter(|entry| entry.result.is_none()) else {
+                continue;
+            };
+            let (code, error) = UNDECIDED_SPAWN;
+            entry.result = Some(error_result(agentry_events::spawn_denial_result(code, error)));
+            entry.completed_at = Some(Timestamp::now());
+            let completed = entry.clone();
+            self.sink.stage_journal(completed).await;
+        }
+    }
+
     fn in_doubt(&self, call: &ToolCall) -> bool {
         self.journal.get(&call.id).is_some_and(|entry| {
             entry.result.is_none()
@@ -2963,6 +2988,38 @@ fn arguments_hash(arguments: &str) -> String {
     format!("{hash:016x}")
 }
 
+/// The code and reason of the denial of a spawn its process left undecided.
+const UNDECIDED_SPAWN: (&str, &str) =
+    ("approval_denied", "the process running the turn stopped before the spawn was decided");
+
+/// The spawn requests among a turn's stored events that were never decided (a gated spawn
+/// waiting for a person when its process stopped), with their roles. A decision closes
+/// the request of the tool call it names; one stored without a call (by an earlier
+/// version) closes the latest open request of its thread and role.
+fn undecided_spawns(stored: &[EventEnvelope]) -> Vec<(&EventEnvelope, &str)> {
+    let call = |event: &EventEnvelope| event.team.as_ref().and_then(|team| team.tool_call_id.clone());
+    let mut open: Vec<(&EventEnvelope, &str)> = Vec::new();
+    for event in stored {
+        match &event.payload {
+            EventPayload::SpawnRequested { requested_role, .. } => open.push((event, requested_role)),
+            EventPayload::SpawnApproved { requested_role, .. }
+            | EventPayload::SpawnDenied { requested_role, .. } => {
+                let decided = call(event);
+                let position = open.iter().rposition(|(request, role)| {
+                    request.thread_id == event.thread_id
+                        && role == requested_role
+                        && (decided.is_none() || call(request).is_none() || call(request) == decided)
+                });
+                if let Some(position) = position {
+                    open.remove(position);
+                }
+            }
+            _ => {}
+        }
+    }
+    open
+}
+
 /// Ends the sub-agent threads a dead process started in `run` (a turn) and left unfinished,
 /// given the turn's stored events: their engines are gone, and a call that runs again starts
 /// a thread of its own. Each thread's open member run (running, paused or pending) gets an
@@ -2971,7 +3028,8 @@ fn arguments_hash(arguments: &str) -> String {
 /// `agent_team.instance.failed` for an instance that started, then `thread.done`. So clients
 /// and the instance listings see them end instead of running for ever. A spawn requested
 /// and not yet decided (waiting for a person's approval) is denied the same way
-/// (`agent_team.spawn.denied`, `approval_denied`).
+/// (`agent_team.spawn.denied`, `approval_denied`); see [`TurnEngine::deny_undecided_spawns`]
+/// for its call.
 pub(crate) async fn end_dead_threads(
     store: &dyn Store,
     run: &RunRecord,
@@ -3007,32 +3065,15 @@ pub(crate) async fn end_dead_threads(
         dead.insert(thread);
     }
     // Spawns requested and not yet decided (a gated spawn waiting for a person when the
-    // process stopped): denied, so the feed's lifecycle of each request closes. The turn
-    // asks whether to run the call again.
-    let mut open: HashMap<(Option<ThreadId>, String), Vec<&EventEnvelope>> = HashMap::new();
-    for event in stored {
-        match &event.payload {
-            EventPayload::SpawnRequested { requested_role, .. } => {
-                open.entry((event.thread_id.clone(), requested_role.clone())).or_default().push(event);
-            }
-            EventPayload::SpawnApproved { requested_role, .. }
-            | EventPayload::SpawnDenied { requested_role, .. } => {
-                if let Some(requests) = open.get_mut(&(event.thread_id.clone(), requested_role.clone())) {
-                    requests.pop();
-                }
-            }
-            _ => {}
-        }
-    }
-    for ((thread, requested_role), requests) in open {
-        for request in requests {
-            let denied = EventPayload::SpawnDenied {
-                requested_role: requested_role.clone(),
-                code: "approval_denied".to_owned(),
-                error: "the process running the turn stopped before the spawn was decided".to_owned(),
-            };
-            ends.push((thread.clone().unwrap_or_else(ThreadId::main), request.team.clone(), denied));
-        }
+    // process stopped): denied, so the feed's lifecycle of each request closes. The call
+    // that asked gets the denial as its result when the recovered turn runs it on.
+    for (request, requested_role) in undecided_spawns(stored) {
+        let denied = EventPayload::SpawnDenied {
+            requested_role: requested_role.to_owned(),
+            code: UNDECIDED_SPAWN.0.to_owned(),
+            error: UNDECIDED_SPAWN.1.to_owned(),
+        };
+        ends.push((request.thread_or_main(), request.team.clone(), denied));
     }
     if dead.is_empty() {
         return ends;
@@ -3220,4 +3261,62 @@ pub(crate) async fn fail_after_panic(
     sink.stage_messages(&closing_results(store, &run, &state, staged, staged_journal).await).await;
     run.set_state(state.clone());
     sink.finish(Arc::new(run), EventPayload::TurnDone { state }).await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use agentry_events::{TurnEmitter, TurnSequencer};
+    use agentry_types::{SessionId, TurnId};
+
+    use super::*;
+
+    fn spawn_event(emitter: &mut TurnEmitter, call: Option<&str>, payload: EventPayload) -> EventEnvelope {
+        let team = TeamContext { tool_call_id: call.map(str::to_owned), ..TeamContext::default() };
+        emitter.emit_team(Some(ThreadId::main()), team, payload)
+    }
+
+    fn requested(role: &str) -> EventPayload {
+        EventPayload::SpawnRequested {
+            requested_role: role.to_owned(),
+            template: None,
+            task: None,
+            justification: None,
+            budget_override: None,
+        }
+    }
+
+    fn approved(role: &str) -> EventPayload {
+        EventPayload::SpawnApproved { requested_role: role.to_owned(), approval_id: None }
+    }
+
+    fn undecided_calls(stored: &[EventEnvelope]) -> Vec<Option<String>> {
+        undecided_spawns(stored)
+            .into_iter()
+            .map(|(event, _)| event.team.as_ref().and_then(|team| team.tool_call_id.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_decision_closes_the_request_of_its_own_call() {
+        let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
+        // Two spawns of one role wait; the first asked is approved: the second is open.
+        let stored = vec![
+            spawn_event(&mut emitter, Some("a"), requested("auditor")),
+            spawn_event(&mut emitter, Some("b"), requested("auditor")),
+            spawn_event(&mut emitter, Some("a"), approved("auditor")),
+        ];
+        assert_eq!(undecided_calls(&stored), [Some("b".to_owned())]);
+        // Events stored without their call close the latest open request of the role.
+        let stored = vec![
+            spawn_event(&mut emitter, None, requested("auditor")),
+            spawn_event(&mut emitter, None, requested("auditor")),
+            spawn_event(&mut emitter, None, approved("auditor")),
+            spawn_event(&mut emitter, Some("c"), requested("analyst")),
+        ];
+        let open = undecided_spawns(&stored);
+        assert_eq!(
+            open.iter().map(|(event, role)| (event.seq, *role)).collect::<Vec<_>>(),
+            [(stored[0].seq, "auditor"), (stored[3].seq, "analyst")]
+        );
+    }
 }

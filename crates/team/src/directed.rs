@@ -140,7 +140,7 @@ impl Model for Directed {
             Some(result) => {
                 self.control.directives().remove(&directive);
                 let text = result.text();
-                if text.starts_with(crate::spawn::DENIED_PREFIX) {
+                if text.starts_with(agentry_events::SPAWN_DENIED_PREFIX) {
                     ScriptedResponse::text(format!("The {} spawn was refused: {text}", spawn.role))
                 } else {
                     ScriptedResponse::text(format!("The {} instance answered: {text}", spawn.role))

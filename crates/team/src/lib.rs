@@ -540,6 +540,7 @@ pub(crate) async fn run_instance(
             parent_instance_id,
             source: Some(crate::directed::call_source(&context.tool_call_id)),
             message_id: context.message_id.map(|id| id.to_string()),
+            tool_call_id: Some(context.tool_call_id.clone()),
         },
         role: role.to_owned(),
         budget: limit,

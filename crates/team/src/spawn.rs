@@ -39,10 +39,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// How the result of a refused `spawn_agent` call begins (then the code in parentheses and
-/// the reason).
-pub(crate) const DENIED_PREFIX: &str = "spawn denied ";
-
 /// How long a gated spawn waits for a decision when its role does not say.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -693,6 +689,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         parent_instance_id: spawner.ancestors.first().cloned(),
         source: Some(crate::directed::call_source(&context.tool_call_id)),
         message_id: context.message_id.map(|id| id.to_string()),
+        tool_call_id: Some(context.tool_call_id.clone()),
     };
     context
         .emit_team_event(
@@ -720,7 +717,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
                     },
                 )
                 .await?;
-            Err::<String, ToolError>(ToolError::Failed(format!("{DENIED_PREFIX}({code}): {error}")))
+            Err::<String, ToolError>(ToolError::Failed(agentry_events::spawn_denial_result(code, &error)))
         }
     };
     let (_policy, role, template) = match spawner.check(&args, &counts, before) {

@@ -255,7 +255,9 @@ impl AgentTeamContext {
     #[must_use]
     pub fn of(event: &EventEnvelope) -> Self {
         let team = event.team.clone().unwrap_or_default();
-        let TeamContext { mission_id, instance_id, parent_instance_id, source, message_id } = team;
+        // The tool call is the runtime's own bookkeeping: the wire names the message.
+        let TeamContext { mission_id, instance_id, parent_instance_id, source, message_id, tool_call_id: _ } =
+            team;
         Self {
             session_id: Some(event.session_id.to_string()),
             message_id,

@@ -671,7 +671,8 @@ pub async fn a_team_turn_cancelled_while_no_process_runs_it_ends_cancelled_when_
 
 /// Scenario: a gated spawn waiting for a person when its process hands the turn over is
 /// denied (`approval_denied`) when another process resumes the turn, so the request's
-/// lifecycle on the feed closes; the turn asks whether to run the call again.
+/// lifecycle on the feed closes; the call that asked gets the denial as its result (it had
+/// no effect, so it is not put to a person as a call in doubt) and the turn goes on.
 pub async fn a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_resume(harness: Harness) {
     use agentry_memory::Order;
     let team = |approvals: SpawnApprovals| {
@@ -692,8 +693,33 @@ pub async fn a_spawn_waiting_for_approval_when_its_process_stops_is_denied_on_re
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(agentry_runner::TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     let state = resumed[0].wait().await.unwrap();
-    assert!(!state.required_actions().is_empty(), "the call in doubt is put to a person: {state:?}");
+    let denial =
+        "spawn denied (approval_denied): the process running the turn stopped before the spawn was decided";
+    match &state {
+        agentry_types::TurnState::Done { output: Some(output), required_actions, .. } => {
+            assert!(required_actions.is_empty(), "nothing is put to a person: {required_actions:?}");
+            assert_eq!(output.message.content.as_deref(), Some(denial), "the coordinator is told");
+        }
+        other => panic!("the turn goes on to its answer, asking no one: {other:?}"),
+    }
     let events: Vec<Arc<EventEnvelope>> =
         resumed[0].events(Order::Asc).await.unwrap().into_iter().map(Arc::new).collect();
     assert_eq!(lifecycle(&events), pairs(&[("requested", "auditor"), ("denied", "approval_denied")]));
+    let responses: Vec<_> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ToolResponse { tool_call_id, content, .. } => {
+                Some((tool_call_id.as_str(), content.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(responses, [("spawn_0", denial)]);
+    // The denial is the call's journaled result: another recovery would not ask again.
+    let journal = harness.store.journal(turn.id()).await.unwrap();
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!(
+        journal[0].result.as_ref().map(|result| (result.content.as_str(), result.is_error)),
+        Some((denial, true))
+    );
 }

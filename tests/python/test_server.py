@@ -8,6 +8,7 @@ input, the event feeds and AG-UI (parsed with ``ag-ui-protocol``).
 """
 
 import base64
+import concurrent.futures
 import json
 import os
 import pty
@@ -1565,6 +1566,26 @@ class AgUi(unittest.TestCase):
             self.assertEqual(late.status_code, 409, late.text)
             self.assertEqual(late.json()["error"]["code"], "run_superseded")
             self.assertEqual(len(turns(thread)), 2)
+            # Copies of a new run sent at once (a client retrying on other connections)
+            # run it once: each copy streams that one turn.
+            once = {"threadId": thread, "runId": "r4", "messages": [{"id": "u3", "role": "user", "content": "once"}]}
+
+            def send_copy(_):
+                with http() as other:
+                    return text(agui_run(other, once))
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+                copies = list(pool.map(send_copy, range(6)))
+            self.assertEqual(len(set(copies)), 1, copies)
+            self.assertEqual(len(turns(thread)), 3)
+            # However many runs later, an earlier run is still recognised.
+            for index in range(40):
+                agui_run(h, {"threadId": thread, "runId": f"n{index}", "messages": [{"id": f"n{index}", "role": "user", "content": "next"}]})
+            for run_id, content in (("r4", "once"), ("r1", "hello there")):
+                late = h.post("/agui/demo", json={"threadId": thread, "runId": run_id, "messages": [{"id": "x", "role": "user", "content": content}]})
+                self.assertEqual(late.status_code, 409, late.text)
+                self.assertEqual(late.json()["error"]["code"], "run_superseded")
+            self.assertEqual(len(turns(thread)), 43)
 
             # A client tool answered the AG-UI way, with a tool message for its call.
             thread = f"tool-message-{tag}"

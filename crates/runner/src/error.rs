@@ -34,6 +34,16 @@ pub enum RunnerError {
         /// The resumed turn.
         turn_id: TurnId,
     },
+    /// A turn with the request's idempotency key exists already
+    /// ([`TurnRequest::idempotency_key`](crate::TurnRequest::idempotency_key)): nothing was
+    /// run again. Follow that turn by its id.
+    #[error("session {session_id} already has the turn of this idempotency key: {turn_id}")]
+    TurnExists {
+        /// The session.
+        session_id: SessionId,
+        /// The turn made with the key.
+        turn_id: TurnId,
+    },
     /// The session was cancelled; it takes no new turns.
     #[error("session {session_id} was cancelled and takes no new turns")]
     SessionCancelled {

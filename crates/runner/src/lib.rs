@@ -55,7 +55,10 @@ pub use budget::{Exhausted, Refused, Settled, Spent, Step, StepBudget};
 pub use engine::CancelToken;
 pub use error::{RunnerError, RuntimeResult};
 pub use live::EventStream;
-pub use runtime::{PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest};
+pub use runtime::{
+    MAX_IDEMPOTENCY_KEY, PreviousTurn, Runtime, RuntimeOptions, Session, TurnHandle, TurnRequest,
+    turn_id_for_key,
+};
 pub use streaming::{AdalFlowEventStream, RunnerStreamingResult};
 pub use tool::{
     ASK_USER_QUESTION, FunctionTool, SchemaValidator, ThreadInstance, ThreadResult, Tool, ToolContext,

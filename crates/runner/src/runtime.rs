@@ -194,6 +194,28 @@ pub enum PreviousTurn {
     Turn(TurnId),
 }
 
+/// The longest [`TurnRequest::idempotency_key`] taken, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 1024;
+
+/// The id of the turn of `session` created with idempotency key `key`
+/// ([`TurnRequest::idempotency_key`]): derived from both, so the same key names the same
+/// turn in every process, and never one of another session.
+#[must_use]
+pub fn turn_id_for_key(session: SessionId, key: &str) -> TurnId {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    let session = session.to_string();
+    for part in ["agentry turn key", session.as_str(), key] {
+        // Length-prefixed: no two pairs hash the same bytes.
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    TurnId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
 /// A request to create a turn.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TurnRequest {
@@ -213,6 +235,13 @@ pub struct TurnRequest {
     /// the page open, a selection), shown to the model after the agent's instructions.
     /// Each needs a description. Kept with the turn, so a recovered turn sees it too.
     pub client_context: Vec<ClientContext>,
+    /// A key naming this turn among its session's (a client's own id for the request, so
+    /// that a retry is recognised): the turn's id is derived from the session and the key
+    /// ([`turn_id_for_key`]), and a second request with the same key is refused with
+    /// [`RunnerError::TurnExists`] and runs nothing, however close together the two come,
+    /// also from another process sharing the store. At most [`MAX_IDEMPOTENCY_KEY`]
+    /// bytes, not blank.
+    pub idempotency_key: Option<String>,
 }
 
 impl TurnRequest {
@@ -232,6 +261,17 @@ impl TurnRequest {
 /// The rules a turn request breaks whatever turn it follows, besides its input's shape
 /// ([`check_shape`]): its client tools and its client context.
 fn check_request(agent: &Agent, request: &TurnRequest) -> RuntimeResult<()> {
+    if let Some(key) = &request.idempotency_key {
+        if key.trim().is_empty() {
+            return Err(RunnerError::InvalidInput("the idempotency key is blank".to_owned()));
+        }
+        if key.len() > MAX_IDEMPOTENCY_KEY {
+            return Err(RunnerError::InvalidInput(format!(
+                "the idempotency key is {} bytes long; at most {MAX_IDEMPOTENCY_KEY} are taken",
+                key.len()
+            )));
+        }
+    }
     check_client_tools(agent, &request.client_tools)?;
     if let Some(at) = request.client_context.iter().position(|item| item.description.trim().is_empty()) {
         return Err(RunnerError::InvalidInput(format!(
@@ -1148,10 +1188,14 @@ impl Session {
             && previous.as_ref().is_none_or(|run| run.state.is_terminal())
             && check_against_previous(&request.input, previous.as_ref()).is_ok()
         {
+            let turn_id = run.id;
             match runtime.start_turn(agent.clone(), run, previous, cancels_seen).await {
                 Err(StoreError::Conflict(Conflict::LatestTurnChanged { .. })) => {}
                 Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => {
                     return Err(RunnerError::TurnRunning { session_id: session.id });
+                }
+                Err(StoreError::Conflict(Conflict::AlreadyExists { .. })) => {
+                    return Err(RunnerError::TurnExists { session_id: session.id, turn_id });
                 }
                 started => return Ok(started?),
             }
@@ -1241,6 +1285,9 @@ impl Session {
         let created_by =
             request.created_by.clone().unwrap_or_else(|| self.runtime.inner.options.default_subject.clone());
         let mut run = RunRecord::new(self.id(), request.input.clone(), created_by);
+        if let Some(key) = &request.idempotency_key {
+            run.id = turn_id_for_key(self.id(), key);
+        }
         run.previous_turn_id = chained_on;
         run.client_tools.clone_from(&request.client_tools);
         run.client_context.clone_from(&request.client_context);
@@ -1272,6 +1319,17 @@ impl Session {
             // left by an engine that stopped without its end does not count).
             self.runtime.resume_under(session, running.clone(), lease.clone()).await?;
             return Ok(Leased::Resumed(running.id));
+        }
+        // Under the lease no other turn of the session can be stored, and a key's turn id
+        // is the session's own: this look-up decides for good. Before the input's check:
+        // a retry is told its turn exists, not that its input no longer fits.
+        if let Some(key) = &request.idempotency_key {
+            let turn_id = turn_id_for_key(self.id(), key);
+            match self.runtime.inner.store.get_run(turn_id).await {
+                Ok(_) => return Err(RunnerError::TurnExists { session_id: self.id(), turn_id }),
+                Err(error) if error.is_not_found() => {}
+                Err(error) => return Err(error.into()),
+            }
         }
         check_against_previous(&request.input, previous.as_ref())?;
         let run = self.new_run(request, previous.as_ref().map(|run| run.id))?;

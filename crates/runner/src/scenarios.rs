@@ -546,6 +546,74 @@ pub async fn of_fifty_concurrent_turns_on_one_session_exactly_one_runs(harness: 
     assert_eq!(turns.items.len(), 1, "refused turns store nothing");
 }
 
+/// Scenario: a turn request sent many times with one idempotency key (a client retrying)
+/// runs once, whether the copies come while it runs or after it ended, and each copy is
+/// told which turn has the key; a copy that would not fit the latest turn is told so too.
+pub async fn a_turn_request_with_a_key_runs_once_however_often_it_is_sent(harness: Harness) {
+    let (model, gate) = GatedModel::new("ok");
+    let runtime = runtime(&harness, Agent::builder("keyed", model).build());
+    let session = session_for(&runtime, "keyed").await;
+    let keyed =
+        |key: &str| TurnRequest { idempotency_key: Some(key.to_owned()), ..TurnRequest::message("hi") };
+    let expected = crate::turn_id_for_key(session.id(), "run-1");
+    let send = |request: TurnRequest| {
+        let session = session.clone();
+        tokio::spawn(async move { session.create_turn(request).await })
+    };
+    let results = futures_util::future::join_all((0..50).map(|_| send(keyed("run-1")))).await;
+    let mut started = Vec::new();
+    for result in results {
+        match result.unwrap() {
+            Ok(turn) => started.push(turn),
+            Err(RunnerError::TurnRunning { .. }) => {}
+            Err(RunnerError::TurnExists { turn_id, .. }) => assert_eq!(turn_id, expected),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+    assert_eq!(started.iter().map(TurnHandle::id).collect::<Vec<_>>(), [expected]);
+    gate.add_permits(1);
+    started[0].wait().await.unwrap();
+    // Sent again once it has ended: nothing runs again, and each copy is told the turn.
+    let late = futures_util::future::join_all((0..10).map(|_| send(keyed("run-1")))).await;
+    for result in late {
+        let result = result.unwrap();
+        assert!(
+            matches!(result, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == expected),
+            "{result:?}"
+        );
+    }
+    // Also when its input no longer fits the latest turn (it answers no pending call).
+    let answer = TurnRequest {
+        idempotency_key: Some("run-1".to_owned()),
+        ..TurnRequest::input(vec![TurnInputItem::allow(agentry_types::ThreadId::main(), "no_such_call")])
+    };
+    let result = session.create_turn(answer).await;
+    assert!(
+        matches!(result, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == expected),
+        "{result:?}"
+    );
+    // Another key is another turn; the same key in another session is that session's own.
+    gate.add_permits(2);
+    let second = session.create_turn(keyed("run-2")).await.unwrap();
+    assert_eq!(second.id(), crate::turn_id_for_key(session.id(), "run-2"));
+    second.wait().await.unwrap();
+    let other = session_for(&runtime, "keyed").await;
+    let theirs = other.create_turn(keyed("run-1")).await.unwrap();
+    assert_ne!(theirs.id(), expected);
+    theirs.wait().await.unwrap();
+    for (key, problem) in
+        [(" ".to_owned(), "blank"), ("k".repeat(crate::MAX_IDEMPOTENCY_KEY + 1), "bytes long")]
+    {
+        let result = session.create_turn(keyed(&key)).await;
+        assert!(
+            matches!(&result, Err(RunnerError::InvalidInput(message)) if message.contains(problem)),
+            "{result:?}"
+        );
+    }
+    let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap();
+    assert_eq!(turns.items.iter().map(TurnHandle::id).collect::<Vec<_>>(), [expected, second.id()]);
+}
+
 /// Scenario.
 pub async fn cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history(
     harness: Harness,
@@ -2775,6 +2843,7 @@ macro_rules! runner_scenarios {
             ask_user_question_pauses_for_the_client_and_its_answer_resumes_the_agent,
             input_that_breaks_the_rules_is_refused_and_stores_nothing,
             of_fifty_concurrent_turns_on_one_session_exactly_one_runs,
+            a_turn_request_with_a_key_runs_once_however_often_it_is_sent,
             cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history,
             a_turn_past_its_timeout_ends_cancelled_by_the_server,
             a_tool_past_its_timeout_gives_the_model_an_error_result,

@@ -9,8 +9,12 @@
 //! conversation, as clients send it each run) only what follows the last assistant
 //! message counts: its last user message is answered, and tool messages there for calls
 //! the thread waits on answer them as `resume` does. A client that goes away before its
-//! run's end cancels the turn. The thread's latest `runId` is kept in its session's state
-//! (`agentry.agui.last_run`): that run sent again is streamed again, not run twice.
+//! run's end cancels the turn. A run's turn is named by its `runId` (its id is derived from
+//! the session and the `runId`, and created atomically): that run sent again, at the same
+//! moment or later, on any server sharing the store, is streamed again while it is the
+//! thread's latest, refused (409 `run_superseded`) once the thread has gone on, and never
+//! run twice. (Builds before kept the latest and 32 earlier `runId`s in the session's
+//! state; those are still recognised.)
 //!
 //! A `threadId` names a session: the first run of an unknown thread creates a session for
 //! the agent, titled with the thread id, under an id derived from the caller, the agent and
@@ -25,7 +29,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use agentry_events::render::agui::{AguiEvent, AguiRenderer};
-use agentry_memory::{Conflict, Order, PageRequest, SessionUpdate, StoreError};
+use agentry_memory::{Conflict, Order, PageRequest, StoreError};
 use agentry_runner::{RunnerError, Session, TurnHandle, TurnRequest};
 use agentry_types::{
     ClientContext, RequiredAction, RequiredActionRecord, SessionId, Timestamp, ToolSpec, TurnInputItem,
@@ -500,31 +504,12 @@ async fn run(
     let slot = state.streams.take(&caller.0.subject_id)?;
     let session = thread_session(&state, &caller, &agent_name, &body.thread_id).await?;
     // A run sent again under its `runId` (a client retrying after a dropped connection) is
-    // the same run: its turn is streamed again from its start, not run a second time.
+    // the same run: its turn is streamed again from its start, not run a second time; one
+    // sent again after the thread went on was run already and is refused.
     if let Some(session) = session.as_ref()
-        && let Some(turn) = same_run(session, &body.run_id).await
+        && let Some(turn) = sent_before(session, &body.run_id, &body.thread_id).await?
     {
-        let frontend = body.tools.iter().map(|tool| tool.name.clone()).collect();
-        // The answers the client sent as tool messages are in its list already, as they
-        // were when the run was first sent.
-        let answered = answered_in_messages(&body, turn.record());
-        return Ok(stream_turn(&state, slot, turn, body.thread_id, body.run_id, answered, frontend));
-    }
-    // An earlier run sent again (a retry that arrived after the thread went on) was run
-    // already: running it again would repeat what it did.
-    if let Some(session) = session.as_ref()
-        && earlier_runs(session.record()).any(|earlier| earlier == body.run_id)
-    {
-        return Err(ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "run_superseded",
-            format!(
-                "run {} of thread {} was run already, and the thread has gone on since: it is not run again \
-                 (send a new runId for a new run)",
-                crate::error::quoted_id(&body.run_id),
-                crate::error::quoted_id(&body.thread_id)
-            ),
-        ));
+        return rerun(&state, slot, session, turn, body).await;
     }
     // A refused run changes nothing: a new thread's session is created once its input
     // checks out, and removed again if its first turn is refused.
@@ -551,10 +536,25 @@ async fn run(
         created_by: Some(caller.0.clone()),
         client_tools,
         client_context: body.context.clone(),
+        // The run's turn is named by its `runId`: a copy sent at the same moment (on
+        // another connection or server) finds it, and runs nothing.
+        idempotency_key: Some(run_key(&body.run_id)),
         ..TurnRequest::default()
     };
     let turn = match session.create_turn(request).await {
         Ok(turn) => turn,
+        Err(RunnerError::TurnExists { turn_id, .. }) => {
+            let turn = session.get_turn(turn_id).await?;
+            return rerun(&state, slot, &session, turn, body).await;
+        }
+        // A copy of this run sent at the same moment may be the running turn.
+        Err(error @ RunnerError::TurnRunning { .. }) => {
+            let ours = agentry_runner::turn_id_for_key(session.id(), &run_key(&body.run_id));
+            return match session.get_turn(ours).await {
+                Ok(turn) => rerun(&state, slot, &session, turn, body).await,
+                Err(_) => Err(error.into()),
+            };
+        }
         Err(error) => {
             if created {
                 discard_new_session(&state, &session).await;
@@ -585,19 +585,74 @@ async fn run(
         }
     };
     state.track(&turn);
-    remember_run(&state, &session, &body.run_id, &turn).await;
     Ok(stream_turn(&state, slot, turn, body.thread_id, body.run_id, answered_by_client, frontend_tools))
 }
 
-/// The session-state key under which a thread's latest run is kept: its `runId` and turn.
+/// The idempotency key of a run's turn ([`TurnRequest::idempotency_key`]).
+fn run_key(run_id: &str) -> String {
+    format!("agui-run:{run_id}")
+}
+
+/// The turn of a run sent before, if it was: named by its `runId` (see [`run_key`]), or
+/// for a run of a build that kept runs in the session's state instead, found there.
+async fn sent_before(session: &Session, run_id: &str, thread_id: &str) -> ApiResult<Option<TurnHandle>> {
+    let turn_id = agentry_runner::turn_id_for_key(session.id(), &run_key(run_id));
+    match session.get_turn(turn_id).await {
+        Ok(turn) => return Ok(Some(turn)),
+        Err(RunnerError::NotFound { .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    if let Some(turn) = noted_run(session, run_id).await {
+        return Ok(Some(turn));
+    }
+    if earlier_runs(session.record()).any(|earlier| earlier == run_id) {
+        return Err(superseded(run_id, thread_id));
+    }
+    Ok(None)
+}
+
+/// Answers a run sent again: the same run, streamed from its start, when its turn is the
+/// thread's latest; otherwise 409, as the thread has gone on since.
+async fn rerun(
+    state: &Arc<AppState>,
+    slot: sse::StreamSlot,
+    session: &Session,
+    turn: TurnHandle,
+    body: RunAgentInput,
+) -> ApiResult<Response> {
+    let latest = crate::harness::latest_turn(session).await?;
+    if latest.as_ref().map(TurnHandle::id) != Some(turn.id()) {
+        return Err(superseded(&body.run_id, &body.thread_id));
+    }
+    let frontend = body.tools.iter().map(|tool| tool.name.clone()).collect();
+    // The answers the client sent as tool messages are in its list already, as they
+    // were when the run was first sent.
+    let answered = answered_in_messages(&body, turn.record());
+    Ok(stream_turn(state, slot, turn, body.thread_id, body.run_id, answered, frontend))
+}
+
+/// 409 for a run sent again after its thread went on: running it again would repeat what
+/// it did.
+fn superseded(run_id: &str, thread_id: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::CONFLICT,
+        "run_superseded",
+        format!(
+            "run {} of thread {} was run already, and the thread has gone on since: it is not run again \
+             (send a new runId for a new run)",
+            crate::error::quoted_id(run_id),
+            crate::error::quoted_id(thread_id)
+        ),
+    )
+}
+
+/// The session-state key under which builds before runs were named by their `runId` kept
+/// a thread's latest run: its `runId` and turn.
 const LAST_RUN_KEY: &str = "agentry.agui.last_run";
 
-/// The session-state key under which the `runId`s of a thread's earlier runs are kept, the
-/// newest last ([`EARLIER_RUNS_KEPT`] of them).
+/// The session-state key under which those builds kept the `runId`s of a thread's earlier
+/// runs.
 const EARLIER_RUNS_KEY: &str = "agentry.agui.earlier_runs";
-
-/// How many earlier runs of a thread are recognised when sent again.
-const EARLIER_RUNS_KEPT: usize = 32;
 
 /// The longest `runId` taken.
 const MAX_RUN_ID_CHARS: usize = 200;
@@ -613,31 +668,9 @@ fn earlier_runs(record: &agentry_types::SessionRecord) -> impl Iterator<Item = &
         .filter_map(Value::as_str)
 }
 
-/// Notes the thread's latest run, so that the same run sent again is recognised, and keeps
-/// the run it replaces among the earlier ones (best effort: a thread whose note is lost
-/// answers a retry as a new run).
-async fn remember_run(state: &AppState, session: &Session, run_id: &str, turn: &TurnHandle) {
-    let mut keys = serde_json::Map::new();
-    // Read again now: a run of the thread that ended since this one was sent has noted
-    // itself there (the request's own copy would drop it from the list).
-    let fresh = state.runtime.store().get_session(session.id()).await.ok();
-    let record = fresh.as_ref().unwrap_or_else(|| session.record());
-    let replaced = record.state.get(LAST_RUN_KEY).and_then(|last| last.get("run_id")).and_then(Value::as_str);
-    if let Some(replaced) = replaced.filter(|replaced| *replaced != run_id) {
-        let mut earlier: Vec<&str> = earlier_runs(record).filter(|earlier| *earlier != replaced).collect();
-        earlier.push(replaced);
-        let skip = earlier.len().saturating_sub(EARLIER_RUNS_KEPT);
-        keys.insert(EARLIER_RUNS_KEY.to_owned(), json!(earlier[skip..]));
-    }
-    keys.insert(LAST_RUN_KEY.to_owned(), json!({"run_id": run_id, "turn_id": turn.id().to_string()}));
-    let update = SessionUpdate { state: Some(keys), ..SessionUpdate::default() };
-    if let Err(error) = state.runtime.store().update_session(session.id(), &update).await {
-        tracing::warn!(session = %session.id(), %error, "the AG-UI run could not be noted on its thread");
-    }
-}
-
-/// The turn of the thread's latest run when it is `run_id`: the same run sent again.
-async fn same_run(session: &Session, run_id: &str) -> Option<TurnHandle> {
+/// The turn a build that kept the thread's latest run in its session's state noted for
+/// `run_id`, if it did.
+async fn noted_run(session: &Session, run_id: &str) -> Option<TurnHandle> {
     let last = session.record().state.get(LAST_RUN_KEY)?;
     if last.get("run_id").and_then(Value::as_str) != Some(run_id) {
         return None;

@@ -118,6 +118,9 @@ impl From<RunnerError> for ApiError {
             RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. } => {
                 Self::precondition("turn_running", error.to_string())
             }
+            RunnerError::TurnExists { .. } => {
+                Self::new(StatusCode::CONFLICT, "turn_exists", error.to_string())
+            }
             RunnerError::SessionCancelled { .. } => {
                 Self::precondition("session_cancelled", error.to_string())
             }

@@ -286,6 +286,71 @@ impl fmt::Debug for RedbStore {
 
 /// Checks an existing file's schema version and marker through a read-only handle, which
 /// never changes the file. A file that needs crash recovery is checked after it is repaired.
+/// Refuses a redb file shorter than the layout its header records, before redb opens it.
+/// redb keeps its file at least that long (it grows the file before the header records a
+/// larger layout, and shrinks it only after it records a smaller one), so a shorter file
+/// was cut: copied while incomplete, or truncated by hand. redb itself refuses one closed
+/// cleanly, but rebuilds the layout of one that needs recovery (a crash, a copy of an open
+/// store) from the file's length, and then fails inside, after it has written to it.
+fn check_length(path: &Path) -> StoreResult<()> {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else { return Ok(()) };
+    let length = file.metadata().map_or(0, |metadata| metadata.len());
+    let mut header = [0u8; 32];
+    let read = file
+        .read(&mut header)
+        .map_err(|error| StoreError::Io(format!("cannot read {}: {error}", path.display())))?;
+    if length == 0 {
+        return Ok(());
+    }
+    let truncated = |needed: u64| {
+        StoreError::Corrupt(format!(
+            "{} is truncated: its header says {needed} bytes, the file has {length}; restore it from a backup \
+             (a copy taken while a server was writing it can be cut short)",
+            path.display()
+        ))
+    };
+    if read < header.len() {
+        return Err(truncated(header.len() as u64));
+    }
+    let field = |offset: usize| {
+        u64::from(u32::from_le_bytes([
+            header[offset],
+            header[offset + 1],
+            header[offset + 2],
+            header[offset + 3],
+        ]))
+    };
+    // The super-header's layout fields (redb's file format): page size, a region's header
+    // and data pages, the full regions and the data pages of a trailing partial one.
+    let (page, header_pages, data_pages, full, trailing) =
+        (field(12), field(16), field(20), field(24), field(28));
+    if page == 0 || data_pages == 0 || trailing > data_pages {
+        // Not a layout redb writes: redb's own checks name it.
+        return Ok(());
+    }
+    let region = (header_pages + data_pages) * page;
+    let trailing_region = if trailing > 0 { (header_pages + trailing) * page } else { 0 };
+    let needed = page + full * region + trailing_region;
+    if length < needed { Err(truncated(needed)) } else { Ok(()) }
+}
+
+/// Runs an open of a file, turning a panic inside redb (a damaged page it trips over) into
+/// an error naming the file.
+fn guard_panics<T>(path: &Path, open: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Err(StoreError::Corrupt(format!(
+            "{} is damaged: redb stopped reading it ({message}); restore it from a backup",
+            path.display()
+        )))
+    })
+}
+
 fn check_existing(path: &Path, mode: ConcurrencyMode) -> StoreResult<()> {
     let exists = std::fs::metadata(path).map(|metadata| metadata.len() > 0).unwrap_or(false);
     if !exists {
@@ -388,7 +453,8 @@ impl RedbStore {
         agentry_memory::rules::check_store_path(&path)?;
         agentry_memory::rules::check_store_format(&path, agentry_memory::rules::FileFormat::Redb)?;
         let mode = ConcurrencyMode::MultiWriter;
-        check_existing(&path, mode)?;
+        check_length(&path)?;
+        guard_panics(&path, || check_existing(&path, mode))?;
         let cannot_open = |error: redb::DatabaseError| match redb_error(error) {
             StoreError::Io(message) => StoreError::Io(format!("cannot open {}: {message}", path.display())),
             other => other,
@@ -399,21 +465,27 @@ impl RedbStore {
             builder
         };
         let switch = SyncSwitch::on();
-        let database = match options.durability {
-            Durability::Strict | Durability::Batched => builder.create(&path).map_err(cannot_open)?,
-            Durability::Relaxed => {
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
-                let backend = DeferredSyncBackend::new(file, switch.clone()).map_err(cannot_open)?;
-                builder.create_with_backend(backend).map_err(cannot_open)?
-            }
+        let open = || -> StoreResult<Database> {
+            let database = match options.durability {
+                Durability::Strict | Durability::Batched => builder.create(&path).map_err(cannot_open)?,
+                Durability::Relaxed => {
+                    let file = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&path)
+                        .map_err(|error| {
+                            StoreError::Io(format!("cannot open {}: {error}", path.display()))
+                        })?;
+                    let backend = DeferredSyncBackend::new(file, switch.clone()).map_err(cannot_open)?;
+                    builder.create_with_backend(backend).map_err(cannot_open)?
+                }
+            };
+            prepare(&database)?;
+            Ok(database)
         };
-        prepare(&database)?;
+        let database = guard_panics(&path, open)?;
         let file = agentry_memory::rules::FileIdentity::of(&path)?;
         let database = Arc::new(database);
         let (sender, receiver) = mpsc::channel::<Job>();

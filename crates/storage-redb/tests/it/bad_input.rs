@@ -71,6 +71,61 @@ async fn a_truncated_file_is_refused_and_left_alone() {
     assert!(std::fs::read(&path).unwrap() == truncated, "the refused file was changed");
 }
 
+/// A copy of a store taken while it was open (as `cp` of a running server's file, or a
+/// file left by a crash): redb marks such a file as needing recovery.
+async fn copied_while_open(dir: &Path) -> Vec<u8> {
+    let path = dir.join("live.redb");
+    populated(&path).await;
+    let store = open(&path).unwrap();
+    let session = SessionRecord::new(SessionType::Agent, "b", Subject::user("u"));
+    store.create_session(&session).await.unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    drop(store);
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_copy_of_an_open_store_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = copied_while_open(dir.path()).await;
+    // As it is, the copy opens: recovery is what a crash needs too.
+    let path = dir.path().join("copy.redb");
+    std::fs::write(&path, &full).unwrap();
+    drop(open(&path).expect("a copy of an open store is recovered"));
+    for length in [10, 4096, 32_768, 65_536, 131_072, full.len() / 2, full.len() - 4096] {
+        let truncated = &full[..length.min(full.len() - 1)];
+        std::fs::write(&path, truncated).unwrap();
+        let error = open(&path).expect_err("a truncated file must not open");
+        assert!(matches!(error, StoreError::Corrupt(_) | StoreError::Io(_)), "{length}: {error}");
+        assert!(
+            error.to_string().contains("truncated") || length < 4096,
+            "{length}: the error names the problem: {error}"
+        );
+        assert!(std::fs::read(&path).unwrap() == truncated, "{length}: the refused file was changed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_copy_of_an_open_store_is_refused_without_a_panic_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = copied_while_open(dir.path()).await;
+    let path = dir.path().join("copy.redb");
+    for start in [full.len() / 3, full.len() / 2, 2 * full.len() / 3] {
+        let mut damaged = full.clone();
+        let start = start / 4096 * 4096;
+        for (index, byte) in damaged[start..start + 3 * 4096].iter_mut().enumerate() {
+            *byte = (index % 251) as u8 ^ 0x5a;
+        }
+        std::fs::write(&path, &damaged).unwrap();
+        let opened = std::panic::catch_unwind(|| open(&path));
+        let Ok(result) = opened else { panic!("opening a damaged file panicked (pages from {start})") };
+        if let Err(error) = result {
+            assert!(matches!(error, StoreError::Corrupt(_)), "{start}: {error}");
+            assert!(std::fs::read(&path).unwrap() == damaged, "{start}: the refused file was changed");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_from_a_newer_schema_version_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

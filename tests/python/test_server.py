@@ -9,6 +9,7 @@ input, the event feeds and AG-UI (parsed with ``ag-ui-protocol``).
 
 import base64
 import concurrent.futures
+import contextlib
 import json
 import os
 import pty
@@ -17,6 +18,7 @@ import shutil
 import time
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -464,6 +466,29 @@ class Durable(unittest.TestCase):
             if first.poll() is None:
                 first.kill()
             closed(first, log)
+
+    def test_a_stopped_server_leaves_its_whole_store_in_the_database_file(self):
+        # An operator who stops the server and copies the database file gets every write:
+        # nothing is left only in SQLite's log beside it.
+        for attempt in range(3):
+            workdir, config = write_config(f"stopped-{attempt}", "")
+            server, url, log = start_server(workdir, config)
+            try:
+                with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {ALICE}"}) as h:
+                    for _ in range(40):
+                        created = h.post("/v1/agents/sessions", json={"agent_name": "demo"})
+                        self.assertEqual(created.status_code, 200, created.text)
+                server.send_signal(signal.SIGTERM)
+                self.assertEqual(server.wait(timeout=30), 0)
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                closed(server, log)
+            copy = os.path.join(workdir, "copy.db")
+            shutil.copyfile(os.path.join(workdir, "agentry.db"), copy)
+            with contextlib.closing(sqlite3.connect(copy)) as database:
+                (count,) = database.execute("SELECT count(*) FROM sessions").fetchone()
+            self.assertEqual(count, 40, f"attempt {attempt}: the file alone holds {count} of 40 sessions")
 
     def test_a_killed_server_finishes_the_turn_after_restart(self):
         workdir, config = write_config("durable", "[runtime]\nlease_ttl_secs = 2\n", durability="strict")

@@ -805,6 +805,9 @@ impl BudgetStore for InMemoryStore {
     }
 }
 
+/// Nothing to make whole: the store is the process's memory.
+impl crate::Checkpoint for InMemoryStore {}
+
 #[async_trait]
 impl LeaseStore for InMemoryStore {
     async fn acquire_lease(

@@ -47,8 +47,8 @@ pub use in_memory::InMemoryStore;
 pub use page::{MAX_PAGE, Order, Page, PageRequest, decode_key, decode_token, encode_token, runs_kind};
 pub use remembered::{RememberedTurns, TurnFacts};
 pub use store::{
-    BudgetStore, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore, LeaseStore,
-    MAX_HISTORY_SCAN, MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore, SessionQuery,
-    SessionStore, SessionUpdate, Store, StoredEvent, TurnStart, TurnStep, UserStore,
+    BudgetStore, Checkpoint, DEFAULT_HISTORY_RUNS, EventStore, FeedQuery, HistoryQuery, JournalStore,
+    LeaseStore, MAX_HISTORY_SCAN, MAX_RECORD_BYTES, MessageStore, ParentFilter, RunQuery, RunStore,
+    SessionQuery, SessionStore, SessionUpdate, Store, StoredEvent, TurnStart, TurnStep, UserStore,
 };
 pub use views::{LastRunsQuery, TeamSession, run_output};

@@ -646,6 +646,23 @@ pub trait LeaseStore: Send + Sync {
     async fn list_leases(&self, after: Option<SessionId>, limit: usize) -> StoreResult<Vec<Lease>>;
 }
 
+/// Keeping a store's file whole on its own.
+#[async_trait]
+pub trait Checkpoint: Send + Sync {
+    /// Makes everything acknowledged so far whole in the store's own file, so that the
+    /// file alone (a copy of it, say) holds the store: SQLite copies its write-ahead log
+    /// into the file and empties the log. A backend that keeps no separate log has nothing
+    /// to do (the default). Writes go on as before after it. A server calls it as it stops:
+    /// its last handle may be dropped only as the process exits, if at all.
+    ///
+    /// Errors: `Io` when the log could not be emptied (a reader in another process held it
+    /// for the busy timeout): the log still holds what the file lacks, and the next open
+    /// replays it.
+    async fn checkpoint(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
 /// Everything a backend provides.
 pub trait Store:
     SessionStore
@@ -656,6 +673,7 @@ pub trait Store:
     + JournalStore
     + BudgetStore
     + LeaseStore
+    + Checkpoint
     + std::fmt::Debug
 {
 }
@@ -669,6 +687,7 @@ impl<T> Store for T where
         + JournalStore
         + BudgetStore
         + LeaseStore
+        + Checkpoint
         + std::fmt::Debug
 {
 }

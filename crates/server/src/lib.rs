@@ -439,6 +439,11 @@ impl Server {
             }
         });
         futures_util::future::join_all(closing).await;
+        // The store's file alone holds every write from here: the process may exit before
+        // the store's last handle is dropped (tasks are dropped in the background).
+        if let Err(error) = runtime.store().checkpoint().await {
+            tracing::warn!(%error, "the store's file could not be made whole before stopping");
+        }
         Ok(())
     }
 }

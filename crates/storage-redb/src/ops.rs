@@ -1491,6 +1491,9 @@ fn put_lease(transaction: &WriteTransaction, lease: &Lease, body: &[u8]) -> Stor
     Ok(())
 }
 
+/// Nothing to do: redb commits into its file, with no log beside it.
+impl agentry_memory::Checkpoint for RedbStore {}
+
 #[async_trait]
 impl LeaseStore for RedbStore {
     async fn acquire_lease(

@@ -377,6 +377,20 @@ impl SqliteStore {
         })
     }
 
+    /// How long a statement waits for another connection's lock.
+    pub(crate) fn busy_timeout(&self) -> Duration {
+        self.inner.options.busy_timeout
+    }
+
+    /// Empties the log into the file on a connection of its own, opened for it (blocking);
+    /// whether it did ([`empty_log`]).
+    pub(crate) fn empty_log_now(&self) -> StoreResult<bool> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let connection = Connection::open_with_flags(&self.inner.path, flags).map_err(sqlite)?;
+        configure(&connection, &self.inner.options)?;
+        Ok(empty_log(&connection))
+    }
+
     /// The file the store lives in.
     #[must_use]
     pub fn path(&self) -> &Path {

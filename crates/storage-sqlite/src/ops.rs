@@ -1217,6 +1217,37 @@ fn put_lease(connection: &Connection, lease: &Lease) -> StoreResult<()> {
 }
 
 #[async_trait]
+impl agentry_memory::Checkpoint for SqliteStore {
+    /// Copies the log into the file and empties it (a truncating checkpoint), on a
+    /// connection of its own outside any transaction (the readers' are read-only, and the
+    /// writer's may be in one): every acknowledged write is committed, so it is copied.
+    /// The writer's own checkpoints go on afterwards.
+    async fn checkpoint(&self) -> StoreResult<()> {
+        // A checkpoint running on another connection (the store's own checkpointer, after
+        // each commit) makes this one give up at once rather than wait: tried again for
+        // as long as the busy timeout.
+        let deadline = tokio::time::Instant::now() + self.busy_timeout();
+        loop {
+            let store = self.clone();
+            let emptied = tokio::task::spawn_blocking(move || store.empty_log_now())
+                .await
+                .map_err(|error| StoreError::Io(format!("the checkpoint task failed: {error}")))??;
+            if emptied {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Io(format!(
+                    "the log of {} could not be copied into it: another connection held it for the busy \
+                     timeout; the next open replays it",
+                    self.path().display()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
 impl LeaseStore for SqliteStore {
     async fn acquire_lease(
         &self,

@@ -46,3 +46,29 @@ async fn every_durability_mode_keeps_concurrent_writes_across_a_reopen() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_checkpoint_the_file_alone_holds_every_acknowledged_write() {
+    use agentry_memory::{Checkpoint, SessionStore};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+    let mut ids = Vec::new();
+    for index in 0..40 {
+        let session = SessionRecord::new(SessionType::Agent, format!("agent-{index}"), Subject::user("u"));
+        store.create_session(&session).await.unwrap();
+        ids.push(session.id);
+    }
+    store.checkpoint().await.unwrap();
+    // The file alone, copied while the store is still open (its log left behind).
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    let copied = SqliteStore::open(&copy, SqliteOptions::default()).unwrap();
+    for id in ids {
+        copied.get_session(id).await.unwrap();
+    }
+    // Writes go on as before.
+    let later = SessionRecord::new(SessionType::Agent, "later", Subject::user("u"));
+    store.create_session(&later).await.unwrap();
+    store.get_session(later.id).await.unwrap();
+}

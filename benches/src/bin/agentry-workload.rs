@@ -13,7 +13,8 @@
 //! <session id>` deletes a session, each printing `ok…` or `refused <error>`: the second
 //! process of the shared-file tests. `agentry-workload append-rate <backend> <path>
 //! <durability> <writers> <events per writer> [<events per call>]` measures sustained append
-//! throughput.
+//! throughput. `agentry-workload io-error <backend> <path>` writes through a real I/O
+//! error (a file size limit, set and lifted with `prlimit`) and checks the store recovers.
 
 // A workload driver reports on standard output.
 #![allow(clippy::print_stdout)]
@@ -132,6 +133,71 @@ async fn append_one(backend: &str, path: &str, durability: &str, turn: &str, seq
     Ok(())
 }
 
+/// Sets this process's file size limit (the soft one) with `prlimit`; `None` lifts it.
+fn limit_file_size(bytes: Option<u64>) -> Result<()> {
+    let limit = bytes.map_or_else(|| "unlimited:".to_owned(), |bytes| format!("{bytes}:"));
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), &format!("--fsize={limit}")])
+        .status()
+        .context("running prlimit")?;
+    if !status.success() {
+        bail!("prlimit failed: {status}");
+    }
+    Ok(())
+}
+
+/// A real I/O error in the middle of a store's life (a full disk, in effect): the file
+/// size limit is set to the store file's size, writes go on until one fails, the limit is
+/// lifted, and the very next write must succeed with every write acknowledged before it
+/// still there. Prints `failed <error>` and `recovered <sessions>`.
+async fn io_error(backend: &str, path: &str) -> Result<()> {
+    // A write past the limit also raises SIGXFSZ (25 on Linux), whose default ends the
+    // process: listening for it leaves the write to fail with EFBIG.
+    let _xfsz = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(25))?;
+    let store = open_store(backend, path.as_ref(), agentry_memory::Durability::Batched)
+        .context("opening the store")?;
+    let new_session = || SessionRecord::new(SessionType::Agent, "io".repeat(400), Subject::user("io"));
+    let mut kept = Vec::new();
+    for _ in 0..20 {
+        let session = new_session();
+        store.create_session(&session).await?;
+        kept.push(session.id);
+    }
+    limit_file_size(Some(std::fs::metadata(path)?.len()))?;
+    let mut failure = None;
+    for _ in 0..100_000 {
+        let session = new_session();
+        match store.create_session(&session).await {
+            Ok(()) => kept.push(session.id),
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    let failure = failure.context("no write failed under the file size limit")?;
+    println!("failed {failure}");
+    // Tried again while the limit holds: refused, or stored where the file has room.
+    let again = new_session();
+    if store.create_session(&again).await.is_ok() {
+        kept.push(again.id);
+    }
+    limit_file_size(None)?;
+    // A read first, as a readiness probe's would be, then a write: each goes through.
+    store
+        .list_sessions(&SessionQuery::default(), &PageRequest::first(1))
+        .await
+        .context("the first read once the file can grow again")?;
+    let session = new_session();
+    store.create_session(&session).await.context("the first write once the file can grow again")?;
+    kept.push(session.id);
+    for id in &kept {
+        store.get_session(*id).await.with_context(|| format!("acknowledged session {id}"))?;
+    }
+    println!("recovered {}", kept.len());
+    Ok(())
+}
+
 /// Deletes a session; prints `ok` or `refused <error>`.
 async fn delete_session(backend: &str, path: &str, durability: &str, session: &str) -> Result<()> {
     let durability = durability.parse().map_err(anyhow::Error::msg)?;
@@ -201,6 +267,7 @@ fn main() -> Result<()> {
         ["delete-session", backend, path, durability, session] => {
             runtime.block_on(delete_session(backend, path, durability, session))
         }
+        ["io-error", backend, path] => runtime.block_on(io_error(backend, path)),
         ["append-rate", backend, path, durability, writers, per_writer] => {
             runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, 1))
         }
@@ -208,7 +275,7 @@ fn main() -> Result<()> {
             append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, per_call.parse()?),
         ),
         _ => bail!(
-            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]"
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]\n       agentry-workload io-error <sqlite|redb> <path>"
         ),
     }
 }

@@ -94,3 +94,30 @@ async fn sqlite_writer_sees_a_session_deleted_by_another_process() {
 async fn redb_writer_sees_a_session_deleted_by_another_process() {
     sees_a_session_deleted_by_another_process("redb").await;
 }
+
+/// A real I/O error (the file cannot grow: a file size limit on the child, as a full disk
+/// would) fails writes with the reason; once the file can grow again the next write
+/// succeeds and nothing acknowledged is lost, without a restart. redb answers every call
+/// after one I/O error with "Previous I/O error" until its file is opened again.
+fn recovers_from_an_io_error(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("io.{backend}"));
+    let output = Command::new(env!("CARGO_BIN_EXE_agentry-workload"))
+        .args(["io-error", backend, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.lines().any(|line| line.starts_with("failed ")), "{stdout}");
+    assert!(stdout.lines().any(|line| line.starts_with("recovered ")), "{stdout}");
+}
+
+#[test]
+fn sqlite_recovers_from_an_io_error_without_a_restart() {
+    recovers_from_an_io_error("sqlite");
+}
+
+#[test]
+fn redb_recovers_from_an_io_error_without_a_restart() {
+    recovers_from_an_io_error("redb");
+}

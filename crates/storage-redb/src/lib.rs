@@ -44,8 +44,9 @@ mod tables;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -171,10 +172,12 @@ trait WriteJob: Send {
         false
     }
 
-    /// Runs a job that [`WriteJob::is_read`] on a snapshot of `database`, and reports.
-    fn read(self: Box<Self>, database: &Database) {
+    /// Runs a job that [`WriteJob::is_read`] on a snapshot of `database`, and reports;
+    /// returns the read's error, if it failed.
+    fn read(self: Box<Self>, database: &Database) -> Result<(), StoreError> {
         let _ = database;
         self.fail(StoreError::Io("a write was run as a read".to_owned()));
+        Ok(())
     }
 }
 
@@ -202,13 +205,15 @@ where
         true
     }
 
-    fn read(self: Box<Self>, database: &Database) {
+    fn read(self: Box<Self>, database: &Database) -> Result<(), StoreError> {
         let Self { work, reply } = *self;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             database.begin_read().map_err(redb_error).and_then(|transaction| work(&transaction))
         }))
         .unwrap_or_else(|_| Err(StoreError::Io("a read panicked".to_owned())));
+        let failed = result.as_ref().err().cloned();
         let _ = reply.send(result);
+        failed.map_or(Ok(()), Err)
     }
 }
 
@@ -247,10 +252,52 @@ where
 
 type Job = Box<dyn WriteJob>;
 
+/// The open database, shared by the writer thread and the reads: `None` while the writer
+/// reopens the file after an I/O error (see [`Reopen`]).
+type Slot = Arc<RwLock<Option<Arc<Database>>>>;
+
+/// What the writer thread and the reads share to recover from an I/O error. redb answers
+/// every call after one with "Previous I/O error occurred. Please close and re-open the
+/// database" (a full disk, a file briefly unwritable), so the store does that: the writer
+/// thread closes its handle and opens the file again when it next has a job, and the reads
+/// go through it meanwhile.
+#[derive(Clone)]
+struct Reopen {
+    slot: Slot,
+    /// Set by a read that met such an error: the writer reopens before its next batch.
+    broken: Arc<AtomicBool>,
+}
+
+impl Reopen {
+    /// The database to read from, unless it is to be reopened first.
+    fn current(&self) -> Option<Arc<Database>> {
+        if self.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.slot.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Notes an error of a read: one that needs the file reopened marks the store broken.
+    fn note<R>(&self, result: &StoreResult<R>) {
+        if let Err(error) = result
+            && needs_reopen(error)
+        {
+            self.broken.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Whether an error leaves redb's handle unusable until the file is opened again: an I/O
+/// error of redb's (after which it answers "Previous I/O error" to everything).
+fn needs_reopen(error: &StoreError) -> bool {
+    matches!(error, StoreError::Io(message)
+        if message.contains("Previous I/O error") || message.contains("redb failed: I/O error"))
+}
+
 struct Inner {
     path: PathBuf,
     options: RedbOptions,
-    database: Arc<Database>,
+    reopen: Reopen,
     writer: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     replies: Replies,
@@ -284,8 +331,6 @@ impl fmt::Debug for RedbStore {
     }
 }
 
-/// Checks an existing file's schema version and marker through a read-only handle, which
-/// never changes the file. A file that needs crash recovery is checked after it is repaired.
 /// Refuses a redb file shorter than the layout its header records, before redb opens it.
 /// redb keeps its file at least that long (it grows the file before the header records a
 /// larger layout, and shrinks it only after it records a smaller one), so a shorter file
@@ -351,6 +396,8 @@ fn guard_panics<T>(path: &Path, open: impl FnOnce() -> StoreResult<T>) -> StoreR
     })
 }
 
+/// Checks an existing file's schema version and marker through a read-only handle, which
+/// never changes the file. A file that needs crash recovery is checked after it is repaired.
 fn check_existing(path: &Path, mode: ConcurrencyMode) -> StoreResult<()> {
     let exists = std::fs::metadata(path).map(|metadata| metadata.len() > 0).unwrap_or(false);
     if !exists {
@@ -443,6 +490,35 @@ fn migrate(write: &WriteTransaction) -> StoreResult<()> {
     ops::create_tables(write)
 }
 
+/// Opens the file read-write (repairing it after a crash) and prepares it ([`prepare`]);
+/// a panic inside redb is an error naming the file.
+fn open_database(path: &Path, options: &RedbOptions, switch: &SyncSwitch) -> StoreResult<Database> {
+    let cannot_open = |error: redb::DatabaseError| match redb_error(error) {
+        StoreError::Io(message) => StoreError::Io(format!("cannot open {}: {message}", path.display())),
+        other => other,
+    };
+    let mut builder = Database::builder();
+    builder.set_concurrency_mode(ConcurrencyMode::MultiWriter).set_cache_size(options.cache_bytes);
+    guard_panics(path, || {
+        let database = match options.durability {
+            Durability::Strict | Durability::Batched => builder.create(path).map_err(cannot_open)?,
+            Durability::Relaxed => {
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|error| StoreError::Io(format!("cannot open {}: {error}", path.display())))?;
+                let backend = DeferredSyncBackend::new(file, switch.clone()).map_err(cannot_open)?;
+                builder.create_with_backend(backend).map_err(cannot_open)?
+            }
+        };
+        prepare(&database)?;
+        Ok(database)
+    })
+}
+
 impl RedbStore {
     /// Opens (creating if needed) the store at `path`.
     ///
@@ -455,55 +531,32 @@ impl RedbStore {
         let mode = ConcurrencyMode::MultiWriter;
         check_length(&path)?;
         guard_panics(&path, || check_existing(&path, mode))?;
-        let cannot_open = |error: redb::DatabaseError| match redb_error(error) {
-            StoreError::Io(message) => StoreError::Io(format!("cannot open {}: {message}", path.display())),
-            other => other,
-        };
-        let builder = {
-            let mut builder = Database::builder();
-            builder.set_concurrency_mode(mode).set_cache_size(options.cache_bytes);
-            builder
-        };
         let switch = SyncSwitch::on();
-        let open = || -> StoreResult<Database> {
-            let database = match options.durability {
-                Durability::Strict | Durability::Batched => builder.create(&path).map_err(cannot_open)?,
-                Durability::Relaxed => {
-                    let file = std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .open(&path)
-                        .map_err(|error| {
-                            StoreError::Io(format!("cannot open {}: {error}", path.display()))
-                        })?;
-                    let backend = DeferredSyncBackend::new(file, switch.clone()).map_err(cannot_open)?;
-                    builder.create_with_backend(backend).map_err(cannot_open)?
-                }
-            };
-            prepare(&database)?;
-            Ok(database)
-        };
-        let database = guard_panics(&path, open)?;
+        let database = open_database(&path, &options, &switch)?;
         let file = agentry_memory::rules::FileIdentity::of(&path)?;
-        let database = Arc::new(database);
+        let reopen = Reopen {
+            slot: Arc::new(RwLock::new(Some(Arc::new(database)))),
+            broken: Arc::new(AtomicBool::new(false)),
+        };
         let (sender, receiver) = mpsc::channel::<Job>();
-        let writer_database = database.clone();
-        let writer_options = options.clone();
-        let load = Arc::new(WriterLoad::default());
-        let writer_load = load.clone();
+        let writer = Writer {
+            path: path.clone(),
+            options: options.clone(),
+            switch,
+            load: Arc::new(WriterLoad::default()),
+            file,
+            reopen: reopen.clone(),
+        };
+        let load = writer.load.clone();
         let thread = std::thread::Builder::new()
             .name("agentry-redb-writer".to_owned())
-            .spawn(move || {
-                write_loop(&writer_database, &receiver, &writer_options, &switch, &writer_load, &file)
-            })
+            .spawn(move || writer.run(&receiver))
             .map_err(|error| StoreError::Io(format!("cannot start the redb writer thread: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
                 options,
-                database,
+                reopen,
                 writer: Some(sender),
                 thread: Some(thread),
                 replies: Replies::default(),
@@ -571,16 +624,25 @@ impl RedbStore {
                 Ok(result) => return result,
                 Err(work) => work,
             };
-        let database = self.inner.database.clone();
+        let Some(database) = inner.reopen.current() else {
+            // The file is to be opened again: the writer thread does it, then runs the read.
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let writer = inner.writer.as_ref().ok_or(StoreError::Closed)?;
+            writer.send(job(work, reply)).map_err(|_| StoreError::Closed)?;
+            return inner.replies.wait(answer).await?;
+        };
         let read = tokio::task::spawn_blocking(move || {
             let transaction = database.begin_read().map_err(redb_error)?;
             work(&transaction)
         });
-        self.inner
+        let result = self
+            .inner
             .replies
             .read(read, small)
             .await
-            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
+            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?;
+        inner.reopen.note(&result);
+        result
     }
 }
 
@@ -588,10 +650,86 @@ impl RedbStore {
 /// to come back (see [`GroupCommit`]); small next to the syncs every commit pays.
 const BATCHED_LINGER: Duration = Duration::from_micros(200);
 
-/// The writer thread: takes the jobs waiting, runs the reads among them first (each on a
-/// snapshot of its own), then the writes in one transaction, commits, and reports to
-/// every write. Under `relaxed`, committed writes wait for a sync to disk about
-/// [`RedbOptions::relaxed_sync_interval`] at most.
+/// The writer thread's own: what it opens the file with again after an I/O error.
+struct Writer {
+    path: PathBuf,
+    options: RedbOptions,
+    switch: SyncSwitch,
+    load: Arc<WriterLoad>,
+    file: agentry_memory::rules::FileIdentity,
+    reopen: Reopen,
+}
+
+/// Why [`Writer::serve`] returned.
+enum Ended {
+    /// The store was dropped: every handle's channel end is gone.
+    Disconnected,
+    /// redb's handle is unusable after an I/O error: the file is to be opened again, then
+    /// these jobs (taken, not yet run) served.
+    Broken(Vec<Job>),
+}
+
+impl Writer {
+    /// The writer thread: serves jobs, and after an I/O error opens the file again before
+    /// it serves the next ones. While it cannot (the disk is still full), each job fails
+    /// with the reason, and the next job tries again.
+    fn run(self, jobs: &mpsc::Receiver<Job>) {
+        let mut pending = Vec::new();
+        loop {
+            let database = self.reopen.slot.read().unwrap_or_else(PoisonError::into_inner).clone();
+            let ended = match database {
+                Some(database) => self.serve(&database, jobs, std::mem::take(&mut pending)),
+                None => Ended::Broken(std::mem::take(&mut pending)),
+            };
+            let Ended::Broken(waiting) = ended else { return };
+            match self.reopen_file() {
+                Ok(()) => pending = waiting,
+                Err(error) => {
+                    for job in waiting {
+                        job.fail(error.clone());
+                    }
+                    match jobs.recv() {
+                        Ok(job) => pending.push(job),
+                        Err(_) => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Closes the handle (once the reads holding it are done) and opens the file again;
+    /// leaves no handle when that fails.
+    fn reopen_file(&self) -> StoreResult<()> {
+        let old = self.reopen.slot.write().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(old) = old {
+            let held = Arc::downgrade(&old);
+            drop(old);
+            // A read holds it for one snapshot: redb's file locks go with the last one.
+            let until = Instant::now() + Duration::from_secs(5);
+            while held.strong_count() > 0 && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // The file at the path must still be the one this store opened.
+        self.file.check()?;
+        let database = open_database(&self.path, &self.options, &self.switch)?;
+        *self.reopen.slot.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(database));
+        self.reopen.broken.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Takes the jobs waiting (`pending` first), runs the reads among them first (each on
+    /// a snapshot of its own), then the writes in one transaction, commits, and reports to
+    /// every write. Under `relaxed`, committed writes wait for a sync to disk about
+    /// [`RedbOptions::relaxed_sync_interval`] at most.
+    fn serve(&self, database: &Database, jobs: &mpsc::Receiver<Job>, pending: Vec<Job>) -> Ended {
+        let Self { options, switch, load, file, reopen, .. } = self;
+        write_loop(database, jobs, options, switch, load, file, &reopen.broken, pending)
+    }
+}
+
+/// [`Writer::serve`].
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
 fn write_loop(
     database: &Database,
     jobs: &mpsc::Receiver<Job>,
@@ -599,7 +737,19 @@ fn write_loop(
     switch: &SyncSwitch,
     load: &WriterLoad,
     file: &agentry_memory::rules::FileIdentity,
-) {
+    broken: &AtomicBool,
+    mut pending: Vec<Job>,
+) -> Ended {
+    // Set by an error that leaves redb's handle unusable: the next batch waits for the
+    // file to be opened again.
+    let failed = std::cell::Cell::new(false);
+    let note = |error: &StoreError| {
+        if needs_reopen(error) {
+            failed.set(true);
+            // Reads come here from now on, not to the unusable handle.
+            broken.store(true, Ordering::Release);
+        }
+    };
     let (max_batch, linger) = match options.durability {
         Durability::Strict => (1, Duration::ZERO),
         Durability::Batched => (options.max_batch.max(1), BATCHED_LINGER),
@@ -614,22 +764,34 @@ fn write_loop(
     loop {
         // Only commits left unsynced need the writer to wake up without a job: an idle
         // store sleeps (a zero interval syncs every commit, and never waits with zero).
-        let wait = unsynced.then_some(options.relaxed_sync_interval);
-        let batch = match gather.next_batch(jobs, wait) {
-            Ok(batch) => batch,
-            Err(RecvTimeoutError::Timeout) => {
-                if unsynced && sync_idle(database, switch, load).is_ok() {
-                    unsynced = false;
-                    last_sync = Instant::now();
+        let wait = (unsynced && !failed.get()).then_some(options.relaxed_sync_interval);
+        let batch = if pending.is_empty() {
+            match gather.next_batch(jobs, wait) {
+                Ok(batch) => batch,
+                Err(RecvTimeoutError::Timeout) => {
+                    match sync_idle(database, switch, load) {
+                        Ok(()) => {
+                            unsynced = false;
+                            last_sync = Instant::now();
+                        }
+                        Err(error) => note(&error),
+                    }
+                    continue;
                 }
-                continue;
+                Err(RecvTimeoutError::Disconnected) => break,
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+        } else {
+            std::mem::take(&mut pending)
         };
+        if failed.get() || broken.load(Ordering::Acquire) {
+            return Ended::Broken(batch);
+        }
         let batch = if batch.iter().any(|job| job.is_read()) {
             let (reads, writes): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.is_read());
             for read in reads {
-                read.read(database);
+                if let Err(error) = read.read(database) {
+                    note(&error);
+                }
             }
             if writes.is_empty() {
                 // No write committed: the next batch waits for no writers. Reads coming
@@ -666,6 +828,7 @@ fn write_loop(
             Ok(transaction) => transaction,
             Err(error) => {
                 let error = redb_error(error);
+                note(&error);
                 for job in batch {
                     job.fail(error.clone());
                 }
@@ -683,6 +846,7 @@ fn write_loop(
         let generation = match counter(&transaction, "generation") {
             Ok(generation) => generation,
             Err(error) => {
+                note(&error);
                 for job in batch {
                     job.fail(error.clone());
                 }
@@ -742,6 +906,7 @@ fn write_loop(
             poisoned = counters.err();
         }
         if let Some(error) = poisoned {
+            note(&error);
             turns.forget_all();
             let _ = transaction.abort();
             for finish in finishes {
@@ -765,6 +930,9 @@ fn write_loop(
         } else {
             turns.forget_all();
         }
+        if let Err(error) = &committed {
+            note(error);
+        }
         for finish in finishes {
             finish(committed.clone());
         }
@@ -773,6 +941,7 @@ fn write_loop(
         let _ = sync(database, switch);
     }
     switch.set(true);
+    Ended::Disconnected
 }
 
 /// [`sync`] while no write waits: counted as one, so that no read is sent to wait
@@ -812,6 +981,7 @@ pub(crate) fn set_counter(transaction: &WriteTransaction, name: &str, value: u64
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
 
     use agentry_memory::handoff::{self, WriterLoad};
@@ -826,6 +996,13 @@ mod tests {
 
     fn count(transaction: &ReadTransaction) -> StoreResult<u64> {
         Ok(transaction.open_table(ROWS).unwrap().len().unwrap())
+    }
+
+    /// Runs the write loop on `database` until the queue's senders are gone.
+    fn serve(database: &Database, queue: &mpsc::Receiver<Job>, file: &agentry_memory::rules::FileIdentity) {
+        let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
+        let (broken, load) = (AtomicBool::new(false), WriterLoad::default());
+        write_loop(database, queue, &options, &SyncSwitch::on(), &load, file, &broken, Vec::new());
     }
 
     fn read(jobs: &mpsc::Sender<Job>) -> oneshot::Receiver<StoreResult<u64>> {
@@ -863,10 +1040,7 @@ mod tests {
         let first = read(&jobs);
         let refused = insert(&jobs, 2, true);
         let second = read(&jobs);
-        let writer = std::thread::spawn(move || {
-            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
-        });
+        let writer = std::thread::spawn(move || serve(&database, &queue, &file));
         let (accepted, first, refused, second) = (
             accepted.blocking_recv().unwrap(),
             first.blocking_recv().unwrap(),
@@ -900,10 +1074,7 @@ mod tests {
             panic!("a bug in a write");
         };
         jobs.send(Box::new(TypedJob { work, reply })).unwrap();
-        let writer = std::thread::spawn(move || {
-            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
-        });
+        let writer = std::thread::spawn(move || serve(&database, &queue, &file));
         let (accepted, panicked) = (accepted.blocking_recv().unwrap(), panicked.blocking_recv().unwrap());
         // The writer goes on.
         let later = insert(&jobs, 3, false).blocking_recv().unwrap();
@@ -927,10 +1098,7 @@ mod tests {
         prepare(&database).unwrap();
         let (jobs, queue) = mpsc::channel::<Job>();
         let writer_database = database.clone();
-        let writer = std::thread::spawn(move || {
-            let options = RedbOptions { max_batch: 4, ..RedbOptions::default() };
-            write_loop(&writer_database, &queue, &options, &SyncSwitch::on(), &WriterLoad::default(), &file);
-        });
+        let writer = std::thread::spawn(move || serve(&writer_database, &queue, &file));
         assert_eq!(insert(&jobs, 1, false).blocking_recv().unwrap(), Ok(()));
         // Another process migrates the file (its write moves the generation on).
         let newer = database.begin_write().unwrap();

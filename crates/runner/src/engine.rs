@@ -1275,8 +1275,15 @@ impl TurnEngine {
                 }
                 return Ok(Outcome::Answered(self.recovered_output.take()));
             }
+            // The stored message that made the calls, as the live turn had it: a pause
+            // ends with it as its output, as it would have without the crash.
+            let asked = self.recovered_output.clone().filter(|recovered| {
+                unanswered
+                    .iter()
+                    .all(|call| recovered.message.tool_calls.iter().any(|made| made.id == call.id))
+            });
             if !unanswered.is_empty()
-                && let Some(paused) = self.handle_tool_calls(&unanswered, None).await?
+                && let Some(paused) = self.handle_tool_calls(&unanswered, asked).await?
             {
                 return Ok(paused);
             }

@@ -1097,6 +1097,50 @@ pub async fn answers_to_client_tools_must_match_the_pending_calls_exactly(harnes
     assert_eq!(answer_text(&done.wait().await.unwrap()).as_deref(), Some("Thanks."));
 }
 
+/// Scenario: a turn that pauses for an approval after its process stopped (recovered with
+/// the gated call unanswered) ends as it would have: with the model message that asked as
+/// its output, beside the required action.
+pub async fn a_turn_recovered_into_an_approval_keeps_the_message_that_asked_as_its_output(harness: Harness) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    // The first process's `lookup` never finishes; the second's answers at once.
+    let lookup = |started: Arc<tokio::sync::Notify>, hold: bool| {
+        FunctionTool::new("lookup", "Looks a number up.", move |args: AddArgs, _context| {
+            let started = started.clone();
+            async move {
+                started.notify_one();
+                if hold {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ToolError>((args.a * args.b).to_string())
+            }
+        })
+        .idempotent()
+        .shared()
+    };
+    let asking = ScriptedResponse::text("Let me look that up, then add.")
+        .with_tool_call("lookup", &json!({"a": 2, "b": 3}))
+        .with_tool_call("add", &json!({"a": 1, "b": 1}));
+    let agent = |lookup: Arc<dyn Tool>| {
+        let model = Arc::new(ScriptedModel::new(vec![asking.clone()]));
+        Agent::builder("asker", model)
+            .tool(lookup)
+            .tool(add_tool(Arc::default()))
+            .requires_approval("add")
+            .build()
+    };
+    let first = runtime(&harness, agent(lookup(started.clone(), true)));
+    let session = session_for(&first, "asker").await;
+    let turn = session.create_turn(TurnRequest::message("Look up and add")).await.unwrap();
+    started.notified().await;
+    assert_eq!(first.hand_over().await, 1);
+    let second = runtime(&harness, agent(lookup(Arc::default(), false)));
+    let resumed = second.recover().await.unwrap();
+    assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
+    let state = resumed[0].wait().await.unwrap();
+    assert_eq!(state.required_actions().len(), 1, "{state:?}");
+    assert_eq!(answer_text(&state).as_deref(), Some("Let me look that up, then add."), "{state:?}");
+}
+
 /// Scenario: a streaming result whose turn its runtime hands over (a shutdown) waits for
 /// the end another runtime gives the turn, instead of failing.
 pub async fn a_streaming_result_of_a_handed_over_turn_completes_where_it_is_resumed(harness: Harness) {
@@ -2844,6 +2888,7 @@ macro_rules! runner_scenarios {
             input_that_breaks_the_rules_is_refused_and_stores_nothing,
             of_fifty_concurrent_turns_on_one_session_exactly_one_runs,
             a_turn_request_with_a_key_runs_once_however_often_it_is_sent,
+            a_turn_recovered_into_an_approval_keeps_the_message_that_asked_as_its_output,
             cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history,
             a_turn_past_its_timeout_ends_cancelled_by_the_server,
             a_tool_past_its_timeout_gives_the_model_an_error_result,

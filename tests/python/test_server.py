@@ -1352,6 +1352,10 @@ class Feeds(unittest.TestCase):
                 with http(BOB) as other:
                     after = other.post(f"/v1/agent-team/approvals/{pending[0]['approvalID']}/deny", json={})
                     self.assertEqual(after.status_code, 404, after.text)
+            # An id this server never had may be waiting in another server on the store.
+            unknown = h.post("/v1/agent-team/approvals/appr_elsewhere/approve")
+            self.assertEqual(unknown.status_code, 404, unknown.text)
+            self.assertIn("decide it there", unknown.json()["error"]["message"])
             self.assertIn("Analysis of: audit approve", decisions[0])
             self.assertIn("The auditor spawn was refused: spawn denied (approval_denied): not needed", decisions[1])
             self.assertIn("spawn denied (approval_denied): denied by an operator", decisions[2])

@@ -496,6 +496,20 @@ async fn approvals(
     Ok(Json(json!({"data": data})).into_response())
 }
 
+/// 404 for an approval this server has not seen: approvals wait in the server that runs
+/// their mission's turn, so with several servers on one store it may be another's.
+fn unknown_approval(approval_id: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "approval {} not found: none waits under that id in this server (a spawn waits for its approval in \
+             the server running its mission's turn: decide it there)",
+            crate::error::quoted_id(approval_id)
+        ),
+    )
+}
+
 /// Decides a pending approval the caller may decide with `decide` (which says whether it
 /// decided). One no longer waiting is 409 with how its wait ended, when it ended recently
 /// in this process and the caller may see it; otherwise 404.
@@ -510,7 +524,7 @@ async fn decide_approval(
         Some(pending) => Some(pending.mission_id),
         None => state.approvals.ended(approval_id).map(|ended| ended.mission_id),
     };
-    let Some(mission) = mission else { return Err(ApiError::not_found("approval", approval_id)) };
+    let Some(mission) = mission else { return Err(unknown_approval(approval_id)) };
     if !owns_mission(state, caller, &mission).await {
         return Err(ApiError::not_found("approval", approval_id));
     }

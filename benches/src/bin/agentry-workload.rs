@@ -13,7 +13,7 @@
 //! <session id>` deletes a session, each printing `ok…` or `refused <error>`: the second
 //! process of the shared-file tests. `agentry-workload append-rate <backend> <path>
 //! <durability> <writers> <events per writer> [<events per call>]` measures sustained append
-//! throughput. `agentry-workload io-error <backend> <path>` writes through a real I/O
+//! throughput. `agentry-workload io-error <backend> <path> <durability>` writes through a real I/O
 //! error (a file size limit, set and lifted with `prlimit`) and checks the store recovers.
 
 // A workload driver reports on standard output.
@@ -150,12 +150,12 @@ fn limit_file_size(bytes: Option<u64>) -> Result<()> {
 /// size limit is set to the store file's size, writes go on until one fails, the limit is
 /// lifted, and the very next write must succeed with every write acknowledged before it
 /// still there. Prints `failed <error>` and `recovered <sessions>`.
-async fn io_error(backend: &str, path: &str) -> Result<()> {
+async fn io_error(backend: &str, path: &str, durability: &str) -> Result<()> {
     // A write past the limit also raises SIGXFSZ (25 on Linux), whose default ends the
     // process: listening for it leaves the write to fail with EFBIG.
     let _xfsz = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(25))?;
-    let store = open_store(backend, path.as_ref(), agentry_memory::Durability::Batched)
-        .context("opening the store")?;
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    let store = open_store(backend, path.as_ref(), durability).context("opening the store")?;
     let new_session = || SessionRecord::new(SessionType::Agent, "io".repeat(400), Subject::user("io"));
     let mut kept = Vec::new();
     for _ in 0..20 {
@@ -267,7 +267,7 @@ fn main() -> Result<()> {
         ["delete-session", backend, path, durability, session] => {
             runtime.block_on(delete_session(backend, path, durability, session))
         }
-        ["io-error", backend, path] => runtime.block_on(io_error(backend, path)),
+        ["io-error", backend, path, durability] => runtime.block_on(io_error(backend, path, durability)),
         ["append-rate", backend, path, durability, writers, per_writer] => {
             runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, 1))
         }
@@ -275,7 +275,7 @@ fn main() -> Result<()> {
             append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, per_call.parse()?),
         ),
         _ => bail!(
-            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]\n       agentry-workload io-error <sqlite|redb> <path>"
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]\n       agentry-workload io-error <sqlite|redb> <path> <durability>"
         ),
     }
 }

@@ -99,11 +99,11 @@ async fn redb_writer_sees_a_session_deleted_by_another_process() {
 /// would) fails writes with the reason; once the file can grow again the next write
 /// succeeds and nothing acknowledged is lost, without a restart. redb answers every call
 /// after one I/O error with "Previous I/O error" until its file is opened again.
-fn recovers_from_an_io_error(backend: &str) {
+fn recovers_from_an_io_error(backend: &str, durability: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("io.{backend}"));
     let output = Command::new(env!("CARGO_BIN_EXE_agentry-workload"))
-        .args(["io-error", backend, path.to_str().unwrap()])
+        .args(["io-error", backend, path.to_str().unwrap(), durability])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -114,10 +114,15 @@ fn recovers_from_an_io_error(backend: &str) {
 
 #[test]
 fn sqlite_recovers_from_an_io_error_without_a_restart() {
-    recovers_from_an_io_error("sqlite");
+    recovers_from_an_io_error("sqlite", "batched");
 }
 
 #[test]
 fn redb_recovers_from_an_io_error_without_a_restart() {
-    recovers_from_an_io_error("redb");
+    recovers_from_an_io_error("redb", "batched");
+}
+
+#[test]
+fn redb_recovers_from_an_io_error_under_relaxed_durability() {
+    recovers_from_an_io_error("redb", "relaxed");
 }

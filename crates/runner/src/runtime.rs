@@ -237,10 +237,10 @@ pub struct TurnRequest {
     pub client_context: Vec<ClientContext>,
     /// A key naming this turn among its session's (a client's own id for the request, so
     /// that a retry is recognised): the turn's id is derived from the session and the key
-    /// ([`turn_id_for_key`]), and a second request with the same key is refused with
-    /// [`RunnerError::TurnExists`] and runs nothing, however close together the two come,
-    /// also from another process sharing the store. At most [`MAX_IDEMPOTENCY_KEY`]
-    /// bytes, not blank.
+    /// ([`turn_id_for_key`]), and a second request with the same key runs nothing, however
+    /// close together the two come, also from another process sharing the store: it is
+    /// refused with [`RunnerError::TurnExists`], or with `TurnRunning` while the first is
+    /// still being started. At most [`MAX_IDEMPOTENCY_KEY`] bytes, not blank.
     pub idempotency_key: Option<String>,
 }
 
@@ -1173,6 +1173,16 @@ impl Session {
         // not as `TurnRunning` (which a caller may retry) while a turn runs, and without
         // taking the session's lease.
         check_request(&agent, &request)?;
+        // A copy of a keyed request that already started is told so at once, also while
+        // its turn runs (the start would find the lease held first).
+        if let Some(key) = &request.idempotency_key {
+            let turn_id = turn_id_for_key(self.id(), key);
+            match store.get_run(turn_id).await {
+                Ok(_) => return Err(RunnerError::TurnExists { session_id: session.id, turn_id }),
+                Err(error) if error.is_not_found() => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
         // A failed read is read again under the lease.
         let previous = previous.ok();
         let run = self

@@ -571,6 +571,12 @@ pub async fn a_turn_request_with_a_key_runs_once_however_often_it_is_sent(harnes
         }
     }
     assert_eq!(started.iter().map(TurnHandle::id).collect::<Vec<_>>(), [expected]);
+    // A copy sent while it runs is told the turn, not that the session is busy.
+    let during = session.create_turn(keyed("run-1")).await;
+    assert!(
+        matches!(during, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == expected),
+        "{during:?}"
+    );
     gate.add_permits(1);
     started[0].wait().await.unwrap();
     // Sent again once it has ended: nothing runs again, and each copy is told the turn.

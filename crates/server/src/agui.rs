@@ -547,8 +547,9 @@ async fn run(
             let turn = session.get_turn(turn_id).await?;
             return rerun(&state, slot, &session, turn, body).await;
         }
-        // A copy of this run sent at the same moment may be the running turn.
-        Err(error @ RunnerError::TurnRunning { .. }) => {
+        // A copy of this run sent at the same moment may be the running turn (or a turn
+        // a stopped process left, which the start just resumed).
+        Err(error @ (RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. })) => {
             let ours = agentry_runner::turn_id_for_key(session.id(), &run_key(&body.run_id));
             return match session.get_turn(ours).await {
                 Ok(turn) => rerun(&state, slot, &session, turn, body).await,

@@ -439,8 +439,8 @@ impl Server {
             }
         });
         futures_util::future::join_all(closing).await;
-        // The store's file alone holds every write from here: the process may exit before
-        // the store's last handle is dropped (tasks are dropped in the background).
+        // The store's file alone holds every write acknowledged so far: the process may exit
+        // before the store's last handle is dropped (tasks are dropped in the background).
         if let Err(error) = runtime.store().checkpoint().await {
             tracing::warn!(%error, "the store's file could not be made whole before stopping");
         }

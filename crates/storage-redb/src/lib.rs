@@ -631,18 +631,19 @@ impl RedbStore {
             writer.send(job(work, reply)).map_err(|_| StoreError::Closed)?;
             return inner.replies.wait(answer).await?;
         };
+        let reopen = inner.reopen.clone();
         let read = tokio::task::spawn_blocking(move || {
-            let transaction = database.begin_read().map_err(redb_error)?;
-            work(&transaction)
+            let result = database.begin_read().map_err(redb_error).and_then(|transaction| work(&transaction));
+            // Noted while this read still holds the handle: the writer, which waits for the
+            // reads holding it, cannot have opened the file again in between.
+            reopen.note(&result);
+            result
         });
-        let result = self
-            .inner
+        self.inner
             .replies
             .read(read, small)
             .await
-            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?;
-        inner.reopen.note(&result);
-        result
+            .map_err(|error| StoreError::Io(format!("a read task failed: {error}")))?
     }
 }
 
@@ -710,9 +711,14 @@ impl Writer {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        // The file at the path must still be the one this store opened.
+        // The file at the path must still be the one this store opened, and whole.
         self.file.check()?;
+        check_length(&self.path)?;
+        // Under `relaxed` the error may have come with syncs switched off: the repair and
+        // the commits acknowledged before the error are synced now.
+        self.switch.set(true);
         let database = open_database(&self.path, &self.options, &self.switch)?;
+        sync(&database, &self.switch)?;
         *self.reopen.slot.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(database));
         self.reopen.broken.store(false, Ordering::Release);
         Ok(())
@@ -792,6 +798,10 @@ fn write_loop(
                 if let Err(error) = read.read(database) {
                     note(&error);
                 }
+            }
+            // The handle is unusable: the writes wait for it to be opened again.
+            if failed.get() {
+                return Ended::Broken(writes);
             }
             if writes.is_empty() {
                 // No write committed: the next batch waits for no writers. Reads coming

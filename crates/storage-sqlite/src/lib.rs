@@ -382,13 +382,26 @@ impl SqliteStore {
         self.inner.options.busy_timeout
     }
 
-    /// Empties the log into the file on a connection of its own, opened for it (blocking);
-    /// whether it did ([`empty_log`]).
-    pub(crate) fn empty_log_now(&self) -> StoreResult<bool> {
+    /// Empties the log into the file on a connection of its own, opened for it (blocking),
+    /// waiting at most `wait` for another connection's lock: whether it did (not when
+    /// another connection held the log); any other failure is an error.
+    pub(crate) fn empty_log_now(&self, wait: Duration) -> StoreResult<bool> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let connection = Connection::open_with_flags(&self.inner.path, flags).map_err(sqlite)?;
         configure(&connection, &self.inner.options)?;
-        Ok(empty_log(&connection))
+        connection.busy_timeout(wait).map_err(sqlite)?;
+        match connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0)) {
+            Ok(busy) => Ok(busy == 0),
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(sqlite(error)),
+        }
     }
 
     /// The file the store lives in.

@@ -1229,7 +1229,10 @@ impl agentry_memory::Checkpoint for SqliteStore {
         let deadline = tokio::time::Instant::now() + self.busy_timeout();
         loop {
             let store = self.clone();
-            let emptied = tokio::task::spawn_blocking(move || store.empty_log_now())
+            let wait = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(Duration::from_millis(100));
+            let emptied = tokio::task::spawn_blocking(move || store.empty_log_now(wait))
                 .await
                 .map_err(|error| StoreError::Io(format!("the checkpoint task failed: {error}")))??;
             if emptied {

@@ -747,7 +747,7 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
     let mut approval_id = None;
     if role.require_approval {
         let id = format!("appr_{}", EventId::new());
-        let decision = spawner.approvals.register(PendingSpawn {
+        let mut decision = spawner.approvals.register(PendingSpawn {
             approval_id: id.clone(),
             mission_id: format!("mis_{mission}"),
             role: args.role.clone(),
@@ -758,19 +758,39 @@ async fn spawn(spawner: &Spawner, args: SpawnArgs, context: &ToolContext) -> Res
         // out, cancelled, or dropped with the call (a panic elsewhere in the turn).
         let _waiting = Undecided { approvals: &spawner.approvals, id: &id };
         let wait = role.approval_timeout_secs.map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
-        let decided = context.until_cancelled(tokio::time::timeout(wait, decision)).await;
-        match decided {
-            Some(Ok(Ok(Decision::Approve))) => approval_id = Some(id.clone()),
-            Some(Ok(Ok(Decision::Deny(reason)))) => {
+        let waited = context.until_cancelled(tokio::time::timeout(wait, &mut decision)).await;
+        // A decision sent as the wait ended (its timeout, the turn's cancellation) was
+        // answered as made: closed first, so none comes after this look, it is found and
+        // honoured (an approval only while the turn goes on).
+        let arrived = match &waited {
+            Some(Ok(_)) => None,
+            Some(Err(_)) | None => {
+                decision.close();
+                decision.try_recv().ok()
+            }
+        };
+        match (waited, arrived) {
+            (Some(Ok(Ok(Decision::Approve))), _) | (Some(Err(_)), Some(Decision::Approve)) => {
+                approval_id = Some(id.clone());
+            }
+            (Some(Ok(Ok(Decision::Deny(reason)))), _) | (_, Some(Decision::Deny(reason))) => {
                 uncount();
                 return deny("approval_denied", reason).await;
             }
-            Some(Err(_elapsed)) => {
+            (None, Some(Decision::Approve)) => {
+                uncount();
+                return deny(
+                    "approval_denied",
+                    "the turn was cancelled as the spawn was approved".to_owned(),
+                )
+                .await;
+            }
+            (Some(Err(_elapsed)), None) => {
                 uncount();
                 let waited = wait.as_secs();
                 return deny("approval_denied", format!("no one decided the spawn within {waited} s")).await;
             }
-            Some(Ok(Err(_))) | None => {
+            (Some(Ok(Err(_))) | None, _) => {
                 uncount();
                 return deny("approval_denied", "the spawn was not decided before the turn ended".to_owned())
                     .await;

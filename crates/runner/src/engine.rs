@@ -2087,6 +2087,7 @@ impl TurnEngine {
         };
         let message_id = EventId::new();
         let mut reasoning_started = false;
+        let mut ids = CallIds::default();
         let completed = loop {
             let next = tokio::select! {
                 next = stream.next() => next,
@@ -2106,6 +2107,7 @@ impl TurnEngine {
                         self.emit(EventPayload::ReasoningStarted {}).await?;
                     }
                     for chunk in &mut delta.tool_calls {
+                        ids.rename(chunk, |id| self.knows_call(id, sent));
                         if let Some(name) =
                             chunk.function.as_ref().and_then(|function| function.name.as_deref())
                             && chunk.tool_info.is_none()
@@ -2427,6 +2429,14 @@ impl TurnEngine {
             let completed = entry.clone();
             self.sink.stage_journal(completed).await;
         }
+    }
+
+    /// Whether this thread knows a call `id`: in the context the model was sent (`sent`
+    /// messages: the history and the turn's own), approved by the turn's input, journaled.
+    fn knows_call(&self, id: &str, sent: usize) -> bool {
+        self.approved.contains(id)
+            || self.journal.contains_key(id)
+            || self.context[..sent].iter().any(|message| message.tool_calls.iter().any(|call| call.id == id))
     }
 
     fn in_doubt(&self, call: &ToolCall) -> bool {
@@ -3025,6 +3035,35 @@ fn undecided_spawns(stored: &[EventEnvelope]) -> Vec<(&EventEnvelope, &str)> {
         }
     }
     open
+}
+
+/// The call ids of one model message, renamed where a provider reused the id of a call the
+/// turn knows (some number their calls per response: `call_0` in every step). The turn keys
+/// its journal, approvals and answers by call id, so a reused id would make a later call
+/// look made already (it would not run, or get the first call's result, or pass as the
+/// call its input approved). Such a call gets the id with a suffix, in every chunk and so
+/// in the stored message, its events and the history sent back to the provider.
+#[derive(Default)]
+struct CallIds {
+    /// The renames in this message: the provider's id and the one given instead.
+    renamed: Vec<(String, String)>,
+}
+
+impl CallIds {
+    /// Renames `chunk`'s id if a call the turn knows had it (`known`).
+    fn rename(&mut self, chunk: &mut agentry_types::ToolCallDelta, known: impl Fn(&str) -> bool) {
+        let Some(id) = chunk.id.as_mut() else { return };
+        if let Some((_, given)) = self.renamed.iter().find(|(from, _)| from == id) {
+            id.clone_from(given);
+            return;
+        }
+        if !known(id) {
+            return;
+        }
+        let taken = |given: &str| known(given) || self.renamed.iter().any(|(_, earlier)| earlier == given);
+        let given = (2..).map(|n| format!("{id}_{n}")).find(|given| !taken(given)).unwrap_or_default();
+        self.renamed.push((std::mem::replace(id, given.clone()), given));
+    }
 }
 
 /// Ends the sub-agent threads a dead process started in `run` (a turn) and left unfinished,

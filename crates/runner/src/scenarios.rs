@@ -1103,6 +1103,73 @@ pub async fn answers_to_client_tools_must_match_the_pending_calls_exactly(harnes
     assert_eq!(answer_text(&done.wait().await.unwrap()).as_deref(), Some("Thanks."));
 }
 
+/// Scenario: a provider that numbers its calls per response (`call_0` in every step): each
+/// step's call runs on its own, and a later call of an approved tool is put to a person
+/// again instead of passing as the approved one.
+pub async fn calls_whose_provider_reuses_an_id_each_run_and_ask_for_their_own_approval(harness: Harness) {
+    let same_id = |a: i64| ScriptedResponse {
+        tool_calls: vec![ScriptedToolCall {
+            id: Some("call_0".to_owned()),
+            name: "add".to_owned(),
+            arguments: json!({"a": a, "b": a}).to_string(),
+        }],
+        ..ScriptedResponse::default()
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model =
+        Arc::new(ScriptedModel::new(vec![same_id(1), same_id(2), ScriptedResponse::text("4 and 2.")]));
+    let runtime =
+        runtime(&harness, Agent::builder("adder", model.clone()).tool(add_tool(calls.clone())).build());
+    let session = session_for(&runtime, "adder").await;
+    let turn = session.create_turn(TurnRequest::message("Add twice")).await.unwrap();
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("4 and 2."));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each step's call ran");
+    let events = turn.events(Order::Asc).await.unwrap();
+    let responses: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ToolResponse { tool_call_id, content, .. } => {
+                Some((tool_call_id.clone(), content.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(responses, [("call_0".to_owned(), "2".to_owned()), ("call_0_2".to_owned(), "4".to_owned())]);
+    // The provider is sent back the ids the turn gave: each result follows its own call.
+    let last = model.requests().last().cloned().unwrap();
+    let ids: Vec<String> = last
+        .messages
+        .iter()
+        .flat_map(|message| message.tool_calls.iter().map(|call| call.id.clone()))
+        .collect();
+    assert_eq!(ids, ["call_0", "call_0_2"]);
+
+    // Gated: the approval of the first call does not let the second through.
+    let model = Arc::new(ScriptedModel::new(vec![same_id(1), same_id(1), ScriptedResponse::text("Done.")]));
+    let gated =
+        Agent::builder("gated-adder", model).tool(add_tool(calls.clone())).requires_approval("add").build();
+    runtime.register(gated);
+    let session = session_for(&runtime, "gated-adder").await;
+    let first = session.create_turn(TurnRequest::message("Add")).await.unwrap();
+    let pending = first.wait().await.unwrap().required_actions().to_vec();
+    assert_eq!(pending.len(), 1);
+    let approve = TurnInputItem::allow(agentry_types::ThreadId::main(), "call_0");
+    let second = session.create_turn(TurnRequest::input(vec![approve])).await.unwrap();
+    let state = second.wait().await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "the approved call ran, the next one waits");
+    let asked: Vec<String> = state
+        .required_actions()
+        .iter()
+        .flat_map(|action| match &action.action {
+            agentry_types::RequiredAction::ToolApproval { tool_calls, .. } => {
+                tool_calls.iter().map(|call| call.id.clone()).collect::<Vec<_>>()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(asked, ["call_0_2"], "{state:?}");
+}
+
 /// Scenario: a turn that pauses for an approval after its process stopped (recovered with
 /// the gated call unanswered) ends as it would have: with the model message that asked as
 /// its output, beside the required action.
@@ -2895,6 +2962,7 @@ macro_rules! runner_scenarios {
             of_fifty_concurrent_turns_on_one_session_exactly_one_runs,
             a_turn_request_with_a_key_runs_once_however_often_it_is_sent,
             a_turn_recovered_into_an_approval_keeps_the_message_that_asked_as_its_output,
+            calls_whose_provider_reuses_an_id_each_run_and_ask_for_their_own_approval,
             cancelling_while_the_model_streams_ends_the_turn_cancelled_and_the_next_turn_sees_its_history,
             a_turn_past_its_timeout_ends_cancelled_by_the_server,
             a_tool_past_its_timeout_gives_the_model_an_error_result,

@@ -437,6 +437,18 @@ fn definition_problem(agent: &AgentInner) -> Option<String> {
         let known = if known.is_empty() { "it has none".to_owned() } else { known.join(", ") };
         return Some(format!("requires_approval names {gated:?}, which is none of its tools ({known})"));
     }
+    // A client-side tool is answered by the client, never run here: an approval of it
+    // would gate nothing.
+    if let Some(gated) = agent
+        .approval_required
+        .iter()
+        .find(|gated| agent.client_tools.iter().any(|tool| tool.name == **gated))
+    {
+        return Some(format!(
+            "requires_approval names {gated:?}, which the client answers (a client-side tool is never run on the \
+             server, so there is nothing to approve)"
+        ));
+    }
     if let Some(memory) = &agent.memory
         && let Err(error) = memory.config.check(memory.analysis_model.is_some())
     {

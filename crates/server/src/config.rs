@@ -577,6 +577,21 @@ impl Default for Config {
 
 /// Whether `origin` is a web origin as browsers send it (`scheme://host[:port]`: no
 /// path, no trailing slash), or `*`.
+/// Checks a URL the server connects to: absolute, `http` or `https`, with a host.
+fn check_http_url(url: &str) -> Result<(), &'static str> {
+    let parsed: axum::http::Uri =
+        url.parse().map_err(|_| "it is not a URL (an http:// or https:// URL is needed)")?;
+    match parsed.scheme_str() {
+        Some("http" | "https") => {}
+        Some(_) => return Err("only http:// and https:// URLs are taken"),
+        None => return Err("it is not an absolute URL (an http:// or https:// URL is needed)"),
+    }
+    if parsed.host().is_none_or(str::is_empty) {
+        return Err("it names no host");
+    }
+    Ok(())
+}
+
 fn check_origin(origin: &str) -> Result<(), &'static str> {
     if origin == "*" {
         return Ok(());
@@ -683,6 +698,18 @@ impl Config {
             ));
         }
         for (name, provider) in &self.providers {
+            if name == "demo" {
+                return Err(ConfigError::Invalid(
+                    "providers.demo: `model = \"demo\"` names the built-in scripted model, so a provider of that \
+                     name would never be used; give it another name"
+                        .to_owned(),
+                ));
+            }
+            if let Some(url) = &provider.base_url {
+                check_http_url(url).map_err(|problem| {
+                    ConfigError::Invalid(format!("providers.{name}.base_url is {url:?}: {problem}"))
+                })?;
+            }
             if let Some(secs) = provider.timeout_secs {
                 within(format!("providers.{name}.timeout_secs"), secs, 1)?;
             }
@@ -713,6 +740,30 @@ impl Config {
                     "agent {:?}: max_tool_output_bytes is 0; it must be at least 1",
                     agent.name
                 )));
+            }
+            for (at, server) in agent.mcp.iter().enumerate() {
+                if server.name.trim().is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {at} has no name; name it (its tools' events and errors say it)",
+                        agent.name
+                    )));
+                }
+                if agent.mcp[..at].iter().any(|earlier| earlier.name == server.name) {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: two MCP servers are named {:?}; give each its own name",
+                        agent.name, server.name
+                    )));
+                }
+                // A URL that cannot work is a setting to fix, also for an optional server:
+                // it would be retried for ever as if the server were down.
+                if let Some(url) = &server.url {
+                    check_http_url(url).map_err(|problem| {
+                        ConfigError::Invalid(format!(
+                            "agent {:?}: MCP server {:?}: url is {url:?}: {problem}",
+                            agent.name, server.name
+                        ))
+                    })?;
+                }
             }
         }
         if self.teams.iter().any(|team| team.name.trim().is_empty()) {

@@ -41,6 +41,10 @@ async fn a_misdefined_agent_is_refused_by_try_build_and_runs_nothing() {
         ),
         (Agent::builder(" ", model()), "its name is empty"),
         (
+            Agent::builder("asking", model()).ask_user_question().requires_approval("ask_user_question"),
+            "which the client answers",
+        ),
+        (
             Agent::builder("forgetful", model())
                 .memory(MemoryConfig { summary_memory: true, ..MemoryConfig::default() }, None),
             "need a model",

@@ -158,6 +158,28 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
             "[[teams]]\nname = \"t\"\nmodel = \"demo\"\ntokens_per_step = 0\n",
             "team \"t\": tokens_per_step must be at least 1",
         ),
+        ("[providers.demo]\nmodel = \"m\"\n", "providers.demo: `model = \"demo\"` names the built-in"),
+        (
+            "[providers.p]\nmodel = \"m\"\nbase_url = \"not a url\"\n",
+            "providers.p.base_url is \"not a url\": it is not",
+        ),
+        ("[providers.p]\nmodel = \"m\"\nbase_url = \"ftp://h/v1\"\n", "only http:// and https://"),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \"s\"\nurl = \"not a url\"\noptional = true\n",
+            "agent \"a\": MCP server \"s\": url is \"not a url\"",
+        ),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \"s\"\nurl = \"http:///mcp\"\n",
+            "url is \"http:///mcp\"",
+        ),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \" \"\ncommand = \"x\"\n",
+            "agent \"a\": MCP server 0 has no name",
+        ),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \"s\"\ncommand = \"x\"\n[[agents.mcp]]\nname = \"s\"\ncommand = \"y\"\n",
+            "agent \"a\": two MCP servers are named \"s\"",
+        ),
     ] {
         let error = Config::parse(text, None).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid(_)), "{text}: {error}");

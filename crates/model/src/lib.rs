@@ -94,10 +94,12 @@ pub enum ModelError {
         message: String,
     },
     /// The provider is rate limiting.
-    #[error("model provider is rate limiting requests")]
+    #[error("model provider is rate limiting requests: {message}")]
     RateLimited {
         /// How long the provider asked to wait.
         retry_after: Option<Duration>,
+        /// The provider's message.
+        message: String,
     },
     /// The provider could not be reached, or the connection failed.
     #[error("the connection to the model provider failed: {0}")]
@@ -106,7 +108,7 @@ pub enum ModelError {
     #[error("the model provider did not answer within {0:?}")]
     Timeout(Duration),
     /// A streaming response sent nothing (not even a keep-alive comment) for this long.
-    #[error("the model provider sent nothing for {0:?} in the middle of its response")]
+    #[error("the model provider sent nothing for {0:?} while it was sending its response")]
     Stalled(Duration),
     /// A streamed chunk could not be understood.
     #[error("malformed chunk from the model provider: {0}")]

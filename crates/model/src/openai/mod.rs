@@ -283,9 +283,11 @@ impl OpenAiCompatibleModel {
         let body = read_error_body(response, deadline).await;
         let message = wire::error_body_message(&body);
         if status == StatusCode::TOO_MANY_REQUESTS && !wire::is_quota_exhausted(&body) {
-            // `RateLimited` carries no message: the server's is logged here.
             tracing::warn!(url = %self.url, %message, "the model provider is rate limiting requests (429)");
-            return Err(AttemptError::retryable(ModelError::RateLimited { retry_after }, retry_after));
+            return Err(AttemptError::retryable(
+                ModelError::RateLimited { retry_after, message },
+                retry_after,
+            ));
         }
         let error = ModelError::Http { status: status.as_u16(), message };
         if status.is_server_error() {

@@ -379,9 +379,8 @@ fn stream_error(error: &Value) -> ModelError {
         .unwrap_or(0);
     let message = error_value_message(error);
     if status == 429 && !says_quota_exhausted(error) {
-        // `RateLimited` carries no message: the server's is logged here.
         tracing::warn!(%message, "the model provider is rate limiting requests (429 in its stream)");
-        return ModelError::RateLimited { retry_after: None };
+        return ModelError::RateLimited { retry_after: None, message };
     }
     ModelError::Http { status, message }
 }
@@ -522,8 +521,42 @@ pub(crate) fn error_body_message(body: &[u8]) -> String {
             return message;
         }
     }
+    // An HTML page comes from a proxy or gateway in front of the model server (a 502 of
+    // nginx, say): its text, without the markup, says what it was.
+    if text.trim_start().starts_with('<') && text.to_ascii_lowercase().contains("<html") {
+        let words = without_markup(&text).split_whitespace().collect::<Vec<_>>().join(" ");
+        let said =
+            if words.is_empty() { "an empty page".to_owned() } else { format!("\"{}\"", excerpt(&words)) };
+        return format!("an HTML page, {said}: a proxy or gateway answered instead of the model server");
+    }
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if text.is_empty() { "empty response body".to_owned() } else { excerpt(&text) }
+}
+
+/// The text of an HTML page: tags (and what `<script>` and `<style>` hold) left out.
+fn without_markup(html: &str) -> String {
+    let mut text = String::with_capacity(html.len());
+    let mut rest = html;
+    while let Some(start) = rest.find('<') {
+        text.push_str(&rest[..start]);
+        text.push(' ');
+        let tag = &rest[start..];
+        let lower = tag.get(..8).unwrap_or(tag).to_ascii_lowercase();
+        let closing = if lower.starts_with("<script") {
+            "</script>"
+        } else if lower.starts_with("<style") {
+            "</style>"
+        } else {
+            ">"
+        };
+        let lower_tag = tag.to_ascii_lowercase();
+        rest = match lower_tag.find(closing) {
+            Some(end) => &tag[end + closing.len()..],
+            None => "",
+        };
+    }
+    text.push_str(rest);
+    text
 }
 
 /// The first [`EXCERPT_CHARS`] characters of `text`, with an ellipsis when it was longer.

@@ -607,7 +607,7 @@ async fn an_error_after_the_first_token_is_not_retried() {
 
 #[tokio::test]
 async fn a_non_json_500_body_becomes_an_http_error_with_its_trimmed_text_after_the_retries() {
-    let page = format!("\n  <html><body>Internal   Server Error\n{}</body></html>\n", "x".repeat(500));
+    let page = format!("\n  Internal   Server Error\n{}\n", "x".repeat(500));
     let server = TestServer::start(vec![Reply::status(500, page.clone()), Reply::status(500, page)]).await;
     let model = OpenAiCompatibleModel::new(server.config().with_max_retries(1)).unwrap();
     let (_, error) = run(&model, hello()).await;
@@ -615,7 +615,7 @@ async fn a_non_json_500_body_becomes_an_http_error_with_its_trimmed_text_after_t
         panic!("expected an HTTP error, got {error:?}")
     };
     assert_eq!(status, 500);
-    assert!(message.starts_with("<html><body>Internal Server Error x"), "{message}");
+    assert!(message.starts_with("Internal Server Error x"), "{message}");
     assert!(message.ends_with('…') && message.chars().count() == 201, "{message}");
     assert_eq!(server.requests().len(), 2, "one retry");
 }
@@ -669,8 +669,32 @@ async fn a_429_left_after_the_retries_is_rate_limited_with_the_wait_asked_for() 
     let server = TestServer::start(vec![limited(), limited()]).await;
     let model = OpenAiCompatibleModel::new(server.config().with_max_retries(1)).unwrap();
     let (_, error) = run(&model, hello()).await;
-    assert_eq!(error, Some(ModelError::RateLimited { retry_after: Some(Duration::from_millis(20)) }));
+    let error = error.unwrap();
+    assert_eq!(
+        error,
+        ModelError::RateLimited {
+            retry_after: Some(Duration::from_millis(20)),
+            message: "slow down".to_owned()
+        }
+    );
+    assert_eq!(
+        error.to_string(),
+        "model provider is rate limiting requests: slow down",
+        "the provider's words reach the client"
+    );
     assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn an_html_error_page_of_a_gateway_is_told_as_such_without_its_markup() {
+    let page = "<html>\r\n<head><title>502 Bad Gateway</title><style>body{color:red}</style></head>\r\n\
+                <body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>";
+    let server = TestServer::start(vec![Reply::status(400, page.to_owned())]).await;
+    let (_, error) = run(&server.model(), hello()).await;
+    let message = error.unwrap().to_string();
+    assert!(!message.contains('<') && !message.contains("color:red"), "{message}");
+    assert!(message.contains("\"502 Bad Gateway 502 Bad Gateway nginx\""), "{message}");
+    assert!(message.contains("a proxy or gateway answered"), "{message}");
 }
 
 #[tokio::test]
@@ -754,7 +778,10 @@ async fn a_stream_that_sends_nothing_for_the_idle_timeout_stalls_and_its_connect
     };
     assert_eq!(text, "Once upon a time");
     assert_eq!(error, ModelError::Stalled(idle));
-    assert_eq!(error.to_string(), "the model provider sent nothing for 200ms in the middle of its response");
+    assert_eq!(
+        error.to_string(),
+        "the model provider sent nothing for 200ms while it was sending its response"
+    );
     // The stream is still held: the stall itself closed the connection.
     let read_after_stall = tokio::time::timeout(Duration::from_secs(10), closed_rx)
         .await

@@ -25,7 +25,8 @@ pub struct AgentLimits {
     /// Runs of history given to the model (the latest ones).
     pub history_runs: usize,
     /// The most bytes of one tool result kept (for the model, the events and the
-    /// history); a longer result is cut at this size and says how much was left out. A
+    /// history); a longer result is cut at this size and says how much was left out (an
+    /// error keeps at least 1,024 bytes, so it still says why the call failed). A
     /// result goes back to the model with every later turn's history, so one huge output
     /// would fill every later context window.
     pub max_tool_output_bytes: usize,

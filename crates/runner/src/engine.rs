@@ -2795,7 +2795,10 @@ impl TurnEngine {
                 // entry stays open, which is what it is: started, no result.
                 return Ok(Ran::AuthRequired(McpServerAuth { id: server.id, name: server.name, auth_url }));
             }
-            Ok(Ok(Err(error))) => error_result(error.to_string()),
+            Ok(Ok(Err(error))) => {
+                tracing::info!(turn = %self.sink.turn_id, tool = %tool.spec().name, %error, "a tool call failed");
+                error_result(error.to_string())
+            }
             Ok(Err(panic)) => {
                 let message = panic_message(panic.as_ref());
                 tracing::error!(turn = %self.sink.turn_id, tool = %tool.spec().name, panic = %message, "a tool panicked");
@@ -2803,7 +2806,10 @@ impl TurnEngine {
             }
             Err(_) => error_result(format!("the tool did not finish within {timeout:?}")),
         };
-        cap_output(&mut result.content, self.agent.limits().max_tool_output_bytes);
+        // An error is cut at a floor of its own: a limit set low for outputs would leave
+        // the model (and the operator) no word of why a call failed.
+        let limit = self.agent.limits().max_tool_output_bytes;
+        cap_output(&mut result.content, if result.is_error { limit.max(MIN_ERROR_BYTES) } else { limit });
         // A result the store cannot keep would fail the journal after the call ran: the
         // model gets an error result instead, journaled, so the call is not run again.
         let completed = |result: ToolResult| JournalEntry {
@@ -3065,6 +3071,9 @@ impl CallIds {
         self.renamed.push((std::mem::replace(id, given.clone()), given));
     }
 }
+
+/// The least of a tool's error kept, whatever [`crate::AgentLimits::max_tool_output_bytes`] says.
+const MIN_ERROR_BYTES: usize = 1024;
 
 /// Ends the sub-agent threads a dead process started in `run` (a turn) and left unfinished,
 /// given the turn's stored events: their engines are gone, and a call that runs again starts

@@ -1561,6 +1561,26 @@ pub async fn a_tool_output_past_the_limit_is_cut_and_says_how_much_was_left_out(
         _ => None,
     });
     assert_eq!(response.as_deref(), Some(sent.as_str()), "the event and the history keep the same cut");
+
+    // Under a limit set low, a failure still says why: errors keep at least 1,024 bytes.
+    let why = format!("the backend refused: {}", "x".repeat(200));
+    let failing = {
+        let why = why.clone();
+        FunctionTool::new("failing", "Fails.", move |_: Nothing, _| {
+            let why = why.clone();
+            async move { Err::<String, _>(ToolError::Failed(why)) }
+        })
+        .shared()
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedResponse::tool_call("failing", &json!({})),
+        ScriptedResponse::text("It failed."),
+    ]));
+    let limits = AgentLimits { max_tool_output_bytes: 20, ..AgentLimits::default() };
+    runtime.register(Agent::builder("terse", model.clone()).tool(failing).limits(limits).build());
+    let session = session_for(&runtime, "terse").await;
+    session.create_turn(TurnRequest::message("go")).await.unwrap().wait().await.unwrap();
+    assert_eq!(model.requests().last().unwrap().messages.last().unwrap().text(), why);
 }
 
 /// Scenario.

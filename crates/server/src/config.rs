@@ -43,6 +43,16 @@
 //! tools = ["get-sum", "echo"]      # only these of its tools (two tools may not share a name)
 //! optional = false                 # true: start without its tools when it cannot be reached
 //!                                   # (tried again in the background until it answers)
+//! [agents.memory]                  # seed 003's memory; without it, recent turns are replayed
+//! full_session_memory = true       # replay the session's completed runs as history
+//! num_last_messages = 20           # at most this many messages of it
+//! summary_memory = true            # keep a running summary (a model call after each run)
+//! user_analysis_memory = true      # keep a profile of the user (a model call after each run)
+//! user_profile_schema = { type = "object", properties = { name = { type = "string" } } }
+//! dynamic_user_profile = false     # let the profile grow fields beyond the schema
+//! feed_tool_call_results = false   # show tool calls and results to those model calls
+//! user_memory_mode = "update"      # or "replace": how a new profile meets the stored one
+//! model = "openai"                 # the provider of those calls (the agent's own by default)
 //!
 //! [[teams]]
 //! name = "crew"
@@ -75,7 +85,7 @@
 //! most a year ([`MAX_SECS`]); `lease_ttl_secs` and timeouts at least a second
 //! (`heartbeat_secs = 0` means 1). An agent with `model = "demo"` runs the demo agent's rules with its own tools
 //! and instructions: it takes `max_iterations` and `timeout_secs`, and refuses `tools`,
-//! `requires_approval`, `ask_user_question`, `mcp` and `instructions`. Every provider is
+//! `requires_approval`, `ask_user_question`, `mcp`, `memory` and `instructions`. Every provider is
 //! built at start, also one no agent uses, and two subjects cannot share an API key.
 
 use std::collections::BTreeMap;
@@ -393,6 +403,74 @@ pub struct AgentConfig {
     /// says how much was left out.
     #[serde(default)]
     pub max_tool_output_bytes: Option<usize>,
+    /// Memory (seed 003): history, a running summary, a user profile.
+    #[serde(default)]
+    pub memory: Option<MemorySettings>,
+}
+
+/// An agent's `[agents.memory]`: the settings of seed 003's memory (see
+/// [`agentry_memory::MemoryConfig`]), and the provider that writes summaries and profiles.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySettings {
+    /// Replay the session's completed runs as history.
+    #[serde(default)]
+    pub full_session_memory: bool,
+    /// Keep a running summary of the session (a model call after each run).
+    #[serde(default)]
+    pub summary_memory: bool,
+    /// Keep a profile of the user (a model call after each run).
+    #[serde(default)]
+    pub user_analysis_memory: bool,
+    /// A JSON Schema (an object schema) the profile follows.
+    #[serde(default)]
+    pub user_profile_schema: Option<serde_json::Value>,
+    /// Let the profile grow fields beyond the schema.
+    #[serde(default)]
+    pub dynamic_user_profile: bool,
+    /// Replay at most this many messages of history.
+    #[serde(default)]
+    pub num_last_messages: Option<usize>,
+    /// Show tool calls and results to the summary and profile calls.
+    #[serde(default)]
+    pub feed_tool_call_results: bool,
+    /// `update` (merge a new profile into the stored one, the default) or `replace`.
+    #[serde(default)]
+    pub user_memory_mode: MemoryMode,
+    /// The provider of the summary and profile calls; the agent's own by default.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// How a new user profile meets the stored one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryMode {
+    /// Merge the new facts into the stored profile.
+    #[default]
+    Update,
+    /// Replace the stored profile.
+    Replace,
+}
+
+impl MemorySettings {
+    /// The facade's settings.
+    fn config(&self) -> agentry_memory::MemoryConfig {
+        agentry_memory::MemoryConfig {
+            full_session_memory: self.full_session_memory,
+            summary_memory: self.summary_memory,
+            user_analysis_memory: self.user_analysis_memory,
+            user_profile_schema: self.user_profile_schema.clone(),
+            dynamic_user_profile: self.dynamic_user_profile,
+            num_last_messages: self.num_last_messages,
+            feed_tool_call_results: self.feed_tool_call_results,
+            user_memory_mode: match self.user_memory_mode {
+                MemoryMode::Update => agentry_memory::UserMemoryMode::Update,
+                MemoryMode::Replace => agentry_memory::UserMemoryMode::Replace,
+            },
+            ..agentry_memory::MemoryConfig::default()
+        }
+    }
 }
 
 /// A team (coordinate mode).
@@ -569,6 +647,7 @@ impl Default for Config {
                 max_iterations: None,
                 timeout_secs: None,
                 max_tool_output_bytes: None,
+                memory: None,
             });
         }
         config
@@ -1122,6 +1201,7 @@ impl Config {
                 ("requires_approval", !config.requires_approval.is_empty()),
                 ("ask_user_question", config.ask_user_question),
                 ("mcp", !config.mcp.is_empty()),
+                ("memory", config.memory.is_some()),
             ]
             .into_iter()
             .filter_map(|(key, set)| set.then_some(key))
@@ -1137,7 +1217,22 @@ impl Config {
             return Ok(demo::demo_agent_with(&config.name, limits));
         }
         let model = self.model(&config.model, &config.name)?;
-        let mut builder = Agent::builder(config.name.clone(), model);
+        let mut builder = Agent::builder(config.name.clone(), model.clone());
+        if let Some(memory) = &config.memory {
+            // Summaries and profiles need a model; history alone does not.
+            let analysis = match &memory.model {
+                _ if !memory.summary_memory && !memory.user_analysis_memory => None,
+                Some(name) if name == "demo" => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: memory.model is `demo`, which writes no summary or profile; name a provider",
+                        config.name
+                    )));
+                }
+                Some(name) => Some(self.model(name, &config.name)?),
+                None => Some(model),
+            };
+            builder = builder.memory(memory.config(), analysis);
+        }
         if let Some(instructions) = &config.instructions {
             builder = builder.instructions(instructions.clone());
         }

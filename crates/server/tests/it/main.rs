@@ -1131,6 +1131,59 @@ async fn a_missions_usage_counts_each_model_call_once_however_deep_its_instances
 }
 
 #[tokio::test]
+async fn an_agents_memory_is_configured_in_its_file_and_summaries_reach_the_next_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, requests) = fake_provider(vec![
+        answer_reply("Noted."),
+        answer_reply("Ann likes green tea."),
+        answer_reply("You like green tea."),
+        answer_reply("Ann likes green tea, and asked what she likes."),
+    ])
+    .await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
+         [[agents]]\nname = \"rememberer\"\nmodel = \"fake\"\ninstructions = \"Be brief.\"\n\
+         [agents.memory]\nfull_session_memory = true\nnum_last_messages = 10\nsummary_memory = true\n"
+    );
+    let (address, stop, serving) = serve_text(dir.path(), &text).await;
+    let (session, events) = streamed_turn(address, "rememberer", "I am Ann and I like green tea.").await;
+    assert!(events.contains("Noted."), "{events}");
+    assert_eq!(requests.lock().unwrap().len(), 2, "the answer, then the summary");
+    let turn = json!({"input": [{"type": "user.message", "content": "What do I like?"}], "stream": true});
+    let (status, events) =
+        request(address, "POST", &format!("/v1/agents/sessions/{session}/turns"), &turn).await;
+    assert_eq!(status, 200, "{events}");
+    assert!(events.contains("You like green tea."), "{events}");
+    let sent = requests.lock().unwrap().clone();
+    assert_eq!(sent.len(), 4, "an answer and a summary per turn");
+    // The second turn's request carries the summary the first turn's memory update wrote.
+    assert!(sent[2].contains("Ann likes green tea."), "{}", sent[2]);
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+    for (memory, problem) in [
+        ("summary_memory = true\nmodel = \"demo\"\n", "memory.model is `demo`"),
+        (
+            "summary_memory = true\nmodel = \"nowhere\"\n",
+            "\"nowhere\" is neither `demo` nor a configured provider",
+        ),
+        ("user_memory_mode = \"sometimes\"\n", "sometimes"),
+        ("remember_everything = true\n", "remember_everything"),
+    ] {
+        let text = format!(
+            "[providers.fake]\nmodel = \"m\"\n[[agents]]\nname = \"a\"\nmodel = \"fake\"\n[agents.memory]\n{memory}"
+        );
+        let error = match Config::parse(&text, None) {
+            Ok(mut config) => {
+                config.storage.path = dir.path().join("refused.db");
+                Server::start(config).await.map(|_| ()).unwrap_err().to_string()
+            }
+            Err(error) => error.to_string(),
+        };
+        assert!(error.contains(problem), "{memory}: {error}");
+    }
+}
+
+#[tokio::test]
 async fn a_configured_provider_gets_its_headers_and_retries_and_its_odd_streams_are_understood() {
     let dir = tempfile::tempdir().unwrap();
     let failure = r#"{"error":{"message":"upstream hiccup"}}"#;

@@ -706,6 +706,14 @@ impl Runtime {
         if running_here {
             return Ok(None);
         }
+        // A turn of an agent this process does not have is left for a process that has it
+        // (servers of one store running different agents, a rolling deploy), as a worker
+        // takes only the work it can do; a cancellation stored for it ends it here, which
+        // needs no agent.
+        if self.agent(&session.name).is_none() && !cancel_requested(session, run.id) {
+            tracing::debug!(turn = %run.id, agent = %session.name, "a left turn waits for a process with its agent");
+            return Ok(None);
+        }
         // The listing may be older than the turn's end: a turn that ended since is left as
         // it is (read again here, and under the lease below, so that a pass seldom takes
         // the lease of a session between two turns, where it would refuse the next one).
@@ -742,8 +750,10 @@ impl Runtime {
     /// Resumes `run`, left running by a dead process, under `lease`, the session's lease
     /// just taken. Without the session's agent in this process, or with one whose
     /// definition has a problem (which `create_turn` refuses to run: a misnamed
-    /// `requires_approval` would let its tool run ungated), the turn ends with an error,
-    /// its `turn.done` stored, and the lease is released.
+    /// `requires_approval` would let its tool run ungated), the turn ends, its `turn.done`
+    /// stored, and the lease is released: cancelled when its cancellation was stored (a
+    /// recovery pass leaves a turn of an agent it does not have to a process that has it
+    /// otherwise), with an error else.
     async fn resume_under(
         &self,
         session: &SessionRecord,
@@ -765,7 +775,16 @@ impl Runtime {
         let agent = match agent {
             Ok(agent) => agent,
             Err(message) => {
-                let state = TurnState::Error { message, completed_at: Timestamp::now(), metrics: None };
+                let completed_at = Timestamp::now();
+                let state = if cancel_requested(session, run.id) {
+                    TurnState::Cancelled {
+                        reason: CancellationReason::ClientCancelled,
+                        completed_at,
+                        metrics: None,
+                    }
+                } else {
+                    TurnState::Error { message, completed_at, metrics: None }
+                };
                 let ended = crate::engine::end_left_turn(store.as_ref(), run, state, lease.fence()).await;
                 if ended.is_err() {
                     give_back(store.as_ref(), session.id, lease.token).await;
@@ -1422,13 +1441,18 @@ const KEEPER_CONCURRENCY: usize = 16;
 /// Cancels a turn running here when its session asks for it: the session is cancelled, or
 /// the cancellation of this turn was stored (by a process where it was not running).
 async fn cancel_if_requested(store: &dyn Store, turn: &LiveTurn) {
-    if let Ok(session) = store.get_session(turn.session_id).await {
-        let requested = session.state.get(CANCEL_REQUEST_KEY).and_then(Value::as_str)
-            == Some(turn.turn_id.to_string().as_str());
-        if requested || session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
-            turn.request_cancel(CancellationReason::ClientCancelled);
-        }
+    if let Ok(session) = store.get_session(turn.session_id).await
+        && cancel_requested(&session, turn.turn_id)
+    {
+        turn.request_cancel(CancellationReason::ClientCancelled);
     }
+}
+
+/// Whether `session` asks for `turn` to be cancelled: the session is cancelled, or the
+/// turn's cancellation was stored by a process where it was not running.
+fn cancel_requested(session: &SessionRecord, turn: TurnId) -> bool {
+    session.state.get(CANCEL_REQUEST_KEY).and_then(Value::as_str) == Some(turn.to_string().as_str())
+        || session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true))
 }
 
 /// Whether a run not in a terminal state was left so by an engine (a turn to resume). A

@@ -2409,10 +2409,11 @@ pub async fn a_delegation_whose_thread_had_answered_is_not_in_doubt_after_a_cras
     assert_eq!(helper_model.requests().len(), 1, "the helper answered once");
 }
 
-/// Scenario: a recovery pass in a process without the session's agent, or whose agent has
-/// a problem, ends the turn a dead process left with an error and stores its `turn.done`,
-/// numbered above every `seq` the dead process reserved: a client following the turn sees
-/// it end, and the session goes on.
+/// Scenario: a recovery pass in a process without the session's agent leaves the turn a
+/// dead process left for a process that has the agent, unless its cancellation is stored:
+/// then it ends it cancelled; one whose agent has a problem ends it with an error. Either
+/// way its `turn.done` is stored, numbered above every `seq` the dead process reserved: a
+/// client following the turn sees it end, and the session goes on.
 pub async fn a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a_stored_turn_done(
     harness: Harness,
 ) {
@@ -2429,10 +2430,16 @@ pub async fn a_turn_recovered_without_its_agent_or_with_a_broken_one_ends_with_a
     let reserved = harness.store.high_water(left).await.unwrap();
     let stranger = Runtime::new(harness.store.clone());
     assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
+    let waiting = harness.store.get_run(left).await.unwrap();
+    assert_eq!(waiting.status, agentry_types::RunStatus::Running, "left for a process with the agent");
+    // Cancelled through the stranger (where it does not run): the stranger's next pass
+    // ends it, which needs no agent.
+    stranger.get_turn(left).await.unwrap().cancel().await.unwrap();
+    assert!(stranger.recover().await.unwrap().is_empty());
     let turn = runtime.get_turn(left).await.unwrap();
     let state = turn.wait().await.unwrap();
     assert!(
-        matches!(&state, TurnState::Error { message, .. } if message.contains("agent quick is not registered")),
+        matches!(&state, TurnState::Cancelled { reason: CancellationReason::ClientCancelled, .. }),
         "{state:?}"
     );
     let events = turn.events(Order::Asc).await.unwrap();
@@ -2586,7 +2593,7 @@ async fn leave_a_dead_process(
 }
 
 /// Scenario: a turn that answered an earlier turn's call, left by a dead process that ran
-/// the call, is ended without resuming (its agent is not registered where it is found):
+/// the call, is ended without resuming (cancelled where its agent is not registered):
 /// the call gets its result in the history, the one its journal holds, so the session's
 /// next turn is answered, and its model sees what the call returned.
 pub async fn a_left_turn_that_answered_an_earlier_call_closes_it_when_ended(harness: Harness) {
@@ -2631,9 +2638,10 @@ pub async fn a_left_turn_that_answered_an_earlier_call_closes_it_when_ended(harn
                 .unwrap();
         }
         let stranger = Runtime::new(harness.store.clone());
+        stranger.get_turn(left.id).await.unwrap().cancel().await.unwrap();
         assert!(stranger.recover().await.unwrap().is_empty(), "nothing to resume without the agent");
         let state = runtime.get_turn(left.id).await.unwrap().wait().await.unwrap();
-        assert!(matches!(state, TurnState::Error { .. }), "{state:?}");
+        assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
         let next = session.create_turn(TurnRequest::message("Hello")).await.unwrap();
         let state = next.wait().await.unwrap();
         assert_eq!(answer_text(&state).as_deref(), Some("Hello again."), "{state:?}");

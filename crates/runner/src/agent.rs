@@ -120,7 +120,8 @@ impl Agent {
     /// What is wrong with the agent's definition, if anything: an empty name, two tools of
     /// one name (the model would be offered both, and every call would reach the first),
     /// `requires_approval` naming none of its tools (a misspelt name would leave the real
-    /// tool ungated), or memory settings that cannot work. A runtime refuses sessions and
+    /// tool ungated) or a client-side tool (answered by the client, there is nothing to
+    /// approve), or memory settings that cannot work. A runtime refuses sessions and
     /// turns of such an agent ([`RunnerError::InvalidAgent`](crate::RunnerError::InvalidAgent));
     /// [`AgentBuilder::try_build`] refuses to build it.
     #[must_use]

@@ -2795,10 +2795,7 @@ impl TurnEngine {
                 // entry stays open, which is what it is: started, no result.
                 return Ok(Ran::AuthRequired(McpServerAuth { id: server.id, name: server.name, auth_url }));
             }
-            Ok(Ok(Err(error))) => {
-                tracing::info!(turn = %self.sink.turn_id, tool = %tool.spec().name, %error, "a tool call failed");
-                error_result(error.to_string())
-            }
+            Ok(Ok(Err(error))) => error_result(error.to_string()),
             Ok(Err(panic)) => {
                 let message = panic_message(panic.as_ref());
                 tracing::error!(turn = %self.sink.turn_id, tool = %tool.spec().name, panic = %message, "a tool panicked");
@@ -2810,6 +2807,11 @@ impl TurnEngine {
         // the model (and the operator) no word of why a call failed.
         let limit = self.agent.limits().max_tool_output_bytes;
         cap_output(&mut result.content, if result.is_error { limit.max(MIN_ERROR_BYTES) } else { limit });
+        if result.is_error {
+            // At most the first 200 characters: a tool's error may carry its own output.
+            let said: String = result.content.chars().take(200).collect();
+            tracing::info!(turn = %self.sink.turn_id, call = %call.id, tool = %tool.spec().name, error = %said, "a tool call failed");
+        }
         // A result the store cannot keep would fail the journal after the call ran: the
         // model gets an error result instead, journaled, so the call is not run again.
         let completed = |result: ToolResult| JournalEntry {
@@ -3053,6 +3055,8 @@ fn undecided_spawns(stored: &[EventEnvelope]) -> Vec<(&EventEnvelope, &str)> {
 struct CallIds {
     /// The renames in this message: the provider's id and the one given instead.
     renamed: Vec<(String, String)>,
+    /// The provider's ids of this message kept as they are.
+    kept: Vec<String>,
 }
 
 impl CallIds {
@@ -3064,9 +3068,17 @@ impl CallIds {
             return;
         }
         if !known(id) {
+            if !self.kept.contains(id) {
+                self.kept.push(id.clone());
+            }
             return;
         }
-        let taken = |given: &str| known(given) || self.renamed.iter().any(|(_, earlier)| earlier == given);
+        // Not an id of this message either, kept or given.
+        let taken = |given: &str| {
+            known(given)
+                || self.kept.iter().any(|kept| kept == given)
+                || self.renamed.iter().any(|(_, earlier)| earlier == given)
+        };
         let given = (2..).map(|n| format!("{id}_{n}")).find(|given| !taken(given)).unwrap_or_default();
         self.renamed.push((std::mem::replace(id, given.clone()), given));
     }
@@ -3349,6 +3361,29 @@ mod tests {
             .into_iter()
             .map(|(event, _)| event.team.as_ref().and_then(|team| team.tool_call_id.clone()))
             .collect()
+    }
+
+    #[test]
+    fn a_reused_call_id_gets_one_no_call_of_the_turn_or_the_message_has() {
+        let chunk = |id: Option<&str>| agentry_types::ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_owned),
+            kind: None,
+            function: None,
+            tool_info: None,
+        };
+        let known = |id: &str| ["call_0", "call_1"].contains(&id);
+        let mut ids = CallIds::default();
+        // The message's own `call_0_2` (a new id) is kept; its reused `call_0` is then
+        // given `call_0_3`, in its later chunks too; an id without a chunk id stays none.
+        let mut given = Vec::new();
+        for id in [Some("call_0_2"), Some("call_0"), None, Some("call_0"), Some("call_1")] {
+            let mut delta = chunk(id);
+            ids.rename(&mut delta, known);
+            given.push(delta.id);
+        }
+        let given: Vec<Option<&str>> = given.iter().map(Option::as_deref).collect();
+        assert_eq!(given, [Some("call_0_2"), Some("call_0_3"), None, Some("call_0_3"), Some("call_1_2")]);
     }
 
     #[test]

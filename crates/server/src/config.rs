@@ -43,9 +43,9 @@
 //! tools = ["get-sum", "echo"]      # only these of its tools (two tools may not share a name)
 //! optional = false                 # true: start without its tools when it cannot be reached
 //!                                   # (tried again in the background until it answers)
-//! [agents.memory]                  # seed 003's memory; without it, recent turns are replayed
-//! full_session_memory = true       # replay the session's completed runs as history
-//! num_last_messages = 20           # at most this many messages of it
+//! [agents.memory]                  # seed 003's memory (for an agent a session runs, not a
+//!                                   # team member); history is always the recent turns
+//! num_last_messages = 20           # at most this many messages of history
 //! summary_memory = true            # keep a running summary (a model call after each run)
 //! user_analysis_memory = true      # keep a profile of the user (a model call after each run)
 //! user_profile_schema = { type = "object", properties = { name = { type = "string" } } }
@@ -413,9 +413,6 @@ pub struct AgentConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemorySettings {
-    /// Replay the session's completed runs as history.
-    #[serde(default)]
-    pub full_session_memory: bool,
     /// Keep a running summary of the session (a model call after each run).
     #[serde(default)]
     pub summary_memory: bool,
@@ -457,7 +454,6 @@ impl MemorySettings {
     /// The facade's settings.
     fn config(&self) -> agentry_memory::MemoryConfig {
         agentry_memory::MemoryConfig {
-            full_session_memory: self.full_session_memory,
             summary_memory: self.summary_memory,
             user_analysis_memory: self.user_analysis_memory,
             user_profile_schema: self.user_profile_schema.clone(),
@@ -654,8 +650,6 @@ impl Default for Config {
     }
 }
 
-/// Whether `origin` is a web origin as browsers send it (`scheme://host[:port]`: no
-/// path, no trailing slash), or `*`.
 /// Checks a URL the server connects to: absolute, `http` or `https`, with a host.
 fn check_http_url(url: &str) -> Result<(), &'static str> {
     let parsed: axum::http::Uri =
@@ -671,6 +665,8 @@ fn check_http_url(url: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Whether `origin` is a web origin as browsers send it (`scheme://host[:port]`: no
+/// path, no trailing slash), or `*`.
 fn check_origin(origin: &str) -> Result<(), &'static str> {
     if origin == "*" {
         return Ok(());
@@ -843,6 +839,17 @@ impl Config {
                         ))
                     })?;
                 }
+            }
+        }
+        // A member's thread runs without memory (a team session's memory is the team's):
+        // said once, at start, rather than left to be found.
+        for team in &self.teams {
+            let remembering = team.members.iter().filter_map(|member| {
+                self.agents.iter().find(|agent| agent.name == *member && agent.memory.is_some())
+            });
+            for agent in remembering {
+                tracing::warn!(team = %team.name, agent = %agent.name,
+                    "the agent's [agents.memory] applies to its own sessions, not to its turns as a team member");
             }
         }
         if self.teams.iter().any(|team| team.name.trim().is_empty()) {
@@ -1221,13 +1228,19 @@ impl Config {
         if let Some(memory) = &config.memory {
             // Summaries and profiles need a model; history alone does not.
             let analysis = match &memory.model {
-                _ if !memory.summary_memory && !memory.user_analysis_memory => None,
                 Some(name) if name == "demo" => {
                     return Err(ConfigError::Invalid(format!(
                         "agent {:?}: memory.model is `demo`, which writes no summary or profile; name a provider",
                         config.name
                     )));
                 }
+                Some(name) if !self.providers.contains_key(name) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: memory.model {name:?} is not a configured provider",
+                        config.name
+                    )));
+                }
+                _ if !memory.summary_memory && !memory.user_analysis_memory => None,
                 Some(name) => Some(self.model(name, &config.name)?),
                 None => Some(model),
             };

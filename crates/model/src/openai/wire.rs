@@ -523,7 +523,9 @@ pub(crate) fn error_body_message(body: &[u8]) -> String {
     }
     // An HTML page comes from a proxy or gateway in front of the model server (a 502 of
     // nginx, say): its text, without the markup, says what it was.
-    if text.trim_start().starts_with('<') && text.to_ascii_lowercase().contains("<html") {
+    if text.trim_start_matches('\u{feff}').trim_start().starts_with('<')
+        && text.to_ascii_lowercase().contains("<html")
+    {
         let words = without_markup(&text).split_whitespace().collect::<Vec<_>>().join(" ");
         let said =
             if words.is_empty() { "an empty page".to_owned() } else { format!("\"{}\"", excerpt(&words)) };
@@ -535,27 +537,26 @@ pub(crate) fn error_body_message(body: &[u8]) -> String {
 
 /// The text of an HTML page: tags (and what `<script>` and `<style>` hold) left out.
 fn without_markup(html: &str) -> String {
+    // Lowered once (ASCII only, so every byte offset is the same in both).
+    let lower = html.to_ascii_lowercase();
     let mut text = String::with_capacity(html.len());
-    let mut rest = html;
-    while let Some(start) = rest.find('<') {
-        text.push_str(&rest[..start]);
+    let mut at = 0;
+    while let Some(start) = lower[at..].find('<').map(|start| at + start) {
+        text.push_str(&html[at..start]);
         text.push(' ');
-        let tag = &rest[start..];
-        let lower = tag.get(..8).unwrap_or(tag).to_ascii_lowercase();
-        let closing = if lower.starts_with("<script") {
+        let closing = if lower[start..].starts_with("<script") {
             "</script>"
-        } else if lower.starts_with("<style") {
+        } else if lower[start..].starts_with("<style") {
             "</style>"
         } else {
             ">"
         };
-        let lower_tag = tag.to_ascii_lowercase();
-        rest = match lower_tag.find(closing) {
-            Some(end) => &tag[end + closing.len()..],
-            None => "",
+        at = match lower[start..].find(closing) {
+            Some(end) => start + end + closing.len(),
+            None => html.len(),
         };
     }
-    text.push_str(rest);
+    text.push_str(&html[at..]);
     text
 }
 

@@ -325,9 +325,10 @@ async fn a_demo_agent_with_settings_it_would_ignore_and_a_bad_unused_provider_ar
     .unwrap_err();
     assert!(error.to_string().contains("agent \"calc\": model `demo`"), "{error}");
     assert!(error.to_string().contains("takes no tools, ask_user_question"), "{error}");
-    let error = start("[providers.spare]\nmodel = \"m\"\nbase_url = \"not a url\"\n").await.unwrap_err();
-    assert!(error.to_string().contains("provider \"spare\": "), "{error}");
-    assert!(error.to_string().contains("invalid base URL"), "{error}");
+    // A provider no agent uses is checked too, as the file is read.
+    let error =
+        Config::parse("[providers.spare]\nmodel = \"m\"\nbase_url = \"not a url\"\n", None).unwrap_err();
+    assert!(error.to_string().contains("providers.spare.base_url is \"not a url\""), "{error}");
     assert!(!dir.path().join("agentry.db").exists(), "a refused configuration created the store");
     // A demo agent's limits apply: one model call is allowed, so a turn that needs a second
     // (after its tool call) fails.
@@ -1143,7 +1144,7 @@ async fn an_agents_memory_is_configured_in_its_file_and_summaries_reach_the_next
     let text = format!(
         "listen = \"127.0.0.1:0\"\n[providers.fake]\nmodel = \"fake-model\"\nbase_url = \"http://{provider}/v1\"\n\
          [[agents]]\nname = \"rememberer\"\nmodel = \"fake\"\ninstructions = \"Be brief.\"\n\
-         [agents.memory]\nfull_session_memory = true\nnum_last_messages = 10\nsummary_memory = true\n"
+         [agents.memory]\nnum_last_messages = 10\nsummary_memory = true\n"
     );
     let (address, stop, serving) = serve_text(dir.path(), &text).await;
     let (session, events) = streamed_turn(address, "rememberer", "I am Ann and I like green tea.").await;
@@ -1164,8 +1165,10 @@ async fn an_agents_memory_is_configured_in_its_file_and_summaries_reach_the_next
         ("summary_memory = true\nmodel = \"demo\"\n", "memory.model is `demo`"),
         (
             "summary_memory = true\nmodel = \"nowhere\"\n",
-            "\"nowhere\" is neither `demo` nor a configured provider",
+            "memory.model \"nowhere\" is not a configured provider",
         ),
+        ("model = \"nowhere\"\n", "memory.model \"nowhere\" is not a configured provider"),
+        ("full_session_memory = true\n", "full_session_memory"),
         ("user_memory_mode = \"sometimes\"\n", "sometimes"),
         ("remember_everything = true\n", "remember_everything"),
     ] {

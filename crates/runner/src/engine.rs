@@ -3045,42 +3045,35 @@ fn undecided_spawns(stored: &[EventEnvelope]) -> Vec<(&EventEnvelope, &str)> {
     open
 }
 
-/// The call ids of one model message, renamed where a provider reused the id of a call the
-/// turn knows (some number their calls per response: `call_0` in every step). The turn keys
-/// its journal, approvals and answers by call id, so a reused id would make a later call
-/// look made already (it would not run, or get the first call's result, or pass as the
-/// call its input approved). Such a call gets the id with a suffix, in every chunk and so
-/// in the stored message, its events and the history sent back to the provider.
+/// The call ids of one model message, made unique: a provider may reuse the id of a call
+/// the turn knows (some number their calls per response: `call_0` in every step), or give
+/// two calls of one message the same id. The turn keys its journal, approvals and answers
+/// by call id, so a reused id would make a call look made already (it would not run, or
+/// get another call's result, or pass as the call an approval allowed). Such a call gets
+/// the id with a suffix, in every chunk (a call is its chunks' `index`) and so in the
+/// stored message, its events and the history sent back to the provider.
 #[derive(Default)]
 struct CallIds {
-    /// The renames in this message: the provider's id and the one given instead.
-    renamed: Vec<(String, String)>,
-    /// The provider's ids of this message kept as they are.
-    kept: Vec<String>,
+    /// The id each call of this message has, by the call's index.
+    given: Vec<(u32, String)>,
 }
 
 impl CallIds {
-    /// Renames `chunk`'s id if a call the turn knows had it (`known`).
+    /// Gives `chunk` its call's id: the one given at the call's first chunk with an id;
+    /// else the provider's, unless a call the turn knows (`known`) or another call of this
+    /// message has it, which a suffix makes unique.
     fn rename(&mut self, chunk: &mut agentry_types::ToolCallDelta, known: impl Fn(&str) -> bool) {
         let Some(id) = chunk.id.as_mut() else { return };
-        if let Some((_, given)) = self.renamed.iter().find(|(from, _)| from == id) {
+        if let Some((_, given)) = self.given.iter().find(|(index, _)| *index == chunk.index) {
             id.clone_from(given);
             return;
         }
-        if !known(id) {
-            if !self.kept.contains(id) {
-                self.kept.push(id.clone());
-            }
-            return;
+        let taken =
+            |candidate: &str| known(candidate) || self.given.iter().any(|(_, other)| other == candidate);
+        if taken(id) {
+            *id = (2..).map(|n| format!("{id}_{n}")).find(|candidate| !taken(candidate)).unwrap_or_default();
         }
-        // Not an id of this message either, kept or given.
-        let taken = |given: &str| {
-            known(given)
-                || self.kept.iter().any(|kept| kept == given)
-                || self.renamed.iter().any(|(_, earlier)| earlier == given)
-        };
-        let given = (2..).map(|n| format!("{id}_{n}")).find(|given| !taken(given)).unwrap_or_default();
-        self.renamed.push((std::mem::replace(id, given.clone()), given));
+        self.given.push((chunk.index, id.clone()));
     }
 }
 
@@ -3365,8 +3358,8 @@ mod tests {
 
     #[test]
     fn a_reused_call_id_gets_one_no_call_of_the_turn_or_the_message_has() {
-        let chunk = |id: Option<&str>| agentry_types::ToolCallDelta {
-            index: 0,
+        let chunk = |index: u32, id: Option<&str>| agentry_types::ToolCallDelta {
+            index,
             id: id.map(str::to_owned),
             kind: None,
             function: None,
@@ -3374,16 +3367,40 @@ mod tests {
         };
         let known = |id: &str| ["call_0", "call_1"].contains(&id);
         let mut ids = CallIds::default();
-        // The message's own `call_0_2` (a new id) is kept; its reused `call_0` is then
-        // given `call_0_3`, in its later chunks too; an id without a chunk id stays none.
+        // Call 0's new `call_0_2` is kept; call 1's reused `call_0` becomes `call_0_3`, in
+        // its later chunks too (an id sent again, or none); call 2's `x` is kept and
+        // call 3's `x`, the same id in one message, becomes `x_2`; call 4's reused
+        // `call_1` becomes `call_1_2`.
+        let chunks = [
+            (0, Some("call_0_2")),
+            (1, Some("call_0")),
+            (1, None),
+            (1, Some("call_0")),
+            (2, Some("x")),
+            (3, Some("x")),
+            (2, Some("x")),
+            (4, Some("call_1")),
+        ];
         let mut given = Vec::new();
-        for id in [Some("call_0_2"), Some("call_0"), None, Some("call_0"), Some("call_1")] {
-            let mut delta = chunk(id);
+        for (index, id) in chunks {
+            let mut delta = chunk(index, id);
             ids.rename(&mut delta, known);
             given.push(delta.id);
         }
         let given: Vec<Option<&str>> = given.iter().map(Option::as_deref).collect();
-        assert_eq!(given, [Some("call_0_2"), Some("call_0_3"), None, Some("call_0_3"), Some("call_1_2")]);
+        assert_eq!(
+            given,
+            [
+                Some("call_0_2"),
+                Some("call_0_3"),
+                None,
+                Some("call_0_3"),
+                Some("x"),
+                Some("x_2"),
+                Some("x"),
+                Some("call_1_2")
+            ]
+        );
     }
 
     #[test]

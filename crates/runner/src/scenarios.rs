@@ -1168,6 +1168,56 @@ pub async fn calls_whose_provider_reuses_an_id_each_run_and_ask_for_their_own_ap
         })
         .collect();
     assert_eq!(asked, ["call_0_2"], "{state:?}");
+
+    // Two gated calls of one message under one id: each is its own, asked for and run.
+    let both = ScriptedResponse {
+        tool_calls: [1, 2]
+            .map(|a| ScriptedToolCall {
+                id: Some("x".to_owned()),
+                name: "add".to_owned(),
+                arguments: json!({"a": a, "b": a}).to_string(),
+            })
+            .to_vec(),
+        ..ScriptedResponse::default()
+    };
+    let model = Arc::new(ScriptedModel::new(vec![both, ScriptedResponse::text("2 and 4.")]));
+    let twin = Agent::builder("twin-adder", model.clone())
+        .tool(add_tool(calls.clone()))
+        .requires_approval("add")
+        .build();
+    runtime.register(twin);
+    let session = session_for(&runtime, "twin-adder").await;
+    let first = session.create_turn(TurnRequest::message("Add both")).await.unwrap();
+    let state = first.wait().await.unwrap();
+    let pending: Vec<(String, String)> = state
+        .required_actions()
+        .iter()
+        .flat_map(|action| match &action.action {
+            agentry_types::RequiredAction::ToolApproval { tool_calls, .. } => {
+                tool_calls.iter().map(|call| (call.id.clone(), call.arguments.clone())).collect::<Vec<_>>()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(
+        pending,
+        [
+            ("x".to_owned(), json!({"a": 1, "b": 1}).to_string()),
+            ("x_2".to_owned(), json!({"a": 2, "b": 2}).to_string())
+        ]
+    );
+    let allow = |id: &str| TurnInputItem::allow(agentry_types::ThreadId::main(), id);
+    let second = session.create_turn(TurnRequest::input(vec![allow("x"), allow("x_2")])).await.unwrap();
+    assert_eq!(answer_text(&second.wait().await.unwrap()).as_deref(), Some("2 and 4."));
+    assert_eq!(calls.load(Ordering::SeqCst), 5, "both ran");
+    let sent = model.requests().last().cloned().unwrap();
+    let results: Vec<(Option<String>, String)> = sent
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::Tool)
+        .map(|message| (message.tool_call_id.clone(), message.text()))
+        .collect();
+    assert_eq!(results, [(Some("x".to_owned()), "2".to_owned()), (Some("x_2".to_owned()), "4".to_owned())]);
 }
 
 /// Scenario: a turn that pauses for an approval after its process stopped (recovered with

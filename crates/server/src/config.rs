@@ -662,6 +662,23 @@ fn check_http_url(url: &str) -> Result<(), &'static str> {
     if parsed.host().is_none_or(str::is_empty) {
         return Err("it names no host");
     }
+    // A port the URL type does not take is dropped by it, not refused: read it here.
+    let host_port = parsed.authority().and_then(|authority| authority.as_str().rsplit('@').next());
+    let port = host_port.and_then(|host_port| host_port.rsplit_once(':')).map(|(_, port)| port);
+    if let Some(port) = port.filter(|port| !port.contains(']'))
+        && port.parse::<u16>().map_or(true, |port| port == 0)
+    {
+        return Err("its port is not a number from 1 to 65535");
+    }
+    Ok(())
+}
+
+/// [`check_http_url`] for a base URL, which paths are appended to: no query or fragment.
+fn check_base_url(url: &str) -> Result<(), &'static str> {
+    check_http_url(url)?;
+    if url.contains(['?', '#']) {
+        return Err("a base URL takes no query or fragment (`/chat/completions` is appended to its path)");
+    }
     Ok(())
 }
 
@@ -773,6 +790,11 @@ impl Config {
             ));
         }
         for (name, provider) in &self.providers {
+            if name.trim().is_empty() || name.trim() != name {
+                return Err(ConfigError::Invalid(format!(
+                    "providers.{name:?}: a provider's name must not be blank or have spaces around it"
+                )));
+            }
             if name == "demo" {
                 return Err(ConfigError::Invalid(
                     "providers.demo: `model = \"demo\"` names the built-in scripted model, so a provider of that \
@@ -781,7 +803,7 @@ impl Config {
                 ));
             }
             if let Some(url) = &provider.base_url {
-                check_http_url(url).map_err(|problem| {
+                check_base_url(url).map_err(|problem| {
                     ConfigError::Invalid(format!("providers.{name}.base_url is {url:?}: {problem}"))
                 })?;
             }
@@ -816,11 +838,28 @@ impl Config {
                     agent.name
                 )));
             }
+            if let Some(twice) = agent
+                .requires_approval
+                .iter()
+                .enumerate()
+                .find(|(at, gated)| agent.requires_approval[..*at].contains(gated))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "agent {:?}: requires_approval names {:?} twice",
+                    agent.name, twice.1
+                )));
+            }
             for (at, server) in agent.mcp.iter().enumerate() {
                 if server.name.trim().is_empty() {
                     return Err(ConfigError::Invalid(format!(
                         "agent {:?}: MCP server {at} has no name; name it (its tools' events and errors say it)",
                         agent.name
+                    )));
+                }
+                if server.name.trim() != server.name {
+                    return Err(ConfigError::Invalid(format!(
+                        "agent {:?}: MCP server {:?} has spaces around its name",
+                        agent.name, server.name
                     )));
                 }
                 if agent.mcp[..at].iter().any(|earlier| earlier.name == server.name) {

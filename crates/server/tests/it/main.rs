@@ -164,6 +164,21 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
             "providers.p.base_url is \"not a url\": it is not",
         ),
         ("[providers.p]\nmodel = \"m\"\nbase_url = \"ftp://h/v1\"\n", "only http:// and https://"),
+        ("[providers.p]\nmodel = \"m\"\nbase_url = \"http://h:99999/v1\"\n", "its port is not a number"),
+        ("[providers.p]\nmodel = \"m\"\nbase_url = \"http://u:p@h:0/v1\"\n", "its port is not a number"),
+        (
+            "[providers.p]\nmodel = \"m\"\nbase_url = \"http://h/v1?api-version=1\"\n",
+            "takes no query or fragment",
+        ),
+        ("[providers.\"\"]\nmodel = \"m\"\n", "a provider's name must not be blank"),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\nrequires_approval = [\"x\", \"x\"]\n",
+            "agent \"a\": requires_approval names \"x\" twice",
+        ),
+        (
+            "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \"s \"\ncommand = \"x\"\n",
+            "MCP server \"s \" has spaces around its name",
+        ),
         (
             "[[agents]]\nname = \"a\"\nmodel = \"demo\"\n[[agents.mcp]]\nname = \"s\"\nurl = \"not a url\"\noptional = true\n",
             "agent \"a\": MCP server \"s\": url is \"not a url\"",
@@ -190,6 +205,11 @@ fn durations_beyond_a_year_and_empty_names_are_refused_naming_the_key() {
         host.contains("\"localhost:8787\" is not an IP address and port") && host.contains("127.0.0.1:8787"),
         "{host}"
     );
+    // Good URLs pass: a port, IPv6, a path, user info.
+    for url in ["http://127.0.0.1:11434/v1", "http://[::1]:8000/v1", "https://u:p@api.example.com/openai/v1"]
+    {
+        Config::parse(&format!("[providers.p]\nmodel = \"m\"\nbase_url = \"{url}\"\n"), None).unwrap();
+    }
     let longest = Config::parse("[runtime]\nlease_ttl_secs = 31536000\n", None).unwrap();
     assert_eq!(longest.runtime.lease_ttl_secs, agentry_server::config::MAX_SECS);
 }

@@ -22,11 +22,12 @@ pub enum RunnerError {
         /// The session.
         session_id: SessionId,
     },
-    /// As `TurnRunning`, and the running turn is one a process that stopped had left: this
-    /// call resumed it. Follow it by its id; a new turn can start once it ends.
+    /// As `TurnRunning`, and the running turn is one left unfinished (its process stopped,
+    /// or could not store its end): this call resumed it. Follow it by its id; a new turn
+    /// can start once it ends.
     #[error(
-        "session {session_id} has a running turn: {turn_id}, left by a process that stopped, was resumed; \
-         a new turn can start once it ends"
+        "session {session_id} has a running turn: {turn_id}, left unfinished (its process stopped or could not \
+         store its end), was resumed; a new turn can start once it ends"
     )]
     TurnResumed {
         /// The session.

@@ -119,6 +119,9 @@ struct RuntimeInner {
     /// expires the leases after any round under way (which could otherwise renew one of
     /// them again).
     keeper_round: Arc<tokio::sync::Mutex<()>>,
+    /// Turns whose end this runtime could not store, with how often in a row and when a
+    /// recovery pass may resume them again (see [`EndRetries`]).
+    end_retries: Mutex<EndRetries>,
     /// Told after every durable event this runtime's turns store.
     appended: Arc<tokio::sync::Notify>,
     /// Sessions with a turn start in flight, and how many (see [`Starting`]).
@@ -331,6 +334,7 @@ impl Runtime {
                 keeper_started: AtomicBool::new(false),
                 handed_over: AtomicBool::new(false),
                 keeper_round: Arc::new(tokio::sync::Mutex::new(())),
+                end_retries: Mutex::new(EndRetries::default()),
                 appended: Arc::new(tokio::sync::Notify::new()),
                 starting: Mutex::new(HashMap::default()),
                 session_cancels: AtomicU64::new(0),
@@ -706,6 +710,11 @@ impl Runtime {
         if running_here {
             return Ok(None);
         }
+        // A turn whose end this runtime could not store waits before a pass resumes it
+        // again: each resumption calls the model again, and a full disk may stay full.
+        if self.inner.end_retries.lock().unwrap_or_else(PoisonError::into_inner).waiting(run.id) {
+            return Ok(None);
+        }
         // A turn of an agent this process does not have is left for a process that has it
         // (servers of one store running different agents, a rolling deploy), as a worker
         // takes only the work it can do; a cancellation stored for it ends it here, which
@@ -1040,6 +1049,13 @@ impl Runtime {
                 Err(crate::engine::Unfinished::Unstored) => {
                     runtime.inner.forget_live(&live);
                     live.close();
+                    let wait = runtime
+                        .inner
+                        .end_retries
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .failed(live.turn_id);
+                    tracing::info!(turn = %live.turn_id, ?wait, "recovery passes here resume the turn again after this wait");
                     // After the lease keeper's round under way, if any: it may have listed
                     // the turn before it was forgotten, and its renewal would otherwise
                     // make the lease live again after the give-back.
@@ -1435,6 +1451,35 @@ impl Session {
     }
 }
 
+/// Turns whose end could not be stored (a failing disk), by turn: how many times in a row,
+/// and until when a recovery pass leaves them. The wait doubles from a second up to
+/// [`END_RETRY_MAX`]; an entry is dropped once its wait is long past (a turn that ended is
+/// no recovery candidate anyway). In memory only: another process, or a new start of the
+/// session, resumes such a turn at once.
+#[derive(Debug, Default)]
+struct EndRetries(HashMap<TurnId, (u32, std::time::Instant)>);
+
+/// The longest a recovery pass waits before resuming a turn whose end could not be stored.
+const END_RETRY_MAX: Duration = Duration::from_secs(600);
+
+impl EndRetries {
+    /// Records a failure to store `turn`'s end; returns how long passes leave it.
+    fn failed(&mut self, turn: TurnId) -> Duration {
+        // Turns that ended, or went elsewhere, long ago are dropped as the list is used.
+        let now = std::time::Instant::now();
+        self.0.retain(|_, (_, until)| now.saturating_duration_since(*until) < END_RETRY_MAX);
+        let failures = self.0.get(&turn).map_or(1, |(failures, _)| failures + 1);
+        let wait = Duration::from_secs(1 << failures.min(10)).min(END_RETRY_MAX);
+        self.0.insert(turn, (failures, now + wait));
+        wait
+    }
+
+    /// Whether a recovery pass leaves `turn` for now.
+    fn waiting(&self, turn: TurnId) -> bool {
+        self.0.get(&turn).is_some_and(|(_, until)| std::time::Instant::now() < *until)
+    }
+}
+
 /// How many running turns a keeper round renews and checks at once.
 const KEEPER_CONCURRENCY: usize = 16;
 
@@ -1710,5 +1755,22 @@ impl TurnHandle {
             live.wait_done().await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_whose_end_keeps_failing_waits_longer_each_time() {
+        let mut retries = EndRetries::default();
+        let (turn, other) = (TurnId::new(), TurnId::new());
+        assert!(!retries.waiting(turn));
+        let waits: Vec<Duration> = (0..12).map(|_| retries.failed(turn)).collect();
+        assert_eq!(waits[..3], [Duration::from_secs(2), Duration::from_secs(4), Duration::from_secs(8)]);
+        assert_eq!(waits[11], END_RETRY_MAX, "capped");
+        assert!(retries.waiting(turn));
+        assert!(!retries.waiting(other), "other turns are not held back");
     }
 }

@@ -45,7 +45,8 @@
 //!                                   # (tried again in the background until it answers)
 //! [agents.memory]                  # seed 003's memory (for an agent a session runs, not a
 //!                                   # team member); history is always the recent turns
-//! num_last_messages = 20           # at most this many messages of history
+//! num_last_messages = 20           # about this many messages of history (a call and its
+//!                                   # results are kept together, so a few more may come)
 //! summary_memory = true            # keep a running summary (a model call after each run)
 //! user_analysis_memory = true      # keep a profile of the user (a model call after each run)
 //! user_profile_schema = { type = "object", properties = { name = { type = "string" } } }
@@ -425,7 +426,8 @@ pub struct MemorySettings {
     /// Let the profile grow fields beyond the schema.
     #[serde(default)]
     pub dynamic_user_profile: bool,
-    /// Replay at most this many messages of history.
+    /// Replay about this many messages of history: a cut never separates a tool call
+    /// from its results, so a few more may be replayed.
     #[serde(default)]
     pub num_last_messages: Option<usize>,
     /// Show tool calls and results to the summary and profile calls.

@@ -1210,14 +1210,7 @@ impl Session {
         check_request(&agent, &request)?;
         // A copy of a keyed request that already started is told so at once, also while
         // its turn runs (the start would find the lease held first).
-        if let Some(key) = &request.idempotency_key {
-            let turn_id = turn_id_for_key(self.id(), key);
-            match store.get_run(turn_id).await {
-                Ok(_) => return Err(RunnerError::TurnExists { session_id: session.id, turn_id }),
-                Err(error) if error.is_not_found() => {}
-                Err(error) => return Err(error.into()),
-            }
-        }
+        self.refuse_started_copy(&request).await?;
         // A failed read is read again under the lease.
         let previous = previous.ok();
         let run = self
@@ -1298,6 +1291,17 @@ impl Session {
         Ok(handle)
     }
 
+    /// `TurnExists` when the request has an idempotency key whose turn is stored.
+    async fn refuse_started_copy(&self, request: &TurnRequest) -> RuntimeResult<()> {
+        let Some(key) = &request.idempotency_key else { return Ok(()) };
+        let turn_id = turn_id_for_key(self.id(), key);
+        match self.runtime.inner.store.get_run(turn_id).await {
+            Ok(_) => Err(RunnerError::TurnExists { session_id: self.id(), turn_id }),
+            Err(error) if error.is_not_found() => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// The turn a new turn chains on: the session's latest, or the one the request names,
     /// which must be the latest.
     async fn previous_turn(&self, request: &TurnRequest) -> RuntimeResult<Option<RunRecord>> {
@@ -1368,14 +1372,7 @@ impl Session {
         // Under the lease no other turn of the session can be stored, and a key's turn id
         // is the session's own: this look-up decides for good. Before the input's check:
         // a retry is told its turn exists, not that its input no longer fits.
-        if let Some(key) = &request.idempotency_key {
-            let turn_id = turn_id_for_key(self.id(), key);
-            match self.runtime.inner.store.get_run(turn_id).await {
-                Ok(_) => return Err(RunnerError::TurnExists { session_id: self.id(), turn_id }),
-                Err(error) if error.is_not_found() => {}
-                Err(error) => return Err(error.into()),
-            }
-        }
+        self.refuse_started_copy(request).await?;
         check_against_previous(&request.input, previous.as_ref())?;
         let run = self.new_run(request, previous.as_ref().map(|run| run.id))?;
         Ok(Leased::New(Box::new((run, previous))))

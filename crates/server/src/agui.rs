@@ -550,8 +550,7 @@ async fn run(
         // A copy of this run sent at the same moment may be the running turn (or a turn
         // a stopped process left, which the start just resumed).
         Err(error @ (RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. })) => {
-            let ours = agentry_runner::turn_id_for_key(session.id(), &run_key(&body.run_id));
-            return match session.get_turn(ours).await {
+            return match session.get_turn(run_turn_id(&session, &body.run_id)).await {
                 Ok(turn) => rerun(&state, slot, &session, turn, body).await,
                 Err(_) => Err(error.into()),
             };
@@ -594,11 +593,15 @@ fn run_key(run_id: &str) -> String {
     format!("agui-run:{run_id}")
 }
 
+/// The id of a run's turn in the thread's session (see [`run_key`]).
+fn run_turn_id(session: &Session, run_id: &str) -> agentry_types::TurnId {
+    agentry_runner::turn_id_for_key(session.id(), &run_key(run_id))
+}
+
 /// The turn of a run sent before, if it was: named by its `runId` (see [`run_key`]), or
 /// for a run of a build that kept runs in the session's state instead, found there.
 async fn sent_before(session: &Session, run_id: &str, thread_id: &str) -> ApiResult<Option<TurnHandle>> {
-    let turn_id = agentry_runner::turn_id_for_key(session.id(), &run_key(run_id));
-    match session.get_turn(turn_id).await {
+    match session.get_turn(run_turn_id(session, run_id)).await {
         Ok(turn) => return Ok(Some(turn)),
         Err(RunnerError::NotFound { .. }) => {}
         Err(error) => return Err(error.into()),

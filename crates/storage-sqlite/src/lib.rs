@@ -390,8 +390,8 @@ impl SqliteStore {
         let connection = Connection::open_with_flags(&self.inner.path, flags).map_err(sqlite)?;
         configure(&connection, &self.inner.options)?;
         connection.busy_timeout(wait).map_err(sqlite)?;
-        match connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0)) {
-            Ok(busy) => Ok(busy == 0),
+        match truncate_log(&connection) {
+            Ok(emptied) => Ok(emptied),
             Err(rusqlite::Error::SqliteFailure(failure, _))
                 if matches!(
                     failure.code,
@@ -541,9 +541,15 @@ impl Drop for CloseLast {
 /// truncating checkpoint): whether it did, as SQLite reports it (a reader holding the log
 /// makes it give up after the busy timeout, and the log stays).
 fn empty_log(connection: &Connection) -> bool {
+    truncate_log(connection).unwrap_or(false)
+}
+
+/// Runs a truncating checkpoint: whether the log was emptied (SQLite reports `busy` when
+/// another connection held it).
+fn truncate_log(connection: &Connection) -> rusqlite::Result<bool> {
     connection
         .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0))
-        .is_ok_and(|busy| busy == 0)
+        .map(|busy| busy == 0)
 }
 
 /// Under `batched`, how long a group commit waits for the writers it just acknowledged

@@ -390,6 +390,60 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(len(list(session.list_turns())), 1, "nothing else was stored")
         session.cancel()
 
+    def test_a_turn_request_sent_again_under_its_idempotency_key_runs_once(self):
+        with http() as h:
+            sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+            turns = f"/v1/agents/sessions/{sid}/turns"
+            body = {"input": [{"type": "user.message", "content": "calculate 6 * 7"}]}
+
+            def send_copy(_):
+                with http() as other:
+                    response = other.post(turns, json=body, headers={"Idempotency-Key": "order-1"})
+                    return response.status_code, response.json()["data"]["id"], response.headers.get("idempotent-replayed")
+
+            # Copies sent at once (a client retrying on other connections) are one turn.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+                copies = list(pool.map(send_copy, range(6)))
+            self.assertEqual({status for status, _, _ in copies}, {200}, copies)
+            self.assertEqual(len({turn for _, turn, _ in copies}), 1, copies)
+            self.assertEqual(sorted(str(replayed) for _, _, replayed in copies), ["None"] + ["true"] * 5, copies)
+            turn = copies[0][1]
+            wait_until_idle(h, turns)
+            # Sent again after its end, streamed: the same turn's events, from its start.
+            with h.stream("POST", turns, json={**body, "stream": True}, headers={"Idempotency-Key": "order-1"}) as again:
+                self.assertEqual(again.headers.get("idempotent-replayed"), "true")
+                ids = [line[3:].strip() for line in again.iter_lines() if line.startswith("id:")]
+            self.assertEqual(ids, replay_ids(h, f"{turns}/{turn}/subscribe"))
+            listed = h.get(turns).json()["data"]
+            self.assertEqual([t["id"] for t in listed], [turn], "one turn ran")
+            # The key names one request: other input under it is refused, and runs nothing.
+            other = h.post(turns, json={"input": [{"type": "user.message", "content": "something else"}]},
+                           headers={"Idempotency-Key": "order-1"})
+            self.assertEqual(other.status_code, 422, other.text)
+            self.assertEqual(other.json()["error"]["code"], "idempotency_key_reused")
+            self.assertIn(turn, other.json()["error"]["message"])
+            for key in ("", "k" * 2000):
+                bad = h.post(turns, json=body, headers={"Idempotency-Key": key})
+                self.assertEqual(bad.status_code, 400, bad.text)
+                self.assertEqual(bad.json()["error"]["param"], "Idempotency-Key", bad.text)
+            self.assertEqual(len(h.get(turns).json()["data"]), 1, "nothing else was stored")
+            # A new key is a new request.
+            fresh = h.post(turns, json=body, headers={"Idempotency-Key": "order-2"})
+            self.assertEqual(fresh.status_code, 200, fresh.text)
+            self.assertNotIn("idempotent-replayed", fresh.headers)
+            wait_until_idle(h, turns)
+            self.assertEqual(len(h.get(turns).json()["data"]), 2)
+
+    def test_a_turn_refused_while_another_runs_is_told_which(self):
+        with http() as h:
+            sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+            turns = f"/v1/agents/sessions/{sid}/turns"
+            running = h.post(turns, json={"input": [{"type": "user.message", "content": "slow"}]}).json()["data"]["id"]
+            refused = h.post(turns, json={"input": [{"type": "user.message", "content": "hi"}]})
+            self.assertEqual(refused.status_code, 412, refused.text)
+            self.assertTrue(refused.json()["error"]["message"].endswith(running), refused.text)
+            h.post(f"/v1/agents/sessions/{sid}/cancel", json={})
+
     def test_another_subject_sees_nothing(self):
         alice, bob = client(ALICE), client(BOB)
         session = alice.create_session(agent_name="demo")
@@ -988,6 +1042,12 @@ class BadInput(unittest.TestCase):
             turns = f"/v1/agents/sessions/{sid}/turns"
             self.assert_error(h.post(turns, content=b"{not json", headers={"content-type": "application/json"}), 400)
             self.assert_error(h.post(turns, json={"input": "hello"}), 400)
+            # A body is an object: an array is not taken as its fields in order.
+            as_array = h.post("/v1/agents/sessions", json=["demo", "a title"])
+            self.assert_error(as_array, 400)
+            self.assertIn("must be a JSON object", as_array.json()["error"]["message"])
+            self.assert_error(h.post(turns, json=[[{"type": "user.message", "content": "hi"}]]), 400)
+            self.assertEqual(h.get(turns).json()["data"], [], "nothing was run")
             self.assert_error(h.post(turns, json={"input": [{"type": "user.nonsense"}]}), 400)
             self.assert_error(h.post("/v1/agents/sessions", json={"agent_name": 42}), 400)
             # A title is at most 1,000 characters (characters, not bytes).

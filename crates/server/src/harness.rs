@@ -81,6 +81,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             other => ApiError::bad_request(format!("cannot read the request body: {other}")),
         })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        // Every body is an object: an array would otherwise be taken as its fields in
+        // order (serde reads a struct from either).
+        if text.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(ApiError::bad_request("the request body is a JSON array; it must be a JSON object"));
+        }
         let mut json = serde_json::Deserializer::from_slice(text);
         let value = serde_path_to_error::deserialize(&mut json).map_err(|error| {
             // The field at fault, when the error is inside one (`input[0].content`).
@@ -333,12 +338,85 @@ struct CreateTurn {
     stream: Option<bool>,
 }
 
+/// The header naming a request so that a retry of it is recognised (the IETF
+/// `Idempotency-Key` draft; `POST …/turns` takes it).
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The response header telling a client that the turn it gets is one an earlier request
+/// with the same `Idempotency-Key` created.
+const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// The longest `Idempotency-Key` taken, in bytes: with [`HARNESS_KEY_PREFIX`], within the
+/// runtime's [`agentry_runner::MAX_IDEMPOTENCY_KEY`].
+const MAX_KEY_BYTES: usize = 1000;
+const _: () = assert!(MAX_KEY_BYTES + HARNESS_KEY_PREFIX.len() <= agentry_runner::MAX_IDEMPOTENCY_KEY);
+
+/// A request's `Idempotency-Key`, checked: visible ASCII, not blank, at most
+/// [`MAX_KEY_BYTES`]; prefixed, so that it names no AG-UI run's turn.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    let bad = |message: String| ApiError::bad_param("Idempotency-Key", message);
+    if values.next().is_some() {
+        return Err(bad("the Idempotency-Key header is given more than once: send one".to_owned()));
+    }
+    let key = value
+        .to_str()
+        .map_err(|_| bad("the Idempotency-Key header is not visible ASCII text".to_owned()))?
+        .trim();
+    if key.is_empty() {
+        return Err(bad("the Idempotency-Key header is blank".to_owned()));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(bad(format!(
+            "the Idempotency-Key header is {} bytes long; at most {MAX_KEY_BYTES} are taken",
+            key.len()
+        )));
+    }
+    Ok(Some(format!("{HARNESS_KEY_PREFIX}{key}")))
+}
+
+/// What a harness request's key is prefixed with in the runtime's key space.
+const HARNESS_KEY_PREFIX: &str = "harness:";
+
+/// The turn an earlier request with this request's `Idempotency-Key` created, if it did,
+/// after checking that the request is the same one: the same input, on the same previous
+/// turn when it names one (422 otherwise, as a key may name one request only).
+async fn replayed_turn(session: &Session, key: &str, body: &CreateTurn) -> ApiResult<Option<TurnHandle>> {
+    let turn = match session.get_turn(agentry_runner::turn_id_for_key(session.id(), key)).await {
+        Ok(turn) => turn,
+        Err(agentry_runner::RunnerError::NotFound { .. }) => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let record = turn.record();
+    let named = match body.previous_turn_id.as_deref() {
+        None | Some("auto" | "none") => None,
+        Some(id) => Some(id),
+    };
+    let same_previous =
+        named.is_none_or(|id| record.previous_turn_id.is_some_and(|previous| previous.to_string() == id));
+    if record.input != body.input.as_deref().unwrap_or_default() || !same_previous {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            format!(
+                "the Idempotency-Key was used for another request of this session (turn {}), with other input: \
+                 send a new key for a new request",
+                record.id
+            ),
+        ));
+    }
+    Ok(Some(turn))
+}
+
 async fn create_turn(
     State(state): AppStateRef,
     caller: Caller,
     Path(session_id): Path<String>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<CreateTurn>,
 ) -> ApiResult<Response> {
+    let key = idempotency_key(&headers)?;
     let session = caller.session(&state, &session_id).await?;
     let previous_turn_id = match body.previous_turn_id.as_deref() {
         None | Some("auto") => PreviousTurn::Auto,
@@ -358,17 +436,57 @@ async fn create_turn(
     // caller never heard of.
     let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
     let request = TurnRequest {
-        input: body.input.unwrap_or_default(),
+        input: body.input.clone().unwrap_or_default(),
         previous_turn_id,
         created_by: Some(caller.0),
+        idempotency_key: key.clone(),
         ..TurnRequest::default()
     };
-    let turn = session.create_turn(request).await?;
-    state.track(&turn);
-    if let Some(slot) = slot {
-        return Ok(stream_turn(&state, slot, &turn, None));
+    let (turn, replayed) = match session.create_turn(request).await {
+        Ok(turn) => (turn, false),
+        Err(error) => {
+            use agentry_runner::RunnerError::{TurnExists, TurnResumed, TurnRunning};
+            // A copy of a keyed request is answered with the turn the first one created:
+            // after its start, and while it runs (a copy that comes while the first is
+            // still being started finds the session's lease taken, and no turn yet).
+            let copy = match (&key, &error) {
+                (Some(key), TurnExists { .. } | TurnRunning { .. } | TurnResumed { .. }) => {
+                    replayed_turn(&session, key, &body).await?
+                }
+                _ => None,
+            };
+            match copy {
+                Some(turn) => (turn, true),
+                None if matches!(error, TurnRunning { .. }) => {
+                    return Err(naming_running_turn(&session, error).await);
+                }
+                None => return Err(error.into()),
+            }
+        }
+    };
+    if !replayed {
+        state.track(&turn);
     }
-    Ok(Json(json!({"data": harness::turn(turn.record())})).into_response())
+    let mut response = match slot {
+        Some(slot) => stream_turn(&state, slot, &turn, None),
+        None => Json(json!({"data": harness::turn(turn.record())})).into_response(),
+    };
+    if replayed {
+        response.headers_mut().insert(IDEMPOTENT_REPLAYED, axum::http::HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// `TurnRunning`'s error, naming the running turn when the session's latest is running,
+/// so that a client can subscribe to it.
+async fn naming_running_turn(session: &Session, error: agentry_runner::RunnerError) -> ApiError {
+    let mut api = ApiError::from(error);
+    if let Ok(Some(latest)) = latest_turn(session).await
+        && !latest.record().state.is_terminal()
+    {
+        api.message = format!("{}: {}", api.message, latest.id());
+    }
+    api
 }
 
 /// The SSE response of a turn's events after `after`.

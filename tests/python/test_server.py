@@ -595,6 +595,48 @@ class Durable(unittest.TestCase):
             log.close()
 
 
+    def test_a_turn_left_for_an_agent_the_server_no_longer_has_is_reported_and_ends_when_cancelled(self):
+        workdir, config = write_config("agent-gone", "[runtime]\nlease_ttl_secs = 2\n")
+        first, url, log = start_server(workdir, config)
+        try:
+            session, turn_id, _, stream = stream_a_turn(url, "slow", 5)
+        finally:
+            first.kill()  # SIGKILL: the turn is left running
+            closed(first, log)
+        stream.close()
+        # The same store, served without the demo agents.
+        without = os.path.join(workdir, "without-demo.toml")
+        with open(config) as f:
+            text = f.read()
+        with open(without, "w") as f:
+            f.write("demo_agents = false\n" + text)
+        second, url, log = start_server(workdir, without)
+        try:
+            # Once the dead server's lease has lapsed, a recovery pass tells the operator.
+            deadline = time.monotonic() + 30
+            while True:
+                with open(os.path.join(workdir, "server.log")) as f:
+                    warned = [line for line in f if "waits for a process that has its agent" in line]
+                if warned:
+                    break
+                self.assertLess(time.monotonic(), deadline, "no warning of the left turn")
+                time.sleep(0.05)
+            self.assertIn(turn_id, warned[0])
+            self.assertIn("agent=demo", warned[0])
+            with httpx.Client(base_url=url, timeout=60) as h:
+                turn = f"/v1/agents/turns/{turn_id}"
+                self.assertEqual(h.get(turn).json()["data"]["state"]["status"], "running")
+                # Cancelling its session ends it here, which needs no agent.
+                self.assertEqual(h.post(f"/v1/agents/sessions/{session.id}/cancel", json={}).status_code, 200)
+                while h.get(turn).json()["data"]["state"]["status"] == "running":
+                    self.assertLess(time.monotonic(), deadline + 30, "the cancelled turn never ended")
+                    time.sleep(0.05)
+                self.assertEqual(h.get(turn).json()["data"]["state"]["status"], "cancelled")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            self.assertEqual(second.wait(timeout=30), 0)
+            closed(second, log)
+
     def test_an_instance_whose_process_died_is_cancelled_through_its_mission(self):
         # A lease far longer than the test: the restarted server leaves the dead turn alone.
         workdir, config = write_config("dead-instance", "[runtime]\nlease_ttl_secs = 300\n")
@@ -924,6 +966,31 @@ class Cli(unittest.TestCase):
             os.close(write)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertNotIn("panicked", done.stderr)
+
+    def test_serve_takes_the_store_backend_and_warns_of_a_file_named_for_the_other(self):
+        workdir = tempfile.mkdtemp(prefix="backend-", dir=WORKDIRS)
+        for name, extra, magic in (("chosen.redb", ["--backend", "redb"], b"redb"), ("named.redb", [], b"SQLite format 3")):
+            path = os.path.join(workdir, name)
+            with open(os.path.join(workdir, f"{name}.log"), "w+") as log:
+                process = subprocess.Popen(
+                    [os.environ["AGENTRY_BIN"], "serve", "--listen", "127.0.0.1:0", "--store", path, *extra],
+                    stdout=subprocess.PIPE, stderr=log, cwd=workdir, text=True,
+                    env=dict(os.environ, RUST_LOG="info", NO_COLOR="1"),
+                )
+                url = process.stdout.readline().strip().rsplit(" ", 1)[1]
+                with httpx.Client(base_url=url, timeout=60) as h:
+                    self.assertEqual(h.post("/v1/agents/sessions", json={"agent_name": "demo"}).status_code, 200)
+                process.send_signal(signal.SIGTERM)
+                self.assertEqual(process.wait(timeout=30), 0)
+                process.stdout.close()
+                log.seek(0)
+                logged = log.read()
+            with open(path, "rb") as f:
+                self.assertTrue(f.read(16).startswith(magic), name)
+            backend = "redb" if extra else "sqlite"
+            self.assertIn(f"backend={backend}", logged)
+            warned = "the store's file name says redb, but the backend is sqlite" in logged
+            self.assertEqual(warned, not extra, logged)
 
     def test_a_server_url_that_is_not_one_is_refused_before_anything_is_sent(self):
         for url in ("not-a-url", "ftp://127.0.0.1:8787", "127.0.0.1:8787"):

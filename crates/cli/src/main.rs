@@ -55,6 +55,9 @@ enum Command {
         /// Store here instead of the configured path.
         #[arg(long)]
         store: Option<PathBuf>,
+        /// The store's backend instead of the configured one (SQLite by default).
+        #[arg(long, value_parser = ["sqlite", "redb"])]
+        backend: Option<String>,
     },
     /// Chats with an agent in the terminal.
     Chat {
@@ -190,7 +193,7 @@ fn emit(out: &mut impl Write, line: impl std::fmt::Display) -> Result<()> {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Serve { config, listen, store } => serve(config, listen, store).await,
+        Command::Serve { config, listen, store, backend } => serve(config, listen, store, backend).await,
         Command::Chat { agent, session, remote } => chat::run(&api(&remote)?, &agent, session).await,
         Command::Sessions {
             command: SessionsCommand::List { agent, limit, oldest_first, since, until, remote },
@@ -358,6 +361,7 @@ async fn serve(
     config: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
     store: Option<PathBuf>,
+    backend: Option<String>,
 ) -> Result<()> {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -378,6 +382,11 @@ async fn serve(
     }
     if let Some(store) = store {
         config.storage.path = store;
+    }
+    match backend.as_deref() {
+        Some("redb") => config.storage.backend = agentry_server::config::Backend::Redb,
+        Some(_) => config.storage.backend = agentry_server::config::Backend::Sqlite,
+        None => {}
     }
     let server = Server::start(config).await?;
     // The first line on stdout says where to connect (tests and scripts read it).

@@ -1101,7 +1101,9 @@ impl TurnEngine {
         let error = match finished {
             Ok(done) => return Ok(done),
             Err(Stop::LeaseLost) => {
-                tracing::info!(%session, %turn, "the turn's lease went to another process before its end was stored");
+                tracing::info!(%session, %turn,
+                    "the turn's lease left this process (handed over at shutdown, or lapsed and taken by another \
+                     process) before its end was stored: it goes on where it is resumed");
                 return Err(Unfinished::Elsewhere);
             }
             Err(Stop::Failed(error)) => error,

@@ -15,7 +15,7 @@ use agentry_types::{
 };
 // Keyed by turn and session ids this process made, and agent names: nothing a client
 // picks to collide.
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 use serde_json::{Map, Value};
 
 use crate::agent::Agent;
@@ -129,7 +129,12 @@ struct RuntimeInner {
     /// How many times [`Session::cancel`] has run here: a turn start that sees it change
     /// looks at its session again.
     session_cancels: AtomicU64,
+    /// Left turns this process warned of waiting for a process with their agent.
+    told_left: Mutex<HashSet<TurnId>>,
 }
+
+/// The most left turns [`RuntimeInner::told_left`] holds.
+const MAX_TOLD_LEFT: usize = 4096;
 
 impl RuntimeInner {
     /// This runtime's turns that have not ended.
@@ -338,6 +343,7 @@ impl Runtime {
                 appended: Arc::new(tokio::sync::Notify::new()),
                 starting: Mutex::new(HashMap::default()),
                 session_cancels: AtomicU64::new(0),
+                told_left: Mutex::new(HashSet::default()),
             }),
         }
     }
@@ -720,7 +726,7 @@ impl Runtime {
         // takes only the work it can do; a cancellation stored for it ends it here, which
         // needs no agent.
         if self.agent(&session.name).is_none() && !cancel_requested(session, run.id) {
-            tracing::debug!(turn = %run.id, agent = %session.name, "a left turn waits for a process with its agent");
+            self.tell_left_for_others(session, run.id).await;
             return Ok(None);
         }
         // The listing may be older than the turn's end: a turn that ended since is left as
@@ -754,6 +760,37 @@ impl Runtime {
             }
         };
         self.resume_under(session, run, lease).await
+    }
+
+    /// Warns, once in this process, that a turn left running by a stopped process (its
+    /// lease expired) waits for a process with its agent, which this one does not have: an
+    /// operator who removed the agent would otherwise see the turn running for ever.
+    async fn tell_left_for_others(&self, session: &SessionRecord, turn: TurnId) {
+        if self.inner.told_left.lock().unwrap_or_else(PoisonError::into_inner).contains(&turn) {
+            return;
+        }
+        let expired = match self.inner.store.lease(session.id).await {
+            Ok(lease) => lease.is_none_or(|lease| lease.is_expired(Timestamp::now())),
+            Err(_) => false,
+        };
+        if !expired {
+            tracing::debug!(turn = %turn, agent = %session.name, "a turn of an agent this process does not have runs elsewhere");
+            return;
+        }
+        let mut told = self.inner.told_left.lock().unwrap_or_else(PoisonError::into_inner);
+        // Bounded: past it, the warnings start again.
+        if told.len() >= MAX_TOLD_LEFT {
+            told.clear();
+        }
+        if told.insert(turn) {
+            tracing::warn!(
+                turn = %turn,
+                session = %session.id,
+                agent = %session.name,
+                "a turn left running by a stopped process waits for a process that has its agent, which this one \
+                 does not: it stays running until one has it, or until its session is cancelled (which ends it here)"
+            );
+        }
     }
 
     /// Resumes `run`, left running by a dead process, under `lease`, the session's lease

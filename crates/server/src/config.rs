@@ -228,6 +228,17 @@ pub enum Backend {
     Redb,
 }
 
+impl Backend {
+    /// Its name in the configuration (`sqlite`, `redb`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redb => "redb",
+        }
+    }
+}
+
 /// How hard the store works to keep acknowledged writes across a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

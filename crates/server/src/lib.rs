@@ -33,7 +33,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_memory::Store;
+use agentry_memory::{Durability, Store};
 use agentry_memory::rules::FileIdentity;
 use agentry_runner::{Runtime, RuntimeOptions, TurnHandle};
 use agentry_storage_redb::{RedbOptions, RedbStore};
@@ -592,10 +592,29 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
     let path = storage.path.display().to_string();
     let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Store>, String> {
         // A new store says so: a mistyped path shows as a new, empty store in the log.
+        let (backend, durability) = (storage.backend.as_str(), Durability::from(storage.durability).as_str());
         if storage.path.exists() {
-            tracing::info!(path = %storage.path.display(), "opening the store");
+            tracing::info!(path = %storage.path.display(), %backend, %durability, "opening the store");
         } else {
-            tracing::info!(path = %storage.path.display(), "creating a new store");
+            tracing::info!(path = %storage.path.display(), %backend, %durability, "creating a new store");
+        }
+        // A file named for the other backend is most likely meant for it.
+        let named =
+            storage.path.extension().and_then(|extension| extension.to_str()).map(str::to_ascii_lowercase);
+        let named_for = match named.as_deref() {
+            Some("redb") => Some(Backend::Redb),
+            Some("db" | "sqlite" | "sqlite3") => Some(Backend::Sqlite),
+            _ => None,
+        };
+        if let Some(named_for) = named_for.filter(|named_for| *named_for != storage.backend) {
+            tracing::warn!(
+                path = %storage.path.display(),
+                %backend,
+                "the store's file name says {}, but the backend is {backend}: set `[storage] backend` (or \
+                 `agentry serve --backend`) if the file is meant for {}",
+                named_for.as_str(),
+                named_for.as_str()
+            );
         }
         if let Some(parent) = storage.path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|error| {

@@ -444,6 +444,29 @@ class Lifecycle(unittest.TestCase):
             self.assertTrue(refused.json()["error"]["message"].endswith(running), refused.text)
             h.post(f"/v1/agents/sessions/{sid}/cancel", json={})
 
+    def test_a_session_is_deleted_with_its_turns_only_while_none_runs(self):
+        with http() as h:
+            sid = h.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+            path = f"/v1/agents/sessions/{sid}"
+            running = h.post(f"{path}/turns", json={"input": [{"type": "user.message", "content": "slow"}]}).json()["data"]["id"]
+            refused = h.delete(path)
+            self.assertEqual(refused.status_code, 412, refused.text)
+            self.assertEqual(refused.json()["error"]["code"], "turn_running")
+            self.assertIn(running, refused.json()["error"]["message"])
+            self.assertEqual(h.get(f"/v1/agents/turns/{running}").status_code, 200, "nothing was deleted")
+            h.post(f"{path}/cancel", json={})
+            deleted = h.delete(path)
+            self.assertEqual(deleted.status_code, 200, deleted.text)
+            self.assertEqual(deleted.json()["data"], {"type": "session", "id": sid, "deleted": True})
+            for gone in (path, f"{path}/turns", f"/v1/agents/turns/{running}", f"{path}/turns/{running}/events"):
+                self.assertEqual(h.get(gone).status_code, 404, gone)
+            self.assertEqual(h.delete(path).status_code, 404)
+            # Another subject's session is not found, and stays.
+            with http(BOB) as bob:
+                theirs = bob.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
+                self.assertEqual(h.delete(f"/v1/agents/sessions/{theirs}").status_code, 404)
+                self.assertEqual(bob.get(f"/v1/agents/sessions/{theirs}").status_code, 200)
+
     def test_another_subject_sees_nothing(self):
         alice, bob = client(ALICE), client(BOB)
         session = alice.create_session(agent_name="demo")
@@ -991,6 +1014,17 @@ class Cli(unittest.TestCase):
             self.assertIn(f"backend={backend}", logged)
             warned = "the store's file name says redb, but the backend is sqlite" in logged
             self.assertEqual(warned, not extra, logged)
+
+    def test_a_session_is_deleted_from_the_command_line(self):
+        session = client().create_session(agent_name="demo")
+        done = self.agentry("sessions", "delete", session.id)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(f"deleted session {session.id}", done.stderr)
+        with http() as h:
+            self.assertEqual(h.get(f"/v1/agents/sessions/{session.id}").status_code, 404)
+        again = self.agentry("sessions", "delete", session.id)
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("not found", again.stderr)
 
     def test_a_server_url_that_is_not_one_is_refused_before_anything_is_sent(self):
         for url in ("not-a-url", "ftp://127.0.0.1:8787", "127.0.0.1:8787"):

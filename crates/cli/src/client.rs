@@ -68,6 +68,10 @@ impl Api {
         self.send(self.request(reqwest::Method::GET, path)).await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<Value> {
+        self.send(self.request(reqwest::Method::DELETE, path)).await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.send(self.request(reqwest::Method::POST, path).json(body)).await
     }

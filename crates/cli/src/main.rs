@@ -118,6 +118,15 @@ enum SessionsCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Deletes a session with its turns, events and history (refused while a turn of it
+    /// runs: cancel it first).
+    Delete {
+        /// The session.
+        #[arg(value_parser = an_id)]
+        session: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -225,6 +234,11 @@ async fn run(cli: Cli) -> Result<()> {
                     break;
                 }
             }
+            Ok(())
+        }
+        Command::Sessions { command: SessionsCommand::Delete { session, remote } } => {
+            api(&remote)?.delete(&format!("/v1/agents/sessions/{session}")).await?;
+            eprintln!("deleted session {session}");
             Ok(())
         }
         Command::Turns { command: TurnsCommand::List { session, remote } } => {

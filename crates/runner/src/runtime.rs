@@ -1483,6 +1483,48 @@ impl Session {
         }
         Ok(())
     }
+
+    /// Deletes the session with everything stored for it: its turns, their events and
+    /// history messages, the tool journal, its lease and budget ledgers
+    /// ([`SessionStore::delete_session`](agentry_memory::SessionStore::delete_session)).
+    ///
+    /// Refused with `TurnRunning` while a turn of it runs, here or in another process
+    /// sharing the store (cancel it first, [`Session::cancel`]): the deletion takes the
+    /// session's lease, so no turn starts while it is under way. A turn a stopped process
+    /// left running, its lease lapsed, goes with the session. `NotFound` when the session
+    /// does not exist (or was deleted meanwhile).
+    pub async fn delete(&self) -> RuntimeResult<()> {
+        let runtime = &self.runtime;
+        let running = RunnerError::TurnRunning { session_id: self.id() };
+        if runtime.is_starting(self.id()) || runtime.running_turn_of(self.id()).is_some() {
+            return Err(running);
+        }
+        let lease = match runtime.take_lease(self.id()).await {
+            Ok(lease) => lease,
+            Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Err(running),
+            Err(error) => return Err(error.into()),
+        };
+        // A start that began before the lease was taken, and found the session free, may
+        // be live by now: it keeps its session.
+        if runtime.running_turn_of(self.id()).is_some() {
+            give_back(runtime.inner.store.as_ref(), self.id(), lease.token).await;
+            return Err(running);
+        }
+        let store = &runtime.inner.store;
+        if let Err(error) = store.delete_session(self.id()).await {
+            give_back(store.as_ref(), self.id(), lease.token).await;
+            return Err(error.into());
+        }
+        // The live logs kept after its turns ended go too: they would still serve them.
+        let session = self.id();
+        runtime
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, turn| turn.session_id != session);
+        Ok(())
+    }
 }
 
 /// Turns whose end could not be stored (a failing disk), by turn: how many times in a row,

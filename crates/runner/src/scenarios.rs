@@ -734,6 +734,34 @@ pub async fn a_cancelled_session_refuses_new_turns(harness: Harness) {
     assert!(matches!(result, Err(RunnerError::SessionCancelled { .. })), "{result:?}");
 }
 
+/// Scenario: a session is deleted with its turns, their events and the live logs kept
+/// after them, but not while a turn of it runs, in this runtime or another on the store.
+pub async fn a_session_is_deleted_with_its_turns_only_while_none_runs(harness: Harness) {
+    let (model, gate) = GatedModel::new("done");
+    let runtime = runtime(&harness, Agent::builder("held", model).build());
+    let session = session_for(&runtime, "held").await;
+    let turn = session.create_turn(TurnRequest::message("hold")).await.unwrap();
+    let result = session.delete().await;
+    assert!(matches!(result, Err(RunnerError::TurnRunning { .. })), "{result:?}");
+    let other = Runtime::with_options(harness.store.clone(), RuntimeOptions::default());
+    let result = other.get_session(session.id()).await.unwrap().delete().await;
+    assert!(matches!(result, Err(RunnerError::TurnRunning { .. })), "{result:?}");
+    gate.add_permits(1);
+    assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("done"), "the turn ran on");
+    assert!(collect(turn.stream(None)).await.len() > 2, "its live log is kept");
+    session.delete().await.unwrap();
+    assert!(matches!(runtime.get_session(session.id()).await, Err(RunnerError::NotFound { .. })));
+    assert!(matches!(runtime.get_turn(turn.id()).await, Err(RunnerError::NotFound { .. })));
+    assert!(matches!(turn.events(Order::Asc).await, Err(RunnerError::NotFound { .. })));
+    let streamed = turn.stream(None).next().await.expect("an answer");
+    assert!(streamed.is_err(), "the kept live log went too: {streamed:?}");
+    assert!(matches!(session.delete().await, Err(RunnerError::NotFound { .. })));
+    let result = session.create_turn(TurnRequest::message("again")).await;
+    assert!(matches!(result, Err(RunnerError::NotFound { .. })), "{result:?}");
+    // The lease the deletion took went with the session: the store holds none for it.
+    assert!(harness.store.lease(session.id()).await.unwrap().is_none());
+}
+
 /// Scenario: a cancel of a session that lands while one of its turns starts (after the
 /// start read the session, before the turn is live) still ends that turn, at once: every
 /// turn started beside a cancel ends cancelled, though this runtime's look for cancels
@@ -3046,6 +3074,7 @@ macro_rules! runner_scenarios {
             a_tool_past_its_timeout_gives_the_model_an_error_result,
             the_iteration_limit_and_model_failures_end_the_turn_with_an_error,
             a_cancelled_session_refuses_new_turns,
+            a_session_is_deleted_with_its_turns_only_while_none_runs,
             a_session_cancelled_while_a_turn_starts_leaves_no_turn_running,
             a_subscriber_resuming_after_a_seq_gets_every_later_event_once,
             after_the_live_log_expires_a_stream_is_served_from_the_stored_log,

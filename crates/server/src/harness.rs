@@ -33,7 +33,7 @@ type AppStateRef = State<Arc<AppState>>;
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/agents/sessions", post(create_session).get(list_sessions))
-        .route("/v1/agents/sessions/{session_id}", get(get_session))
+        .route("/v1/agents/sessions/{session_id}", get(get_session).delete(delete_session))
         .route("/v1/agents/sessions/{session_id}/cancel", post(cancel_session))
         .route("/v1/agents/sessions/{session_id}/turns", post(create_turn).get(list_turns))
         .route("/v1/agents/sessions/{session_id}/turns/{turn_id}", get(get_turn))
@@ -311,6 +311,33 @@ async fn get_session(
     Ok(Json(json!({"data": session_json(session.record())})).into_response())
 }
 
+/// `DELETE …/sessions/{id}` (not in the SDK): deletes the session with everything stored
+/// for it; 412 `turn_running` while a turn of it runs (cancel it first).
+async fn delete_session(
+    State(state): AppStateRef,
+    caller: Caller,
+    Path(session_id): Path<String>,
+) -> ApiResult<Response> {
+    let session = caller.session(&state, &session_id).await?;
+    match session.delete().await {
+        Ok(()) => {
+            Ok(Json(json!({"data": {"type": "session", "id": session.id().to_string(), "deleted": true}}))
+                .into_response())
+        }
+        Err(agentry_runner::RunnerError::TurnRunning { .. }) => {
+            let turn = running_turn(&session).await.map(|turn| format!(", {turn}")).unwrap_or_default();
+            Err(ApiError::precondition(
+                "turn_running",
+                format!(
+                    "session {} has a running turn{turn}: cancel it (POST …/cancel) before deleting the session",
+                    session.id()
+                ),
+            ))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// `POST …/cancel`: cancels the session's running turn, if any (idempotent). The session
 /// stays open: the next turn chains on the cancelled turn's history.
 async fn cancel_session(
@@ -481,12 +508,16 @@ async fn create_turn(
 /// so that a client can subscribe to it.
 async fn naming_running_turn(session: &Session, error: agentry_runner::RunnerError) -> ApiError {
     let mut api = ApiError::from(error);
-    if let Ok(Some(latest)) = latest_turn(session).await
-        && !latest.record().state.is_terminal()
-    {
-        api.message = format!("{}: {}", api.message, latest.id());
+    if let Some(turn) = running_turn(session).await {
+        api.message = format!("{}: {turn}", api.message);
     }
     api
+}
+
+/// The session's latest turn, when it is running (none when the read fails).
+async fn running_turn(session: &Session) -> Option<TurnId> {
+    let latest = latest_turn(session).await.ok()??;
+    (!latest.record().state.is_terminal()).then(|| latest.id())
 }
 
 /// The SSE response of a turn's events after `after`.

@@ -33,8 +33,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentry_memory::{Durability, Store};
 use agentry_memory::rules::FileIdentity;
+use agentry_memory::{Durability, Store};
 use agentry_runner::{Runtime, RuntimeOptions, TurnHandle};
 use agentry_storage_redb::{RedbOptions, RedbStore};
 use agentry_storage_sqlite::{SqliteOptions, SqliteStore};

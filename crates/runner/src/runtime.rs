@@ -133,7 +133,8 @@ struct RuntimeInner {
     told_left: Mutex<HashSet<TurnId>>,
 }
 
-/// The most left turns [`RuntimeInner::told_left`] holds.
+/// The most left turns [`RuntimeInner::told_left`] holds: past it, no more are warned of
+/// (a store with thousands of them has one cause, told by the first).
 const MAX_TOLD_LEFT: usize = 4096;
 
 impl RuntimeInner {
@@ -762,27 +763,32 @@ impl Runtime {
         self.resume_under(session, run, lease).await
     }
 
-    /// Warns, once in this process, that a turn left running by a stopped process (its
-    /// lease expired) waits for a process with its agent, which this one does not have: an
-    /// operator who removed the agent would otherwise see the turn running for ever.
+    /// Warns, once in this process, that a turn left running by a stopped process waits for
+    /// a process with its agent, which this one does not have: an operator who removed the
+    /// agent would otherwise see the turn running for ever. Only once its lease has been
+    /// lapsed for a whole lease time (a process with the agent, whose passes come every
+    /// half of one, would have taken it: servers of one store running different agents see
+    /// no warning), and while it still runs. For the first [`MAX_TOLD_LEFT`] such turns.
     async fn tell_left_for_others(&self, session: &SessionRecord, turn: TurnId) {
-        if self.inner.told_left.lock().unwrap_or_else(PoisonError::into_inner).contains(&turn) {
+        let told = |turn| self.inner.told_left.lock().unwrap_or_else(PoisonError::into_inner).contains(&turn);
+        if told(turn) {
             return;
         }
-        let expired = match self.inner.store.lease(session.id).await {
-            Ok(lease) => lease.is_none_or(|lease| lease.is_expired(Timestamp::now())),
-            Err(_) => false,
+        let store = &self.inner.store;
+        let long_lapsed = match store.lease(session.id).await {
+            Ok(Some(lease)) => {
+                lease.expires_at.saturating_add(self.inner.options.lease_ttl) <= Timestamp::now()
+            }
+            _ => false,
         };
-        if !expired {
-            tracing::debug!(turn = %turn, agent = %session.name, "a turn of an agent this process does not have runs elsewhere");
+        let running =
+            long_lapsed && store.get_run(turn).await.is_ok_and(|run| run.status == RunStatus::Running);
+        if !running {
+            tracing::debug!(turn = %turn, agent = %session.name, "a turn of an agent this process does not have");
             return;
         }
         let mut told = self.inner.told_left.lock().unwrap_or_else(PoisonError::into_inner);
-        // Bounded: past it, the warnings start again.
-        if told.len() >= MAX_TOLD_LEFT {
-            told.clear();
-        }
-        if told.insert(turn) {
+        if told.len() < MAX_TOLD_LEFT && told.insert(turn) {
             tracing::warn!(
                 turn = %turn,
                 session = %session.id,
@@ -1235,7 +1241,15 @@ impl Session {
         let cancels_seen = runtime.inner.session_cancels.load(Ordering::SeqCst);
         // The two reads do not depend on each other: on a file store each is a hop to a
         // reader thread, and they run together.
-        let (session, previous) = tokio::join!(store.get_session(self.id()), self.previous_turn(&request));
+        let (session, previous, copy) = tokio::join!(
+            store.get_session(self.id()),
+            self.previous_turn(&request),
+            self.refuse_started_copy(&request)
+        );
+        // A copy of a keyed request that already started is told so first, whatever else
+        // changed since (the session cancelled, the agent gone from this process), and also
+        // while its turn runs (the start would find the lease held first).
+        copy?;
         let session = session?;
         if session.state.get(CANCELLED_KEY) == Some(&Value::Bool(true)) {
             return Err(RunnerError::SessionCancelled { session_id: session.id });
@@ -1245,9 +1259,6 @@ impl Session {
         // not as `TurnRunning` (which a caller may retry) while a turn runs, and without
         // taking the session's lease.
         check_request(&agent, &request)?;
-        // A copy of a keyed request that already started is told so at once, also while
-        // its turn runs (the start would find the lease held first).
-        self.refuse_started_copy(&request).await?;
         // A failed read is read again under the lease.
         let previous = previous.ok();
         let run = self

@@ -598,6 +598,14 @@ pub async fn a_turn_request_with_a_key_runs_once_however_often_it_is_sent(harnes
         matches!(result, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == expected),
         "{result:?}"
     );
+    // Also by a process without the session's agent (a rolling deploy), and once the
+    // session is cancelled.
+    let stranger = Runtime::with_options(harness.store.clone(), RuntimeOptions::default());
+    let result = stranger.get_session(session.id()).await.unwrap().create_turn(keyed("run-1")).await;
+    assert!(
+        matches!(result, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == expected),
+        "{result:?}"
+    );
     // Another key is another turn; the same key in another session is that session's own.
     gate.add_permits(2);
     let second = session.create_turn(keyed("run-2")).await.unwrap();
@@ -618,6 +626,12 @@ pub async fn a_turn_request_with_a_key_runs_once_however_often_it_is_sent(harnes
     }
     let turns = session.list_turns(Order::Asc, &PageRequest::first(100)).await.unwrap();
     assert_eq!(turns.items.iter().map(TurnHandle::id).collect::<Vec<_>>(), [expected, second.id()]);
+    session.cancel().await.unwrap();
+    let result = session.create_turn(keyed("run-2")).await;
+    assert!(
+        matches!(result, Err(RunnerError::TurnExists { turn_id, .. }) if turn_id == second.id()),
+        "{result:?}"
+    );
 }
 
 /// Scenario.

@@ -378,7 +378,7 @@ const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 const MAX_KEY_BYTES: usize = 1000;
 const _: () = assert!(MAX_KEY_BYTES + HARNESS_KEY_PREFIX.len() <= agentry_runner::MAX_IDEMPOTENCY_KEY);
 
-/// A request's `Idempotency-Key`, checked: visible ASCII, not blank, at most
+/// A request's `Idempotency-Key`, checked: printable ASCII, not blank, at most
 /// [`MAX_KEY_BYTES`]; prefixed, so that it names no AG-UI run's turn.
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
@@ -387,9 +387,10 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     if values.next().is_some() {
         return Err(bad("the Idempotency-Key header is given more than once: send one".to_owned()));
     }
-    let key = value
-        .to_str()
-        .map_err(|_| bad("the Idempotency-Key header is not visible ASCII text".to_owned()))?
+    let key = std::str::from_utf8(value.as_bytes())
+        .ok()
+        .filter(|text| text.bytes().all(|byte| (b' '..=b'~').contains(&byte)))
+        .ok_or_else(|| bad("the Idempotency-Key header is not printable ASCII text".to_owned()))?
         .trim();
     if key.is_empty() {
         return Err(bad("the Idempotency-Key header is blank".to_owned()));
@@ -416,19 +417,18 @@ async fn replayed_turn(session: &Session, key: &str, body: &CreateTurn) -> ApiRe
         Err(error) => return Err(error.into()),
     };
     let record = turn.record();
-    let named = match body.previous_turn_id.as_deref() {
-        None | Some("auto" | "none") => None,
-        Some(id) => Some(id),
+    let same_previous = match body.previous_turn_id.as_deref() {
+        None | Some("auto") => true,
+        Some("none") => record.previous_turn_id.is_none(),
+        Some(id) => id.parse::<TurnId>().ok() == record.previous_turn_id,
     };
-    let same_previous =
-        named.is_none_or(|id| record.previous_turn_id.is_some_and(|previous| previous.to_string() == id));
     if record.input != body.input.as_deref().unwrap_or_default() || !same_previous {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency_key_reused",
             format!(
-                "the Idempotency-Key was used for another request of this session (turn {}), with other input: \
-                 send a new key for a new request",
+                "the Idempotency-Key was used for another request of this session (turn {}), with other input \
+                 or another previous turn: send a new key for a new request",
                 record.id
             ),
         ));
@@ -445,6 +445,17 @@ async fn create_turn(
 ) -> ApiResult<Response> {
     let key = idempotency_key(&headers)?;
     let session = caller.session(&state, &session_id).await?;
+    // Taken before the turn is created: a stream refused after would leave a turn its
+    // caller never heard of.
+    let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
+    // A copy of a keyed request is answered with the turn the first one created before
+    // anything else is checked: the session may have gone on since (`none` no longer
+    // fits), or this server may lack the agent that ran it.
+    if let Some(key) = &key
+        && let Some(turn) = replayed_turn(&session, key, &body).await?
+    {
+        return Ok(respond_with_turn(&state, slot, &turn, true));
+    }
     let previous_turn_id = match body.previous_turn_id.as_deref() {
         None | Some("auto") => PreviousTurn::Auto,
         Some("none") => {
@@ -459,9 +470,6 @@ async fn create_turn(
         }
         Some(id) => PreviousTurn::Turn(id.parse().map_err(|_| ApiError::not_found("turn", id))?),
     };
-    // Taken before the turn is created: a stream refused after would leave a turn its
-    // caller never heard of.
-    let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
     let request = TurnRequest {
         input: body.input.clone().unwrap_or_default(),
         previous_turn_id,
@@ -469,13 +477,16 @@ async fn create_turn(
         idempotency_key: key.clone(),
         ..TurnRequest::default()
     };
-    let (turn, replayed) = match session.create_turn(request).await {
-        Ok(turn) => (turn, false),
+    match session.create_turn(request).await {
+        Ok(turn) => {
+            state.track(&turn);
+            Ok(respond_with_turn(&state, slot, &turn, false))
+        }
         Err(error) => {
             use agentry_runner::RunnerError::{TurnExists, TurnResumed, TurnRunning};
-            // A copy of a keyed request is answered with the turn the first one created:
-            // after its start, and while it runs (a copy that comes while the first is
-            // still being started finds the session's lease taken, and no turn yet).
+            // A copy sent at the same time as the first: stored by now, or still being
+            // started (the session's lease taken, no turn yet: 412, and a retry under the
+            // same key gets the turn).
             let copy = match (&key, &error) {
                 (Some(key), TurnExists { .. } | TurnRunning { .. } | TurnResumed { .. }) => {
                     replayed_turn(&session, key, &body).await?
@@ -483,25 +494,32 @@ async fn create_turn(
                 _ => None,
             };
             match copy {
-                Some(turn) => (turn, true),
+                Some(turn) => Ok(respond_with_turn(&state, slot, &turn, true)),
                 None if matches!(error, TurnRunning { .. }) => {
-                    return Err(naming_running_turn(&session, error).await);
+                    Err(naming_running_turn(&session, error).await)
                 }
-                None => return Err(error.into()),
+                None => Err(error.into()),
             }
         }
-    };
-    if !replayed {
-        state.track(&turn);
     }
+}
+
+/// A created turn's answer: its events over SSE when a stream was asked for, else its
+/// record; a replay (a copy of a keyed request) says so in `Idempotent-Replayed`.
+fn respond_with_turn(
+    state: &Arc<AppState>,
+    slot: Option<sse::StreamSlot>,
+    turn: &TurnHandle,
+    replayed: bool,
+) -> Response {
     let mut response = match slot {
-        Some(slot) => stream_turn(&state, slot, &turn, None),
+        Some(slot) => stream_turn(state, slot, turn, None),
         None => Json(json!({"data": harness::turn(turn.record())})).into_response(),
     };
     if replayed {
         response.headers_mut().insert(IDEMPOTENT_REPLAYED, axum::http::HeaderValue::from_static("true"));
     }
-    Ok(response)
+    response
 }
 
 /// `TurnRunning`'s error, naming the running turn when the session's latest is running,

@@ -593,12 +593,14 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
     let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Store>, String> {
         // A new store says so: a mistyped path shows as a new, empty store in the log.
         let (backend, durability) = (storage.backend.as_str(), Durability::from(storage.durability).as_str());
-        if storage.path.exists() {
+        let exists = storage.path.exists();
+        if exists {
             tracing::info!(path = %storage.path.display(), %backend, %durability, "opening the store");
         } else {
             tracing::info!(path = %storage.path.display(), %backend, %durability, "creating a new store");
         }
-        // A file named for the other backend is most likely meant for it.
+        // A new file named for the other backend is most likely meant for it (an existing
+        // file of the other backend is refused, saying so).
         let named =
             storage.path.extension().and_then(|extension| extension.to_str()).map(str::to_ascii_lowercase);
         let named_for = match named.as_deref() {
@@ -606,7 +608,7 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
             Some("db" | "sqlite" | "sqlite3") => Some(Backend::Sqlite),
             _ => None,
         };
-        if let Some(named_for) = named_for.filter(|named_for| *named_for != storage.backend) {
+        if let Some(named_for) = named_for.filter(|named_for| !exists && *named_for != storage.backend) {
             tracing::warn!(
                 path = %storage.path.display(),
                 %backend,

@@ -1892,14 +1892,24 @@ impl TurnEngine {
         self.emit(EventPayload::MemoryUpdateStarted {}).await?;
         let messages: Vec<Message> =
             self.context[self.own_start..].iter().map(ContextMessage::to_message).collect();
-        let error = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)).await.err();
-        if let Some(error) = &error {
-            tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
-        }
-        let error = error.map(|error| match error {
-            MemoryError::MemoryUpdate { reason, .. } => reason,
-            other => other.to_string(),
-        });
+        // A cancellation (or the turn's timeout) cuts the update at once, its model request
+        // with it: the answer stands, and what the update had stored before stays.
+        let mut cancel = self.cancel.clone();
+        let error = tokio::select! {
+            updated = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)) => {
+                updated.err().map(|error| {
+                    tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
+                    match error {
+                        MemoryError::MemoryUpdate { reason, .. } => reason,
+                        other => other.to_string(),
+                    }
+                })
+            }
+            reason = cancel.cancelled() => {
+                tracing::info!(turn = %self.turn_id(), reason = reason.as_str(), "a memory update was cut short");
+                Some(format!("cut short: the turn was cancelled ({}) after its answer", reason.as_str()))
+            }
+        };
         self.emit(EventPayload::MemoryUpdateCompleted { error }).await?;
         Ok(())
     }

@@ -1489,6 +1489,43 @@ pub async fn a_failed_memory_update_keeps_the_answer_and_names_the_failure(harne
     assert!(harness.store.profile("local").await.unwrap().is_none());
 }
 
+/// Scenario: a cancellation while the memory update waits on a slow model cuts the update
+/// at once; the turn ends with its answer, and the update's end says it was cut.
+pub async fn a_cancel_during_the_memory_update_cuts_it_and_the_answer_stands(harness: Harness) {
+    let (analysis, gate) = GatedModel::new("A summary that never ends.");
+    let model = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Noted.")));
+    let config =
+        agentry_memory::MemoryConfig { summary_memory: true, ..agentry_memory::MemoryConfig::default() };
+    let agent = Agent::builder("remember", model).memory(config, Some(analysis)).build();
+    let runtime = runtime(&harness, agent);
+    let session = session_for(&runtime, "remember").await;
+    let turn = session.create_turn(TurnRequest::message("I am Ada.")).await.unwrap();
+    let mut stream = turn.stream(None);
+    while let Some(event) = stream.next().await {
+        if event.unwrap().payload.kind() == "memory.update.started" {
+            break;
+        }
+    }
+    // The summary's model stream holds the gate while it waits (the test, the model and it).
+    while Arc::strong_count(&gate) < 3 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), turn.cancel()).await.expect("cut at once").unwrap();
+    let state = turn.wait().await.unwrap();
+    assert_eq!(answer_text(&state).as_deref(), Some("Noted."), "{state:?}");
+    let stored = turn.events(Order::Asc).await.unwrap();
+    let error = stored
+        .iter()
+        .find_map(|event| match &event.payload {
+            EventPayload::MemoryUpdateCompleted { error } => error.clone(),
+            _ => None,
+        })
+        .expect("the update's end names the cut");
+    assert!(error.contains("cancelled"), "{error}");
+    assert!(harness.store.get_session(session.id()).await.unwrap().summary.is_none());
+    assert_eq!(Arc::strong_count(&gate), 2, "the summary's model request was dropped");
+}
+
 /// Scenario.
 pub async fn memory_serves_a_team_session_and_cuts_history_to_its_last_messages(harness: Harness) {
     let analysis = analysis_model("A sum was asked.", r#"{"likes": "sums"}"#);
@@ -3088,6 +3125,7 @@ macro_rules! runner_scenarios {
             a_tool_past_its_timeout_gives_the_model_an_error_result,
             the_iteration_limit_and_model_failures_end_the_turn_with_an_error,
             a_cancelled_session_refuses_new_turns,
+            a_cancel_during_the_memory_update_cuts_it_and_the_answer_stands,
             a_session_is_deleted_with_its_turns_only_while_none_runs,
             a_session_cancelled_while_a_turn_starts_leaves_no_turn_running,
             a_subscriber_resuming_after_a_seq_gets_every_later_event_once,

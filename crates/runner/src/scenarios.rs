@@ -2331,9 +2331,9 @@ pub async fn a_turn_followed_or_cancelled_before_this_process_recovers_it_is_the
     assert!(matches!(state, TurnState::Cancelled { .. }), "{state:?}");
 }
 
-/// Scenario: a turn handed over while its memory update asks for a summary does not
-/// store that summary (the session is the next holder's, and so is its summary), but
-/// still the user's profile; the process that recovers the turn updates the summary.
+/// Scenario: a turn handed over while its memory update asks for a summary stops at once,
+/// its update cut (the session is the next holder's, and so is its memory update), and
+/// the process that recovers the turn updates the summary and the profile.
 pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_alone(harness: Harness) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let analysis = analysis_model("A summary from the old holder.", r#"{"likes": "tea"}"#);
@@ -2364,16 +2364,16 @@ pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_
     assert!(matches!(state, TurnState::Running), "the handed-over turn ended here: {state:?}");
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary, None, "the old holder stored its summary");
-    let profile = harness.store.profile("local").await.unwrap().expect("the profile is the user's");
-    assert_eq!(profile.profile["likes"], "tea");
+    assert!(harness.store.profile("local").await.unwrap().is_none(), "the old holder's update went on");
 
-    let analysis = Arc::new(ScriptedModel::responder(|_| ScriptedResponse::text("Recovered summary.")));
-    let second = runtime(&harness, agent(analysis));
+    let second = runtime(&harness, agent(analysis_model("Recovered summary.", r#"{"likes": "tea"}"#)));
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("Noted."));
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Recovered summary."));
+    let profile = harness.store.profile("local").await.unwrap().expect("the profile is the user's");
+    assert_eq!(profile.profile["likes"], "tea");
 }
 
 /// An analysis model whose summaries wait for a permit of `gate`.

@@ -19,8 +19,8 @@ use std::time::Duration;
 use agentry_events::{EventEnvelope, EventPayload};
 use agentry_memory::{Order, Store};
 use agentry_types::{
-    CancellationReason, FunctionCallDelta, ModelMessageDelta, SessionId, ToolCallDelta, ToolCallKind, TurnId,
-    TurnState,
+    CancellationReason, FunctionCallDelta, ModelMessageDelta, SessionId, Timestamp, ToolCallDelta,
+    ToolCallKind, TurnId, TurnState,
 };
 use futures_core::Stream;
 use tokio::sync::{Notify, watch};
@@ -45,6 +45,10 @@ const DELTA_OVERHEAD: usize = std::mem::size_of::<EventEnvelope>() + 96;
 pub(crate) struct LiveTurn {
     pub(crate) session_id: SessionId,
     pub(crate) turn_id: TurnId,
+    /// When its run was created: a turn of the same id created again (a session deleted and
+    /// created again under a derived id, in this process or another) is another turn, and
+    /// this log is not its.
+    pub(crate) created_at: Timestamp,
     /// The fencing token of the lease the turn runs under.
     pub(crate) lease_token: u64,
     log: Mutex<LiveLog>,
@@ -308,8 +312,7 @@ fn delta_text_bytes(delta: &ModelMessageDelta) -> usize {
 
 impl LiveTurn {
     pub(crate) fn new(
-        session_id: SessionId,
-        turn_id: TurnId,
+        (session_id, turn_id, created_at): (SessionId, TurnId, Timestamp),
         lease_token: u64,
         first_seq: u64,
         delta_budget: usize,
@@ -317,6 +320,7 @@ impl LiveTurn {
         Self {
             session_id,
             turn_id,
+            created_at,
             lease_token,
             log: Mutex::new(LiveLog {
                 first_seq,
@@ -627,6 +631,11 @@ mod tests {
 
     use super::*;
 
+    /// A test log's ids: its emitter's session and turn, created at the epoch.
+    fn ids(emitter: &TurnEmitter) -> (SessionId, TurnId, Timestamp) {
+        (emitter.sequencer().session_id(), emitter.sequencer().turn_id(), Timestamp::from_unix_micros(0))
+    }
+
     fn chunk(index: u32, name: Option<&str>, arguments: &str) -> ModelMessageDelta {
         ModelMessageDelta {
             tool_calls: vec![ToolCallDelta {
@@ -697,7 +706,12 @@ mod tests {
     }
 
     fn log_of(events: &[Arc<EventEnvelope>], budget: usize) -> LiveTurn {
-        let turn = LiveTurn::new(events[0].session_id, events[0].turn_id, 1, 1, budget);
+        let turn = LiveTurn::new(
+            (events[0].session_id, events[0].turn_id, Timestamp::from_unix_micros(0)),
+            1,
+            1,
+            budget,
+        );
         for event in events {
             turn.push(event.clone());
         }
@@ -770,7 +784,7 @@ mod tests {
         use agentry_types::{ToolCallDelta, ToolCallKind};
         let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
         let message = EventId::new();
-        let turn = LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 1, 0);
+        let turn = LiveTurn::new(ids(&emitter), 1, 1, 0);
         let chunk = |name: Option<&str>, arguments: &str| ModelMessageDelta {
             tool_calls: vec![ToolCallDelta {
                 index: 0,
@@ -810,7 +824,7 @@ mod tests {
     fn a_reader_before_a_recovered_logs_start_gets_nothing_from_it() {
         let sequencer = TurnSequencer::resuming_after(SessionId::new(), TurnId::new(), 9);
         let mut emitter = TurnEmitter::new(sequencer);
-        let turn = LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 10, 0);
+        let turn = LiveTurn::new(ids(&emitter), 1, 10, 0);
         let message = EventId::new();
         for piece in ["a", "b", "c"] {
             turn.push(Arc::new(
@@ -829,8 +843,7 @@ mod tests {
     fn a_long_reply_costs_its_text_not_an_envelope_a_delta() {
         let mut emitter = TurnEmitter::new(TurnSequencer::new(SessionId::new(), TurnId::new()));
         let message = EventId::new();
-        let turn =
-            LiveTurn::new(emitter.sequencer().session_id(), emitter.sequencer().turn_id(), 1, 1, 64 * 1024);
+        let turn = LiveTurn::new(ids(&emitter), 1, 1, 64 * 1024);
         let mut text = String::new();
         for at in 0..200_000 {
             let piece = format!("{} ", at % 10);

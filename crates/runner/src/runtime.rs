@@ -996,8 +996,7 @@ impl Runtime {
             Start::Recovered { .. } => emitter.sequencer().last_seq() + 1,
         };
         let live = Arc::new(LiveTurn::new(
-            run.session_id,
-            run.id,
+            (run.session_id, run.id, run.created_at),
             lease.token,
             first_seq,
             self.inner.options.live_delta_budget,
@@ -1770,7 +1769,7 @@ impl TurnHandle {
     ///
     /// Errors: `NotFound` when deleted; `Store` when the store fails.
     pub async fn wait(&self) -> RuntimeResult<TurnState> {
-        if let Some(live) = self.runtime.live_turn(self.id()) {
+        if let Some(live) = self.live_log() {
             live.wait_done().await;
             if let Some(state) = live.terminal_state() {
                 return Ok(state);
@@ -1793,9 +1792,23 @@ impl TurnHandle {
     #[must_use]
     pub fn stream(&self, after_seq: Option<u64>) -> EventStream {
         // A weak reference: a stream does not keep a dropped runtime alive.
-        let (runtime, id) = (Arc::downgrade(&self.runtime.inner), self.id());
-        let find_live = Box::new(move || Runtime::running_here(&*runtime.upgrade()?, id));
+        let (runtime, id, created_at) =
+            (Arc::downgrade(&self.runtime.inner), self.id(), self.record.created_at);
+        let find_live = Box::new(move || {
+            Runtime::running_here(&*runtime.upgrade()?, id).filter(|live| live.created_at == created_at)
+        });
         subscribe(self.runtime.inner.store.clone(), id, find_live, after_seq.unwrap_or(0))
+    }
+
+    /// The turn's live log in this process, unless it is the log of an earlier turn of the
+    /// same id (deleted with its session, and created again since under a derived id).
+    fn live_log(&self) -> Option<Arc<LiveTurn>> {
+        self.runtime.live_turn(self.id()).filter(|live| live.created_at == self.record.created_at)
+    }
+
+    /// [`TurnHandle::live_log`], unless it was abandoned here (see [`Runtime::running_here`]).
+    fn running_here(&self) -> Option<Arc<LiveTurn>> {
+        self.live_log().filter(|live| !live.is_abandoned())
     }
 
     /// A snapshot of its stored events (no deltas: messages are complete), in `order`: of
@@ -1815,7 +1828,7 @@ impl TurnHandle {
     /// Errors: `NotFound` when the turn or its session was deleted; `Store` when the request
     /// cannot be stored.
     pub async fn cancel(&self) -> RuntimeResult<()> {
-        if let Some(live) = Runtime::running_here(&self.runtime.inner, self.id()) {
+        if let Some(live) = self.running_here() {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
             // Handed over (or its lease lost) before it could end here: the turn goes on
@@ -1837,7 +1850,7 @@ impl TurnHandle {
             .await?;
         // A recovery pass here may have taken the turn over meanwhile, after it looked for
         // the request: cancel it here too.
-        if let Some(live) = Runtime::running_here(&self.runtime.inner, self.id()) {
+        if let Some(live) = self.running_here() {
             live.request_cancel(CancellationReason::ClientCancelled);
             live.wait_done().await;
         }

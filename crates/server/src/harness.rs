@@ -367,11 +367,11 @@ struct CreateTurn {
 
 /// The header naming a request so that a retry of it is recognised (the IETF
 /// `Idempotency-Key` draft; `POST …/turns` takes it).
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The response header telling a client that the turn it gets is one an earlier request
 /// with the same `Idempotency-Key` created.
-const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+pub(crate) const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// The longest `Idempotency-Key` taken, in bytes: with [`HARNESS_KEY_PREFIX`], within the
 /// runtime's [`agentry_runner::MAX_IDEMPOTENCY_KEY`].

@@ -764,13 +764,15 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::ACCEPT,
                 HeaderName::from_static("last-event-id"),
+                HeaderName::from_static(harness::IDEMPOTENCY_KEY),
             ])
+            .expose_headers([HeaderName::from_static(harness::IDEMPOTENT_REPLAYED)])
             .max_age(Duration::from_secs(600)),
     )
 }

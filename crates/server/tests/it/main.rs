@@ -1733,8 +1733,10 @@ async fn a_configured_origin_gets_cors_headers_and_its_preflights_are_answered()
     let headers = answer_headers(&preflight);
     assert!(headers.starts_with("http/1.1 200"), "{preflight}");
     assert!(headers.contains("access-control-allow-origin: http://localhost:5173"), "{preflight}");
-    assert!(headers.contains("access-control-allow-methods: get,post"), "{preflight}");
+    assert!(headers.contains("access-control-allow-methods: get,post,delete"), "{preflight}");
     assert!(headers.contains("authorization") && headers.contains("last-event-id"), "{preflight}");
+    // A retry-safe turn request sends its key, and reads whether it was replayed.
+    assert!(headers.contains("idempotency-key"), "{preflight}");
     let get = |origin: &str| {
         format!(
             "GET /v1/agents/sessions?agent_name=demo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n\
@@ -1743,6 +1745,7 @@ async fn a_configured_origin_gets_cors_headers_and_its_preflights_are_answered()
     };
     let allowed = raw_exchange(address, &get("http://localhost:5173")).await;
     assert!(answer_headers(&allowed).starts_with("http/1.1 200"), "{allowed}");
+    assert!(answer_headers(&allowed).contains("access-control-expose-headers: idempotent-replayed"), "{allowed}");
     assert!(
         answer_headers(&allowed).contains("access-control-allow-origin: http://localhost:5173"),
         "{allowed}"

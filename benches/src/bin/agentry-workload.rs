@@ -198,6 +198,16 @@ async fn io_error(backend: &str, path: &str, durability: &str) -> Result<()> {
     Ok(())
 }
 
+/// Opens (or creates) a store; prints `ok` or `refused <error>`.
+fn open(backend: &str, path: &str, durability: &str) -> Result<()> {
+    let durability = durability.parse().map_err(anyhow::Error::msg)?;
+    match open_store(backend, path.as_ref(), durability) {
+        Ok(_) => println!("ok"),
+        Err(error) => println!("refused {error}"),
+    }
+    Ok(())
+}
+
 /// Deletes a session; prints `ok` or `refused <error>`.
 async fn delete_session(backend: &str, path: &str, durability: &str, session: &str) -> Result<()> {
     let durability = durability.parse().map_err(anyhow::Error::msg)?;
@@ -268,6 +278,7 @@ fn main() -> Result<()> {
             runtime.block_on(delete_session(backend, path, durability, session))
         }
         ["io-error", backend, path, durability] => runtime.block_on(io_error(backend, path, durability)),
+        ["open", backend, path, durability] => open(backend, path, durability),
         ["append-rate", backend, path, durability, writers, per_writer] => {
             runtime.block_on(append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, 1))
         }
@@ -275,7 +286,7 @@ fn main() -> Result<()> {
             append_rate(backend, path, durability, writers.parse()?, per_writer.parse()?, per_call.parse()?),
         ),
         _ => bail!(
-            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]\n       agentry-workload io-error <sqlite|redb> <path> <durability>"
+            "usage: agentry-workload crash-writer <sqlite|redb> <path> <strict|batched|relaxed>\n       agentry-workload append-one <sqlite|redb> <path> <durability> <turn id> <seq>\n       agentry-workload delete-session <sqlite|redb> <path> <durability> <session id>\n       agentry-workload append-rate <sqlite|redb> <path> <durability> <writers> <events per writer> [<events per call>]\n       agentry-workload io-error <sqlite|redb> <path> <durability>\n       agentry-workload open <sqlite|redb> <path> <durability>"
         ),
     }
 }

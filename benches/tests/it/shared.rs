@@ -126,3 +126,39 @@ fn redb_recovers_from_an_io_error_without_a_restart() {
 fn redb_recovers_from_an_io_error_under_relaxed_durability() {
     recovers_from_an_io_error("redb", "relaxed");
 }
+
+/// Processes that open one new store at the same moment all open it: one creates the file,
+/// and the others wait for it to be finished instead of refusing it as not yet a store.
+fn concurrent_creators_all_open_the_new_store(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..8 {
+        let path = dir.path().join(format!("new-{round}.{backend}"));
+        let path_text = path.to_str().unwrap();
+        let children: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_agentry-workload"))
+                    .args(["open", backend, path_text, "batched"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let output = child.wait_with_output().unwrap();
+            assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            let line = String::from_utf8(output.stdout).unwrap();
+            assert_eq!(line.trim(), "ok", "round {round}: {line}");
+        }
+    }
+}
+
+#[test]
+fn redb_concurrent_creators_all_open_the_new_store() {
+    concurrent_creators_all_open_the_new_store("redb");
+}
+
+#[test]
+fn sqlite_concurrent_creators_all_open_the_new_store() {
+    concurrent_creators_all_open_the_new_store("sqlite");
+}

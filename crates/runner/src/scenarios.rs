@@ -780,12 +780,17 @@ pub async fn a_session_is_deleted_with_its_turns_only_while_none_runs(harness: H
 /// an AG-UI thread's), with a keyed turn of the same id, is served as the new turn by a
 /// runtime that still keeps the old turn's live log.
 pub async fn a_turn_created_again_under_a_deleted_turns_id_is_not_served_the_old_live_log(harness: Harness) {
-    let echo = || Arc::new(ScriptedModel::responder(|request| ScriptedResponse::text(request.messages.last().unwrap().text())));
+    let echo = || {
+        Arc::new(ScriptedModel::responder(|request| {
+            ScriptedResponse::text(request.messages.last().unwrap().text())
+        }))
+    };
     let first = runtime(&harness, Agent::builder("echo", echo()).build());
     let second = runtime(&harness, Agent::builder("echo", echo()).build());
     let id = agentry_types::SessionId::new();
     let owner = agentry_types::Subject::user("u");
-    let keyed = |text: &str| TurnRequest { idempotency_key: Some("run-1".to_owned()), ..TurnRequest::message(text) };
+    let keyed =
+        |text: &str| TurnRequest { idempotency_key: Some("run-1".to_owned()), ..TurnRequest::message(text) };
     let session = first.create_session_with_id(id, owner.clone(), "echo", None).await.unwrap();
     let old = session.create_turn(keyed("first words")).await.unwrap();
     assert_eq!(answer_text(&old.wait().await.unwrap()).as_deref(), Some("first words"));

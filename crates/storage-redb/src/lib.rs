@@ -337,6 +337,29 @@ impl fmt::Debug for RedbStore {
 /// was cut: copied while incomplete, or truncated by hand. redb itself refuses one closed
 /// cleanly, but rebuilds the layout of one that needs recovery (a crash, a copy of an open
 /// store) from the file's length, and then fails inside, after it has written to it.
+/// How long a store's opening waits for another process to finish creating its file.
+const CREATION_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits, [`CREATION_WAIT`] at most, while the file starts with zeros where redb's magic
+/// number goes: another process is creating it (redb sizes the file, writes and syncs the
+/// header, and writes the magic number last), and its first bytes are not yet redb's. The
+/// checks that follow then see the finished file; a file still without them is refused by
+/// them, as one whose creation was cut short.
+fn wait_while_created(path: &Path) {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + CREATION_WAIT;
+    let unfinished = || {
+        let mut start = [0u8; 9];
+        std::fs::File::open(path).is_ok_and(|mut file| {
+            file.metadata().is_ok_and(|metadata| metadata.len() > 0)
+                && file.read_exact(&mut start).map_or(true, |()| start.iter().all(|byte| *byte == 0))
+        })
+    };
+    while unfinished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn check_length(path: &Path) -> StoreResult<()> {
     use std::io::Read;
     let Ok(mut file) = std::fs::File::open(path) else { return Ok(()) };
@@ -527,6 +550,7 @@ impl RedbStore {
     pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         agentry_memory::rules::check_store_path(&path)?;
+        wait_while_created(&path);
         agentry_memory::rules::check_store_format(&path, agentry_memory::rules::FileFormat::Redb)?;
         let mode = ConcurrencyMode::MultiWriter;
         check_length(&path)?;

@@ -1745,7 +1745,10 @@ async fn a_configured_origin_gets_cors_headers_and_its_preflights_are_answered()
     };
     let allowed = raw_exchange(address, &get("http://localhost:5173")).await;
     assert!(answer_headers(&allowed).starts_with("http/1.1 200"), "{allowed}");
-    assert!(answer_headers(&allowed).contains("access-control-expose-headers: idempotent-replayed"), "{allowed}");
+    assert!(
+        answer_headers(&allowed).contains("access-control-expose-headers: idempotent-replayed"),
+        "{allowed}"
+    );
     assert!(
         answer_headers(&allowed).contains("access-control-allow-origin: http://localhost:5173"),
         "{allowed}"

@@ -269,7 +269,18 @@ fn feed(
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => return Err(()),
                     },
-                    _ = heartbeat.tick() => yield_frame.send(ephemeral("server.heartbeat")).await.map_err(drop)?,
+                    _ = heartbeat.tick() => {
+                        // A deleted session's feed ends, saying so: nothing more will come,
+                        // and reconnecting is 404.
+                        if let Some(id) = session
+                            && store.get_session(id).await.is_err_and(|error| error.is_not_found())
+                        {
+                            let deleted = json!({"type": "session.deleted", "properties": {"sessionID": id.to_string()}});
+                            yield_frame.send(Frame { id: None, data: deleted.to_string() }).await.map_err(drop)?;
+                            return Ok(());
+                        }
+                        yield_frame.send(ephemeral("server.heartbeat")).await.map_err(drop)?;
+                    }
                 }
             }
         }
@@ -312,7 +323,8 @@ async fn visible(
 }
 
 /// A stream driven by a producer task writing into a small channel: the producer stops
-/// when the consumer goes away (its send fails). A feed has no end of its own: its
+/// when the consumer goes away (its send fails). A feed's only end of its own is its
+/// session's deletion (the producer returns `Ok`: the stream ends cleanly). Otherwise its
 /// producer stops only when it cannot go on (the store failed, the hub closed), and the
 /// stream then ends with a cut, which aborts the connection, so the client reconnects
 /// with its cursor rather than taking the feed for over.
@@ -323,14 +335,17 @@ where
 {
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
     let task = producer(sender);
+    let (ended, end) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let _ = task.await;
+        let _ = ended.send(task.await);
     });
     let frames = futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|frame| (Ok(frame), receiver))
     });
-    let cut = futures_util::stream::once(async {
-        Err(sse::Cut("the feed stopped: reconnect with the last event's id".to_owned()))
+    // The producer has ended once its channel closes (its sender goes with it).
+    let cut = futures_util::stream::once(end).filter_map(|ended| async move {
+        (!matches!(ended, Ok(Ok(()))))
+            .then(|| Err(sse::Cut("the feed stopped: reconnect with the last event's id".to_owned())))
     });
     frames.chain(cut)
 }

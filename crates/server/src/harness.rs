@@ -324,16 +324,18 @@ async fn delete_session(
             Ok(Json(json!({"data": {"type": "session", "id": session.id().to_string(), "deleted": true}}))
                 .into_response())
         }
-        Err(agentry_runner::RunnerError::TurnRunning { .. }) => {
-            let turn = running_turn(&session).await.map(|turn| format!(", {turn}")).unwrap_or_default();
-            Err(ApiError::precondition(
+        Err(agentry_runner::RunnerError::TurnRunning { .. }) => match running_turn(&session).await {
+            Some(turn) => Err(ApiError::precondition(
                 "turn_running",
                 format!(
-                    "session {} has a running turn{turn}: cancel it (POST …/cancel) before deleting the session",
+                    "session {} already has a running turn: {turn}; cancel it (POST …/cancel) before deleting \
+                     the session (a cancel sent to another server on the store takes up to half a second to \
+                     land)",
                     session.id()
                 ),
-            ))
-        }
+            )),
+            None => Err(busy(&state, &session, "the deletion").await),
+        },
         Err(error) => Err(error.into()),
     }
 }
@@ -409,7 +411,7 @@ const HARNESS_KEY_PREFIX: &str = "harness:";
 
 /// The turn an earlier request with this request's `Idempotency-Key` created, if it did,
 /// after checking that the request is the same one: the same input, on the same previous
-/// turn when it names one (422 otherwise, as a key may name one request only).
+/// turn when it names one (400 otherwise, as a key may name one request only).
 async fn replayed_turn(session: &Session, key: &str, body: &CreateTurn) -> ApiResult<Option<TurnHandle>> {
     let turn = match session.get_turn(agentry_runner::turn_id_for_key(session.id(), key)).await {
         Ok(turn) => turn,
@@ -420,18 +422,25 @@ async fn replayed_turn(session: &Session, key: &str, body: &CreateTurn) -> ApiRe
     let same_previous = match body.previous_turn_id.as_deref() {
         None | Some("auto") => true,
         Some("none") => record.previous_turn_id.is_none(),
-        Some(id) => id.parse::<TurnId>().ok() == record.previous_turn_id,
+        Some(id) => match id.parse::<TurnId>() {
+            Ok(id) => record.previous_turn_id == Some(id),
+            // As for a first request: no turn has that id.
+            Err(_) => return Err(ApiError::not_found("turn", id)),
+        },
     };
     if record.input != body.input.as_deref().unwrap_or_default() || !same_previous {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
+        // 400, not the IETF draft's 422: the SDK's clients know 400 (BadRequestError).
+        let mut error = ApiError::new(
+            StatusCode::BAD_REQUEST,
             "idempotency_key_reused",
             format!(
                 "the Idempotency-Key was used for another request of this session (turn {}), with other input \
                  or another previous turn: send a new key for a new request",
                 record.id
             ),
-        ));
+        );
+        error.param = Some("Idempotency-Key".to_owned());
+        return Err(error);
     }
     Ok(Some(turn))
 }
@@ -443,8 +452,8 @@ async fn create_turn(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateTurn>,
 ) -> ApiResult<Response> {
-    let key = idempotency_key(&headers)?;
     let session = caller.session(&state, &session_id).await?;
+    let key = idempotency_key(&headers)?;
     // Taken before the turn is created: a stream refused after would leave a turn its
     // caller never heard of.
     let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
@@ -496,7 +505,7 @@ async fn create_turn(
             match copy {
                 Some(turn) => Ok(respond_with_turn(&state, slot, &turn, true)),
                 None if matches!(error, TurnRunning { .. }) => {
-                    Err(naming_running_turn(&session, error).await)
+                    Err(naming_running_turn(&state, &session, error).await)
                 }
                 None => Err(error.into()),
             }
@@ -524,12 +533,33 @@ fn respond_with_turn(
 
 /// `TurnRunning`'s error, naming the running turn when the session's latest is running,
 /// so that a client can subscribe to it.
-async fn naming_running_turn(session: &Session, error: agentry_runner::RunnerError) -> ApiError {
+async fn naming_running_turn(
+    state: &AppState,
+    session: &Session,
+    error: agentry_runner::RunnerError,
+) -> ApiError {
     let mut api = ApiError::from(error);
-    if let Some(turn) = running_turn(session).await {
-        api.message = format!("{}: {turn}", api.message);
+    match running_turn(session).await {
+        Some(turn) => api.message = format!("{}: {turn}", api.message),
+        None => return busy(state, session, "the request").await,
     }
     api
+}
+
+/// 412 for a session whose lease is held with no turn running: a turn is being started,
+/// or the session is being deleted (404 once it is) or a turn of it recovered.
+async fn busy(state: &AppState, session: &Session, what: &str) -> ApiError {
+    let id = session.id().to_string();
+    if let Err(agentry_runner::RunnerError::NotFound { .. }) = state.runtime.get_session(session.id()).await {
+        return ApiError::not_found("session", &id);
+    }
+    ApiError::precondition(
+        "turn_running",
+        format!(
+            "session {id} is busy: a turn of it is being started, or the session is being deleted, or a turn of \
+             it recovered; send {what} again shortly"
+        ),
+    )
 }
 
 /// The session's latest turn, when it is running (none when the read fails).

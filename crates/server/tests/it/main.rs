@@ -1773,3 +1773,35 @@ async fn a_configured_origin_gets_cors_headers_and_its_preflights_are_answered()
     stop.send(()).unwrap();
     serving.await.unwrap();
 }
+
+/// A session whose lease another process holds with no turn running (a turn it is
+/// starting, a deletion under way) refuses turns and deletions as busy, without naming a
+/// turn that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_held_without_a_running_turn_is_busy_not_running_a_turn() {
+    use agentry_memory::LeaseStore;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.db");
+    let (address, stop, serving) = serve(config_at(&path, "")).await;
+    let (status, body) =
+        request(address, "POST", "/v1/agents/sessions", &json!({"agent_name": "demo"})).await;
+    assert_eq!(status, 200, "{body}");
+    let id: agentry_types::SessionId =
+        serde_json::from_str::<Value>(&body).unwrap()["data"]["id"].as_str().unwrap().parse().unwrap();
+    let other =
+        agentry_storage_sqlite::SqliteStore::open(&path, agentry_storage_sqlite::SqliteOptions::default())
+            .unwrap();
+    other
+        .acquire_lease(id, "another process", Duration::from_secs(600), agentry_types::Timestamp::now())
+        .await
+        .unwrap();
+    let turn = json!({"input": [{"type": "user.message", "content": "hi"}]});
+    let (status, body) = request(address, "POST", &format!("/v1/agents/sessions/{id}/turns"), &turn).await;
+    assert_eq!(status, 412, "{body}");
+    assert!(body.contains("is busy") && body.contains("send the request again"), "{body}");
+    let (status, body) = request(address, "DELETE", &format!("/v1/agents/sessions/{id}"), &Value::Null).await;
+    assert_eq!(status, 412, "{body}");
+    assert!(body.contains("is busy") && body.contains("send the deletion again"), "{body}");
+    stop.send(()).unwrap();
+    serving.await.unwrap();
+}

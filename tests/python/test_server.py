@@ -419,7 +419,8 @@ class Lifecycle(unittest.TestCase):
             # The key names one request: other input under it is refused, and runs nothing.
             other = h.post(turns, json={"input": [{"type": "user.message", "content": "something else"}]},
                            headers={"Idempotency-Key": "order-1"})
-            self.assertEqual(other.status_code, 422, other.text)
+            self.assertEqual(other.status_code, 400, other.text)
+            self.assertEqual(other.json()["error"]["param"], "Idempotency-Key", other.text)
             self.assertEqual(other.json()["error"]["code"], "idempotency_key_reused")
             self.assertIn(turn, other.json()["error"]["message"])
             for key in ("", "k" * 2000):
@@ -442,6 +443,14 @@ class Lifecycle(unittest.TestCase):
             sent = [h.post(f"/v1/agents/sessions/{sid}/turns", json=first, headers={"Idempotency-Key": "first"}) for _ in range(2)]
             self.assertEqual([r.status_code for r in sent], [200, 200], [r.text for r in sent])
             self.assertEqual(sent[0].json()["data"]["id"], sent[1].json()["data"]["id"])
+            # A previous turn id that is none is not found, as it is for a first request.
+            garbage = h.post(f"/v1/agents/sessions/{sid}/turns", json={**body, "previous_turn_id": "garbage"},
+                             headers={"Idempotency-Key": "first"})
+            self.assertEqual(garbage.status_code, 404, garbage.text)
+            # An unknown session is not found, whatever the key.
+            unknown = h.post("/v1/agents/sessions/00000000-0000-0000-0000-000000000000/turns", json=body,
+                             headers={"Idempotency-Key": ""})
+            self.assertEqual(unknown.status_code, 404, unknown.text)
 
     def test_a_turn_refused_while_another_runs_is_told_which(self):
         with http() as h:
@@ -464,12 +473,24 @@ class Lifecycle(unittest.TestCase):
             self.assertIn(running, refused.json()["error"]["message"])
             self.assertEqual(h.get(f"/v1/agents/turns/{running}").status_code, 200, "nothing was deleted")
             h.post(f"{path}/cancel", json={})
+            # A feed of the session, open while it is deleted, ends saying so.
+            connected, feed = threading.Event(), []
+            follower = threading.Thread(
+                target=lambda: feed.extend(feed_frames(http(), f"/event?session_id={sid}", connected=connected)),
+                daemon=True,
+            )
+            follower.start()
+            self.assertTrue(connected.wait(30))
             deleted = h.delete(path)
             self.assertEqual(deleted.status_code, 200, deleted.text)
             self.assertEqual(deleted.json()["data"], {"type": "session", "id": sid, "deleted": True})
             for gone in (path, f"{path}/turns", f"/v1/agents/turns/{running}", f"{path}/turns/{running}/events"):
                 self.assertEqual(h.get(gone).status_code, 404, gone)
             self.assertEqual(h.delete(path).status_code, 404)
+            follower.join(30)
+            self.assertFalse(follower.is_alive(), "the feed of the deleted session ended")
+            self.assertEqual(feed[-1][1], {"type": "session.deleted", "properties": {"sessionID": sid}})
+            self.assertEqual(h.get("/event", params={"session_id": sid}).status_code, 404)
             # Another subject's session is not found, and stays.
             with http(BOB) as bob:
                 theirs = bob.post("/v1/agents/sessions", json={"agent_name": "demo"}).json()["data"]["id"]
@@ -1006,11 +1027,13 @@ class Cli(unittest.TestCase):
             ("named.redb", [], b"SQLite format 3", "the store's file name says redb, but the backend is sqlite"),
             ("named.db", ["--backend", "redb"], b"redb", "the store's file name says sqlite, but the backend is redb"),
         )
-        for name, extra, magic, warning in cases:
+        for name, extra, magic, warning in cases + (("agentry.redb", ["--backend", "redb"], b"redb", None),):
             path = os.path.join(workdir, name)
+            # The last case names no file: the default one is named for its backend.
+            store = ["--store", path] if name != "agentry.redb" else []
             with open(os.path.join(workdir, f"{name}.log"), "w+") as log:
                 process = subprocess.Popen(
-                    [os.environ["AGENTRY_BIN"], "serve", "--listen", "127.0.0.1:0", "--store", path, *extra],
+                    [os.environ["AGENTRY_BIN"], "serve", "--listen", "127.0.0.1:0", *store, *extra],
                     stdout=subprocess.PIPE, stderr=log, cwd=workdir, text=True,
                     env=dict(os.environ, RUST_LOG="info", NO_COLOR="1"),
                 )
@@ -1030,11 +1053,20 @@ class Cli(unittest.TestCase):
             if warning:
                 self.assertIn(warning, logged)
 
-    def test_a_session_is_deleted_from_the_command_line(self):
+    def test_a_session_is_cancelled_and_deleted_from_the_command_line(self):
         session = client().create_session(agent_name="demo")
+        with http() as h:
+            turns = f"/v1/agents/sessions/{session.id}/turns"
+            running = h.post(turns, json={"input": [{"type": "user.message", "content": "slow"}]}).json()["data"]["id"]
+            refused = self.agentry("sessions", "delete", session.id)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn(running, refused.stderr)
+            done = self.agentry("sessions", "cancel", session.id)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertEqual(h.get(f"{turns}/{running}").json()["data"]["state"]["status"], "cancelled")
         done = self.agentry("sessions", "delete", session.id)
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn(f"deleted session {session.id}", done.stderr)
+        self.assertEqual(json.loads(done.stdout), {"type": "session", "id": session.id, "deleted": True})
         with http() as h:
             self.assertEqual(h.get(f"/v1/agents/sessions/{session.id}").status_code, 404)
         again = self.agentry("sessions", "delete", session.id)

@@ -118,8 +118,17 @@ enum SessionsCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Cancels a session's running turn, if any; returns once it has ended (or, when
+    /// another server runs it, once the request is stored).
+    Cancel {
+        /// The session.
+        #[arg(value_parser = an_id)]
+        session: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Deletes a session with its turns, events and history (refused while a turn of it
-    /// runs: cancel it first).
+    /// runs: cancel it first); prints the deleted session as a JSON line.
     Delete {
         /// The session.
         #[arg(value_parser = an_id)]
@@ -237,8 +246,15 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Sessions { command: SessionsCommand::Delete { session, remote } } => {
-            api(&remote)?.delete(&format!("/v1/agents/sessions/{session}")).await?;
-            eprintln!("deleted session {session}");
+            let deleted = api(&remote)?.delete(&format!("/v1/agents/sessions/{session}")).await?;
+            emit(&mut std::io::stdout(), &deleted["data"])?;
+            Ok(())
+        }
+        Command::Sessions { command: SessionsCommand::Cancel { session, remote } } => {
+            api(&remote)?
+                .post(&format!("/v1/agents/sessions/{session}/cancel"), &serde_json::json!({}))
+                .await?;
+            eprintln!("cancelled the running turn of session {session}, if it had one");
             Ok(())
         }
         Command::Turns { command: TurnsCommand::List { session, remote } } => {
@@ -387,6 +403,8 @@ async fn serve(
         )
         .with_writer(std::io::stderr)
         .init();
+    // The embedded default's file, when no other is named, is named for its backend.
+    let default_file = config.is_none() && store.is_none();
     let mut config = match &config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -398,7 +416,12 @@ async fn serve(
         config.storage.path = store;
     }
     match backend.as_deref() {
-        Some("redb") => config.storage.backend = agentry_server::config::Backend::Redb,
+        Some("redb") => {
+            config.storage.backend = agentry_server::config::Backend::Redb;
+            if default_file {
+                config.storage.path = PathBuf::from("agentry.redb");
+            }
+        }
         Some(_) => config.storage.backend = agentry_server::config::Backend::Sqlite,
         None => {}
     }

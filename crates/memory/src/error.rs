@@ -126,6 +126,10 @@ pub enum StoreError {
     /// The store's file is damaged or is not a store.
     #[error("the store is corrupt: {0}")]
     Corrupt(String),
+    /// The store's file is the other backend's (an SQLite file opened with redb, or the
+    /// reverse): it is not damaged; open it with the backend the message names.
+    #[error("the store is another backend's: {0}")]
+    OtherBackend(String),
     /// The store's file was written by a newer version of Agentry.
     #[error(
         "the store has schema version {found}, newer than the {supported} this build supports: upgrade Agentry"

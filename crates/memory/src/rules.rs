@@ -252,14 +252,14 @@ impl FileFormat {
 
 /// Refuses a non-empty file at `path` that is not in `format` before a backend opens it:
 /// one in the other backend's format is named as such, and the backend to open it with.
-/// Errors: `Corrupt`.
+/// Errors: `OtherBackend` for the other backend's file, `Corrupt` for anything else.
 pub fn check_store_format(path: &std::path::Path, format: FileFormat) -> StoreResult<()> {
     if std::fs::metadata(path).map_or(true, |metadata| metadata.len() == 0) {
         return Ok(());
     }
     match FileFormat::of(path) {
         Some(found) if found == format => Ok(()),
-        Some(found) => Err(StoreError::Corrupt(format!(
+        Some(found) => Err(StoreError::OtherBackend(format!(
             "{} is {} database, not {} one: open it with the {} backend (`backend = \"{}\"`)",
             path.display(),
             found.spoken(),

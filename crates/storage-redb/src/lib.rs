@@ -545,8 +545,9 @@ fn open_database(path: &Path, options: &RedbOptions, switch: &SyncSwitch) -> Sto
 impl RedbStore {
     /// Opens (creating if needed) the store at `path`.
     ///
-    /// Errors: `Io` when the file cannot be created or opened, `Corrupt` when it is not an
-    /// Agentry store or is damaged, `VersionTooNew` when a newer Agentry wrote it.
+    /// Errors: `Io` when the file cannot be created or opened, `OtherBackend` when it is the
+    /// other backend's store, `Corrupt` when it is not an Agentry store or is damaged,
+    /// `VersionTooNew` when a newer Agentry wrote it.
     pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         agentry_memory::rules::check_store_path(&path)?;

@@ -303,8 +303,9 @@ fn check_not_truncated(path: &Path) -> StoreResult<()> {
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` and migrates its schema forward.
     ///
-    /// Errors: `Io` when the file cannot be created or opened, `Corrupt` when it is not an
-    /// Agentry store or is damaged, `VersionTooNew` when a newer Agentry wrote it. A refused
+    /// Errors: `Io` when the file cannot be created or opened, `OtherBackend` when it is the
+    /// other backend's store, `Corrupt` when it is not an Agentry store or is damaged,
+    /// `VersionTooNew` when a newer Agentry wrote it. A refused
     /// file is left as it was.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();

@@ -39,7 +39,7 @@ fn the_other_backends_file_is_refused_naming_its_backend_and_left_alone() {
     std::fs::write(&path, &bytes).unwrap();
     let error = open(&path).unwrap_err();
     assert!(
-        matches!(error, StoreError::Corrupt(ref message)
+        matches!(error, StoreError::OtherBackend(ref message)
             if message.contains("is an SQLite database, not a redb one") && message.contains("backend = \"sqlite\"")),
         "{error}"
     );

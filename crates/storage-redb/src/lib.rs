@@ -331,35 +331,49 @@ impl fmt::Debug for RedbStore {
     }
 }
 
+/// How long a store's opening waits for another process to finish creating its file.
+const CREATION_WAIT: Duration = Duration::from_secs(3);
+
+/// Whether the file may be being created by another process, as far as its first bytes
+/// tell: missing, empty, or zeros where redb's magic number goes (redb sizes the file,
+/// writes and syncs the header, and writes the magic number last).
+fn maybe_unfinished(path: &Path) -> bool {
+    use std::io::Read;
+    let mut start = [0u8; 9];
+    match std::fs::File::open(path) {
+        Err(_) => true,
+        Ok(mut file) => file.read_exact(&mut start).map_or(true, |()| start.iter().all(|byte| *byte == 0)),
+    }
+}
+
+/// The checks made before redb opens a file (its format, its length, its version), made
+/// again while they fail on a file another process may still be creating (one
+/// [`maybe_unfinished`] before the checks or after them), [`CREATION_WAIT`] at most:
+/// processes opening one new store at once all open it. A file still unfinished then is
+/// refused, as one whose creation was cut short.
+fn check_before_open(path: &Path, mode: ConcurrencyMode) -> StoreResult<()> {
+    let deadline = Instant::now() + CREATION_WAIT;
+    loop {
+        let before = maybe_unfinished(path);
+        let checked =
+            agentry_memory::rules::check_store_format(path, agentry_memory::rules::FileFormat::Redb)
+                .and_then(|()| check_length(path))
+                .and_then(|()| guard_panics(path, || check_existing(path, mode)));
+        match checked {
+            Err(_) if (before || maybe_unfinished(path)) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            checked => return checked,
+        }
+    }
+}
+
 /// Refuses a redb file shorter than the layout its header records, before redb opens it.
 /// redb keeps its file at least that long (it grows the file before the header records a
 /// larger layout, and shrinks it only after it records a smaller one), so a shorter file
 /// was cut: copied while incomplete, or truncated by hand. redb itself refuses one closed
 /// cleanly, but rebuilds the layout of one that needs recovery (a crash, a copy of an open
 /// store) from the file's length, and then fails inside, after it has written to it.
-/// How long a store's opening waits for another process to finish creating its file.
-const CREATION_WAIT: Duration = Duration::from_secs(3);
-
-/// Waits, [`CREATION_WAIT`] at most, while the file starts with zeros where redb's magic
-/// number goes: another process is creating it (redb sizes the file, writes and syncs the
-/// header, and writes the magic number last), and its first bytes are not yet redb's. The
-/// checks that follow then see the finished file; a file still without them is refused by
-/// them, as one whose creation was cut short.
-fn wait_while_created(path: &Path) {
-    use std::io::Read;
-    let deadline = std::time::Instant::now() + CREATION_WAIT;
-    let unfinished = || {
-        let mut start = [0u8; 9];
-        std::fs::File::open(path).is_ok_and(|mut file| {
-            file.metadata().is_ok_and(|metadata| metadata.len() > 0)
-                && file.read_exact(&mut start).map_or(true, |()| start.iter().all(|byte| *byte == 0))
-        })
-    };
-    while unfinished() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn check_length(path: &Path) -> StoreResult<()> {
     use std::io::Read;
     let Ok(mut file) = std::fs::File::open(path) else { return Ok(()) };
@@ -551,11 +565,8 @@ impl RedbStore {
     pub fn open(path: impl AsRef<Path>, options: RedbOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         agentry_memory::rules::check_store_path(&path)?;
-        wait_while_created(&path);
-        agentry_memory::rules::check_store_format(&path, agentry_memory::rules::FileFormat::Redb)?;
         let mode = ConcurrencyMode::MultiWriter;
-        check_length(&path)?;
-        guard_panics(&path, || check_existing(&path, mode))?;
+        check_before_open(&path, mode)?;
         let switch = SyncSwitch::on();
         let database = open_database(&path, &options, &switch)?;
         let file = agentry_memory::rules::FileIdentity::of(&path)?;

@@ -1896,6 +1896,18 @@ impl TurnEngine {
         // with it: the answer stands, and what the update had stored before stays.
         let mut cancel = self.cancel.clone();
         let error = tokio::select! {
+            // A cancellation already made wins over an update that could still finish.
+            biased;
+            reason = cancel.cancelled() => {
+                tracing::info!(turn = %self.turn_id(), reason = reason.as_str(), "a memory update was cut short");
+                Some(match reason {
+                    CancellationReason::ServerExecutionTimeout => {
+                        "cut short: the turn's time ran out after its answer".to_owned()
+                    }
+                    CancellationReason::Abandoned => "cut short: the turn was handed over".to_owned(),
+                    other => format!("cut short: the turn was cancelled ({}) after its answer", other.as_str()),
+                })
+            }
             updated = memory.update_memory_under(self.turn_id(), &messages, Some(self.fence)) => {
                 updated.err().map(|error| {
                     tracing::warn!(turn = %self.turn_id(), %error, "updating memory after the turn failed");
@@ -1904,10 +1916,6 @@ impl TurnEngine {
                         other => other.to_string(),
                     }
                 })
-            }
-            reason = cancel.cancelled() => {
-                tracing::info!(turn = %self.turn_id(), reason = reason.as_str(), "a memory update was cut short");
-                Some(format!("cut short: the turn was cancelled ({}) after its answer", reason.as_str()))
             }
         };
         self.emit(EventPayload::MemoryUpdateCompleted { error }).await?;

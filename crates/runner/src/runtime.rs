@@ -546,6 +546,9 @@ impl Runtime {
                 .lease(turn.session_id)
                 .await
                 .is_ok_and(|lease| lease.is_none_or(|lease| lease.token != turn.lease_token)),
+            // The session was deleted once the lease was given back: no write of the engine
+            // can land any more, and it stops.
+            Err(StoreError::NotFound { .. }) => true,
             Err(error) => {
                 tracing::warn!(turn = %turn.turn_id, %error, "fencing a handed-over turn failed; it runs on here until the process exits");
                 false
@@ -713,7 +716,9 @@ impl Runtime {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&run.id)
-            .is_some_and(|live| !live.is_abandoned());
+            // A log kept after an earlier turn of the same id ended (its session deleted and
+            // created again under a derived id) is not this turn's.
+            .is_some_and(|live| !live.is_abandoned() && live.created_at == run.created_at);
         if running_here {
             return Ok(None);
         }
@@ -1499,8 +1504,9 @@ impl Session {
     /// ([`SessionStore::delete_session`](agentry_memory::SessionStore::delete_session)).
     ///
     /// Refused with `TurnRunning` while a turn of it runs, here or in another process
-    /// sharing the store (cancel it first, [`Session::cancel`]): the deletion takes the
-    /// session's lease, so no turn starts while it is under way. A turn a stopped process
+    /// sharing the store (cancel it first, [`Session::cancel`]), and while anything else
+    /// holds its lease (a turn being started or recovered, another deletion): the deletion
+    /// takes the session's lease, so no turn starts while it is under way. A turn a stopped process
     /// left running, its lease lapsed, goes with the session. `NotFound` when the session
     /// does not exist (or was deleted meanwhile).
     pub async fn delete(&self) -> RuntimeResult<()> {
@@ -1520,19 +1526,27 @@ impl Session {
             give_back(runtime.inner.store.as_ref(), self.id(), lease.token).await;
             return Err(running);
         }
+        // The live logs kept after its turns ended go with it (they would still serve
+        // them): those there now, as none can come while the lease is held, and not one of
+        // a turn of the session created again under the same id once it is deleted.
+        let session = self.id();
+        let kept: Vec<Arc<LiveTurn>> = runtime
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|turn| turn.session_id == session)
+            .cloned()
+            .collect();
         let store = &runtime.inner.store;
         if let Err(error) = store.delete_session(self.id()).await {
             give_back(store.as_ref(), self.id(), lease.token).await;
             return Err(error.into());
         }
-        // The live logs kept after its turns ended go too: they would still serve them.
-        let session = self.id();
-        runtime
-            .inner
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, turn| turn.session_id != session);
+        for turn in &kept {
+            runtime.inner.forget_live(turn);
+        }
         Ok(())
     }
 }

@@ -786,7 +786,8 @@ pub async fn a_turn_created_again_under_a_deleted_turns_id_is_not_served_the_old
         }))
     };
     let first = runtime(&harness, Agent::builder("echo", echo()).build());
-    let second = runtime(&harness, Agent::builder("echo", echo()).build());
+    let (held, _gate) = GatedModel::new("second words");
+    let second = runtime(&harness, Agent::builder("echo", held).build());
     let id = agentry_types::SessionId::new();
     let owner = agentry_types::Subject::user("u");
     let keyed =
@@ -798,8 +799,12 @@ pub async fn a_turn_created_again_under_a_deleted_turns_id_is_not_served_the_old
     let again = second.create_session_with_id(id, owner, "echo", None).await.unwrap();
     let new = again.create_turn(keyed("second words")).await.unwrap();
     assert_eq!(new.id(), old.id(), "the same derived ids");
-    new.wait().await.unwrap();
-    // The first runtime, which kept the old turn's live log, serves the new turn.
+    // Handed over while it runs, it is recovered by the first runtime, whose kept log of
+    // the old turn does not pass for it running there.
+    assert_eq!(second.hand_over().await, 1);
+    let recovered = first.recover().await.unwrap();
+    assert_eq!(recovered.iter().map(TurnHandle::id).collect::<Vec<_>>(), [new.id()]);
+    // The first runtime serves the new turn.
     let there = first.get_turn(new.id()).await.unwrap();
     assert_eq!(answer_text(&there.wait().await.unwrap()).as_deref(), Some("second words"));
     let messages: Vec<String> = collect(there.stream(None))
@@ -1544,9 +1549,13 @@ pub async fn a_cancel_during_the_memory_update_cuts_it_and_the_answer_stands(har
         }
     }
     // The summary's model stream holds the gate while it waits (the test, the model and it).
-    while Arc::strong_count(&gate) < 3 {
-        tokio::task::yield_now().await;
-    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while Arc::strong_count(&gate) < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the summary is asked for");
     tokio::time::timeout(Duration::from_secs(10), turn.cancel()).await.expect("cut at once").unwrap();
     let state = turn.wait().await.unwrap();
     assert_eq!(answer_text(&state).as_deref(), Some("Noted."), "{state:?}");
@@ -2401,17 +2410,17 @@ pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_
     assert!(matches!(state, TurnState::Running), "the handed-over turn ended here: {state:?}");
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary, None, "the old holder stored its summary");
-    // The profile (the user's, not the session's) may have been stored before the hand-over
-    // cut the update: updated at least once, it is the same either way.
+    // The update asks for the summary first: cut there, it stored no profile either.
+    assert!(harness.store.profile("local").await.unwrap().is_none(), "the old holder's update went on");
 
-    let second = runtime(&harness, agent(analysis_model("Recovered summary.", r#"{"likes": "tea"}"#)));
+    let second = runtime(&harness, agent(analysis_model("Recovered summary.", r#"{"likes": "coffee"}"#)));
     let resumed = second.recover().await.unwrap();
     assert_eq!(resumed.iter().map(TurnHandle::id).collect::<Vec<_>>(), [turn.id()]);
     assert_eq!(answer_text(&resumed[0].wait().await.unwrap()).as_deref(), Some("Noted."));
     let stored = harness.store.get_session(session.id()).await.unwrap();
     assert_eq!(stored.summary.map(|summary| summary.summary).as_deref(), Some("Recovered summary."));
     let profile = harness.store.profile("local").await.unwrap().expect("the profile is the user's");
-    assert_eq!(profile.profile["likes"], "tea");
+    assert_eq!(profile.profile["likes"], "coffee");
 }
 
 /// An analysis model whose summaries wait for a permit of `gate`.

@@ -44,7 +44,8 @@ struct Remote {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Runs the server (the embedded default without --config: SQLite `agentry.db` in the
-    /// working directory, 127.0.0.1:8787, the demo agents).
+    /// working directory, or redb `agentry.redb` with `--backend redb`, 127.0.0.1:8787, the
+    /// demo agents).
     Serve {
         /// A TOML configuration file.
         #[arg(long, env = "AGENTRY_CONFIG")]
@@ -55,7 +56,8 @@ enum Command {
         /// Store here instead of the configured path.
         #[arg(long)]
         store: Option<PathBuf>,
-        /// The store's backend instead of the configured one (SQLite by default).
+        /// The store's backend instead of the configured one (SQLite by default); without
+        /// --store or --config, redb stores in `agentry.redb`.
         #[arg(long, value_parser = ["sqlite", "redb"])]
         backend: Option<String>,
     },
@@ -300,6 +302,19 @@ fn an_id(text: &str) -> Result<String, String> {
     }
 }
 
+/// The embedded default's redb file: `agentry.redb`, unless only an `agentry.db` that is
+/// a redb store is there (made by builds whose `--backend redb` kept the default name):
+/// that one, so that its sessions are not left behind for an empty new store.
+fn default_redb_file() -> PathBuf {
+    use std::io::Read;
+    let (named, older) = (PathBuf::from("agentry.redb"), PathBuf::from("agentry.db"));
+    let mut start = [0u8; 4];
+    let older_is_redb = !named.exists()
+        && std::fs::File::open(&older)
+            .is_ok_and(|mut file| file.read_exact(&mut start).is_ok() && &start == b"redb");
+    if older_is_redb { older } else { named }
+}
+
 /// A server's base URL: http or https, with a host.
 fn server_url(text: &str) -> Result<String, String> {
     match reqwest::Url::parse(text) {
@@ -419,7 +434,7 @@ async fn serve(
         Some("redb") => {
             config.storage.backend = agentry_server::config::Backend::Redb;
             if default_file {
-                config.storage.path = PathBuf::from("agentry.redb");
+                config.storage.path = default_redb_file();
             }
         }
         Some(_) => config.storage.backend = agentry_server::config::Backend::Sqlite,

@@ -552,6 +552,9 @@ async fn run(
         Err(error @ (RunnerError::TurnRunning { .. } | RunnerError::TurnResumed { .. })) => {
             return match session.get_turn(run_turn_id(&session, &body.run_id)).await {
                 Ok(turn) => rerun(&state, slot, &session, turn, body).await,
+                Err(_) if matches!(error, RunnerError::TurnRunning { .. }) => {
+                    Err(crate::harness::naming_running_turn(&state, &session, error).await)
+                }
                 Err(_) => Err(error.into()),
             };
         }

@@ -3,7 +3,9 @@
 //! sends `server.heartbeat` periodically, and carries the agent-team events of seed 001
 //! and the turn and thread lifecycle events as `{"type", "properties"}` frames whose SSE
 //! `id` is the event's store-wide position: reconnecting with `Last-Event-ID` (or
-//! `?after=<position>`) resumes with the next event, without gaps or repeats.
+//! `?after=<position>`) resumes with the next event, without gaps or repeats. A session's
+//! feed whose session is deleted ends, at its next heartbeat, with a `session.deleted`
+//! frame (`properties.sessionID`); reconnecting is then 404.
 //!
 //! One poller per server reads the store's feed (woken by this server's appends, and
 //! every 500 ms for other processes sharing the store) and broadcasts new events; each

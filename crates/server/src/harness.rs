@@ -328,9 +328,9 @@ async fn delete_session(
             Some(turn) => Err(ApiError::precondition(
                 "turn_running",
                 format!(
-                    "session {} already has a running turn: {turn}; cancel it (POST …/cancel) before deleting \
-                     the session (a cancel sent to another server on the store takes up to half a second to \
-                     land)",
+                    "session {} cannot be deleted while a turn of it runs (cancel it with POST …/cancel first; a \
+                     cancel sent to another server on the store lands within half a second); the running turn: \
+                     {turn}",
                     session.id()
                 ),
             )),
@@ -533,7 +533,7 @@ fn respond_with_turn(
 
 /// `TurnRunning`'s error, naming the running turn when the session's latest is running,
 /// so that a client can subscribe to it.
-async fn naming_running_turn(
+pub(crate) async fn naming_running_turn(
     state: &AppState,
     session: &Session,
     error: agentry_runner::RunnerError,
@@ -556,8 +556,8 @@ async fn busy(state: &AppState, session: &Session, what: &str) -> ApiError {
     ApiError::precondition(
         "turn_running",
         format!(
-            "session {id} is busy: a turn of it is being started, or the session is being deleted, or a turn of \
-             it recovered; send {what} again shortly"
+            "session {id} is busy: a turn of it is being started or recovered, or the session is being \
+             deleted; send {what} again shortly"
         ),
     )
 }

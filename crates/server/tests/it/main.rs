@@ -1802,6 +1802,23 @@ async fn a_session_held_without_a_running_turn_is_busy_not_running_a_turn() {
     let (status, body) = request(address, "DELETE", &format!("/v1/agents/sessions/{id}"), &Value::Null).await;
     assert_eq!(status, 412, "{body}");
     assert!(body.contains("is busy") && body.contains("send the deletion again"), "{body}");
+    // An AG-UI run of a thread whose session is busy is told the same.
+    let run = |id: &str| json!({"threadId": "busy-thread", "runId": id, "messages": [{"id": id, "role": "user", "content": "hi"}]});
+    let (status, body) = request(address, "POST", "/agui/demo", &run("r1")).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, listed) =
+        request(address, "GET", "/v1/agents/sessions?agent_name=demo&limit=100", &Value::Null).await;
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let thread =
+        listed["data"].as_array().unwrap().iter().find(|session| session["title"] == "busy-thread").unwrap();
+    let thread: agentry_types::SessionId = thread["id"].as_str().unwrap().parse().unwrap();
+    other
+        .acquire_lease(thread, "another process", Duration::from_secs(600), agentry_types::Timestamp::now())
+        .await
+        .unwrap();
+    let (status, body) = request(address, "POST", "/agui/demo", &run("r2")).await;
+    assert_eq!(status, 412, "{body}");
+    assert!(body.contains("is busy"), "{body}");
     stop.send(()).unwrap();
     serving.await.unwrap();
 }

@@ -472,7 +472,7 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(refused.json()["error"]["code"], "turn_running")
             self.assertIn(running, refused.json()["error"]["message"])
             self.assertEqual(h.get(f"/v1/agents/turns/{running}").status_code, 200, "nothing was deleted")
-            h.post(f"{path}/cancel", json={})
+            self.assertEqual(h.post(f"{path}/cancel", json={}).status_code, 200)
             # A feed of the session, open while it is deleted, ends saying so.
             connected, feed = threading.Event(), []
             follower = threading.Thread(
@@ -489,6 +489,7 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(h.delete(path).status_code, 404)
             follower.join(30)
             self.assertFalse(follower.is_alive(), "the feed of the deleted session ended")
+            self.assertTrue(feed, "the feed sent nothing")
             self.assertEqual(feed[-1][1], {"type": "session.deleted", "properties": {"sessionID": sid}})
             self.assertEqual(h.get("/event", params={"session_id": sid}).status_code, 404)
             # Another subject's session is not found, and stays.
@@ -1037,7 +1038,13 @@ class Cli(unittest.TestCase):
                     stdout=subprocess.PIPE, stderr=log, cwd=workdir, text=True,
                     env=dict(os.environ, RUST_LOG="info", NO_COLOR="1"),
                 )
-                url = process.stdout.readline().strip().rsplit(" ", 1)[1]
+                line = process.stdout.readline()
+                if not line.startswith("agentry listening on "):
+                    process.kill()
+                    process.wait()
+                    log.seek(0)
+                    self.fail(f"serve did not start ({name}): {line!r}; its log:\n{log.read()}")
+                url = line.strip().rsplit(" ", 1)[1]
                 with httpx.Client(base_url=url, timeout=60) as h:
                     self.assertEqual(h.post("/v1/agents/sessions", json={"agent_name": "demo"}).status_code, 200)
                 process.send_signal(signal.SIGTERM)

@@ -256,7 +256,10 @@ async fn run(cli: Cli) -> Result<()> {
             api(&remote)?
                 .post(&format!("/v1/agents/sessions/{session}/cancel"), &serde_json::json!({}))
                 .await?;
-            eprintln!("cancelled the running turn of session {session}, if it had one");
+            eprintln!(
+                "session {session}: its running turn, if it had one, has ended cancelled (or, run by another \
+                 server, will within 500 ms)"
+            );
             Ok(())
         }
         Command::Turns { command: TurnsCommand::List { session, remote } } => {
@@ -300,19 +303,6 @@ fn an_id(text: &str) -> Result<String, String> {
     } else {
         Err("an id is a UUID, such as `agentry sessions list` and `agentry turns list` show".to_owned())
     }
-}
-
-/// The embedded default's redb file: `agentry.redb`, unless only an `agentry.db` that is
-/// a redb store is there (made by builds whose `--backend redb` kept the default name):
-/// that one, so that its sessions are not left behind for an empty new store.
-fn default_redb_file() -> PathBuf {
-    use std::io::Read;
-    let (named, older) = (PathBuf::from("agentry.redb"), PathBuf::from("agentry.db"));
-    let mut start = [0u8; 4];
-    let older_is_redb = !named.exists()
-        && std::fs::File::open(&older)
-            .is_ok_and(|mut file| file.read_exact(&mut start).is_ok() && &start == b"redb");
-    if older_is_redb { older } else { named }
 }
 
 /// A server's base URL: http or https, with a host.
@@ -434,10 +424,11 @@ async fn serve(
         Some("redb") => {
             config.storage.backend = agentry_server::config::Backend::Redb;
             if default_file {
-                config.storage.path = default_redb_file();
+                config.storage.path = PathBuf::from("agentry.redb");
             }
         }
-        Some(_) => config.storage.backend = agentry_server::config::Backend::Sqlite,
+        Some("sqlite") => config.storage.backend = agentry_server::config::Backend::Sqlite,
+        Some(other) => anyhow::bail!("unknown backend {other:?}: sqlite or redb"),
         None => {}
     }
     let server = Server::start(config).await?;

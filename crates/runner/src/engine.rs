@@ -1884,7 +1884,8 @@ impl TurnEngine {
     }
 
     /// After a completed turn: updates the summary and the profile. A failure is logged and
-    /// named in `memory.update.completed`; it does not fail the turn, whose answer stands.
+    /// named in `memory.update.completed`; it does not fail the turn, whose answer stands. A
+    /// cancellation or the turn's timeout cuts the update at once, and says so there too.
     async fn update_memory(&mut self, memory: &Memory) -> Result<(), Stop> {
         if !memory.updates_after_runs() {
             return Ok(());
@@ -1904,6 +1905,8 @@ impl TurnEngine {
                     CancellationReason::ServerExecutionTimeout => {
                         "cut short: the turn's time ran out after its answer".to_owned()
                     }
+                    // Stored only where the turn is not fenced out (a hand-over fences it
+                    // first), so seldom seen; said plainly all the same.
                     CancellationReason::Abandoned => "cut short: the turn was handed over".to_owned(),
                     other => format!("cut short: the turn was cancelled ({}) after its answer", other.as_str()),
                 })

@@ -138,7 +138,6 @@ struct RuntimeInner {
 const MAX_TOLD_LEFT: usize = 4096;
 
 impl RuntimeInner {
-    /// This runtime's turns that have not ended.
     /// The turn's live log in this process, if it has one.
     fn live_turn(&self, id: TurnId) -> Option<Arc<LiveTurn>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
@@ -1204,7 +1203,7 @@ impl Runtime {
     }
 }
 
-/// A session: create turns on it, list them, cancel it.
+/// A session: create turns on it, list them, cancel it, delete it.
 #[derive(Debug, Clone)]
 pub struct Session {
     runtime: Runtime,
@@ -1226,9 +1225,10 @@ impl Session {
 
     /// Creates a turn and starts it; returns once the turn is stored and running.
     ///
-    /// Errors: `TurnRunning` when the session has a running turn (here or in another
-    /// process sharing the store); `TurnResumed` when that turn was left by a process that
-    /// stopped and the call resumed it; `SessionCancelled`; `InvalidInput` for input that breaks
+    /// Errors: `TurnExists` when the request's idempotency key names a stored turn (told
+    /// before any other check but the input's shape); `TurnRunning` when the session has a
+    /// running turn (here or in another process sharing the store); `TurnResumed` when that
+    /// turn was left by a process that stopped and the call resumed it; `SessionCancelled`; `InvalidInput` for input that breaks
     /// seed 002's rules (no turn is stored then; a lease the call took is left lapsed, see
     /// [`Runtime::recover`]); `NotFound` when the session, its agent or
     /// the given previous turn does not exist.
@@ -1243,7 +1243,7 @@ impl Session {
         // running yet: the turn looks at its session again once it is live (see
         // `Runtime::start`).
         let cancels_seen = runtime.inner.session_cancels.load(Ordering::SeqCst);
-        // The two reads do not depend on each other: on a file store each is a hop to a
+        // The three reads do not depend on each other: on a file store each is a hop to a
         // reader thread, and they run together.
         let (session, previous, copy) = tokio::join!(
             store.get_session(self.id()),
@@ -1414,7 +1414,15 @@ impl Session {
         request: &TurnRequest,
         lease: &Lease,
     ) -> RuntimeResult<Leased> {
-        let previous = self.previous_turn(request).await?;
+        let previous = match self.previous_turn(request).await {
+            Ok(previous) => previous,
+            // The named previous turn is no longer the latest: a copy of a keyed request
+            // whose turn started (and ended) since is told its turn exists.
+            Err(error) => {
+                self.refuse_started_copy(request).await?;
+                return Err(error);
+            }
+        };
         if let Some(running) = previous.as_ref().filter(|run| left_running(run)) {
             // No engine runs it here: that was checked before the lease was taken (a log
             // left by an engine that stopped without its end does not count).
@@ -1520,8 +1528,8 @@ impl Session {
             Err(StoreError::Conflict(Conflict::LeaseHeld { .. })) => return Err(running),
             Err(error) => return Err(error.into()),
         };
-        // A start that began before the lease was taken, and found the session free, may
-        // be live by now: it keeps its session.
+        // An engine of this runtime whose lease lapsed (its keeper could not renew it) may
+        // have become live since the check above: it keeps its session.
         if runtime.running_turn_of(self.id()).is_some() {
             give_back(runtime.inner.store.as_ref(), self.id(), lease.token).await;
             return Err(running);

@@ -762,7 +762,9 @@ pub async fn a_session_is_deleted_with_its_turns_only_while_none_runs(harness: H
     assert!(matches!(result, Err(RunnerError::TurnRunning { .. })), "{result:?}");
     gate.add_permits(1);
     assert_eq!(answer_text(&turn.wait().await.unwrap()).as_deref(), Some("done"), "the turn ran on");
-    assert!(collect(turn.stream(None)).await.len() > 2, "its live log is kept");
+    // Deltas are in the live log only: it is kept.
+    let kept = collect(turn.stream(None)).await;
+    assert!(kept.iter().any(|event| event.payload.kind() == "model.message.delta"), "its live log is kept");
     session.delete().await.unwrap();
     assert!(matches!(runtime.get_session(session.id()).await, Err(RunnerError::NotFound { .. })));
     assert!(matches!(runtime.get_turn(turn.id()).await, Err(RunnerError::NotFound { .. })));
@@ -786,7 +788,7 @@ pub async fn a_turn_created_again_under_a_deleted_turns_id_is_not_served_the_old
         }))
     };
     let first = runtime(&harness, Agent::builder("echo", echo()).build());
-    let (held, _gate) = GatedModel::new("second words");
+    let (held, _gate) = GatedModel::new("never sent");
     let second = runtime(&harness, Agent::builder("echo", held).build());
     let id = agentry_types::SessionId::new();
     let owner = agentry_types::Subject::user("u");
@@ -1567,7 +1569,7 @@ pub async fn a_cancel_during_the_memory_update_cuts_it_and_the_answer_stands(har
             _ => None,
         })
         .expect("the update's end names the cut");
-    assert!(error.contains("cancelled"), "{error}");
+    assert!(error.starts_with("cut short: the turn was cancelled"), "{error}");
     assert!(harness.store.get_session(session.id()).await.unwrap().summary.is_none());
     assert_eq!(Arc::strong_count(&gate), 2, "the summary's model request was dropped");
 }

@@ -312,7 +312,8 @@ async fn get_session(
 }
 
 /// `DELETE …/sessions/{id}` (not in the SDK): deletes the session with everything stored
-/// for it; 412 `turn_running` while a turn of it runs (cancel it first).
+/// for it; 412 `turn_running` while a turn of it runs (cancel it first), naming the turn,
+/// or saying the session is busy while its lease is held for anything else.
 async fn delete_session(
     State(state): AppStateRef,
     caller: Caller,
@@ -329,7 +330,7 @@ async fn delete_session(
                 "turn_running",
                 format!(
                     "session {} cannot be deleted while a turn of it runs (cancel it with POST …/cancel first; a \
-                     cancel sent to another server on the store lands within half a second); the running turn: \
+                     cancel sent to another server on the store lands within 500 ms); the running turn: \
                      {turn}",
                     session.id()
                 ),
@@ -445,6 +446,8 @@ async fn replayed_turn(session: &Session, key: &str, body: &CreateTurn) -> ApiRe
     Ok(Some(turn))
 }
 
+/// `POST …/sessions/{id}/turns`: creates a turn (streamed with `"stream": true`); a copy
+/// of a request with an `Idempotency-Key` gets the turn the first one created.
 async fn create_turn(
     State(state): AppStateRef,
     caller: Caller,
@@ -458,7 +461,7 @@ async fn create_turn(
     // caller never heard of.
     let slot = body.stream.unwrap_or(false).then(|| state.streams.take(&caller.0.subject_id)).transpose()?;
     // A copy of a keyed request is answered with the turn the first one created before
-    // anything else is checked: the session may have gone on since (`none` no longer
+    // the request's own checks: the session may have gone on since (`none` no longer
     // fits), or this server may lack the agent that ran it.
     if let Some(key) = &key
         && let Some(turn) = replayed_turn(&session, key, &body).await?
@@ -469,6 +472,13 @@ async fn create_turn(
         None | Some("auto") => PreviousTurn::Auto,
         Some("none") => {
             if latest_turn(&session).await?.is_some() {
+                // A copy of a keyed first request whose turn was stored since the look-up
+                // above gets that turn.
+                if let Some(key) = &key
+                    && let Some(turn) = replayed_turn(&session, key, &body).await?
+                {
+                    return Ok(respond_with_turn(&state, slot, &turn, true));
+                }
                 return Err(ApiError::bad_param(
                     "previous_turn_id",
                     "previous_turn_id `none` starts a conversation, but this session already has turns: \
@@ -532,7 +542,7 @@ fn respond_with_turn(
 }
 
 /// `TurnRunning`'s error, naming the running turn when the session's latest is running,
-/// so that a client can subscribe to it.
+/// so that a client can subscribe to it; else [`busy`] (404 once the session is gone).
 pub(crate) async fn naming_running_turn(
     state: &AppState,
     session: &Session,

@@ -608,7 +608,11 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ServerError> {
             Some("db" | "sqlite" | "sqlite3") => Some(Backend::Sqlite),
             _ => None,
         };
-        if let Some(named_for) = named_for.filter(|named_for| !exists && *named_for != storage.backend) {
+        // The default name (`agentry.db`, whatever the backend) was not chosen: no warning.
+        let chosen = storage.path != Config::default().storage.path;
+        if let Some(named_for) =
+            named_for.filter(|named_for| chosen && !exists && *named_for != storage.backend)
+        {
             tracing::warn!(
                 path = %storage.path.display(),
                 %backend,

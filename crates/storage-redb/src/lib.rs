@@ -335,13 +335,13 @@ impl fmt::Debug for RedbStore {
 const CREATION_WAIT: Duration = Duration::from_secs(3);
 
 /// Whether the file may be being created by another process, as far as its first bytes
-/// tell: missing, empty, or zeros where redb's magic number goes (redb sizes the file,
+/// tell: missing, shorter than a magic number, or zeros where redb's magic number goes (redb sizes the file,
 /// writes and syncs the header, and writes the magic number last).
 fn maybe_unfinished(path: &Path) -> bool {
     use std::io::Read;
     let mut start = [0u8; 9];
     match std::fs::File::open(path) {
-        Err(_) => true,
+        Err(error) => error.kind() == std::io::ErrorKind::NotFound,
         Ok(mut file) => file.read_exact(&mut start).map_or(true, |()| start.iter().all(|byte| *byte == 0)),
     }
 }

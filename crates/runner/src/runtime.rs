@@ -210,18 +210,7 @@ pub const MAX_IDEMPOTENCY_KEY: usize = 1024;
 /// turn in every process, and never one of another session.
 #[must_use]
 pub fn turn_id_for_key(session: SessionId, key: &str) -> TurnId {
-    use sha2::Digest;
-    let mut hash = sha2::Sha256::new();
-    let session = session.to_string();
-    for part in ["agentry turn key", session.as_str(), key] {
-        // Length-prefixed: no two pairs hash the same bytes.
-        hash.update((part.len() as u64).to_le_bytes());
-        hash.update(part.as_bytes());
-    }
-    let digest = hash.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    TurnId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+    TurnId::from_uuid(agentry_types::name_based_uuid(&["agentry turn key", &session.to_string(), key]))
 }
 
 /// A request to create a turn.
@@ -1883,6 +1872,16 @@ impl TurnHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keys_turn_id_is_the_same_in_every_build() {
+        // Stored turns are found again by it: the derivation must never change.
+        let session: SessionId = "01a22007-62ff-758e-a720-027765b22e0c".parse().unwrap();
+        assert_eq!(
+            turn_id_for_key(session, "agui-run:r1").to_string(),
+            "4f54d138-d66f-8c50-9b06-f7a7e021480b"
+        );
+    }
 
     #[test]
     fn a_turn_whose_end_keeps_failing_waits_longer_each_time() {

@@ -101,8 +101,13 @@ fn kinds(events: &[Arc<EventEnvelope>]) -> Vec<&'static str> {
 
 /// Reads `stream` up to its first `model.message.delta`: the model is streaming.
 async fn until_first_delta(stream: &mut EventStream) {
+    until_kind(stream, "model.message.delta").await;
+}
+
+/// Reads `stream` up to its first event of `kind`.
+async fn until_kind(stream: &mut EventStream, kind: &str) {
     while let Some(event) = stream.next().await {
-        if event.unwrap().payload.kind() == "model.message.delta" {
+        if event.unwrap().payload.kind() == kind {
             break;
         }
     }
@@ -1545,11 +1550,7 @@ pub async fn a_cancel_during_the_memory_update_cuts_it_and_the_answer_stands(har
     let session = session_for(&runtime, "remember").await;
     let turn = session.create_turn(TurnRequest::message("I am Ada.")).await.unwrap();
     let mut stream = turn.stream(None);
-    while let Some(event) = stream.next().await {
-        if event.unwrap().payload.kind() == "memory.update.started" {
-            break;
-        }
-    }
+    until_kind(&mut stream, "memory.update.started").await;
     // The summary's model stream holds the gate while it waits (the test, the model and it).
     tokio::time::timeout(Duration::from_secs(10), async {
         while Arc::strong_count(&gate) < 3 {
@@ -2399,11 +2400,7 @@ pub async fn a_turn_handed_over_while_its_summary_is_written_leaves_the_summary_
     let session = session_for(&first, "remember").await;
     let turn = session.create_turn(TurnRequest::message("I like tea.")).await.unwrap();
     let mut live = turn.stream(None);
-    while let Some(event) = live.next().await {
-        if event.unwrap().payload.kind() == "memory.update.started" {
-            break;
-        }
-    }
+    until_kind(&mut live, "memory.update.started").await;
     assert_eq!(first.hand_over().await, 1);
     // The summary's model answers only now, after the turn's lease was fenced.
     gate.add_permits(1);

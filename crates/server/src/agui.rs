@@ -41,7 +41,6 @@ use axum::routing::post;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::auth::Caller;
@@ -179,16 +178,7 @@ fn of_agent(session: Session, agent: &str, thread_id: &str) -> ApiResult<Session
 /// session with one read, however many sessions the store holds, and the same thread id
 /// of another caller or agent names another session.
 fn thread_session_id(subject: &str, agent: &str, thread_id: &str) -> SessionId {
-    let mut hash = Sha256::new();
-    for part in ["agentry agui thread", subject, agent, thread_id] {
-        // Length-prefixed: no two triples hash the same bytes.
-        hash.update((part.len() as u64).to_le_bytes());
-        hash.update(part.as_bytes());
-    }
-    let digest = hash.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    SessionId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+    SessionId::from_uuid(agentry_types::name_based_uuid(&["agentry agui thread", subject, agent, thread_id]))
 }
 
 /// How many of the caller's newest sessions of an agent are searched for a thread's title.
@@ -874,6 +864,13 @@ pub(crate) type Threads = std::sync::Mutex<HashMap<(String, String, String), Ses
 mod tests {
     use super::*;
     use agentry_types::{EventId, PendingToolCall, ThreadId, Timestamp};
+
+    #[test]
+    fn a_threads_session_id_is_the_same_in_every_build() {
+        // Stored threads are found again by it: the derivation must never change.
+        let id = thread_session_id("local", "demo", "thread-1");
+        assert_eq!(id.to_string(), "47116297-4b9a-86f9-86d2-886626688b40");
+    }
 
     fn approval(thread: &ThreadId, id: &str) -> RequiredActionRecord {
         let call = PendingToolCall {

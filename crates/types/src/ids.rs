@@ -231,3 +231,20 @@ impl Serialize for UuidText {
         serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buf))
     }
 }
+
+/// A name-based UUID (version 8) over SHA-256 of `parts`, each prefixed with its length so
+/// that no two lists hash the same bytes: the same names give the same id in every process
+/// and build (ids stored under it are found again by it, so the derivation never changes).
+#[must_use]
+pub fn name_based_uuid(parts: &[&str]) -> Uuid {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}

@@ -39,7 +39,7 @@ mod usage;
 
 pub use budget::{BudgetLimit, BudgetUsage};
 pub use fixed_text::{FIXED_TEXT, FIXED_TEXT_MAX_LEN};
-pub use ids::{EventId, InvalidId, SessionId, ThreadId, TurnId};
+pub use ids::{EventId, InvalidId, SessionId, ThreadId, TurnId, name_based_uuid};
 pub use input::{
     AnsweredCall, ApprovalDecision, DecidedCall, PendingActions, PendingCall, PendingKind, TurnInputError,
     TurnInputItem, UserMessage, UserToolApproval, UserToolResponse, ValidatedInput, validate_turn_input,
